@@ -1,0 +1,281 @@
+/*
+ * internal.h - what the engine's source files share and the public header
+ * hides: tensor layout, the buffer pool, the node model, the op table, and
+ * the builder seam through which adjoints are either evaluated (backward)
+ * or recorded (differentiate).
+ */
+#ifndef TOPOS_INTERNAL_H
+#define TOPOS_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdio.h>
+
+#include "topos.h"
+
+/* ------------------------------------------------------------ error helpers */
+
+/* Formats into err (when non-NULL) and returns code. */
+int error_set(topos_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* "[2,3]" for a shape; buf must hold at least SHAPE_TEXT bytes. */
+#define SHAPE_TEXT 192
+const char *shape_text(char *buf, int rank, const int64_t *shape);
+
+/* ---------------------------------------------------------------- buffer pool */
+
+/*
+ * Buffers come from a process-wide size-class pool so a training loop
+ * reuses the same pages every step instead of handing them back to the OS
+ * (first touch of a fresh page costs ~11 us on these machines).  Classes
+ * are quarter powers of two; the pool keeps at most TOPOS_POOL_BYTES
+ * (default 1 GiB) of idle memory.  Thread-safe.
+ */
+void *pool_alloc(size_t bytes, size_t *capacity);
+void pool_free(void *p, size_t capacity);
+/* Bytes currently idle in the pool (for tests and benchmarks). */
+size_t pool_idle_bytes(void);
+/* Hands every idle buffer back to the system (tests, valgrind). */
+void pool_trim(void);
+
+/* -------------------------------------------------------------------- tensors */
+
+typedef struct tensor_buffer {
+  atomic_int refs;
+  size_t capacity;
+  void *data;
+} tensor_buffer;
+
+struct topos_tensor {
+  atomic_int refs;
+  topos_dtype dtype;
+  int rank;
+  int64_t shape[TOPOS_MAX_RANK];
+  int64_t stride[TOPOS_MAX_RANK]; /* in elements; 0 = broadcast */
+  int64_t offset;                 /* in elements */
+  tensor_buffer *buf;
+};
+
+/* dtype and shape, without values: what shape rules work on. */
+typedef struct tensor_meta {
+  topos_dtype dtype;
+  int rank;
+  int64_t shape[TOPOS_MAX_RANK];
+} tensor_meta;
+
+bool dtype_valid(topos_dtype dtype);
+bool dtype_is_float(topos_dtype dtype);
+/* Product of extents; -1 if it overflows int64 or an extent is negative. */
+int64_t shape_count(int rank, const int64_t *shape);
+bool shape_equal(int ra, const int64_t *a, int rb, const int64_t *b);
+tensor_meta tensor_meta_of(const topos_tensor *t);
+
+/* A new contiguous, uninitialised tensor from the pool (NULL + err on a
+ * bad shape or no memory). */
+topos_tensor *tensor_new(topos_dtype dtype, int rank, const int64_t *shape,
+                         topos_error *err);
+topos_tensor *tensor_new_meta(const tensor_meta *m, topos_error *err);
+/* A view of base's buffer with its own layout (buffer retained). */
+topos_tensor *tensor_view(const topos_tensor *base, int rank,
+                          const int64_t *shape, const int64_t *stride,
+                          int64_t offset);
+/* Address of element 0 of the view (buffer data + offset). */
+void *tensor_data(const topos_tensor *t);
+/* Copies t's elements row-major into dst (count * dtype size bytes). */
+void tensor_copy_out(const topos_tensor *t, void *dst);
+
+/* Compute views: a contiguous array of t's elements in its compute type
+ * (float for f32/bf16, double for f64, int32 for i32).  Borrows t's
+ * memory when t is already contiguous in that type, else converts into a
+ * pool buffer.  Release with compute_view_done. */
+typedef struct compute_view {
+  const void *data;
+  void *owned;
+  size_t capacity;
+} compute_view;
+int compute_view_of(const topos_tensor *t, compute_view *v, topos_error *err);
+void compute_view_done(compute_view *v);
+
+/* Rounds n floats to bf16 into dst (round to nearest even, NaN kept). */
+void bf16_round_array(const float *src, uint16_t *dst, int64_t n);
+
+/* ------------------------------------------------------------------ op table */
+
+typedef enum op_code {
+  OP_CONSTANT,
+  OP_PARAMETER,
+  OP_INPUT,
+  OP_ADD,
+  OP_SUB,
+  OP_MUL,
+  OP_DIV,
+  OP_NEG,
+  OP_EXP,
+  OP_LOG,
+  OP_SQRT,
+  OP_TANH,
+  OP_POW,
+  OP_MAXIMUM,
+  OP_STEP,
+  OP_RELU,
+  OP_MATMUL,
+  OP_TRANSPOSE,
+  OP_PERMUTE,
+  OP_RESHAPE,
+  OP_NARROW,
+  OP_PAD,
+  OP_UNFOLD,
+  OP_FOLD,
+  OP_CONCAT,
+  OP_BROADCAST,
+  OP_BROADCAST_ALONG,
+  OP_SUM,
+  OP_SUM_ALONG,
+  OP_MAX_ALONG,
+  OP_LOG_SOFTMAX,
+  OP_LOGSUMEXP,
+  OP_GATHER,
+  OP_SCATTER,
+  OP_COUNT
+} op_code;
+
+/* Attributes of one node; each op reads only the fields it names. */
+typedef struct node_attrs {
+  int axis;                            /* narrow pad unfold fold concat
+                                          broadcast_along *_along softmax */
+  int64_t start, length;               /* narrow */
+  int64_t before, after;               /* pad */
+  int64_t size, step, dilation;        /* unfold, fold */
+  int64_t extent;                      /* fold, broadcast_along, scatter */
+  double p;                            /* pow exponent */
+  int perm[TOPOS_MAX_RANK];            /* permute */
+  int rank;                            /* reshape, broadcast target */
+  int64_t shape[TOPOS_MAX_RANK];       /* reshape, broadcast target */
+  topos_tensor *tensor;                /* constant value, parameter initial,
+                                          input default (owned by the node) */
+  int slot;                            /* parameter, input */
+} node_attrs;
+
+/* Which values an adjoint reads: bit i = operand i, READS_OUTPUT = y. */
+#define READS_OPERAND(i) (1u << (i))
+#define READS_OUTPUT (1u << 7)
+
+typedef struct op_info {
+  const char *name;
+  int arity;      /* -1 = variadic (concat) */
+  unsigned reads; /* READS_* bits */
+  bool linear;    /* no values read, adjoint only reshapes g */
+} op_info;
+
+extern const op_info op_table[OP_COUNT];
+
+/* The shape rule: checks operands and attributes, fills out.  On failure
+ * returns a status and writes a message (without the node prefix). */
+int op_infer(op_code op, const node_attrs *at, int nin, const tensor_meta *in,
+             tensor_meta *out, char *msg, size_t msglen);
+
+/* The reference forward kernel: a new tensor (a view where the op is a
+ * layout change) or NULL with err.  `out` is what op_infer gave. */
+topos_tensor *op_eval(op_code op, const node_attrs *at, int nin,
+                      topos_tensor *const *in, const tensor_meta *out,
+                      topos_error *err);
+
+/* ------------------------------------------------------------ tape / network */
+
+typedef struct node {
+  op_code op;
+  tensor_meta meta;
+  int nin;
+  int32_t *in; /* operand node indices, each < this node's index */
+  node_attrs at;
+  char *name; /* NULL when unnamed */
+} node;
+
+struct topos_tape {
+  uint32_t id;
+  topos_dtype dtype;
+  node *nodes;
+  int n, cap;
+  int nparams, ninputs;
+  int error_code;
+  char *error; /* first error, NULL when none */
+};
+
+struct topos_network {
+  atomic_int refs;
+  uint32_t id; /* the tape id: values of the tape stay valid */
+  topos_dtype dtype;
+  node *nodes;
+  int n;
+  int nparams, ninputs;
+  int32_t *param_nodes; /* slot -> node index */
+  int32_t *input_nodes; /* slot -> node index */
+};
+
+/* Appends a node after checking it with op_infer.  Returns its value, or
+ * an invalid value with the tape's first error set ("op (node N): ...").
+ * `at` is copied; a tensor in it is retained. */
+topos_value tape_record(topos_tape *tape, op_code op, const topos_value *in,
+                        int nin, const node_attrs *at);
+/* Tape/network value checks: index of the node or -1 with err. */
+int network_index(const topos_network *net, topos_value v, topos_error *err);
+/* Node descriptions for messages: "[2,3] f32". */
+const char *meta_text(char *buf, const tensor_meta *m);
+
+/* ------------------------------------------------------------- parameters */
+
+struct topos_params {
+  int n;
+  topos_tensor **t;
+};
+
+struct topos_field {
+  topos_network *net; /* retained */
+  topos_tensor **t;   /* one per node, never NULL */
+};
+
+/* A new set of n NULL slots (filled by the caller). */
+topos_params *params_alloc(int n);
+/* A new field over net with n NULL tensors (filled by the caller). */
+topos_field *field_alloc(const topos_network *net);
+/* A zero tensor shaped like m: one element broadcast by stride 0. */
+topos_tensor *tensor_zeros_like_meta(const tensor_meta *m, topos_error *err);
+
+/* ------------------------------------------------------------------ runs */
+
+struct topos_run {
+  topos_network *net;  /* retained */
+  topos_tensor **vals; /* one per node, NULL = not evaluated */
+};
+
+/* ------------------------------------------------------------ the builder */
+
+/*
+ * Adjoint rules are written once, against this seam.  A builder hands out
+ * integer handles for values; the backward interpreter's builder evaluates
+ * each emitted op at once with the reference kernels, the differentiate
+ * builder records it as a tape node.  Handles < 0 mean "failed/none" and
+ * propagate: an op emitted on a failed handle fails too.
+ */
+typedef struct builder builder;
+struct builder {
+  int32_t (*emit)(builder *b, op_code op, const int32_t *in, int nin,
+                  const node_attrs *at);
+  /* A rank-0 constant of this dtype. */
+  int32_t (*scalar)(builder *b, topos_dtype dtype, double value);
+  const tensor_meta *(*meta)(builder *b, int32_t h);
+};
+
+/* Emits node `n`'s adjoint.  g is the output cotangent, y the output, x the
+ * operands (handles; an operand the op does not read may be a handle whose
+ * value is absent).  Writes one cotangent per operand to dx, -1 where none
+ * flows.  Returns 0, or -1 when an emitted op failed. */
+int op_adjoint(builder *b, const node *n, int32_t g, int32_t y,
+               const int32_t *x, int32_t *dx);
+
+/* Builder helpers used by adjoint rules and composites of the engine. */
+int32_t b_unary(builder *b, op_code op, int32_t a);
+int32_t b_binary(builder *b, op_code op, int32_t a, int32_t c);
+/* A constant shaped like h (a scalar broadcast). */
+int32_t b_fill_like(builder *b, int32_t h, double value);
+
+#endif /* TOPOS_INTERNAL_H */

@@ -1,0 +1,482 @@
+/*
+ * topos.h - the public API of libtopos, the topos engine.
+ *
+ * A computation is recorded on a tape, sealed into an immutable network,
+ * and then read: evaluated by the reference interpreter, differentiated
+ * by reverse mode, stepped by pure optimizers.  The reference interpreter
+ * is the executable specification (docs/numerics.md); every faster path
+ * must reproduce its bits.
+ *
+ * Conventions, for every function in this header:
+ *  - Errors never abort and never print.  A function that can fail takes a
+ *    `topos_error *err` (which may be NULL) and returns NULL, an invalid
+ *    value, or a non-zero status; the error carries a code and a message.
+ *  - A function returning a pointer says who owns it.  "New" results are
+ *    owned by the caller and released with the matching *_free/_release.
+ *    "Borrowed" results live as long as the object they were read from.
+ *  - NULL, foreign (another tape's) values, wrong dtypes and wrong shapes
+ *    are reported as errors, never dereferenced blindly.
+ *  - Tensors, sealed networks, parameter sets and fields are immutable
+ *    values once built and safe to share between threads.
+ */
+#ifndef TOPOS_H
+#define TOPOS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TOPOS_MAX_RANK 8
+
+/* ------------------------------------------------------------------ errors */
+
+typedef enum topos_status {
+  TOPOS_OK = 0,
+  TOPOS_ERR_ARGUMENT = 1, /* NULL, foreign value, bad attribute */
+  TOPOS_ERR_SHAPE = 2,    /* operand shapes do not fit the op */
+  TOPOS_ERR_DTYPE = 3,    /* operand dtypes do not fit the op */
+  TOPOS_ERR_RANGE = 4,    /* an index out of range at run time */
+  TOPOS_ERR_MEMORY = 5,   /* allocation failed or a size overflows */
+  TOPOS_ERR_STATE = 6     /* e.g. reading a value a run did not evaluate */
+} topos_status;
+
+typedef struct topos_error {
+  int code; /* a topos_status */
+  char message[512];
+} topos_error;
+
+/* A static, human-readable name for a status code ("shape", "range", ...). */
+const char *topos_status_name(int code);
+
+/* Frees strings returned by topos (describe output). */
+void topos_free(void *p);
+
+/* ----------------------------------------------------------------- tensors */
+
+typedef enum topos_dtype {
+  TOPOS_F32 = 0,
+  TOPOS_F64 = 1,
+  TOPOS_BF16 = 2, /* stored as uint16_t bit patterns; computed in f32 */
+  TOPOS_I32 = 3   /* index data only */
+} topos_dtype;
+
+typedef struct topos_tensor topos_tensor;
+
+const char *topos_dtype_name(topos_dtype dtype); /* "f32"...; "?" if bad */
+size_t topos_dtype_size(topos_dtype dtype);      /* bytes; 0 if bad */
+
+/* bf16 conversions: to bf16 rounds to nearest even, NaN stays NaN (quiet). */
+uint16_t topos_bf16_from_f32(float value);
+float topos_bf16_to_f32(uint16_t bits);
+
+/* New tensors (caller releases).  `data` holds count elements row-major in
+ * the dtype's C type (float, double, uint16_t bf16 bits, int32_t) and is
+ * copied.  rank 0 (a scalar) takes shape NULL. */
+topos_tensor *topos_tensor_from(topos_dtype dtype, int rank,
+                                const int64_t *shape, const void *data,
+                                topos_error *err);
+/* Every element set to `value` converted to the dtype (bf16: rounded). */
+topos_tensor *topos_tensor_filled(topos_dtype dtype, int rank,
+                                  const int64_t *shape, double value,
+                                  topos_error *err);
+topos_tensor *topos_tensor_zeros(topos_dtype dtype, int rank,
+                                 const int64_t *shape, topos_error *err);
+topos_tensor *topos_tensor_ones(topos_dtype dtype, int rank,
+                                const int64_t *shape, topos_error *err);
+topos_tensor *topos_tensor_scalar(topos_dtype dtype, double value,
+                                  topos_error *err);
+
+/* Reference counting.  retain returns its argument (NULL stays NULL). */
+topos_tensor *topos_tensor_retain(const topos_tensor *t);
+void topos_tensor_release(topos_tensor *t);
+
+topos_dtype topos_tensor_dtype(const topos_tensor *t);
+int topos_tensor_rank(const topos_tensor *t);
+/* Borrowed pointer to rank extents (NULL for a NULL tensor). */
+const int64_t *topos_tensor_shape(const topos_tensor *t);
+int64_t topos_tensor_count(const topos_tensor *t); /* element count */
+bool topos_tensor_is_contiguous(const topos_tensor *t);
+
+/* One element, widened exactly to double (bf16 and f32 exactly, i32
+ * exactly).  An index out of range sets err and returns NaN. */
+double topos_tensor_get(const topos_tensor *t, const int64_t *index,
+                        topos_error *err);
+/* Copies every element row-major into out (count * dtype size bytes,
+ * `bytes` must be at least that).  Returns a topos_status. */
+int topos_tensor_read(const topos_tensor *t, void *out, size_t bytes,
+                      topos_error *err);
+/* Same dtype, same shape, same bit pattern element by element (layouts
+ * may differ).  NULL equals only NULL. */
+bool topos_tensor_bitwise_equal(const topos_tensor *a, const topos_tensor *b);
+
+/* Views share the buffer and copy nothing (caller releases the view). */
+topos_tensor *topos_tensor_transpose(const topos_tensor *t, topos_error *err);
+topos_tensor *topos_tensor_permute(const topos_tensor *t, const int *perm,
+                                   topos_error *err);
+topos_tensor *topos_tensor_narrow(const topos_tensor *t, int axis,
+                                  int64_t start, int64_t length,
+                                  topos_error *err);
+/* t rank 0, or equal rank with each extent equal to the target's or 1. */
+topos_tensor *topos_tensor_broadcast(const topos_tensor *t, int rank,
+                                     const int64_t *shape, topos_error *err);
+/* axis of extent L becomes (count, size), count = (L - span) / step + 1,
+ * span = (size - 1) * dilation + 1. */
+topos_tensor *topos_tensor_unfold(const topos_tensor *t, int axis,
+                                  int64_t size, int64_t step,
+                                  int64_t dilation, topos_error *err);
+/* A contiguous tensor with the same elements (retains t if it already is). */
+topos_tensor *topos_tensor_contiguous(const topos_tensor *t, topos_error *err);
+
+/* -------------------------------------------------------- tape and network */
+
+typedef struct topos_tape topos_tape;
+typedef struct topos_network topos_network;
+
+/* A value is a small handle naming one node of one tape.  It stays valid for
+ * the network sealed from that tape.  index < 0 means "invalid / none". */
+typedef struct topos_value {
+  uint32_t tape;
+  int32_t index;
+} topos_value;
+
+#define TOPOS_NONE ((topos_value){0, -1})
+
+static inline bool topos_value_ok(topos_value v) { return v.index >= 0; }
+
+/* New tape (caller seals it or frees it).  `dtype` is the tape's floating
+ * dtype: composites record their constants in it.  NULL on a bad dtype. */
+topos_tape *topos_tape_new(topos_dtype dtype);
+void topos_tape_free(topos_tape *tape);
+topos_dtype topos_tape_dtype(const topos_tape *tape);
+/* The first recording error (borrowed), or NULL when there is none. */
+const char *topos_tape_error(const topos_tape *tape);
+int topos_tape_node_count(const topos_tape *tape);
+
+/* Leaves.  The tensor is retained, not copied (tensors are immutable).
+ * Parameters and inputs are numbered in recording order ("slots"). */
+topos_value topos_parameter(topos_tape *tape, const topos_tensor *initial);
+topos_value topos_input(topos_tape *tape, const topos_tensor *default_value);
+topos_value topos_constant(topos_tape *tape, const topos_tensor *tensor);
+/* A rank-0 constant in the tape's dtype. */
+topos_value topos_scalar(topos_tape *tape, double value);
+
+/* Names a value (unique per tape); returns the value for chaining. */
+topos_value topos_name(topos_tape *tape, topos_value value, const char *name);
+
+/* What was inferred for a recorded value.  shape: borrowed, `*rank` set;
+ * NULL for an invalid or foreign value. */
+topos_dtype topos_value_dtype(const topos_tape *tape, topos_value v);
+const int64_t *topos_value_shape(const topos_tape *tape, topos_value v,
+                                 int *rank);
+
+/* Elementwise: identical shapes and dtypes, no implicit broadcasting.
+ * add also accepts two i32 operands (index arithmetic, no gradient). */
+topos_value topos_add(topos_tape *tape, topos_value a, topos_value b);
+topos_value topos_sub(topos_tape *tape, topos_value a, topos_value b);
+topos_value topos_mul(topos_tape *tape, topos_value a, topos_value b);
+topos_value topos_div(topos_tape *tape, topos_value a, topos_value b);
+topos_value topos_neg(topos_tape *tape, topos_value a);
+topos_value topos_exp(topos_tape *tape, topos_value a);
+topos_value topos_log(topos_tape *tape, topos_value a);
+topos_value topos_sqrt(topos_tape *tape, topos_value a);
+topos_value topos_tanh(topos_tape *tape, topos_value a);
+topos_value topos_pow(topos_tape *tape, topos_value a, double exponent);
+topos_value topos_maximum(topos_tape *tape, topos_value a, topos_value b);
+topos_value topos_step(topos_tape *tape, topos_value a, topos_value b);
+topos_value topos_relu(topos_tape *tape, topos_value a);
+
+/* Linear algebra and layout. */
+/* a[m,k]·b[k,n] -> [m,n]; or batched a[B,m,k]·b[B,k,n] -> [B,m,n]. */
+topos_value topos_matmul(topos_tape *tape, topos_value a, topos_value b);
+topos_value topos_transpose(topos_tape *tape, topos_value a); /* rank 2 */
+topos_value topos_permute(topos_tape *tape, topos_value a, const int *perm);
+topos_value topos_reshape(topos_tape *tape, topos_value a, int rank,
+                          const int64_t *shape);
+topos_value topos_narrow(topos_tape *tape, topos_value a, int axis,
+                         int64_t start, int64_t length);
+topos_value topos_pad(topos_tape *tape, topos_value a, int axis,
+                      int64_t before, int64_t after);
+topos_value topos_unfold(topos_tape *tape, topos_value a, int axis,
+                         int64_t size, int64_t step, int64_t dilation);
+/* Inverse shape of unfold: axes (axis, axis+1) = (count, size) -> extent;
+ * overlapping windows add. */
+topos_value topos_fold(topos_tape *tape, topos_value a, int axis,
+                       int64_t extent, int64_t size, int64_t step,
+                       int64_t dilation);
+topos_value topos_concat(topos_tape *tape, int n, const topos_value *values,
+                         int axis);
+topos_value topos_broadcast(topos_tape *tape, topos_value a, int rank,
+                            const int64_t *shape);
+topos_value topos_broadcast_along(topos_tape *tape, topos_value a, int axis,
+                                  int64_t extent);
+
+/* Reductions and fused rows. */
+topos_value topos_sum(topos_tape *tape, topos_value a);
+topos_value topos_sum_along(topos_tape *tape, topos_value a, int axis);
+topos_value topos_max_along(topos_tape *tape, topos_value a, int axis);
+topos_value topos_log_softmax(topos_tape *tape, topos_value a, int axis);
+topos_value topos_logsumexp(topos_tape *tape, topos_value a, int axis);
+
+/* Indexing.  gather(table[V,d], idx i32[n]) -> [n,d];
+ * scatter(rows[n,d], idx i32[n]; V) -> [V,d], rows with equal index add. */
+topos_value topos_gather(topos_tape *tape, topos_value table, topos_value idx);
+topos_value topos_scatter(topos_tape *tape, topos_value rows, topos_value idx,
+                          int64_t extent);
+
+/* Consumes the tape.  Returns a new network (release it), or NULL when the
+ * tape recorded an error, which is copied into err. */
+topos_network *topos_tape_seal(topos_tape *tape, topos_error *err);
+
+topos_network *topos_network_retain(const topos_network *net);
+void topos_network_release(topos_network *net);
+
+int topos_network_node_count(const topos_network *net);
+int topos_network_parameter_count(const topos_network *net);
+int topos_network_input_count(const topos_network *net);
+topos_value topos_network_parameter(const topos_network *net, int slot);
+topos_value topos_network_input(const topos_network *net, int slot);
+/* The value with this name, or TOPOS_NONE. */
+topos_value topos_network_find(const topos_network *net, const char *name);
+/* Borrowed name, or NULL. */
+const char *topos_network_name_of(const topos_network *net, topos_value v);
+topos_dtype topos_network_value_dtype(const topos_network *net,
+                                      topos_value v);
+const int64_t *topos_network_value_shape(const topos_network *net,
+                                         topos_value v, int *rank);
+
+typedef enum topos_format { TOPOS_FORMAT_TEXT = 0 } topos_format;
+
+/* One line per node: index, name, op, operands, dtype, shape, role.
+ * New string, free with topos_free. */
+char *topos_network_describe(const topos_network *net, topos_format format,
+                             topos_error *err);
+
+/* -------------------------------------------------- parameters and fields */
+
+typedef struct topos_params topos_params; /* one tensor per slot */
+typedef struct topos_field topos_field;   /* one tensor per node */
+
+/* Fresh copies of the network's initial parameters, in slot order (new). */
+topos_params *topos_network_parameters(const topos_network *net);
+/* A parameter set from n tensors (retained, not copied). */
+topos_params *topos_params_new(int n, topos_tensor *const *tensors,
+                               topos_error *err);
+void topos_params_free(topos_params *p);
+int topos_params_count(const topos_params *p);
+/* Borrowed; NULL when slot is out of range. */
+const topos_tensor *topos_params_get(const topos_params *p, int slot);
+/* A new set equal to p with one slot replaced (tensor retained). */
+topos_params *topos_params_with(const topos_params *p, int slot,
+                                const topos_tensor *tensor, topos_error *err);
+bool topos_params_bitwise_equal(const topos_params *a, const topos_params *b);
+
+/* Elementwise algebra.  Operands must match slot by slot in dtype and
+ * shape.  add computes a+b in the dtype; scale computes x*s with s
+ * rounded to the dtype; map/zip call fn per element with the elements
+ * widened to double and round the result to the dtype.  New results. */
+typedef double (*topos_map_fn)(double x, void *ctx);
+typedef double (*topos_zip_fn)(double a, double b, void *ctx);
+
+topos_params *topos_params_add(const topos_params *a, const topos_params *b,
+                               topos_error *err);
+topos_params *topos_params_scale(const topos_params *a, double s,
+                                 topos_error *err);
+topos_params *topos_params_map(const topos_params *a, topos_map_fn fn,
+                               void *ctx, topos_error *err);
+topos_params *topos_params_zip(const topos_params *a, const topos_params *b,
+                               topos_zip_fn fn, void *ctx, topos_error *err);
+
+/* Fields: one tensor per node of a network (gradients, for example). */
+void topos_field_free(topos_field *f);
+/* Borrowed tensor of one node. */
+const topos_tensor *topos_field_of(const topos_field *f, topos_value v,
+                                   topos_error *err);
+/* The field's tensors at the network's parameter nodes, slot order (new). */
+topos_params *topos_parameters_of(const topos_field *f, topos_error *err);
+topos_field *topos_field_add(const topos_field *a, const topos_field *b,
+                             topos_error *err);
+topos_field *topos_field_scale(const topos_field *a, double s,
+                               topos_error *err);
+topos_field *topos_field_map(const topos_field *a, topos_map_fn fn, void *ctx,
+                             topos_error *err);
+topos_field *topos_field_zip(const topos_field *a, const topos_field *b,
+                             topos_zip_fn fn, void *ctx, topos_error *err);
+
+/* ------------------------------------------------- interpreter and backward */
+
+typedef struct topos_run topos_run;
+
+typedef struct topos_feed {
+  topos_value input;          /* an input value of the network */
+  const topos_tensor *tensor; /* same dtype and shape as its default */
+} topos_feed;
+
+/* Evaluates every node.  params NULL means the network's initials; inputs
+ * without a feed take their defaults.  New run (topos_run_free), or NULL
+ * with err.  Neither the network nor params are modified. */
+topos_run *topos_forward(const topos_network *net, const topos_params *params,
+                         const topos_feed *feeds, int nfeeds,
+                         topos_error *err);
+/* Evaluates only the ancestors of the targets. */
+topos_run *topos_forward_for(const topos_network *net,
+                             const topos_params *params,
+                             const topos_feed *feeds, int nfeeds,
+                             const topos_value *targets, int ntargets,
+                             topos_error *err);
+void topos_run_free(topos_run *run);
+/* Borrowed value of a node; an unevaluated node is an error (NULL). */
+const topos_tensor *topos_run_of(const topos_run *run, topos_value v,
+                                 topos_error *err);
+/* A rank-0 value widened to double; NaN with err on failure. */
+double topos_run_scalar(const topos_run *run, topos_value v,
+                        topos_error *err);
+
+/* Gradient of a rank-0 target with respect to every node (new field).
+ * Nodes outside the target's ancestors get exact zeros. */
+topos_field *topos_backward(const topos_run *run, topos_value target,
+                            topos_error *err);
+
+/* --------------------------------------------------------------- optimizers */
+
+typedef enum topos_optimizer_kind {
+  TOPOS_SGD = 0,
+  TOPOS_ADAM = 1,
+  TOPOS_ADAMW = 2
+} topos_optimizer_kind;
+
+/* Which slots AdamW decays; NULL means "rank >= 2". */
+typedef bool (*topos_decay_fn)(int slot, const topos_tensor *param,
+                               void *ctx);
+
+typedef struct topos_optimizer {
+  topos_optimizer_kind kind;
+  double lr;
+  double momentum;     /* SGD; 0 = plain SGD */
+  double beta1, beta2; /* Adam, AdamW */
+  double eps;          /* Adam, AdamW */
+  double weight_decay; /* SGD, Adam: L2 added to the gradient; AdamW:
+                          decoupled, on the slots `decay` selects */
+  topos_decay_fn decay;
+  void *decay_ctx;
+} topos_optimizer;
+
+topos_optimizer topos_sgd(double lr, double momentum);
+topos_optimizer topos_adam(double lr, double beta1, double beta2, double eps);
+topos_optimizer topos_adamw(double lr, double beta1, double beta2, double eps,
+                            double weight_decay);
+
+/* Optimizer state: the step count and the moments (caller-held values). */
+typedef struct topos_opt_state topos_opt_state;
+
+/* Zero state for these parameters (new). */
+topos_opt_state *topos_opt_state_new(const topos_optimizer *opt,
+                                     const topos_params *params,
+                                     topos_error *err);
+/* A state from its parts (moments retained; either may be NULL when the
+ * optimizer needs none), e.g. after crossing the wire. */
+topos_opt_state *topos_opt_state_from(int64_t step, const topos_params *m,
+                                      const topos_params *v, topos_error *err);
+void topos_opt_state_free(topos_opt_state *s);
+int64_t topos_opt_state_step(const topos_opt_state *s);
+/* Borrowed moments: 0 = first (momentum / m), 1 = second (v); may be NULL. */
+const topos_params *topos_opt_state_moment(const topos_opt_state *s,
+                                           int which);
+
+/* (params, grads, state) -> (params', state').  Pure: reads its inputs and
+ * writes two new values.  Returns a topos_status. */
+int topos_optimizer_step(const topos_optimizer *opt,
+                         const topos_params *params, const topos_params *grads,
+                         const topos_opt_state *state,
+                         topos_params **params_out,
+                         topos_opt_state **state_out, topos_error *err);
+
+/* ------------------------------------------------------------- initializers */
+
+/* Seeded with splitmix64; same arguments, same bits.  New tensors.
+ * f32/f64/bf16 only. */
+topos_tensor *topos_init_uniform(topos_dtype dtype, int rank,
+                                 const int64_t *shape, double low, double high,
+                                 uint64_t seed, topos_error *err);
+topos_tensor *topos_init_normal(topos_dtype dtype, int rank,
+                                const int64_t *shape, double mean, double std,
+                                uint64_t seed, topos_error *err);
+/* Glorot uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)). */
+topos_tensor *topos_init_xavier(topos_dtype dtype, int rank,
+                                const int64_t *shape, int64_t fan_in,
+                                int64_t fan_out, uint64_t seed,
+                                topos_error *err);
+/* He normal: N(0, 2 / fan_in). */
+topos_tensor *topos_init_kaiming(topos_dtype dtype, int rank,
+                                 const int64_t *shape, int64_t fan_in,
+                                 uint64_t seed, topos_error *err);
+
+/* ------------------------------------------------ neural composites (nn.c) */
+
+/* Composites record ordinary ops through this API; they have no adjoint of
+ * their own.  Optional operands take TOPOS_NONE. */
+
+typedef enum topos_activation {
+  TOPOS_ACT_NONE = 0,
+  TOPOS_ACT_RELU,
+  TOPOS_ACT_TANH,
+  TOPOS_ACT_GELU,
+  TOPOS_ACT_SILU
+} topos_activation;
+
+/* x[n,in]·w[in,out] + b[out]. */
+topos_value topos_linear(topos_tape *tape, topos_value x, topos_value w,
+                         topos_value b);
+/* nlayers linear layers with `act` between them (not after the last). */
+topos_value topos_mlp(topos_tape *tape, topos_value x, int nlayers,
+                      const topos_value *weights, const topos_value *biases,
+                      topos_activation act);
+topos_value topos_activate(topos_tape *tape, topos_value x,
+                           topos_activation act);
+/* table[V,d], idx i32 of any rank r -> idx's shape + [d]. */
+topos_value topos_embedding(topos_tape *tape, topos_value table,
+                            topos_value idx);
+/* Over the last axis; gamma/beta of that extent, or TOPOS_NONE. */
+topos_value topos_layer_norm(topos_tape *tape, topos_value x,
+                             topos_value gamma, topos_value beta, double eps);
+topos_value topos_rms_norm(topos_tape *tape, topos_value x, topos_value gamma,
+                           double eps);
+/* Training form over x[N,C] or x[N,C,H,W] per channel C; the batch mean
+ * and (biased) variance are written to mean_out / var_out when non-NULL. */
+topos_value topos_batch_norm(topos_tape *tape, topos_value x, topos_value gamma,
+                             topos_value beta, double eps,
+                             topos_value *mean_out, topos_value *var_out);
+/* Inference form: mean and var[C] are given. */
+topos_value topos_batch_norm_inference(topos_tape *tape, topos_value x,
+                                       topos_value gamma, topos_value beta,
+                                       topos_value mean, topos_value var,
+                                       double eps);
+/* x[N,C,H,W], w[O,C,kh,kw], b[O] or TOPOS_NONE -> [N,O,oh,ow]. */
+topos_value topos_conv2d(topos_tape *tape, topos_value x, topos_value w,
+                         topos_value b, int stride, int padding, int dilation);
+/* x[N,C,H,W] -> [N,C,oh,ow], windows kernel×kernel. */
+topos_value topos_max_pool2d(topos_tape *tape, topos_value x, int kernel,
+                             int stride);
+topos_value topos_softmax(topos_tape *tape, topos_value x, int axis);
+/* Mean over the batch of -log softmax(logits[n,V])[target]; targets i32[n]. */
+topos_value topos_cross_entropy(topos_tape *tape, topos_value logits,
+                                topos_value targets);
+/* Same with one-hot (or soft) targets[n,V] in the logits' dtype. */
+topos_value topos_cross_entropy_onehot(topos_tape *tape, topos_value logits,
+                                       topos_value targets);
+/* Mean of (a-b)^2 over every element. */
+topos_value topos_mse(topos_tape *tape, topos_value a, topos_value b);
+topos_value topos_gelu(topos_tape *tape, topos_value x); /* tanh form */
+topos_value topos_silu(topos_tape *tape, topos_value x);
+/* x * mask / (1 - p); the 0/1 mask is fed as an input, never drawn here. */
+topos_value topos_dropout(topos_tape *tape, topos_value x, topos_value mask,
+                          double p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TOPOS_H */

@@ -21,7 +21,8 @@ int error_set(topos_error *err, int code, const char *fmt, ...)
 #define SHAPE_TEXT 192
 const char *shape_text(char *buf, int rank, const int64_t *shape);
 
-/* ---------------------------------------------------------------- buffer pool */
+/* ---------------------------------------------------------------- buffer pool
+ */
 
 /*
  * Buffers come from a process-wide size-class pool so a training loop
@@ -37,7 +38,8 @@ size_t pool_idle_bytes(void);
 /* Hands every idle buffer back to the system (tests, valgrind). */
 void pool_trim(void);
 
-/* -------------------------------------------------------------------- tensors */
+/* -------------------------------------------------------------------- tensors
+ */
 
 typedef struct tensor_buffer {
   atomic_int refs;
@@ -98,7 +100,8 @@ void compute_view_done(compute_view *v);
 /* Rounds n floats to bf16 into dst (round to nearest even, NaN kept). */
 void bf16_round_array(const float *src, uint16_t *dst, int64_t n);
 
-/* ------------------------------------------------------------------ op table */
+/* ------------------------------------------------------------------ op table
+ */
 
 typedef enum op_code {
   OP_CONSTANT,
@@ -140,19 +143,19 @@ typedef enum op_code {
 
 /* Attributes of one node; each op reads only the fields it names. */
 typedef struct node_attrs {
-  int axis;                            /* narrow pad unfold fold concat
-                                          broadcast_along *_along softmax */
-  int64_t start, length;               /* narrow */
-  int64_t before, after;               /* pad */
-  int64_t size, step, dilation;        /* unfold, fold */
-  int64_t extent;                      /* fold, broadcast_along, scatter */
-  double p;                            /* pow exponent */
-  int perm[TOPOS_MAX_RANK];            /* permute */
-  int rank;                            /* reshape, broadcast target */
-  int64_t shape[TOPOS_MAX_RANK];       /* reshape, broadcast target */
-  topos_tensor *tensor;                /* constant value, parameter initial,
-                                          input default (owned by the node) */
-  int slot;                            /* parameter, input */
+  int axis;                      /* narrow pad unfold fold concat
+                                    broadcast_along *_along softmax */
+  int64_t start, length;         /* narrow */
+  int64_t before, after;         /* pad */
+  int64_t size, step, dilation;  /* unfold, fold */
+  int64_t extent;                /* fold, broadcast_along, scatter */
+  double p;                      /* pow exponent */
+  int perm[TOPOS_MAX_RANK];      /* permute */
+  int rank;                      /* reshape, broadcast target */
+  int64_t shape[TOPOS_MAX_RANK]; /* reshape, broadcast target */
+  topos_tensor *tensor;          /* constant value, parameter initial,
+                                    input default (owned by the node) */
+  int slot;                      /* parameter, input */
 } node_attrs;
 
 /* Which values an adjoint reads: bit i = operand i, READS_OUTPUT = y. */
@@ -179,7 +182,8 @@ topos_tensor *op_eval(op_code op, const node_attrs *at, int nin,
                       topos_tensor *const *in, const tensor_meta *out,
                       topos_error *err);
 
-/* ------------------------------------------------------------ tape / network */
+/* ------------------------------------------------------------ tape / network
+ */
 
 typedef struct node {
   op_code op;

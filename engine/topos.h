@@ -125,9 +125,9 @@ topos_tensor *topos_tensor_broadcast(const topos_tensor *t, int rank,
                                      const int64_t *shape, topos_error *err);
 /* axis of extent L becomes (count, size), count = (L - span) / step + 1,
  * span = (size - 1) * dilation + 1. */
-topos_tensor *topos_tensor_unfold(const topos_tensor *t, int axis,
-                                  int64_t size, int64_t step,
-                                  int64_t dilation, topos_error *err);
+topos_tensor *topos_tensor_unfold(const topos_tensor *t, int axis, int64_t size,
+                                  int64_t step, int64_t dilation,
+                                  topos_error *err);
 /* A contiguous tensor with the same elements (retains t if it already is). */
 topos_tensor *topos_tensor_contiguous(const topos_tensor *t, topos_error *err);
 
@@ -145,7 +145,9 @@ typedef struct topos_value {
 
 #define TOPOS_NONE ((topos_value){0, -1})
 
-static inline bool topos_value_ok(topos_value v) { return v.index >= 0; }
+static inline bool topos_value_ok(topos_value v) {
+  return v.index >= 0;
+}
 
 /* New tape (caller seals it or frees it).  `dtype` is the tape's floating
  * dtype: composites record their constants in it.  NULL on a bad dtype. */
@@ -198,8 +200,8 @@ topos_value topos_reshape(topos_tape *tape, topos_value a, int rank,
                           const int64_t *shape);
 topos_value topos_narrow(topos_tape *tape, topos_value a, int axis,
                          int64_t start, int64_t length);
-topos_value topos_pad(topos_tape *tape, topos_value a, int axis,
-                      int64_t before, int64_t after);
+topos_value topos_pad(topos_tape *tape, topos_value a, int axis, int64_t before,
+                      int64_t after);
 topos_value topos_unfold(topos_tape *tape, topos_value a, int axis,
                          int64_t size, int64_t step, int64_t dilation);
 /* Inverse shape of unfold: axes (axis, axis+1) = (count, size) -> extent;
@@ -243,8 +245,7 @@ topos_value topos_network_input(const topos_network *net, int slot);
 topos_value topos_network_find(const topos_network *net, const char *name);
 /* Borrowed name, or NULL. */
 const char *topos_network_name_of(const topos_network *net, topos_value v);
-topos_dtype topos_network_value_dtype(const topos_network *net,
-                                      topos_value v);
+topos_dtype topos_network_value_dtype(const topos_network *net, topos_value v);
 const int64_t *topos_network_value_shape(const topos_network *net,
                                          topos_value v, int *rank);
 
@@ -319,8 +320,7 @@ typedef struct topos_feed {
  * without a feed take their defaults.  New run (topos_run_free), or NULL
  * with err.  Neither the network nor params are modified. */
 topos_run *topos_forward(const topos_network *net, const topos_params *params,
-                         const topos_feed *feeds, int nfeeds,
-                         topos_error *err);
+                         const topos_feed *feeds, int nfeeds, topos_error *err);
 /* Evaluates only the ancestors of the targets. */
 topos_run *topos_forward_for(const topos_network *net,
                              const topos_params *params,
@@ -332,8 +332,7 @@ void topos_run_free(topos_run *run);
 const topos_tensor *topos_run_of(const topos_run *run, topos_value v,
                                  topos_error *err);
 /* A rank-0 value widened to double; NaN with err on failure. */
-double topos_run_scalar(const topos_run *run, topos_value v,
-                        topos_error *err);
+double topos_run_scalar(const topos_run *run, topos_value v, topos_error *err);
 
 /* Gradient of a rank-0 target with respect to every node (new field).
  * Nodes outside the target's ancestors get exact zeros. */
@@ -349,8 +348,7 @@ typedef enum topos_optimizer_kind {
 } topos_optimizer_kind;
 
 /* Which slots AdamW decays; NULL means "rank >= 2". */
-typedef bool (*topos_decay_fn)(int slot, const topos_tensor *param,
-                               void *ctx);
+typedef bool (*topos_decay_fn)(int slot, const topos_tensor *param, void *ctx);
 
 typedef struct topos_optimizer {
   topos_optimizer_kind kind;
@@ -383,16 +381,15 @@ topos_opt_state *topos_opt_state_from(int64_t step, const topos_params *m,
 void topos_opt_state_free(topos_opt_state *s);
 int64_t topos_opt_state_step(const topos_opt_state *s);
 /* Borrowed moments: 0 = first (momentum / m), 1 = second (v); may be NULL. */
-const topos_params *topos_opt_state_moment(const topos_opt_state *s,
-                                           int which);
+const topos_params *topos_opt_state_moment(const topos_opt_state *s, int which);
 
 /* (params, grads, state) -> (params', state').  Pure: reads its inputs and
  * writes two new values.  Returns a topos_status. */
-int topos_optimizer_step(const topos_optimizer *opt,
-                         const topos_params *params, const topos_params *grads,
+int topos_optimizer_step(const topos_optimizer *opt, const topos_params *params,
+                         const topos_params *grads,
                          const topos_opt_state *state,
-                         topos_params **params_out,
-                         topos_opt_state **state_out, topos_error *err);
+                         topos_params **params_out, topos_opt_state **state_out,
+                         topos_error *err);
 
 /* ------------------------------------------------------------- initializers */
 
@@ -440,8 +437,8 @@ topos_value topos_activate(topos_tape *tape, topos_value x,
 topos_value topos_embedding(topos_tape *tape, topos_value table,
                             topos_value idx);
 /* Over the last axis; gamma/beta of that extent, or TOPOS_NONE. */
-topos_value topos_layer_norm(topos_tape *tape, topos_value x,
-                             topos_value gamma, topos_value beta, double eps);
+topos_value topos_layer_norm(topos_tape *tape, topos_value x, topos_value gamma,
+                             topos_value beta, double eps);
 topos_value topos_rms_norm(topos_tape *tape, topos_value x, topos_value gamma,
                            double eps);
 /* Training form over x[N,C] or x[N,C,H,W] per channel C; the batch mean

@@ -25,12 +25,18 @@ static TT_UNUSED topos_tensor *tt_tensor(topos_dtype dtype, int rank,
   void *buf = malloc((size_t)(n > 0 ? n : 1) * es);
   for (int64_t i = 0; i < n; i++) {
     switch (dtype) {
-      case TOPOS_F32: ((float *)buf)[i] = (float)values[i]; break;
-      case TOPOS_F64: ((double *)buf)[i] = values[i]; break;
+      case TOPOS_F32:
+        ((float *)buf)[i] = (float)values[i];
+        break;
+      case TOPOS_F64:
+        ((double *)buf)[i] = values[i];
+        break;
       case TOPOS_BF16:
         ((uint16_t *)buf)[i] = topos_bf16_from_f32((float)values[i]);
         break;
-      case TOPOS_I32: ((int32_t *)buf)[i] = (int32_t)values[i]; break;
+      case TOPOS_I32:
+        ((int32_t *)buf)[i] = (int32_t)values[i];
+        break;
     }
   }
   topos_error err = {0};
@@ -103,8 +109,7 @@ static TT_UNUSED double *tt_values(const topos_tensor *t) {
  */
 static TT_UNUSED double tt_gradient_error(const topos_network *net,
                                           topos_value loss,
-                                          const topos_feed *feeds,
-                                          int nfeeds) {
+                                          const topos_feed *feeds, int nfeeds) {
   topos_error err = {0};
   topos_params *p = topos_network_parameters(net);
   ck_assert_ptr_nonnull(p);

@@ -267,7 +267,21 @@ struct builder {
   /* A rank-0 constant of this dtype. */
   int32_t (*scalar)(builder *b, topos_dtype dtype, double value);
   const tensor_meta *(*meta)(builder *b, int32_t h);
+  /* A handle for the forward value of node `index`.  When `needed` is
+   * false the adjoint does not read it (op_info.reads), and an evaluating
+   * builder may hand out a handle that has a shape but no value. */
+  int32_t (*value)(builder *b, int32_t index, bool needed);
+  /* Every handle made since the last settle is dead except keep[0..n). */
+  void (*settle)(builder *b, const int32_t *keep, int nkeep);
 };
+
+/* The reverse scan of ops.md over nodes[0..target]: seeds 1 at target,
+ * visits ancestors in decreasing index, runs each adjoint through b and
+ * adds cotangents into grads (consumers in decreasing index order).
+ * grads has target+1 entries; -1 marks a node no gradient reached.
+ * Returns 0, or a status with err naming the node. */
+int backward_scan(builder *b, const node *nodes, int target, int32_t *grads,
+                  topos_error *err);
 
 /* Emits node `n`'s adjoint.  g is the output cotangent, y the output, x the
  * operands (handles; an operand the op does not read may be a handle whose

@@ -1,0 +1,371 @@
+/*
+ * interp.c - the reference interpreter: forward runs and backward.
+ *
+ * A run holds one tensor per evaluated node.  It reads the sealed network
+ * and the caller's parameters and never writes either, so any number of
+ * threads may run one network at once.  Node buffers come from the
+ * engine's pool (pool.c), so a training loop reuses the same memory every
+ * step.  backward() evaluates the adjoint rules of adjoint.c through a
+ * builder whose every emitted op runs at once on the reference kernels.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* --------------------------------------------------------------- forward */
+
+static int check_tensor_fits(const topos_tensor *t, const node *n,
+                             const char *what, int slot, topos_error *err) {
+  if (!t)
+    return error_set(err, TOPOS_ERR_ARGUMENT, "%s slot %d: tensor is NULL",
+                     what, slot);
+  tensor_meta m = tensor_meta_of(t);
+  if (m.dtype != n->meta.dtype ||
+      !shape_equal(m.rank, m.shape, n->meta.rank, n->meta.shape)) {
+    char want[SHAPE_TEXT + 8], got[SHAPE_TEXT + 8];
+    return error_set(err, m.dtype != n->meta.dtype ? TOPOS_ERR_DTYPE
+                                                    : TOPOS_ERR_SHAPE,
+                     "%s slot %d: expected %s, got %s", what, slot,
+                     meta_text(want, &n->meta), meta_text(got, &m));
+  }
+  return 0;
+}
+
+/* The tensor each input node takes: its feed, else its default. */
+static int resolve_feeds(const topos_network *net, const topos_feed *feeds,
+                         int nfeeds, const topos_tensor **by_slot,
+                         topos_error *err) {
+  if (nfeeds < 0 || (nfeeds > 0 && !feeds))
+    return error_set(err, TOPOS_ERR_ARGUMENT, "%d feeds given with %s array",
+                     nfeeds, feeds ? "an" : "a NULL");
+  for (int s = 0; s < net->ninputs; s++) by_slot[s] = NULL;
+  for (int f = 0; f < nfeeds; f++) {
+    topos_error e = {0};
+    int i = network_index(net, feeds[f].input, &e);
+    if (i < 0)
+      return error_set(err, TOPOS_ERR_ARGUMENT, "feed %d: %s", f, e.message);
+    const node *n = &net->nodes[i];
+    if (n->op != OP_INPUT)
+      return error_set(err, TOPOS_ERR_ARGUMENT,
+                       "feed %d: node %d is a %s, not an input", f, i,
+                       op_table[n->op].name);
+    if (by_slot[n->at.slot])
+      return error_set(err, TOPOS_ERR_ARGUMENT, "feed %d: input slot %d is "
+                       "fed twice", f, n->at.slot);
+    if (check_tensor_fits(feeds[f].tensor, n, "input", n->at.slot, err))
+      return err ? err->code : TOPOS_ERR_ARGUMENT;
+    by_slot[n->at.slot] = feeds[f].tensor;
+  }
+  return 0;
+}
+
+static int check_params(const topos_network *net, const topos_params *params,
+                        topos_error *err) {
+  if (!params) return 0;
+  if (params->n != net->nparams)
+    return error_set(err, TOPOS_ERR_ARGUMENT,
+                     "%d parameters given, the network has %d", params->n,
+                     net->nparams);
+  for (int s = 0; s < net->nparams; s++) {
+    const node *n = &net->nodes[net->param_nodes[s]];
+    if (check_tensor_fits(params->t[s], n, "parameter", s, err))
+      return err ? err->code : TOPOS_ERR_ARGUMENT;
+  }
+  return 0;
+}
+
+void topos_run_free(topos_run *run) {
+  if (!run) return;
+  if (run->vals) {
+    for (int i = 0; i < run->net->n; i++) topos_tensor_release(run->vals[i]);
+    free(run->vals);
+  }
+  topos_network_release(run->net);
+  free(run);
+}
+
+/* Evaluates the nodes with want[i] (every node when want is NULL). */
+static topos_run *run_network(const topos_network *net,
+                              const topos_params *params,
+                              const topos_feed *feeds, int nfeeds,
+                              const bool *want, topos_error *err) {
+  const topos_tensor **fed = malloc(sizeof(*fed) * (size_t)(net->ninputs + 1));
+  topos_run *run = calloc(1, sizeof *run);
+  if (!fed || !run) {
+    free(fed);
+    free(run);
+    error_set(err, TOPOS_ERR_MEMORY, "forward: out of memory");
+    return NULL;
+  }
+  run->net = topos_network_retain(net);
+  run->vals = calloc((size_t)net->n + 1, sizeof(topos_tensor *));
+  if (!run->vals) {
+    error_set(err, TOPOS_ERR_MEMORY, "forward: out of memory");
+    goto fail;
+  }
+  if (check_params(net, params, err) ||
+      resolve_feeds(net, feeds, nfeeds, fed, err))
+    goto fail;
+  for (int i = 0; i < net->n; i++) {
+    if (want && !want[i]) continue;
+    const node *n = &net->nodes[i];
+    if (n->op == OP_PARAMETER && params) {
+      run->vals[i] = topos_tensor_retain(params->t[n->at.slot]);
+    } else if (n->op == OP_INPUT && fed[n->at.slot]) {
+      run->vals[i] = topos_tensor_retain(fed[n->at.slot]);
+    } else {
+      topos_tensor *stack_in[4];
+      topos_tensor **in = n->nin <= 4
+                              ? stack_in
+                              : malloc(sizeof(topos_tensor *) * (size_t)n->nin);
+      if (!in) {
+        error_set(err, TOPOS_ERR_MEMORY, "forward: out of memory");
+        goto fail;
+      }
+      for (int j = 0; j < n->nin; j++) in[j] = run->vals[n->in[j]];
+      topos_error e = {0};
+      run->vals[i] = op_eval(n->op, &n->at, n->nin, in, &n->meta, &e);
+      if (in != stack_in) free(in);
+      if (!run->vals[i]) {
+        error_set(err, e.code ? e.code : TOPOS_ERR_STATE, "%s (node %d): %s",
+                  op_table[n->op].name, i, e.message);
+        goto fail;
+      }
+    }
+  }
+  free(fed);
+  return run;
+fail:
+  free(fed);
+  topos_run_free(run);
+  return NULL;
+}
+
+topos_run *topos_forward(const topos_network *net, const topos_params *params,
+                         const topos_feed *feeds, int nfeeds,
+                         topos_error *err) {
+  if (!net) {
+    error_set(err, TOPOS_ERR_ARGUMENT, "forward: network is NULL");
+    return NULL;
+  }
+  return run_network(net, params, feeds, nfeeds, NULL, err);
+}
+
+topos_run *topos_forward_for(const topos_network *net,
+                             const topos_params *params,
+                             const topos_feed *feeds, int nfeeds,
+                             const topos_value *targets, int ntargets,
+                             topos_error *err) {
+  if (!net) {
+    error_set(err, TOPOS_ERR_ARGUMENT, "forward: network is NULL");
+    return NULL;
+  }
+  if (ntargets < 0 || (ntargets > 0 && !targets)) {
+    error_set(err, TOPOS_ERR_ARGUMENT, "forward: %d targets with %s array",
+              ntargets, targets ? "an" : "a NULL");
+    return NULL;
+  }
+  bool *want = calloc((size_t)net->n + 1, sizeof(bool));
+  if (!want) {
+    error_set(err, TOPOS_ERR_MEMORY, "forward: out of memory");
+    return NULL;
+  }
+  for (int t = 0; t < ntargets; t++) {
+    topos_error e = {0};
+    int i = network_index(net, targets[t], &e);
+    if (i < 0) {
+      error_set(err, TOPOS_ERR_ARGUMENT, "forward: target %d: %s", t,
+                e.message);
+      free(want);
+      return NULL;
+    }
+    want[i] = true;
+  }
+  for (int i = net->n - 1; i >= 0; i--)
+    if (want[i])
+      for (int j = 0; j < net->nodes[i].nin; j++)
+        want[net->nodes[i].in[j]] = true;
+  topos_run *run = run_network(net, params, feeds, nfeeds, want, err);
+  free(want);
+  return run;
+}
+
+const topos_tensor *topos_run_of(const topos_run *run, topos_value v,
+                                 topos_error *err) {
+  if (!run) {
+    error_set(err, TOPOS_ERR_ARGUMENT, "run is NULL");
+    return NULL;
+  }
+  int i = network_index(run->net, v, err);
+  if (i < 0) return NULL;
+  if (!run->vals[i]) {
+    error_set(err, TOPOS_ERR_STATE,
+              "node %d (%s) was not evaluated by this run", i,
+              op_table[run->net->nodes[i].op].name);
+    return NULL;
+  }
+  return run->vals[i];
+}
+
+double topos_run_scalar(const topos_run *run, topos_value v,
+                        topos_error *err) {
+  const topos_tensor *t = topos_run_of(run, v, err);
+  if (!t) return NAN;
+  if (t->rank != 0) {
+    error_set(err, TOPOS_ERR_SHAPE, "node %d has rank %d, not 0", v.index,
+              t->rank);
+    return NAN;
+  }
+  return topos_tensor_get(t, NULL, err);
+}
+
+/* ------------------------------------------------- the evaluating builder */
+
+typedef struct eval_builder {
+  builder base;
+  const topos_run *run;
+  topos_tensor **t; /* NULL: released, or a value the adjoint may not read */
+  tensor_meta *m;
+  int n, cap;
+  int settled; /* handles below this survived the last settle */
+  topos_error *err;
+} eval_builder;
+
+static int32_t eb_push(eval_builder *eb, topos_tensor *t,
+                       const tensor_meta *m) {
+  if (eb->n == eb->cap) {
+    int cap = eb->cap ? eb->cap * 2 : 64;
+    topos_tensor **nt = realloc(eb->t, sizeof(*nt) * (size_t)cap);
+    if (nt) eb->t = nt;
+    tensor_meta *nm = realloc(eb->m, sizeof(*nm) * (size_t)cap);
+    if (nm) eb->m = nm;
+    if (!nt || !nm) {
+      topos_tensor_release(t);
+      error_set(eb->err, TOPOS_ERR_MEMORY, "backward: out of memory");
+      return -1;
+    }
+    eb->cap = cap;
+  }
+  eb->t[eb->n] = t;
+  eb->m[eb->n] = *m;
+  return eb->n++;
+}
+
+static int32_t eb_emit(builder *b, op_code op, const int32_t *in, int nin,
+                       const node_attrs *at) {
+  eval_builder *eb = (eval_builder *)b;
+  topos_tensor *stack_t[4];
+  tensor_meta stack_m[4];
+  if (nin > 4) {
+    error_set(eb->err, TOPOS_ERR_STATE, "%s: too many operands",
+              op_table[op].name);
+    return -1;
+  }
+  for (int i = 0; i < nin; i++) {
+    if (in[i] < 0 || in[i] >= eb->n || !eb->t[in[i]]) {
+      error_set(eb->err, TOPOS_ERR_STATE,
+                "%s: the adjoint read a value its op does not declare",
+                op_table[op].name);
+      return -1;
+    }
+    stack_t[i] = eb->t[in[i]];
+    stack_m[i] = eb->m[in[i]];
+  }
+  node_attrs attrs = at ? *at : (node_attrs){0};
+  tensor_meta out;
+  char msg[400];
+  int rc = op_infer(op, &attrs, nin, stack_m, &out, msg, sizeof msg);
+  if (rc) {
+    error_set(eb->err, rc, "%s: %s", op_table[op].name, msg);
+    return -1;
+  }
+  topos_error e = {0};
+  topos_tensor *t = op_eval(op, &attrs, nin, stack_t, &out, &e);
+  if (!t) {
+    error_set(eb->err, e.code, "%s: %s", op_table[op].name, e.message);
+    return -1;
+  }
+  return eb_push(eb, t, &out);
+}
+
+static int32_t eb_scalar(builder *b, topos_dtype dtype, double value) {
+  eval_builder *eb = (eval_builder *)b;
+  topos_tensor *t = topos_tensor_scalar(dtype, value, eb->err);
+  if (!t) return -1;
+  tensor_meta m = tensor_meta_of(t);
+  return eb_push(eb, t, &m);
+}
+
+static const tensor_meta *eb_meta(builder *b, int32_t h) {
+  return &((eval_builder *)b)->m[h];
+}
+
+static int32_t eb_value(builder *b, int32_t index, bool needed) {
+  eval_builder *eb = (eval_builder *)b;
+  const node *n = &eb->run->net->nodes[index];
+  topos_tensor *t = needed ? topos_tensor_retain(eb->run->vals[index]) : NULL;
+  return eb_push(eb, t, &n->meta);
+}
+
+static void eb_settle(builder *b, const int32_t *keep, int nkeep) {
+  eval_builder *eb = (eval_builder *)b;
+  for (int h = eb->settled; h < eb->n; h++) {
+    bool kept = false;
+    for (int k = 0; k < nkeep; k++) kept |= keep[k] == h;
+    if (!kept) {
+      topos_tensor_release(eb->t[h]);
+      eb->t[h] = NULL;
+    }
+  }
+  eb->settled = eb->n;
+}
+
+topos_field *topos_backward(const topos_run *run, topos_value target,
+                            topos_error *err) {
+  topos_error local = {0};
+  if (!err) err = &local;
+  const topos_tensor *y = topos_run_of(run, target, err);
+  if (!y) return NULL;
+  const topos_network *net = run->net;
+  int ti = target.index;
+  if (y->rank != 0 || !dtype_is_float(y->dtype)) {
+    char mt[SHAPE_TEXT + 8];
+    error_set(err, TOPOS_ERR_SHAPE,
+              "backward: the target (node %d) is %s; it must be a rank-0 "
+              "float value",
+              ti, meta_text(mt, &net->nodes[ti].meta));
+    return NULL;
+  }
+  eval_builder eb = {
+      .base = {eb_emit, eb_scalar, eb_meta, eb_value, eb_settle},
+      .run = run,
+      .err = err,
+  };
+  int32_t *grads = malloc(sizeof(int32_t) * (size_t)(ti + 1));
+  topos_field *f = field_alloc(net);
+  if (!grads || !f) {
+    error_set(err, TOPOS_ERR_MEMORY, "backward: out of memory");
+    goto fail;
+  }
+  if (backward_scan(&eb.base, net->nodes, ti, grads, err)) goto fail;
+  for (int i = 0; i < net->n; i++) {
+    if (i <= ti && grads[i] >= 0) {
+      f->t[i] = topos_tensor_retain(eb.t[grads[i]]);
+    } else {
+      f->t[i] = tensor_zeros_like_meta(&net->nodes[i].meta, err);
+      if (!f->t[i]) goto fail;
+    }
+  }
+  goto done;
+fail:
+  topos_field_free(f);
+  f = NULL;
+done:
+  for (int h = 0; h < eb.n; h++) topos_tensor_release(eb.t[h]);
+  free(eb.t);
+  free(eb.m);
+  free(grads);
+  return f;
+}

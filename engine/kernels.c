@@ -1,0 +1,547 @@
+/*
+ * kernels.c - op_eval, the reference forward kernel of every op.
+ *
+ * Layout ops (transpose, permute, narrow, broadcast, broadcast_along,
+ * unfold, and reshape of a contiguous operand) return views that share
+ * their operand's buffer.  Copying ops (pad, concat, gather, reshape of a
+ * strided operand) move bits and never round.  Arithmetic ops read their
+ * operands as contiguous arrays of the compute type (f32 for f32 and bf16,
+ * f64 for f64), run the loops of kernels_real.h, and round once to bf16
+ * where the output is bf16.  Run-time failures (an index out of range, an
+ * integer overflow) come back as errors; the caller adds the node.
+ */
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define R float
+#define K(name) name##_f32
+#define EXP expf
+#define LOG logf
+#define SQRT sqrtf
+#define TANH tanhf
+#define POW powf
+#define FMA fmaf
+#include "kernels_real.h"
+#undef R
+#undef K
+#undef EXP
+#undef LOG
+#undef SQRT
+#undef TANH
+#undef POW
+#undef FMA
+
+#define R double
+#define K(name) name##_f64
+#define EXP exp
+#define LOG log
+#define SQRT sqrt
+#define TANH tanh
+#define POW pow
+#define FMA fma
+#include "kernels_real.h"
+#undef R
+#undef K
+#undef EXP
+#undef LOG
+#undef SQRT
+#undef TANH
+#undef POW
+#undef FMA
+
+/* Calls name_f64 for f64 and name_f32 for f32/bf16. */
+#define DISPATCH(dtype, name, ...)   \
+  do {                               \
+    if ((dtype) == TOPOS_F64)        \
+      name##_f64(__VA_ARGS__);       \
+    else                             \
+      name##_f32(__VA_ARGS__);       \
+  } while (0)
+
+static size_t compute_size(topos_dtype dtype) {
+  return dtype == TOPOS_F64 ? sizeof(double) : sizeof(float);
+}
+
+/* ------------------------------------------------------------ outputs */
+
+/* An output being written: the tensor, and where the kernel writes its
+ * compute-type values (the tensor itself, or f32 scratch for bf16). */
+typedef struct out_buf {
+  topos_tensor *t;
+  void *data;
+  size_t scratch_cap;
+} out_buf;
+
+static int out_begin(out_buf *ob, const tensor_meta *m, topos_error *err) {
+  memset(ob, 0, sizeof *ob);
+  ob->t = tensor_new_meta(m, err);
+  if (!ob->t) return -1;
+  if (m->dtype != TOPOS_BF16) {
+    ob->data = tensor_data(ob->t);
+    return 0;
+  }
+  int64_t n = shape_count(m->rank, m->shape);
+  ob->data = pool_alloc((size_t)n * sizeof(float), &ob->scratch_cap);
+  if (!ob->data) {
+    topos_tensor_release(ob->t);
+    return error_set(err, TOPOS_ERR_MEMORY, "out of memory"), -1;
+  }
+  return 0;
+}
+
+static topos_tensor *out_end(out_buf *ob) {
+  if (ob->t->dtype == TOPOS_BF16) {
+    bf16_round_array(ob->data, tensor_data(ob->t), topos_tensor_count(ob->t));
+    pool_free(ob->data, ob->scratch_cap);
+  }
+  return ob->t;
+}
+
+static void out_abort(out_buf *ob) {
+  if (ob->t && ob->t->dtype == TOPOS_BF16) pool_free(ob->data, ob->scratch_cap);
+  topos_tensor_release(ob->t);
+}
+
+/* Scratch of n compute-type values (at least one). */
+typedef struct scratch {
+  void *p;
+  size_t cap;
+} scratch;
+
+static void *scratch_get(scratch *s, int64_t n, size_t es, topos_error *err) {
+  s->p = pool_alloc((size_t)(n > 0 ? n : 1) * es, &s->cap);
+  if (!s->p) error_set(err, TOPOS_ERR_MEMORY, "out of memory");
+  return s->p;
+}
+
+static void scratch_done(scratch *s) {
+  if (s->p) pool_free(s->p, s->cap);
+  s->p = NULL;
+}
+
+/* ------------------------------------------------------- strided copies */
+
+/* Writes src's elements to dst laid out by dst_stride (elements of es
+ * bytes), walking src's shape row-major. */
+static void copy_strided(const topos_tensor *src, char *dst,
+                         const int64_t *dst_stride) {
+  size_t es = topos_dtype_size(src->dtype);
+  int rank = src->rank;
+  int64_t n = shape_count(rank, src->shape);
+  if (n == 0) return;
+  const char *s = tensor_data(src);
+  if (rank == 0) {
+    memcpy(dst, s, es);
+    return;
+  }
+  int64_t idx[TOPOS_MAX_RANK] = {0};
+  int64_t inner = src->shape[rank - 1];
+  int64_t ss = src->stride[rank - 1], ds = dst_stride[rank - 1];
+  for (int64_t done = 0; done < n; done += inner) {
+    int64_t so = 0, doff = 0;
+    for (int a = 0; a < rank - 1; a++) {
+      so += idx[a] * src->stride[a];
+      doff += idx[a] * dst_stride[a];
+    }
+    if (ss == 1 && ds == 1) {
+      memcpy(dst + doff * (int64_t)es, s + so * (int64_t)es,
+             (size_t)inner * es);
+    } else {
+      for (int64_t i = 0; i < inner; i++)
+        memcpy(dst + (doff + i * ds) * (int64_t)es,
+               s + (so + i * ss) * (int64_t)es, es);
+    }
+    for (int a = rank - 2; a >= 0; a--) {
+      if (++idx[a] < src->shape[a]) break;
+      idx[a] = 0;
+    }
+  }
+}
+
+static void row_major_strides(int rank, const int64_t *shape,
+                              int64_t *stride) {
+  int64_t s = 1;
+  for (int a = rank - 1; a >= 0; a--) {
+    stride[a] = s;
+    s *= shape[a];
+  }
+}
+
+/* Copies src into the region of a contiguous tensor `dst` that starts at
+ * `offset` along `axis` (pad and concat). */
+static void copy_into_axis(const topos_tensor *src, topos_tensor *dst,
+                           int axis, int64_t offset) {
+  int64_t stride[TOPOS_MAX_RANK];
+  row_major_strides(dst->rank, dst->shape, stride);
+  size_t es = topos_dtype_size(dst->dtype);
+  char *base = (char *)tensor_data(dst) + offset * stride[axis] * (int64_t)es;
+  copy_strided(src, base, stride);
+}
+
+/* --------------------------------------------------------- op families */
+
+/* Splits a shape around `axis` into (outer, L, inner). */
+static void around_axis(const topos_tensor *t, int axis, int64_t *outer,
+                        int64_t *L, int64_t *inner) {
+  *outer = shape_count(axis, t->shape);
+  *L = t->shape[axis];
+  *inner = shape_count(t->rank - axis - 1, t->shape + axis + 1);
+}
+
+static topos_tensor *eval_int_add(topos_tensor *const *in,
+                                  const tensor_meta *out, topos_error *err) {
+  compute_view a, b;
+  if (compute_view_of(in[0], &a, err)) return NULL;
+  if (compute_view_of(in[1], &b, err)) {
+    compute_view_done(&a);
+    return NULL;
+  }
+  topos_tensor *t = tensor_new_meta(out, err);
+  int64_t n = shape_count(out->rank, out->shape);
+  const int32_t *x = a.data, *y = b.data;
+  int32_t *z = t ? tensor_data(t) : NULL;
+  for (int64_t i = 0; t && i < n; i++) {
+    if (__builtin_add_overflow(x[i], y[i], &z[i])) {
+      error_set(err, TOPOS_ERR_RANGE, "i32 overflow at element %lld (%d + %d)",
+                (long long)i, x[i], y[i]);
+      topos_tensor_release(t);
+      t = NULL;
+    }
+  }
+  compute_view_done(&a);
+  compute_view_done(&b);
+  return t;
+}
+
+static topos_tensor *eval_elementwise(op_code op, const node_attrs *at,
+                                      int nin, topos_tensor *const *in,
+                                      const tensor_meta *out,
+                                      topos_error *err) {
+  if (op == OP_ADD && out->dtype == TOPOS_I32)
+    return eval_int_add(in, out, err);
+  compute_view v[2];
+  int got = 0;
+  out_buf ob;
+  for (; got < nin; got++)
+    if (compute_view_of(in[got], &v[got], err)) goto fail;
+  if (out_begin(&ob, out, err)) goto fail;
+  int64_t n = shape_count(out->rank, out->shape);
+  if (nin == 1)
+    DISPATCH(out->dtype, unary, op, at->p, v[0].data, ob.data, n);
+  else
+    DISPATCH(out->dtype, binary, op, v[0].data, v[1].data, ob.data, n);
+  for (int i = 0; i < nin; i++) compute_view_done(&v[i]);
+  return out_end(&ob);
+fail:
+  for (int i = 0; i < got; i++) compute_view_done(&v[i]);
+  return NULL;
+}
+
+/* A matmul operand: compute-type data addressed by (batch, row, col)
+ * strides.  f32/f64 views are read in place, whatever their strides;
+ * bf16 is converted to a contiguous f32 copy. */
+typedef struct mm_operand {
+  compute_view view;
+  const char *data;
+  int64_t s[3];
+} mm_operand;
+
+static int mm_operand_of(const topos_tensor *t, mm_operand *o,
+                         topos_error *err) {
+  memset(o, 0, sizeof *o);
+  int r = t->rank;
+  if (t->dtype != TOPOS_BF16) {
+    o->data = tensor_data(t);
+    for (int i = 0; i < r; i++) o->s[3 - r + i] = t->stride[i];
+    return 0;
+  }
+  if (compute_view_of(t, &o->view, err)) return -1;
+  o->data = o->view.data;
+  int64_t st[3];
+  row_major_strides(r, t->shape, st);
+  for (int i = 0; i < r; i++) o->s[3 - r + i] = st[i];
+  return 0;
+}
+
+static topos_tensor *eval_matmul(topos_tensor *const *in,
+                                 const tensor_meta *out, topos_error *err) {
+  const topos_tensor *a = in[0], *b = in[1];
+  int r = a->rank;
+  int64_t batch = r == 3 ? a->shape[0] : 1;
+  int64_t m = a->shape[r - 2], k = a->shape[r - 1], n = b->shape[r - 1];
+  mm_operand A, B;
+  out_buf ob;
+  if (mm_operand_of(a, &A, err)) return NULL;
+  if (mm_operand_of(b, &B, err)) goto fail_a;
+  if (out_begin(&ob, out, err)) goto fail_b;
+  size_t es = compute_size(out->dtype);
+  for (int64_t bi = 0; bi < batch; bi++) {
+    DISPATCH(out->dtype, matmul, A.data + bi * A.s[0] * (int64_t)es, A.s[1],
+             A.s[2], B.data + bi * B.s[0] * (int64_t)es, B.s[1], B.s[2],
+             (char *)ob.data + bi * m * n * (int64_t)es, m, k, n);
+  }
+  compute_view_done(&A.view);
+  compute_view_done(&B.view);
+  return out_end(&ob);
+fail_b:
+  compute_view_done(&B.view);
+fail_a:
+  compute_view_done(&A.view);
+  return NULL;
+}
+
+/* sum, sum_along, max_along, logsumexp, log_softmax. */
+static topos_tensor *eval_rows(op_code op, const node_attrs *at,
+                               const topos_tensor *a, const tensor_meta *out,
+                               topos_error *err) {
+  int64_t outer = 1, L = shape_count(a->rank, a->shape), inner = 1;
+  if (op != OP_SUM) around_axis(a, at->axis, &outer, &L, &inner);
+  compute_view v;
+  out_buf ob;
+  scratch tmp = {0};
+  if (compute_view_of(a, &v, err)) return NULL;
+  if (out_begin(&ob, out, err)) goto fail_v;
+  if (!scratch_get(&tmp, L, compute_size(a->dtype), err)) goto fail_out;
+  switch (op) {
+    case OP_SUM:
+    case OP_SUM_ALONG:
+      DISPATCH(a->dtype, sum_rows, v.data, ob.data, outer, L, inner);
+      break;
+    case OP_MAX_ALONG:
+      DISPATCH(a->dtype, max_rows, v.data, ob.data, outer, L, inner);
+      break;
+    default:
+      DISPATCH(a->dtype, lse_rows, v.data, ob.data, outer, L, inner,
+               op == OP_LOG_SOFTMAX, tmp.p);
+  }
+  scratch_done(&tmp);
+  compute_view_done(&v);
+  return out_end(&ob);
+fail_out:
+  out_abort(&ob);
+fail_v:
+  compute_view_done(&v);
+  return NULL;
+}
+
+static topos_tensor *eval_fold(const node_attrs *at, const topos_tensor *a,
+                               const tensor_meta *out, topos_error *err) {
+  int64_t outer = shape_count(at->axis, a->shape);
+  int64_t count = a->shape[at->axis], size = a->shape[at->axis + 1];
+  int64_t inner = shape_count(a->rank - at->axis - 2, a->shape + at->axis + 2);
+  compute_view v;
+  out_buf ob;
+  scratch tmp = {0};
+  if (compute_view_of(a, &v, err)) return NULL;
+  if (out_begin(&ob, out, err)) goto fail_v;
+  if (!scratch_get(&tmp, count, compute_size(a->dtype), err)) goto fail_out;
+  DISPATCH(a->dtype, fold, v.data, ob.data, outer, count, size, inner,
+           at->extent, at->step, at->dilation, tmp.p);
+  scratch_done(&tmp);
+  compute_view_done(&v);
+  return out_end(&ob);
+fail_out:
+  out_abort(&ob);
+fail_v:
+  compute_view_done(&v);
+  return NULL;
+}
+
+/* Reads the index operand, checking every index against [0, limit). */
+static const int32_t *indices_of(const topos_tensor *idx, int64_t limit,
+                                 compute_view *v, topos_error *err) {
+  if (compute_view_of(idx, v, err)) return NULL;
+  const int32_t *ix = v->data;
+  int64_t n = idx->shape[0];
+  for (int64_t i = 0; i < n; i++) {
+    if (ix[i] < 0 || ix[i] >= limit) {
+      error_set(err, TOPOS_ERR_RANGE,
+                "index %d at position %lld is outside [0, %lld)", ix[i],
+                (long long)i, (long long)limit);
+      compute_view_done(v);
+      return NULL;
+    }
+  }
+  return ix;
+}
+
+static topos_tensor *eval_gather(topos_tensor *const *in,
+                                 const tensor_meta *out, topos_error *err) {
+  const topos_tensor *table = in[0];
+  compute_view iv;
+  const int32_t *ix = indices_of(in[1], table->shape[0], &iv, err);
+  if (!ix) return NULL;
+  topos_tensor *t = tensor_new_meta(out, err);
+  if (t) {
+    /* Rows are copied bit for bit from the table, whatever its strides. */
+    int64_t n = out->shape[0], d = out->shape[1];
+    int64_t s0 = table->stride[0], s1 = table->stride[1];
+    size_t es = topos_dtype_size(out->dtype);
+    const char *src = tensor_data(table);
+    char *dst = tensor_data(t);
+    for (int64_t i = 0; i < n; i++) {
+      const char *row = src + ix[i] * s0 * (int64_t)es;
+      char *to = dst + i * d * (int64_t)es;
+      if (s1 == 1)
+        memcpy(to, row, (size_t)d * es);
+      else
+        for (int64_t j = 0; j < d; j++)
+          memcpy(to + j * (int64_t)es, row + j * s1 * (int64_t)es, es);
+    }
+  }
+  compute_view_done(&iv);
+  return t;
+}
+
+static topos_tensor *eval_scatter(const node_attrs *at,
+                                  topos_tensor *const *in,
+                                  const tensor_meta *out, topos_error *err) {
+  const topos_tensor *rows = in[0];
+  int64_t n = rows->shape[0], d = rows->shape[1], V = at->extent;
+  compute_view iv, rv;
+  const int32_t *ix = indices_of(in[1], V, &iv, err);
+  if (!ix) return NULL;
+  topos_tensor *t = NULL;
+  out_buf ob;
+  scratch order = {0}, start = {0}, tmp = {0};
+  if (compute_view_of(rows, &rv, err)) goto done_iv;
+  if (!scratch_get(&order, n, sizeof(int64_t), err) ||
+      !scratch_get(&start, V + 1, sizeof(int64_t), err) ||
+      !scratch_get(&tmp, n, compute_size(rows->dtype), err))
+    goto done_rv;
+  /* A stable counting sort of row numbers by target keeps each target's
+   * rows in increasing order: the reduction order numerics.md fixes. */
+  int64_t *ord = order.p, *st = start.p;
+  memset(st, 0, sizeof(int64_t) * (size_t)(V + 1));
+  for (int64_t i = 0; i < n; i++) st[ix[i] + 1]++;
+  for (int64_t v = 0; v < V; v++) st[v + 1] += st[v];
+  for (int64_t i = 0; i < n; i++) ord[st[ix[i]]++] = i;
+  for (int64_t v = V; v > 0; v--) st[v] = st[v - 1];
+  st[0] = 0;
+  if (out_begin(&ob, out, err)) goto done_rv;
+  DISPATCH(rows->dtype, scatter, rv.data, ob.data, d, V, ord, st, tmp.p);
+  t = out_end(&ob);
+done_rv:
+  scratch_done(&order);
+  scratch_done(&start);
+  scratch_done(&tmp);
+  compute_view_done(&rv);
+done_iv:
+  compute_view_done(&iv);
+  return t;
+}
+
+static topos_tensor *eval_pad(const node_attrs *at, const topos_tensor *a,
+                              const tensor_meta *out, topos_error *err) {
+  topos_tensor *t = tensor_new_meta(out, err);
+  if (!t) return NULL;
+  int64_t n = shape_count(out->rank, out->shape);
+  memset(tensor_data(t), 0, (size_t)n * topos_dtype_size(out->dtype));
+  copy_into_axis(a, t, at->axis, at->before);
+  return t;
+}
+
+static topos_tensor *eval_concat(const node_attrs *at, int nin,
+                                 topos_tensor *const *in,
+                                 const tensor_meta *out, topos_error *err) {
+  topos_tensor *t = tensor_new_meta(out, err);
+  if (!t) return NULL;
+  int64_t offset = 0;
+  for (int i = 0; i < nin; i++) {
+    copy_into_axis(in[i], t, at->axis, offset);
+    offset += in[i]->shape[at->axis];
+  }
+  return t;
+}
+
+static topos_tensor *eval_reshape(const topos_tensor *a,
+                                  const tensor_meta *out, topos_error *err) {
+  topos_tensor *c = topos_tensor_contiguous(a, err);
+  if (!c) return NULL;
+  int64_t stride[TOPOS_MAX_RANK];
+  row_major_strides(out->rank, out->shape, stride);
+  topos_tensor *t = tensor_view(c, out->rank, out->shape, stride, c->offset);
+  topos_tensor_release(c);
+  if (!t) error_set(err, TOPOS_ERR_MEMORY, "out of memory");
+  return t;
+}
+
+static topos_tensor *eval_broadcast_along(const node_attrs *at,
+                                          const topos_tensor *a,
+                                          const tensor_meta *out,
+                                          topos_error *err) {
+  int64_t stride[TOPOS_MAX_RANK];
+  for (int i = 0, j = 0; i <= a->rank; i++) {
+    if (i == at->axis) stride[j++] = 0;
+    if (i < a->rank) stride[j++] = a->stride[i];
+  }
+  topos_tensor *t = tensor_view(a, out->rank, out->shape, stride, a->offset);
+  if (!t) error_set(err, TOPOS_ERR_MEMORY, "out of memory");
+  return t;
+}
+
+topos_tensor *op_eval(op_code op, const node_attrs *at, int nin,
+                      topos_tensor *const *in, const tensor_meta *out,
+                      topos_error *err) {
+  switch (op) {
+    case OP_CONSTANT:
+    case OP_PARAMETER:
+    case OP_INPUT:
+      return topos_tensor_retain(at->tensor);
+    case OP_ADD:
+    case OP_SUB:
+    case OP_MUL:
+    case OP_DIV:
+    case OP_MAXIMUM:
+    case OP_STEP:
+    case OP_NEG:
+    case OP_EXP:
+    case OP_LOG:
+    case OP_SQRT:
+    case OP_TANH:
+    case OP_POW:
+    case OP_RELU:
+      return eval_elementwise(op, at, nin, in, out, err);
+    case OP_MATMUL:
+      return eval_matmul(in, out, err);
+    case OP_TRANSPOSE:
+      return topos_tensor_transpose(in[0], err);
+    case OP_PERMUTE:
+      return topos_tensor_permute(in[0], at->perm, err);
+    case OP_RESHAPE:
+      return eval_reshape(in[0], out, err);
+    case OP_NARROW:
+      return topos_tensor_narrow(in[0], at->axis, at->start, at->length, err);
+    case OP_PAD:
+      return eval_pad(at, in[0], out, err);
+    case OP_UNFOLD:
+      return topos_tensor_unfold(in[0], at->axis, at->size, at->step,
+                                 at->dilation, err);
+    case OP_FOLD:
+      return eval_fold(at, in[0], out, err);
+    case OP_CONCAT:
+      return eval_concat(at, nin, in, out, err);
+    case OP_BROADCAST:
+      return topos_tensor_broadcast(in[0], out->rank, out->shape, err);
+    case OP_BROADCAST_ALONG:
+      return eval_broadcast_along(at, in[0], out, err);
+    case OP_SUM:
+    case OP_SUM_ALONG:
+    case OP_MAX_ALONG:
+    case OP_LOG_SOFTMAX:
+    case OP_LOGSUMEXP:
+      return eval_rows(op, at, in[0], out, err);
+    case OP_GATHER:
+      return eval_gather(in, out, err);
+    case OP_SCATTER:
+      return eval_scatter(at, in, out, err);
+    case OP_COUNT:
+      break;
+  }
+  error_set(err, TOPOS_ERR_ARGUMENT, "unknown op %d", op);
+  return NULL;
+}

@@ -1,0 +1,205 @@
+/*
+ * kernels_real.h - the reference kernels' arithmetic, written once and
+ * included by kernels.c twice: with R = float (f32 and bf16 compute in
+ * f32) and with R = double.  K(name) suffixes each function with the type.
+ *
+ * Every loop here is the definition of what the op computes (numerics.md):
+ * elementwise ops call libm once per element, matmul is an fma chain in k
+ * order from +0.0, and every sum uses the striped-16 rule of reduce().
+ * Inputs and outputs are contiguous arrays of R; kernels.c converts.
+ */
+
+/* The striped-16 reduction of x[0], x[s], ..., x[(n-1)s]. */
+static R K(reduce)(const R *x, int64_t n, int64_t s) {
+  if (n == 0) return (R)0;
+  if (n <= 16) {
+    R acc = x[0];
+    for (int64_t i = 1; i < n; i++) acc = acc + x[i * s];
+    return acc;
+  }
+  R lane[16];
+  for (int l = 0; l < 16; l++) lane[l] = x[l * s];
+  for (int64_t i = 16; i < n; i++) lane[i % 16] = lane[i % 16] + x[i * s];
+  for (int width = 16; width > 1; width /= 2)
+    for (int l = 0; l < width / 2; l++)
+      lane[l] = lane[2 * l] + lane[2 * l + 1];
+  return lane[0];
+}
+
+static void K(unary)(op_code op, double p, const void *xv, void *yv,
+                     int64_t n) {
+  const R *x = xv;
+  R *y = yv;
+  R pr = (R)p;
+  switch (op) {
+    case OP_NEG:
+      for (int64_t i = 0; i < n; i++) y[i] = -x[i];
+      break;
+    case OP_EXP:
+      for (int64_t i = 0; i < n; i++) y[i] = EXP(x[i]);
+      break;
+    case OP_LOG:
+      for (int64_t i = 0; i < n; i++) y[i] = LOG(x[i]);
+      break;
+    case OP_SQRT:
+      for (int64_t i = 0; i < n; i++) y[i] = SQRT(x[i]);
+      break;
+    case OP_TANH:
+      for (int64_t i = 0; i < n; i++) y[i] = TANH(x[i]);
+      break;
+    case OP_POW:
+      for (int64_t i = 0; i < n; i++) y[i] = POW(x[i], pr);
+      break;
+    case OP_RELU:
+      /* NaN stays NaN; -0 and negatives become +0. */
+      for (int64_t i = 0; i < n; i++)
+        y[i] = isnan(x[i]) ? x[i] : (x[i] > 0 ? x[i] : (R)0);
+      break;
+    default:
+      assert(!"not a unary op");
+  }
+}
+
+static void K(binary)(op_code op, const void *av, const void *bv, void *yv,
+                      int64_t n) {
+  const R *a = av, *b = bv;
+  R *y = yv;
+  switch (op) {
+    case OP_ADD:
+      for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+      break;
+    case OP_SUB:
+      for (int64_t i = 0; i < n; i++) y[i] = a[i] - b[i];
+      break;
+    case OP_MUL:
+      for (int64_t i = 0; i < n; i++) y[i] = a[i] * b[i];
+      break;
+    case OP_DIV:
+      for (int64_t i = 0; i < n; i++) y[i] = a[i] / b[i];
+      break;
+    case OP_MAXIMUM:
+      for (int64_t i = 0; i < n; i++)
+        y[i] = isnan(a[i]) ? a[i]
+               : isnan(b[i]) ? b[i]
+               : a[i] >= b[i] ? a[i]
+                              : b[i];
+      break;
+    case OP_STEP:
+      for (int64_t i = 0; i < n; i++) y[i] = a[i] >= b[i] ? (R)1 : (R)0;
+      break;
+    default:
+      assert(!"not a binary op");
+  }
+}
+
+/* c[m,n] = a[m,k]·b[k,n] with a and b addressed by (row, column) strides.
+ * Each output is its own chain acc = fma(a[i,kk], b[kk,j], acc) for kk in
+ * order, acc from +0.0; the i-k-j loop keeps a row of accumulators. */
+static void K(matmul)(const void *av, int64_t as0, int64_t as1,
+                      const void *bv, int64_t bs0, int64_t bs1, void *cv,
+                      int64_t m, int64_t k, int64_t n) {
+  const R *a = av, *b = bv;
+  R *c = cv;
+  for (int64_t i = 0; i < m; i++) {
+    R *row = c + i * n;
+    for (int64_t j = 0; j < n; j++) row[j] = (R)0;
+    for (int64_t kk = 0; kk < k; kk++) {
+      R aik = a[i * as0 + kk * as1];
+      const R *brow = b + kk * bs0;
+      for (int64_t j = 0; j < n; j++) row[j] = FMA(aik, brow[j * bs1], row[j]);
+    }
+  }
+}
+
+/* x is [outer, L, inner]; y[outer, inner] = reduce over L. */
+static void K(sum_rows)(const void *xv, void *yv, int64_t outer, int64_t L,
+                        int64_t inner) {
+  const R *x = xv;
+  R *y = yv;
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t i = 0; i < inner; i++)
+      y[o * inner + i] = K(reduce)(x + o * L * inner + i, L, inner);
+}
+
+/* The first maximal element along L; the first NaN if there is one. */
+static void K(max_rows)(const void *xv, void *yv, int64_t outer, int64_t L,
+                        int64_t inner) {
+  const R *x = xv;
+  R *y = yv;
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t i = 0; i < inner; i++) {
+      const R *row = x + o * L * inner + i;
+      R m = row[0];
+      for (int64_t l = 0; l < L && !isnan(m); l++) {
+        R v = row[l * inner];
+        if (isnan(v) || v > m) m = v;
+      }
+      y[o * inner + i] = m;
+    }
+}
+
+/* logsumexp (softmax = false: y[outer,inner] = shift + log(s)) or
+ * log_softmax (softmax = true: y[outer,L,inner] = (x - shift) - log(s)),
+ * where shift is the row maximum (0 when it is infinite, so an all -inf row
+ * stays -inf instead of NaN) and s = reduce(exp(x - shift)).  tmp holds L
+ * values. */
+static void K(lse_rows)(const void *xv, void *yv, int64_t outer, int64_t L,
+                        int64_t inner, bool softmax, R *tmp) {
+  const R *x = xv;
+  R *y = yv;
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t i = 0; i < inner; i++) {
+      const R *row = x + o * L * inner + i;
+      R m = row[0];
+      for (int64_t l = 0; l < L && !isnan(m); l++) {
+        R v = row[l * inner];
+        if (isnan(v) || v > m) m = v;
+      }
+      R shift = isinf(m) ? (R)0 : m;
+      for (int64_t l = 0; l < L; l++) tmp[l] = EXP(row[l * inner] - shift);
+      R lse = LOG(K(reduce)(tmp, L, 1));
+      if (!softmax) {
+        y[o * inner + i] = shift + lse;
+      } else {
+        R *out = y + o * L * inner + i;
+        for (int64_t l = 0; l < L; l++)
+          out[l * inner] = (row[l * inner] - shift) - lse;
+      }
+    }
+}
+
+/* x is [outer, count, size, inner] -> y[outer, extent, inner]; window c's
+ * element s lands at c·step + s·dilation.  Contributions to one output are
+ * reduced in window order.  tmp holds count values. */
+static void K(fold)(const void *xv, void *yv, int64_t outer, int64_t count,
+                    int64_t size, int64_t inner, int64_t extent, int64_t step,
+                    int64_t dilation, R *tmp) {
+  const R *x = xv;
+  R *y = yv;
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t e = 0; e < extent; e++)
+      for (int64_t i = 0; i < inner; i++) {
+        int64_t nt = 0;
+        for (int64_t c = 0; c < count && c * step <= e; c++) {
+          int64_t d = e - c * step;
+          if (d % dilation != 0 || d / dilation >= size) continue;
+          tmp[nt++] = x[((o * count + c) * size + d / dilation) * inner + i];
+        }
+        y[(o * extent + e) * inner + i] = K(reduce)(tmp, nt, 1);
+      }
+}
+
+/* rows[n,d] scattered by idx into y[V,d]; `order` lists row numbers grouped
+ * by target (start[v]..start[v+1]) in increasing row order. */
+static void K(scatter)(const void *rv, void *yv, int64_t d, int64_t V,
+                       const int64_t *order, const int64_t *start, R *tmp) {
+  const R *rows = rv;
+  R *y = yv;
+  for (int64_t v = 0; v < V; v++)
+    for (int64_t j = 0; j < d; j++) {
+      int64_t nt = 0;
+      for (int64_t r = start[v]; r < start[v + 1]; r++)
+        tmp[nt++] = rows[order[r] * d + j];
+      y[v * d + j] = K(reduce)(tmp, nt, 1);
+    }
+}

@@ -1,0 +1,927 @@
+/*
+ * tape.c - recording: the op table, every op's shape rule, the tape and
+ * the sealed network.
+ *
+ * A tape is an append-only array of nodes whose operands are earlier nodes,
+ * so array order is a topological order.  Every recording call checks its
+ * operands with the op's shape rule (op_infer) before appending.  The first
+ * failure sticks to the tape as a message naming the op, the node index it
+ * would have had and the operand shapes; every later call returns an
+ * invalid value and leaves the message alone, and sealing fails with it.
+ * Nothing here aborts on input.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define R0 READS_OPERAND(0)
+#define R1 READS_OPERAND(1)
+#define RY READS_OUTPUT
+
+const op_info op_table[OP_COUNT] = {
+    [OP_CONSTANT] = {"constant", 0, 0, false},
+    [OP_PARAMETER] = {"parameter", 0, 0, false},
+    [OP_INPUT] = {"input", 0, 0, false},
+    [OP_ADD] = {"add", 2, 0, true},
+    [OP_SUB] = {"sub", 2, 0, true},
+    [OP_MUL] = {"mul", 2, R0 | R1, false},
+    [OP_DIV] = {"div", 2, R1 | RY, false},
+    [OP_NEG] = {"neg", 1, 0, true},
+    [OP_EXP] = {"exp", 1, RY, false},
+    [OP_LOG] = {"log", 1, R0, false},
+    [OP_SQRT] = {"sqrt", 1, RY, false},
+    [OP_TANH] = {"tanh", 1, RY, false},
+    [OP_POW] = {"pow", 1, R0, false},
+    [OP_MAXIMUM] = {"maximum", 2, R0 | R1, false},
+    [OP_STEP] = {"step", 2, 0, false},
+    [OP_RELU] = {"relu", 1, R0, false},
+    [OP_MATMUL] = {"matmul", 2, R0 | R1, false},
+    [OP_TRANSPOSE] = {"transpose", 1, 0, true},
+    [OP_PERMUTE] = {"permute", 1, 0, true},
+    [OP_RESHAPE] = {"reshape", 1, 0, true},
+    [OP_NARROW] = {"narrow", 1, 0, true},
+    [OP_PAD] = {"pad", 1, 0, true},
+    [OP_UNFOLD] = {"unfold", 1, 0, true},
+    [OP_FOLD] = {"fold", 1, 0, true},
+    [OP_CONCAT] = {"concat", -1, 0, true},
+    [OP_BROADCAST] = {"broadcast", 1, 0, true},
+    [OP_BROADCAST_ALONG] = {"broadcast_along", 1, 0, true},
+    [OP_SUM] = {"sum", 1, 0, true},
+    [OP_SUM_ALONG] = {"sum_along", 1, 0, true},
+    [OP_MAX_ALONG] = {"max_along", 1, R0 | RY, false},
+    [OP_LOG_SOFTMAX] = {"log_softmax", 1, RY, false},
+    [OP_LOGSUMEXP] = {"logsumexp", 1, R0 | RY, false},
+    [OP_GATHER] = {"gather", 2, R1, false},
+    [OP_SCATTER] = {"scatter", 2, R1, false},
+};
+
+/* ------------------------------------------------------------ shape rules */
+
+static int fail(char *msg, size_t len, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail(char *msg, size_t len, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, len, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+#define FAIL(code, ...) return fail(msg, msglen, code, __VA_ARGS__)
+
+static int need_float(const tensor_meta *m, int i, char *msg, size_t msglen) {
+  if (!dtype_is_float(m->dtype))
+    FAIL(TOPOS_ERR_DTYPE, "operand %d has dtype %s; the op needs f32, f64 "
+         "or bf16", i, topos_dtype_name(m->dtype));
+  return 0;
+}
+
+static int need_axis(int axis, int rank, char *msg, size_t msglen) {
+  if (axis < 0 || axis >= rank)
+    FAIL(TOPOS_ERR_ARGUMENT, "axis %d is out of range for rank %d", axis,
+         rank);
+  return 0;
+}
+
+/* Checks that the unfold attributes fit an axis of extent L; writes count. */
+static int unfold_count(int64_t L, const node_attrs *at, int64_t *count,
+                        char *msg, size_t msglen) {
+  if (at->size < 1 || at->step < 1 || at->dilation < 1)
+    FAIL(TOPOS_ERR_ARGUMENT,
+         "size %lld, step %lld and dilation %lld must all be >= 1",
+         (long long)at->size, (long long)at->step, (long long)at->dilation);
+  if (at->size - 1 > (INT64_MAX - 1) / at->dilation)
+    FAIL(TOPOS_ERR_ARGUMENT, "window span overflows");
+  int64_t span = (at->size - 1) * at->dilation + 1;
+  if (span > L)
+    FAIL(TOPOS_ERR_SHAPE, "window span %lld exceeds the axis extent %lld",
+         (long long)span, (long long)L);
+  *count = (L - span) / at->step + 1;
+  return 0;
+}
+
+static int infer_elementwise(op_code op, int nin, const tensor_meta *in,
+                             tensor_meta *out, char *msg, size_t msglen) {
+  if (nin == 2) {
+    if (in[0].dtype != in[1].dtype)
+      FAIL(TOPOS_ERR_DTYPE, "operand dtypes differ (%s vs %s)",
+           topos_dtype_name(in[0].dtype), topos_dtype_name(in[1].dtype));
+    if (!shape_equal(in[0].rank, in[0].shape, in[1].rank, in[1].shape))
+      FAIL(TOPOS_ERR_SHAPE, "operand shapes differ; elementwise ops never "
+           "broadcast implicitly");
+  }
+  bool int_ok = op == OP_ADD && in[0].dtype == TOPOS_I32;
+  if (!int_ok) {
+    int rc = need_float(&in[0], 0, msg, msglen);
+    if (rc) return rc;
+  }
+  *out = in[0];
+  return 0;
+}
+
+int op_infer(op_code op, const node_attrs *at, int nin, const tensor_meta *in,
+             tensor_meta *out, char *msg, size_t msglen) {
+  int rc;
+  if (op < 0 || op >= OP_COUNT) FAIL(TOPOS_ERR_ARGUMENT, "unknown op %d", op);
+  int arity = op_table[op].arity;
+  if (arity >= 0 && nin != arity)
+    FAIL(TOPOS_ERR_ARGUMENT, "takes %d operands, got %d", arity, nin);
+  memset(out, 0, sizeof *out);
+  const tensor_meta *a = nin > 0 ? &in[0] : NULL;
+  switch (op) {
+    case OP_CONSTANT:
+    case OP_PARAMETER:
+    case OP_INPUT:
+      if (!at->tensor) FAIL(TOPOS_ERR_ARGUMENT, "needs a tensor (got NULL)");
+      *out = tensor_meta_of(at->tensor);
+      if (op == OP_PARAMETER && !dtype_is_float(out->dtype))
+        FAIL(TOPOS_ERR_DTYPE, "a parameter must be f32, f64 or bf16, not %s",
+             topos_dtype_name(out->dtype));
+      return 0;
+
+    case OP_ADD:
+    case OP_SUB:
+    case OP_MUL:
+    case OP_DIV:
+    case OP_MAXIMUM:
+    case OP_STEP:
+    case OP_NEG:
+    case OP_EXP:
+    case OP_LOG:
+    case OP_SQRT:
+    case OP_TANH:
+    case OP_RELU:
+      return infer_elementwise(op, nin, in, out, msg, msglen);
+    case OP_POW:
+      if (isnan(at->p)) FAIL(TOPOS_ERR_ARGUMENT, "exponent is NaN");
+      return infer_elementwise(op, nin, in, out, msg, msglen);
+
+    case OP_MATMUL: {
+      const tensor_meta *b = &in[1];
+      if ((rc = need_float(a, 0, msg, msglen))) return rc;
+      if (a->dtype != b->dtype)
+        FAIL(TOPOS_ERR_DTYPE, "operand dtypes differ (%s vs %s)",
+             topos_dtype_name(a->dtype), topos_dtype_name(b->dtype));
+      if (a->rank != b->rank || (a->rank != 2 && a->rank != 3))
+        FAIL(TOPOS_ERR_SHAPE, "needs [m,k]·[k,n] or [B,m,k]·[B,k,n]");
+      int r = a->rank;
+      if (r == 3 && a->shape[0] != b->shape[0])
+        FAIL(TOPOS_ERR_SHAPE, "batch extents differ (%lld vs %lld)",
+             (long long)a->shape[0], (long long)b->shape[0]);
+      if (a->shape[r - 1] != b->shape[r - 2])
+        FAIL(TOPOS_ERR_SHAPE, "inner extents differ (%lld vs %lld)",
+             (long long)a->shape[r - 1], (long long)b->shape[r - 2]);
+      *out = *a;
+      out->shape[r - 1] = b->shape[r - 1];
+      return 0;
+    }
+
+    case OP_TRANSPOSE:
+      if (a->rank != 2) FAIL(TOPOS_ERR_SHAPE, "needs a rank-2 operand");
+      *out = *a;
+      out->shape[0] = a->shape[1];
+      out->shape[1] = a->shape[0];
+      return 0;
+
+    case OP_PERMUTE: {
+      bool seen[TOPOS_MAX_RANK] = {false};
+      *out = *a;
+      for (int i = 0; i < a->rank; i++) {
+        int p = at->perm[i];
+        if (p < 0 || p >= a->rank || seen[p])
+          FAIL(TOPOS_ERR_ARGUMENT, "perm is not a permutation of 0..%d",
+               a->rank - 1);
+        seen[p] = true;
+        out->shape[i] = a->shape[p];
+      }
+      return 0;
+    }
+
+    case OP_RESHAPE: {
+      if (at->rank < 0 || at->rank > TOPOS_MAX_RANK)
+        FAIL(TOPOS_ERR_ARGUMENT, "target rank %d is outside 0..%d", at->rank,
+             TOPOS_MAX_RANK);
+      int64_t n = shape_count(at->rank, at->shape);
+      if (n < 0) FAIL(TOPOS_ERR_SHAPE, "target shape is invalid");
+      if (n != shape_count(a->rank, a->shape))
+        FAIL(TOPOS_ERR_SHAPE, "element counts differ (%lld vs %lld)",
+             (long long)shape_count(a->rank, a->shape), (long long)n);
+      out->dtype = a->dtype;
+      out->rank = at->rank;
+      memcpy(out->shape, at->shape, sizeof(int64_t) * (size_t)at->rank);
+      return 0;
+    }
+
+    case OP_NARROW:
+      if ((rc = need_axis(at->axis, a->rank, msg, msglen))) return rc;
+      if (at->start < 0 || at->length < 0 ||
+          at->start > a->shape[at->axis] - at->length)
+        FAIL(TOPOS_ERR_SHAPE, "range [%lld, %lld+%lld) is outside axis %d "
+             "of extent %lld", (long long)at->start, (long long)at->start,
+             (long long)at->length, at->axis, (long long)a->shape[at->axis]);
+      *out = *a;
+      out->shape[at->axis] = at->length;
+      return 0;
+
+    case OP_PAD:
+      if ((rc = need_axis(at->axis, a->rank, msg, msglen))) return rc;
+      if (at->before < 0 || at->after < 0)
+        FAIL(TOPOS_ERR_ARGUMENT, "padding %lld/%lld must not be negative",
+             (long long)at->before, (long long)at->after);
+      if (at->before > INT32_MAX || at->after > INT32_MAX)
+        FAIL(TOPOS_ERR_MEMORY, "padding is too large");
+      *out = *a;
+      out->shape[at->axis] += at->before + at->after;
+      if (shape_count(out->rank, out->shape) < 0)
+        FAIL(TOPOS_ERR_MEMORY, "padded shape overflows");
+      return 0;
+
+    case OP_UNFOLD: {
+      int64_t count;
+      if ((rc = need_axis(at->axis, a->rank, msg, msglen))) return rc;
+      if (a->rank + 1 > TOPOS_MAX_RANK)
+        FAIL(TOPOS_ERR_SHAPE, "result would exceed rank %d", TOPOS_MAX_RANK);
+      rc = unfold_count(a->shape[at->axis], at, &count, msg, msglen);
+      if (rc) return rc;
+      out->dtype = a->dtype;
+      out->rank = a->rank + 1;
+      for (int i = 0, j = 0; i < a->rank; i++) {
+        if (i == at->axis) {
+          out->shape[j++] = count;
+          out->shape[j++] = at->size;
+        } else {
+          out->shape[j++] = a->shape[i];
+        }
+      }
+      return 0;
+    }
+
+    case OP_FOLD: {
+      int64_t count;
+      if ((rc = need_float(a, 0, msg, msglen))) return rc;
+      if (at->axis < 0 || at->axis + 1 >= a->rank)
+        FAIL(TOPOS_ERR_ARGUMENT, "axes %d and %d do not both exist in rank %d",
+             at->axis, at->axis + 1, a->rank);
+      if (at->extent < 0 || at->extent > (int64_t)1 << 40)
+        FAIL(TOPOS_ERR_ARGUMENT, "extent %lld is out of range",
+             (long long)at->extent);
+      if (a->shape[at->axis + 1] != at->size)
+        FAIL(TOPOS_ERR_SHAPE, "window axis has extent %lld, size is %lld",
+             (long long)a->shape[at->axis + 1], (long long)at->size);
+      rc = unfold_count(at->extent, at, &count, msg, msglen);
+      if (rc) return rc;
+      if (count != a->shape[at->axis])
+        FAIL(TOPOS_ERR_SHAPE, "%lld windows fit extent %lld, operand has %lld",
+             (long long)count, (long long)at->extent,
+             (long long)a->shape[at->axis]);
+      out->dtype = a->dtype;
+      out->rank = a->rank - 1;
+      for (int i = 0, j = 0; i < a->rank; i++) {
+        if (i == at->axis + 1) continue;
+        out->shape[j++] = i == at->axis ? at->extent : a->shape[i];
+      }
+      return 0;
+    }
+
+    case OP_CONCAT: {
+      if (nin < 1) FAIL(TOPOS_ERR_ARGUMENT, "needs at least one operand");
+      if ((rc = need_axis(at->axis, a->rank, msg, msglen))) return rc;
+      *out = *a;
+      for (int i = 1; i < nin; i++) {
+        if (in[i].dtype != a->dtype)
+          FAIL(TOPOS_ERR_DTYPE, "operand %d has dtype %s, operand 0 %s", i,
+               topos_dtype_name(in[i].dtype), topos_dtype_name(a->dtype));
+        if (in[i].rank != a->rank)
+          FAIL(TOPOS_ERR_SHAPE, "operand %d has rank %d, operand 0 rank %d", i,
+               in[i].rank, a->rank);
+        for (int d = 0; d < a->rank; d++)
+          if (d != at->axis && in[i].shape[d] != a->shape[d])
+            FAIL(TOPOS_ERR_SHAPE, "operand %d differs from operand 0 on "
+                 "axis %d", i, d);
+        out->shape[at->axis] += in[i].shape[at->axis];
+        if (out->shape[at->axis] > (int64_t)1 << 40)
+          FAIL(TOPOS_ERR_MEMORY, "concatenated extent is too large");
+      }
+      return 0;
+    }
+
+    case OP_BROADCAST: {
+      if (at->rank < 0 || at->rank > TOPOS_MAX_RANK ||
+          shape_count(at->rank, at->shape) < 0)
+        FAIL(TOPOS_ERR_ARGUMENT, "target shape is invalid");
+      if (a->rank != 0) {
+        if (a->rank != at->rank)
+          FAIL(TOPOS_ERR_SHAPE, "operand rank %d differs from target rank %d "
+               "(use broadcast_along to add axes)", a->rank, at->rank);
+        for (int i = 0; i < a->rank; i++)
+          if (a->shape[i] != at->shape[i] && a->shape[i] != 1)
+            FAIL(TOPOS_ERR_SHAPE, "axis %d has extent %lld; broadcasting to "
+                 "%lld needs 1", i, (long long)a->shape[i],
+                 (long long)at->shape[i]);
+      }
+      out->dtype = a->dtype;
+      out->rank = at->rank;
+      memcpy(out->shape, at->shape, sizeof(int64_t) * (size_t)at->rank);
+      return 0;
+    }
+
+    case OP_BROADCAST_ALONG:
+      if (at->axis < 0 || at->axis > a->rank)
+        FAIL(TOPOS_ERR_ARGUMENT, "axis %d is out of range for inserting into "
+             "rank %d", at->axis, a->rank);
+      if (a->rank + 1 > TOPOS_MAX_RANK)
+        FAIL(TOPOS_ERR_SHAPE, "result would exceed rank %d", TOPOS_MAX_RANK);
+      if (at->extent < 0) FAIL(TOPOS_ERR_ARGUMENT, "extent is negative");
+      out->dtype = a->dtype;
+      out->rank = a->rank + 1;
+      for (int i = 0, j = 0; i <= a->rank; i++) {
+        if (i == at->axis) out->shape[j++] = at->extent;
+        if (i < a->rank) out->shape[j++] = a->shape[i];
+      }
+      if (shape_count(out->rank, out->shape) < 0)
+        FAIL(TOPOS_ERR_MEMORY, "broadcast shape overflows");
+      return 0;
+
+    case OP_SUM:
+      if ((rc = need_float(a, 0, msg, msglen))) return rc;
+      out->dtype = a->dtype;
+      out->rank = 0;
+      return 0;
+
+    case OP_SUM_ALONG:
+    case OP_MAX_ALONG:
+    case OP_LOGSUMEXP:
+    case OP_LOG_SOFTMAX:
+      if ((rc = need_float(a, 0, msg, msglen))) return rc;
+      if ((rc = need_axis(at->axis, a->rank, msg, msglen))) return rc;
+      if (op == OP_LOG_SOFTMAX) {
+        *out = *a;
+        return 0;
+      }
+      if (op != OP_SUM_ALONG && a->shape[at->axis] == 0)
+        FAIL(TOPOS_ERR_SHAPE, "axis %d is empty; the maximum is undefined",
+             at->axis);
+      out->dtype = a->dtype;
+      out->rank = a->rank - 1;
+      for (int i = 0, j = 0; i < a->rank; i++)
+        if (i != at->axis) out->shape[j++] = a->shape[i];
+      return 0;
+
+    case OP_GATHER:
+    case OP_SCATTER: {
+      const tensor_meta *idx = &in[1];
+      if ((rc = need_float(a, 0, msg, msglen))) return rc;
+      if (a->rank != 2)
+        FAIL(TOPOS_ERR_SHAPE, "operand 0 must have rank 2");
+      if (idx->dtype != TOPOS_I32 || idx->rank != 1)
+        FAIL(TOPOS_ERR_DTYPE, "indices must be i32 of rank 1");
+      out->dtype = a->dtype;
+      out->rank = 2;
+      out->shape[1] = a->shape[1];
+      if (op == OP_GATHER) {
+        out->shape[0] = idx->shape[0];
+      } else {
+        if (a->shape[0] != idx->shape[0])
+          FAIL(TOPOS_ERR_SHAPE, "%lld rows but %lld indices",
+               (long long)a->shape[0], (long long)idx->shape[0]);
+        if (at->extent < 0 || at->extent > (int64_t)1 << 40)
+          FAIL(TOPOS_ERR_ARGUMENT, "extent %lld is out of range",
+               (long long)at->extent);
+        out->shape[0] = at->extent;
+      }
+      if (shape_count(out->rank, out->shape) < 0)
+        FAIL(TOPOS_ERR_MEMORY, "result shape overflows");
+      return 0;
+    }
+
+    case OP_COUNT:
+      break;
+  }
+  FAIL(TOPOS_ERR_ARGUMENT, "unknown op %d", op);
+}
+
+/* ---------------------------------------------------------------- the tape */
+
+static atomic_uint next_tape_id = 1;
+
+topos_tape *topos_tape_new(topos_dtype dtype) {
+  if (!dtype_is_float(dtype)) return NULL;
+  topos_tape *t = calloc(1, sizeof *t);
+  if (!t) return NULL;
+  t->id = atomic_fetch_add(&next_tape_id, 1);
+  if (t->id == 0) t->id = atomic_fetch_add(&next_tape_id, 1);
+  t->dtype = dtype;
+  return t;
+}
+
+static void node_clear(node *n) {
+  free(n->in);
+  free(n->name);
+  topos_tensor_release(n->at.tensor);
+}
+
+void topos_tape_free(topos_tape *tape) {
+  if (!tape) return;
+  for (int i = 0; i < tape->n; i++) node_clear(&tape->nodes[i]);
+  free(tape->nodes);
+  free(tape->error);
+  free(tape);
+}
+
+topos_dtype topos_tape_dtype(const topos_tape *tape) {
+  return tape ? tape->dtype : TOPOS_F32;
+}
+
+const char *topos_tape_error(const topos_tape *tape) {
+  return tape ? tape->error : "tape is NULL";
+}
+
+int topos_tape_node_count(const topos_tape *tape) { return tape ? tape->n : 0; }
+
+static void tape_fail(topos_tape *tape, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void tape_fail(topos_tape *tape, int code, const char *fmt, ...) {
+  if (tape->error) return;
+  char buf[768];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  tape->error = strdup(buf);
+  tape->error_code = code;
+}
+
+/* Resolves a value of this tape to its node index, or -1 (error set). */
+static int tape_index(topos_tape *tape, const char *opname, topos_value v,
+                      int which) {
+  if (v.index < 0) {
+    tape_fail(tape, TOPOS_ERR_ARGUMENT,
+              "%s (node %d): operand %d is an invalid value", opname, tape->n,
+              which);
+    return -1;
+  }
+  if (v.tape != tape->id || v.index >= tape->n) {
+    tape_fail(tape, TOPOS_ERR_ARGUMENT,
+              "%s (node %d): operand %d belongs to another tape", opname,
+              tape->n, which);
+    return -1;
+  }
+  return v.index;
+}
+
+topos_value tape_record(topos_tape *tape, op_code op, const topos_value *in,
+                        int nin, const node_attrs *at) {
+  if (!tape || tape->error) return TOPOS_NONE;
+  const char *name = op_table[op].name;
+  if (nin < 0 || nin > 4096 || (nin > 0 && !in)) {
+    tape_fail(tape, TOPOS_ERR_ARGUMENT, "%s (node %d): %d operands", name,
+              tape->n, nin);
+    return TOPOS_NONE;
+  }
+  if (tape->n == INT32_MAX - 1) {
+    tape_fail(tape, TOPOS_ERR_MEMORY, "%s: the tape is full", name);
+    return TOPOS_NONE;
+  }
+  tensor_meta stack_metas[4];
+  tensor_meta *metas =
+      nin <= 4 ? stack_metas : malloc(sizeof(tensor_meta) * (size_t)nin);
+  int32_t *ins = nin ? malloc(sizeof(int32_t) * (size_t)nin) : NULL;
+  if ((nin > 4 && !metas) || (nin && !ins)) {
+    tape_fail(tape, TOPOS_ERR_MEMORY, "%s: out of memory", name);
+    goto fail;
+  }
+  for (int i = 0; i < nin; i++) {
+    int idx = tape_index(tape, name, in[i], i);
+    if (idx < 0) goto fail;
+    ins[i] = idx;
+    metas[i] = tape->nodes[idx].meta;
+  }
+  node_attrs attrs = at ? *at : (node_attrs){0};
+  tensor_meta out;
+  char reason[400];
+  int rc = op_infer(op, &attrs, nin, metas, &out, reason, sizeof reason);
+  if (rc) {
+    char ops[512] = "";
+    size_t used = 0;
+    for (int i = 0; i < nin && used < sizeof ops - 64; i++) {
+      char mt[SHAPE_TEXT + 8];
+      used += (size_t)snprintf(ops + used, sizeof ops - used, "%s%s",
+                               i ? ", " : "", meta_text(mt, &metas[i]));
+    }
+    tape_fail(tape, rc, "%s (node %d): %s; operands: %s", name, tape->n,
+              reason, nin ? ops : "none");
+    goto fail;
+  }
+  if (tape->n == tape->cap) {
+    int cap = tape->cap ? tape->cap * 2 : 64;
+    node *nodes = realloc(tape->nodes, sizeof(node) * (size_t)cap);
+    if (!nodes) {
+      tape_fail(tape, TOPOS_ERR_MEMORY, "%s: out of memory", name);
+      goto fail;
+    }
+    tape->nodes = nodes;
+    tape->cap = cap;
+  }
+  node *n = &tape->nodes[tape->n];
+  memset(n, 0, sizeof *n);
+  n->op = op;
+  n->meta = out;
+  n->nin = nin;
+  n->in = ins;
+  n->at = attrs;
+  topos_tensor_retain(attrs.tensor);
+  if (op == OP_PARAMETER) n->at.slot = tape->nparams++;
+  if (op == OP_INPUT) n->at.slot = tape->ninputs++;
+  if (metas != stack_metas) free(metas);
+  return (topos_value){tape->id, tape->n++};
+fail:
+  if (metas != stack_metas) free(metas);
+  free(ins);
+  return TOPOS_NONE;
+}
+
+/* ------------------------------------------------------- recording calls */
+
+static topos_value leaf(topos_tape *tape, op_code op, const topos_tensor *t) {
+  node_attrs at = {0};
+  at.tensor = (topos_tensor *)t;
+  return tape_record(tape, op, NULL, 0, &at);
+}
+
+topos_value topos_parameter(topos_tape *tape, const topos_tensor *initial) {
+  return leaf(tape, OP_PARAMETER, initial);
+}
+
+topos_value topos_input(topos_tape *tape, const topos_tensor *default_value) {
+  return leaf(tape, OP_INPUT, default_value);
+}
+
+topos_value topos_constant(topos_tape *tape, const topos_tensor *tensor) {
+  return leaf(tape, OP_CONSTANT, tensor);
+}
+
+topos_value topos_scalar(topos_tape *tape, double value) {
+  if (!tape || tape->error) return TOPOS_NONE;
+  topos_error err = {0};
+  topos_tensor *t = topos_tensor_scalar(tape->dtype, value, &err);
+  if (!t) {
+    tape_fail(tape, err.code, "constant (node %d): %s", tape->n, err.message);
+    return TOPOS_NONE;
+  }
+  topos_value v = leaf(tape, OP_CONSTANT, t);
+  topos_tensor_release(t);
+  return v;
+}
+
+static topos_value unary(topos_tape *tape, op_code op, topos_value a) {
+  return tape_record(tape, op, &a, 1, NULL);
+}
+
+static topos_value binary(topos_tape *tape, op_code op, topos_value a,
+                          topos_value b) {
+  topos_value in[2] = {a, b};
+  return tape_record(tape, op, in, 2, NULL);
+}
+
+static topos_value with_axis(topos_tape *tape, op_code op, topos_value a,
+                             int axis) {
+  node_attrs at = {0};
+  at.axis = axis;
+  return tape_record(tape, op, &a, 1, &at);
+}
+
+topos_value topos_add(topos_tape *t, topos_value a, topos_value b) {
+  return binary(t, OP_ADD, a, b);
+}
+topos_value topos_sub(topos_tape *t, topos_value a, topos_value b) {
+  return binary(t, OP_SUB, a, b);
+}
+topos_value topos_mul(topos_tape *t, topos_value a, topos_value b) {
+  return binary(t, OP_MUL, a, b);
+}
+topos_value topos_div(topos_tape *t, topos_value a, topos_value b) {
+  return binary(t, OP_DIV, a, b);
+}
+topos_value topos_maximum(topos_tape *t, topos_value a, topos_value b) {
+  return binary(t, OP_MAXIMUM, a, b);
+}
+topos_value topos_step(topos_tape *t, topos_value a, topos_value b) {
+  return binary(t, OP_STEP, a, b);
+}
+topos_value topos_matmul(topos_tape *t, topos_value a, topos_value b) {
+  return binary(t, OP_MATMUL, a, b);
+}
+topos_value topos_neg(topos_tape *t, topos_value a) {
+  return unary(t, OP_NEG, a);
+}
+topos_value topos_exp(topos_tape *t, topos_value a) {
+  return unary(t, OP_EXP, a);
+}
+topos_value topos_log(topos_tape *t, topos_value a) {
+  return unary(t, OP_LOG, a);
+}
+topos_value topos_sqrt(topos_tape *t, topos_value a) {
+  return unary(t, OP_SQRT, a);
+}
+topos_value topos_tanh(topos_tape *t, topos_value a) {
+  return unary(t, OP_TANH, a);
+}
+topos_value topos_relu(topos_tape *t, topos_value a) {
+  return unary(t, OP_RELU, a);
+}
+topos_value topos_transpose(topos_tape *t, topos_value a) {
+  return unary(t, OP_TRANSPOSE, a);
+}
+topos_value topos_sum(topos_tape *t, topos_value a) {
+  return unary(t, OP_SUM, a);
+}
+
+topos_value topos_pow(topos_tape *tape, topos_value a, double exponent) {
+  node_attrs at = {0};
+  at.p = exponent;
+  return tape_record(tape, OP_POW, &a, 1, &at);
+}
+
+topos_value topos_permute(topos_tape *tape, topos_value a, const int *perm) {
+  node_attrs at = {0};
+  if (tape && !tape->error && !perm) {
+    tape_fail(tape, TOPOS_ERR_ARGUMENT, "permute (node %d): perm is NULL",
+              tape->n);
+    return TOPOS_NONE;
+  }
+  if (perm && tape && topos_value_ok(a) && a.tape == tape->id &&
+      a.index < tape->n)
+    memcpy(at.perm, perm, sizeof(int) * (size_t)tape->nodes[a.index].meta.rank);
+  return tape_record(tape, OP_PERMUTE, &a, 1, &at);
+}
+
+/* Shared by reshape and broadcast: a target shape attribute. */
+static topos_value with_shape(topos_tape *tape, op_code op, topos_value a,
+                              int rank, const int64_t *shape) {
+  node_attrs at = {0};
+  if (tape && !tape->error &&
+      (rank < 0 || rank > TOPOS_MAX_RANK || (rank > 0 && !shape))) {
+    tape_fail(tape, TOPOS_ERR_ARGUMENT,
+              "%s (node %d): target rank %d with %s shape", op_table[op].name,
+              tape->n, rank, shape ? "a" : "a NULL");
+    return TOPOS_NONE;
+  }
+  at.rank = rank;
+  if (rank > 0 && shape) memcpy(at.shape, shape, sizeof(int64_t) * (size_t)rank);
+  return tape_record(tape, op, &a, 1, &at);
+}
+
+topos_value topos_reshape(topos_tape *tape, topos_value a, int rank,
+                          const int64_t *shape) {
+  return with_shape(tape, OP_RESHAPE, a, rank, shape);
+}
+
+topos_value topos_broadcast(topos_tape *tape, topos_value a, int rank,
+                            const int64_t *shape) {
+  return with_shape(tape, OP_BROADCAST, a, rank, shape);
+}
+
+topos_value topos_narrow(topos_tape *tape, topos_value a, int axis,
+                         int64_t start, int64_t length) {
+  node_attrs at = {0};
+  at.axis = axis;
+  at.start = start;
+  at.length = length;
+  return tape_record(tape, OP_NARROW, &a, 1, &at);
+}
+
+topos_value topos_pad(topos_tape *tape, topos_value a, int axis,
+                      int64_t before, int64_t after) {
+  node_attrs at = {0};
+  at.axis = axis;
+  at.before = before;
+  at.after = after;
+  return tape_record(tape, OP_PAD, &a, 1, &at);
+}
+
+topos_value topos_unfold(topos_tape *tape, topos_value a, int axis,
+                         int64_t size, int64_t step, int64_t dilation) {
+  node_attrs at = {0};
+  at.axis = axis;
+  at.size = size;
+  at.step = step;
+  at.dilation = dilation;
+  return tape_record(tape, OP_UNFOLD, &a, 1, &at);
+}
+
+topos_value topos_fold(topos_tape *tape, topos_value a, int axis,
+                       int64_t extent, int64_t size, int64_t step,
+                       int64_t dilation) {
+  node_attrs at = {0};
+  at.axis = axis;
+  at.extent = extent;
+  at.size = size;
+  at.step = step;
+  at.dilation = dilation;
+  return tape_record(tape, OP_FOLD, &a, 1, &at);
+}
+
+topos_value topos_concat(topos_tape *tape, int n, const topos_value *values,
+                         int axis) {
+  node_attrs at = {0};
+  at.axis = axis;
+  return tape_record(tape, OP_CONCAT, values, n, &at);
+}
+
+topos_value topos_broadcast_along(topos_tape *tape, topos_value a, int axis,
+                                  int64_t extent) {
+  node_attrs at = {0};
+  at.axis = axis;
+  at.extent = extent;
+  return tape_record(tape, OP_BROADCAST_ALONG, &a, 1, &at);
+}
+
+topos_value topos_sum_along(topos_tape *t, topos_value a, int axis) {
+  return with_axis(t, OP_SUM_ALONG, a, axis);
+}
+topos_value topos_max_along(topos_tape *t, topos_value a, int axis) {
+  return with_axis(t, OP_MAX_ALONG, a, axis);
+}
+topos_value topos_log_softmax(topos_tape *t, topos_value a, int axis) {
+  return with_axis(t, OP_LOG_SOFTMAX, a, axis);
+}
+topos_value topos_logsumexp(topos_tape *t, topos_value a, int axis) {
+  return with_axis(t, OP_LOGSUMEXP, a, axis);
+}
+
+topos_value topos_gather(topos_tape *tape, topos_value table,
+                         topos_value idx) {
+  return binary(tape, OP_GATHER, table, idx);
+}
+
+topos_value topos_scatter(topos_tape *tape, topos_value rows, topos_value idx,
+                          int64_t extent) {
+  topos_value in[2] = {rows, idx};
+  node_attrs at = {0};
+  at.extent = extent;
+  return tape_record(tape, OP_SCATTER, in, 2, &at);
+}
+
+topos_value topos_name(topos_tape *tape, topos_value value, const char *name) {
+  if (!tape || tape->error) return TOPOS_NONE;
+  if (tape_index(tape, "name", value, 0) < 0) return TOPOS_NONE;
+  size_t len = name ? strlen(name) : 0;
+  if (len == 0 || len > 255) {
+    tape_fail(tape, TOPOS_ERR_ARGUMENT,
+              "name (node %d): a name must have 1 to 255 bytes", value.index);
+    return TOPOS_NONE;
+  }
+  for (int i = 0; i < tape->n; i++) {
+    if (i != value.index && tape->nodes[i].name &&
+        strcmp(tape->nodes[i].name, name) == 0) {
+      tape_fail(tape, TOPOS_ERR_ARGUMENT,
+                "name (node %d): \"%s\" already names node %d", value.index,
+                name, i);
+      return TOPOS_NONE;
+    }
+  }
+  char *copy = strdup(name);
+  if (!copy) {
+    tape_fail(tape, TOPOS_ERR_MEMORY, "name: out of memory");
+    return TOPOS_NONE;
+  }
+  free(tape->nodes[value.index].name);
+  tape->nodes[value.index].name = copy;
+  return value;
+}
+
+static const node *tape_node(const topos_tape *tape, topos_value v) {
+  if (!tape || v.index < 0 || v.tape != tape->id || v.index >= tape->n)
+    return NULL;
+  return &tape->nodes[v.index];
+}
+
+topos_dtype topos_value_dtype(const topos_tape *tape, topos_value v) {
+  const node *n = tape_node(tape, v);
+  return n ? n->meta.dtype : TOPOS_F32;
+}
+
+const int64_t *topos_value_shape(const topos_tape *tape, topos_value v,
+                                 int *rank) {
+  const node *n = tape_node(tape, v);
+  if (rank) *rank = n ? n->meta.rank : 0;
+  return n ? n->meta.shape : NULL;
+}
+
+/* --------------------------------------------------------------- sealing */
+
+topos_network *topos_tape_seal(topos_tape *tape, topos_error *err) {
+  if (!tape) {
+    error_set(err, TOPOS_ERR_ARGUMENT, "seal: tape is NULL");
+    return NULL;
+  }
+  if (tape->error) {
+    error_set(err, tape->error_code, "%s", tape->error);
+    topos_tape_free(tape);
+    return NULL;
+  }
+  topos_network *net = calloc(1, sizeof *net);
+  int32_t *pn = malloc(sizeof(int32_t) * (size_t)(tape->nparams + 1));
+  int32_t *in = malloc(sizeof(int32_t) * (size_t)(tape->ninputs + 1));
+  if (!net || !pn || !in) {
+    free(net);
+    free(pn);
+    free(in);
+    topos_tape_free(tape);
+    error_set(err, TOPOS_ERR_MEMORY, "seal: out of memory");
+    return NULL;
+  }
+  atomic_init(&net->refs, 1);
+  net->id = tape->id;
+  net->dtype = tape->dtype;
+  net->nodes = tape->nodes;
+  net->n = tape->n;
+  net->nparams = tape->nparams;
+  net->ninputs = tape->ninputs;
+  net->param_nodes = pn;
+  net->input_nodes = in;
+  for (int i = 0; i < net->n; i++) {
+    if (net->nodes[i].op == OP_PARAMETER) pn[net->nodes[i].at.slot] = i;
+    if (net->nodes[i].op == OP_INPUT) in[net->nodes[i].at.slot] = i;
+  }
+  free(tape->error);
+  free(tape);
+  return net;
+}
+
+topos_network *topos_network_retain(const topos_network *net) {
+  topos_network *n = (topos_network *)net;
+  if (n) atomic_fetch_add(&n->refs, 1);
+  return n;
+}
+
+void topos_network_release(topos_network *net) {
+  if (!net || atomic_fetch_sub(&net->refs, 1) != 1) return;
+  for (int i = 0; i < net->n; i++) node_clear(&net->nodes[i]);
+  free(net->nodes);
+  free(net->param_nodes);
+  free(net->input_nodes);
+  free(net);
+}
+
+int network_index(const topos_network *net, topos_value v, topos_error *err) {
+  if (!net) return error_set(err, TOPOS_ERR_ARGUMENT, "network is NULL"), -1;
+  if (v.index < 0)
+    return error_set(err, TOPOS_ERR_ARGUMENT, "invalid value"), -1;
+  if (v.tape != net->id || v.index >= net->n)
+    return error_set(err, TOPOS_ERR_ARGUMENT,
+                     "value %d belongs to another network", v.index),
+           -1;
+  return v.index;
+}
+
+int topos_network_node_count(const topos_network *net) {
+  return net ? net->n : 0;
+}
+int topos_network_parameter_count(const topos_network *net) {
+  return net ? net->nparams : 0;
+}
+int topos_network_input_count(const topos_network *net) {
+  return net ? net->ninputs : 0;
+}
+
+topos_value topos_network_parameter(const topos_network *net, int slot) {
+  if (!net || slot < 0 || slot >= net->nparams) return TOPOS_NONE;
+  return (topos_value){net->id, net->param_nodes[slot]};
+}
+
+topos_value topos_network_input(const topos_network *net, int slot) {
+  if (!net || slot < 0 || slot >= net->ninputs) return TOPOS_NONE;
+  return (topos_value){net->id, net->input_nodes[slot]};
+}
+
+topos_value topos_network_find(const topos_network *net, const char *name) {
+  if (!net || !name) return TOPOS_NONE;
+  for (int i = 0; i < net->n; i++)
+    if (net->nodes[i].name && strcmp(net->nodes[i].name, name) == 0)
+      return (topos_value){net->id, i};
+  return TOPOS_NONE;
+}
+
+const char *topos_network_name_of(const topos_network *net, topos_value v) {
+  int i = network_index(net, v, NULL);
+  return i < 0 ? NULL : net->nodes[i].name;
+}
+
+topos_dtype topos_network_value_dtype(const topos_network *net,
+                                      topos_value v) {
+  int i = network_index(net, v, NULL);
+  return i < 0 ? TOPOS_F32 : net->nodes[i].meta.dtype;
+}
+
+const int64_t *topos_network_value_shape(const topos_network *net,
+                                         topos_value v, int *rank) {
+  int i = network_index(net, v, NULL);
+  if (rank) *rank = i < 0 ? 0 : net->nodes[i].meta.rank;
+  return i < 0 ? NULL : net->nodes[i].meta.shape;
+}

@@ -118,9 +118,8 @@ static int32_t max_along_adjoint(builder *b, const node *n, int32_t g,
     int32_t shifted = b_pad(b, b_narrow(b, count, axis, 0, L - k), axis, k, 0);
     count = b_binary(b, OP_ADD, count, shifted);
   }
-  int32_t first = b_binary(b, OP_MUL, m,
-                           b_binary(b, OP_STEP, b_fill_like(b, count, 1.0),
-                                    count));
+  int32_t first = b_binary(
+      b, OP_MUL, m, b_binary(b, OP_STEP, b_fill_like(b, count, 1.0), count));
   return b_binary(b, OP_MUL, b_along(b, g, axis, L), first);
 }
 
@@ -150,9 +149,8 @@ int op_adjoint(builder *b, const node *n, int32_t g, int32_t y,
       break;
     case OP_DIV: /* g/b and -g·y/b */
       dx[0] = b_binary(b, OP_DIV, g, x[1]);
-      dx[1] = b_unary(
-          b, OP_NEG,
-          b_binary(b, OP_DIV, b_binary(b, OP_MUL, g, y), x[1]));
+      dx[1] = b_unary(b, OP_NEG,
+                      b_binary(b, OP_DIV, b_binary(b, OP_MUL, g, y), x[1]));
       break;
     case OP_NEG:
       dx[0] = b_unary(b, OP_NEG, g);
@@ -263,8 +261,8 @@ int op_adjoint(builder *b, const node *n, int32_t g, int32_t y,
       break;
     case OP_LOG_SOFTMAX: { /* g - exp(y)·sum_along(g) */
       int64_t L = a.shape[at->axis];
-      int32_t total = b_along(b, b_axis(b, OP_SUM_ALONG, g, at->axis),
-                              at->axis, L);
+      int32_t total =
+          b_along(b, b_axis(b, OP_SUM_ALONG, g, at->axis), at->axis, L);
       dx[0] = b_binary(b, OP_SUB, g,
                        b_binary(b, OP_MUL, b_unary(b, OP_EXP, y), total));
       break;

@@ -80,8 +80,7 @@ static void attrs_text(text *t, const node *n) {
       /* fall through */
     case OP_UNFOLD:
       text_add(t, " axis=%d size=%lld step=%lld dilation=%lld", a->axis,
-               (long long)a->size, (long long)a->step,
-               (long long)a->dilation);
+               (long long)a->size, (long long)a->step, (long long)a->dilation);
       break;
     case OP_BROADCAST_ALONG:
       text_add(t, " axis=%d extent=%lld", a->axis, (long long)a->extent);
@@ -116,8 +115,6 @@ static char *describe_text(const topos_network *net, topos_error *err) {
     }
   }
   text t = {0};
-  text_add(&t, "network: %d nodes, %d parameters, %d inputs, dtype %s\n",
-           net->n, net->nparams, net->ninputs, topos_dtype_name(net->dtype));
   for (int i = 0; i < net->n; i++) {
     const node *n = &net->nodes[i];
     text op = {0};

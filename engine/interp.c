@@ -25,10 +25,10 @@ static int check_tensor_fits(const topos_tensor *t, const node *n,
   if (m.dtype != n->meta.dtype ||
       !shape_equal(m.rank, m.shape, n->meta.rank, n->meta.shape)) {
     char want[SHAPE_TEXT + 8], got[SHAPE_TEXT + 8];
-    return error_set(err, m.dtype != n->meta.dtype ? TOPOS_ERR_DTYPE
-                                                    : TOPOS_ERR_SHAPE,
-                     "%s slot %d: expected %s, got %s", what, slot,
-                     meta_text(want, &n->meta), meta_text(got, &m));
+    return error_set(
+        err, m.dtype != n->meta.dtype ? TOPOS_ERR_DTYPE : TOPOS_ERR_SHAPE,
+        "%s slot %d: expected %s, got %s", what, slot,
+        meta_text(want, &n->meta), meta_text(got, &m));
   }
   return 0;
 }
@@ -52,8 +52,10 @@ static int resolve_feeds(const topos_network *net, const topos_feed *feeds,
                        "feed %d: node %d is a %s, not an input", f, i,
                        op_table[n->op].name);
     if (by_slot[n->at.slot])
-      return error_set(err, TOPOS_ERR_ARGUMENT, "feed %d: input slot %d is "
-                       "fed twice", f, n->at.slot);
+      return error_set(err, TOPOS_ERR_ARGUMENT,
+                       "feed %d: input slot %d is "
+                       "fed twice",
+                       f, n->at.slot);
     if (check_tensor_fits(feeds[f].tensor, n, "input", n->at.slot, err))
       return err ? err->code : TOPOS_ERR_ARGUMENT;
     by_slot[n->at.slot] = feeds[f].tensor;
@@ -209,8 +211,7 @@ const topos_tensor *topos_run_of(const topos_run *run, topos_value v,
   return run->vals[i];
 }
 
-double topos_run_scalar(const topos_run *run, topos_value v,
-                        topos_error *err) {
+double topos_run_scalar(const topos_run *run, topos_value v, topos_error *err) {
   const topos_tensor *t = topos_run_of(run, v, err);
   if (!t) return NAN;
   if (t->rank != 0) {

@@ -54,12 +54,12 @@
 #undef FMA
 
 /* Calls name_f64 for f64 and name_f32 for f32/bf16. */
-#define DISPATCH(dtype, name, ...)   \
-  do {                               \
-    if ((dtype) == TOPOS_F64)        \
-      name##_f64(__VA_ARGS__);       \
-    else                             \
-      name##_f32(__VA_ARGS__);       \
+#define DISPATCH(dtype, name, ...) \
+  do {                             \
+    if ((dtype) == TOPOS_F64)      \
+      name##_f64(__VA_ARGS__);     \
+    else                           \
+      name##_f32(__VA_ARGS__);     \
   } while (0)
 
 static size_t compute_size(topos_dtype dtype) {
@@ -162,8 +162,7 @@ static void copy_strided(const topos_tensor *src, char *dst,
   }
 }
 
-static void row_major_strides(int rank, const int64_t *shape,
-                              int64_t *stride) {
+static void row_major_strides(int rank, const int64_t *shape, int64_t *stride) {
   int64_t s = 1;
   for (int a = rank - 1; a >= 0; a--) {
     stride[a] = s;
@@ -173,8 +172,8 @@ static void row_major_strides(int rank, const int64_t *shape,
 
 /* Copies src into the region of a contiguous tensor `dst` that starts at
  * `offset` along `axis` (pad and concat). */
-static void copy_into_axis(const topos_tensor *src, topos_tensor *dst,
-                           int axis, int64_t offset) {
+static void copy_into_axis(const topos_tensor *src, topos_tensor *dst, int axis,
+                           int64_t offset) {
   int64_t stride[TOPOS_MAX_RANK];
   row_major_strides(dst->rank, dst->shape, stride);
   size_t es = topos_dtype_size(dst->dtype);
@@ -217,8 +216,8 @@ static topos_tensor *eval_int_add(topos_tensor *const *in,
   return t;
 }
 
-static topos_tensor *eval_elementwise(op_code op, const node_attrs *at,
-                                      int nin, topos_tensor *const *in,
+static topos_tensor *eval_elementwise(op_code op, const node_attrs *at, int nin,
+                                      topos_tensor *const *in,
                                       const tensor_meta *out,
                                       topos_error *err) {
   if (op == OP_ADD && out->dtype == TOPOS_I32)
@@ -397,8 +396,7 @@ static topos_tensor *eval_gather(topos_tensor *const *in,
   return t;
 }
 
-static topos_tensor *eval_scatter(const node_attrs *at,
-                                  topos_tensor *const *in,
+static topos_tensor *eval_scatter(const node_attrs *at, topos_tensor *const *in,
                                   const tensor_meta *out, topos_error *err) {
   const topos_tensor *rows = in[0];
   int64_t n = rows->shape[0], d = rows->shape[1], V = at->extent;
@@ -458,8 +456,8 @@ static topos_tensor *eval_concat(const node_attrs *at, int nin,
   return t;
 }
 
-static topos_tensor *eval_reshape(const topos_tensor *a,
-                                  const tensor_meta *out, topos_error *err) {
+static topos_tensor *eval_reshape(const topos_tensor *a, const tensor_meta *out,
+                                  topos_error *err) {
   topos_tensor *c = topos_tensor_contiguous(a, err);
   if (!c) return NULL;
   int64_t stride[TOPOS_MAX_RANK];

@@ -75,15 +75,16 @@ static int fail(char *msg, size_t len, int code, const char *fmt, ...) {
 
 static int need_float(const tensor_meta *m, int i, char *msg, size_t msglen) {
   if (!dtype_is_float(m->dtype))
-    FAIL(TOPOS_ERR_DTYPE, "operand %d has dtype %s; the op needs f32, f64 "
-         "or bf16", i, topos_dtype_name(m->dtype));
+    FAIL(TOPOS_ERR_DTYPE,
+         "operand %d has dtype %s; the op needs f32, f64 "
+         "or bf16",
+         i, topos_dtype_name(m->dtype));
   return 0;
 }
 
 static int need_axis(int axis, int rank, char *msg, size_t msglen) {
   if (axis < 0 || axis >= rank)
-    FAIL(TOPOS_ERR_ARGUMENT, "axis %d is out of range for rank %d", axis,
-         rank);
+    FAIL(TOPOS_ERR_ARGUMENT, "axis %d is out of range for rank %d", axis, rank);
   return 0;
 }
 
@@ -111,7 +112,8 @@ static int infer_elementwise(op_code op, int nin, const tensor_meta *in,
       FAIL(TOPOS_ERR_DTYPE, "operand dtypes differ (%s vs %s)",
            topos_dtype_name(in[0].dtype), topos_dtype_name(in[1].dtype));
     if (!shape_equal(in[0].rank, in[0].shape, in[1].rank, in[1].shape))
-      FAIL(TOPOS_ERR_SHAPE, "operand shapes differ; elementwise ops never "
+      FAIL(TOPOS_ERR_SHAPE,
+           "operand shapes differ; elementwise ops never "
            "broadcast implicitly");
   }
   bool int_ok = op == OP_ADD && in[0].dtype == TOPOS_I32;
@@ -220,9 +222,11 @@ int op_infer(op_code op, const node_attrs *at, int nin, const tensor_meta *in,
       if ((rc = need_axis(at->axis, a->rank, msg, msglen))) return rc;
       if (at->start < 0 || at->length < 0 ||
           at->start > a->shape[at->axis] - at->length)
-        FAIL(TOPOS_ERR_SHAPE, "range [%lld, %lld+%lld) is outside axis %d "
-             "of extent %lld", (long long)at->start, (long long)at->start,
-             (long long)at->length, at->axis, (long long)a->shape[at->axis]);
+        FAIL(TOPOS_ERR_SHAPE,
+             "range [%lld, %lld+%lld) is outside axis %d "
+             "of extent %lld",
+             (long long)at->start, (long long)at->start, (long long)at->length,
+             at->axis, (long long)a->shape[at->axis]);
       *out = *a;
       out->shape[at->axis] = at->length;
       return 0;
@@ -300,8 +304,10 @@ int op_infer(op_code op, const node_attrs *at, int nin, const tensor_meta *in,
                in[i].rank, a->rank);
         for (int d = 0; d < a->rank; d++)
           if (d != at->axis && in[i].shape[d] != a->shape[d])
-            FAIL(TOPOS_ERR_SHAPE, "operand %d differs from operand 0 on "
-                 "axis %d", i, d);
+            FAIL(TOPOS_ERR_SHAPE,
+                 "operand %d differs from operand 0 on "
+                 "axis %d",
+                 i, d);
         out->shape[at->axis] += in[i].shape[at->axis];
         if (out->shape[at->axis] > (int64_t)1 << 40)
           FAIL(TOPOS_ERR_MEMORY, "concatenated extent is too large");
@@ -315,13 +321,16 @@ int op_infer(op_code op, const node_attrs *at, int nin, const tensor_meta *in,
         FAIL(TOPOS_ERR_ARGUMENT, "target shape is invalid");
       if (a->rank != 0) {
         if (a->rank != at->rank)
-          FAIL(TOPOS_ERR_SHAPE, "operand rank %d differs from target rank %d "
-               "(use broadcast_along to add axes)", a->rank, at->rank);
+          FAIL(TOPOS_ERR_SHAPE,
+               "operand rank %d differs from target rank %d "
+               "(use broadcast_along to add axes)",
+               a->rank, at->rank);
         for (int i = 0; i < a->rank; i++)
           if (a->shape[i] != at->shape[i] && a->shape[i] != 1)
-            FAIL(TOPOS_ERR_SHAPE, "axis %d has extent %lld; broadcasting to "
-                 "%lld needs 1", i, (long long)a->shape[i],
-                 (long long)at->shape[i]);
+            FAIL(TOPOS_ERR_SHAPE,
+                 "axis %d has extent %lld; broadcasting to "
+                 "%lld needs 1",
+                 i, (long long)a->shape[i], (long long)at->shape[i]);
       }
       out->dtype = a->dtype;
       out->rank = at->rank;
@@ -331,8 +340,10 @@ int op_infer(op_code op, const node_attrs *at, int nin, const tensor_meta *in,
 
     case OP_BROADCAST_ALONG:
       if (at->axis < 0 || at->axis > a->rank)
-        FAIL(TOPOS_ERR_ARGUMENT, "axis %d is out of range for inserting into "
-             "rank %d", at->axis, a->rank);
+        FAIL(TOPOS_ERR_ARGUMENT,
+             "axis %d is out of range for inserting into "
+             "rank %d",
+             at->axis, a->rank);
       if (a->rank + 1 > TOPOS_MAX_RANK)
         FAIL(TOPOS_ERR_SHAPE, "result would exceed rank %d", TOPOS_MAX_RANK);
       if (at->extent < 0) FAIL(TOPOS_ERR_ARGUMENT, "extent is negative");
@@ -375,8 +386,7 @@ int op_infer(op_code op, const node_attrs *at, int nin, const tensor_meta *in,
     case OP_SCATTER: {
       const tensor_meta *idx = &in[1];
       if ((rc = need_float(a, 0, msg, msglen))) return rc;
-      if (a->rank != 2)
-        FAIL(TOPOS_ERR_SHAPE, "operand 0 must have rank 2");
+      if (a->rank != 2) FAIL(TOPOS_ERR_SHAPE, "operand 0 must have rank 2");
       if (idx->dtype != TOPOS_I32 || idx->rank != 1)
         FAIL(TOPOS_ERR_DTYPE, "indices must be i32 of rank 1");
       out->dtype = a->dtype;
@@ -440,7 +450,9 @@ const char *topos_tape_error(const topos_tape *tape) {
   return tape ? tape->error : "tape is NULL";
 }
 
-int topos_tape_node_count(const topos_tape *tape) { return tape ? tape->n : 0; }
+int topos_tape_node_count(const topos_tape *tape) {
+  return tape ? tape->n : 0;
+}
 
 static void tape_fail(topos_tape *tape, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -513,8 +525,8 @@ topos_value tape_record(topos_tape *tape, op_code op, const topos_value *in,
       used += (size_t)snprintf(ops + used, sizeof ops - used, "%s%s",
                                i ? ", " : "", meta_text(mt, &metas[i]));
     }
-    tape_fail(tape, rc, "%s (node %d): %s; operands: %s", name, tape->n,
-              reason, nin ? ops : "none");
+    tape_fail(tape, rc, "%s (node %d): %s; operands: %s", name, tape->n, reason,
+              nin ? ops : "none");
     goto fail;
   }
   if (tape->n == tape->cap) {
@@ -672,7 +684,8 @@ static topos_value with_shape(topos_tape *tape, op_code op, topos_value a,
     return TOPOS_NONE;
   }
   at.rank = rank;
-  if (rank > 0 && shape) memcpy(at.shape, shape, sizeof(int64_t) * (size_t)rank);
+  if (rank > 0 && shape)
+    memcpy(at.shape, shape, sizeof(int64_t) * (size_t)rank);
   return tape_record(tape, op, &a, 1, &at);
 }
 
@@ -695,8 +708,8 @@ topos_value topos_narrow(topos_tape *tape, topos_value a, int axis,
   return tape_record(tape, OP_NARROW, &a, 1, &at);
 }
 
-topos_value topos_pad(topos_tape *tape, topos_value a, int axis,
-                      int64_t before, int64_t after) {
+topos_value topos_pad(topos_tape *tape, topos_value a, int axis, int64_t before,
+                      int64_t after) {
   node_attrs at = {0};
   at.axis = axis;
   at.before = before;
@@ -754,8 +767,7 @@ topos_value topos_logsumexp(topos_tape *t, topos_value a, int axis) {
   return with_axis(t, OP_LOGSUMEXP, a, axis);
 }
 
-topos_value topos_gather(topos_tape *tape, topos_value table,
-                         topos_value idx) {
+topos_value topos_gather(topos_tape *tape, topos_value table, topos_value idx) {
   return binary(tape, OP_GATHER, table, idx);
 }
 
@@ -913,8 +925,7 @@ const char *topos_network_name_of(const topos_network *net, topos_value v) {
   return i < 0 ? NULL : net->nodes[i].name;
 }
 
-topos_dtype topos_network_value_dtype(const topos_network *net,
-                                      topos_value v) {
+topos_dtype topos_network_value_dtype(const topos_network *net, topos_value v) {
   int i = network_index(net, v, NULL);
   return i < 0 ? TOPOS_F32 : net->nodes[i].meta.dtype;
 }

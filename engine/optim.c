@@ -1,0 +1,487 @@
+/*
+ * optim.c - pure optimizer steps: (params, grads, state) -> (params',
+ * state').  Nothing is modified in place; a step reads its inputs and
+ * builds two new values, so a training loop can keep, compare, send or
+ * replay any of them.
+ *
+ * Numerics.  Every update is computed per element in double from the
+ * exactly widened parameter, gradient and moment values, and each result
+ * is rounded ONCE to its storage dtype (bf16 straight from double).
+ * Moments are stored in the parameter's dtype for f32 and f64 parameters
+ * and in f32 for bf16 parameters.  With lr, wd, mu, b1, b2, eps from the
+ * optimizer, and p, g, m, v the widened elements of one slot, the
+ * expressions below are evaluated exactly as written, left to right, with
+ * no fused multiply-add (the build uses -ffp-contract=off):
+ *
+ *  SGD      g' = g + wd*p                  (only when wd != 0; else g' = g)
+ *           mu > 0:  m' = mu*m + g';  p' = p - lr*m'     (m' stored as m)
+ *           mu = 0:  p' = p - lr*g';  the state carries no moments.
+ *  Adam     g' = g + wd*p                  (L2, only when wd != 0)
+ *           m' = b1*m + (1 - b1)*g'
+ *           v' = b2*v + (1 - b2)*g'*g'
+ *           t = step + 1, bc1 = 1 - b1^t, bc2 = 1 - b2^t
+ *           p' = p - lr*(m'/bc1) / (sqrt(v'/bc2) + eps)
+ *  AdamW    p1 = p - (lr*wd)*p on the slots opt->decay(slot, param, ctx)
+ *           selects (decay NULL: parameters of rank >= 2), else p1 = p;
+ *           then Adam with g' = g and p1 in place of p in the last line.
+ *
+ * b^t is computed from the integer step by binary exponentiation in
+ * double-double arithmetic (error-free products through fma) and rounded
+ * once, so it is the correctly rounded power for any t whose power does
+ * not underflow, the same bits on every machine and for every route to
+ * the same step (a running product or libm's pow would give neither).
+ * A state rebuilt with topos_opt_state_from therefore steps to exactly
+ * the bits the original would have.
+ *
+ * Validation happens before anything is built: on any error the outputs
+ * are left untouched.  NaN or Inf inside gradients, parameters or moments
+ * is data, not an error, and propagates as IEEE arithmetic says.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+/* Defined in params.c: rounds a double to bf16 once.  (Belongs in
+ * internal.h; declared here until it is.) */
+uint16_t params_bf16_from_f64(double x);
+
+struct topos_opt_state {
+  int64_t step;
+  topos_params *m; /* first moment (momentum for SGD), or NULL */
+  topos_params *v; /* second moment, or NULL */
+};
+
+topos_optimizer topos_sgd(double lr, double momentum) {
+  return (topos_optimizer){.kind = TOPOS_SGD, .lr = lr, .momentum = momentum};
+}
+
+topos_optimizer topos_adam(double lr, double beta1, double beta2, double eps) {
+  return (topos_optimizer){
+      .kind = TOPOS_ADAM, .lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps};
+}
+
+topos_optimizer topos_adamw(double lr, double beta1, double beta2, double eps,
+                            double weight_decay) {
+  return (topos_optimizer){.kind = TOPOS_ADAMW,
+                           .lr = lr,
+                           .beta1 = beta1,
+                           .beta2 = beta2,
+                           .eps = eps,
+                           .weight_decay = weight_decay};
+}
+
+/* --------------------------------------------------------------- validation
+ */
+
+static const char *kind_name(topos_optimizer_kind kind) {
+  switch (kind) {
+    case TOPOS_SGD:
+      return "sgd";
+    case TOPOS_ADAM:
+      return "adam";
+    case TOPOS_ADAMW:
+      return "adamw";
+  }
+  return "?";
+}
+
+static bool needs_first_moment(const topos_optimizer *opt) {
+  return opt->kind != TOPOS_SGD || opt->momentum > 0;
+}
+
+static bool needs_second_moment(const topos_optimizer *opt) {
+  return opt->kind != TOPOS_SGD;
+}
+
+static topos_dtype moment_dtype(topos_dtype param) {
+  return param == TOPOS_BF16 ? TOPOS_F32 : param;
+}
+
+/* The hyperparameters the optimizer's kind reads. */
+static int check_optimizer(const topos_optimizer *opt, const char *fn,
+                           topos_error *err) {
+  if (opt == NULL)
+    return error_set(err, TOPOS_ERR_ARGUMENT, "%s: optimizer is NULL", fn);
+  if (opt->kind != TOPOS_SGD && opt->kind != TOPOS_ADAM &&
+      opt->kind != TOPOS_ADAMW)
+    return error_set(err, TOPOS_ERR_ARGUMENT, "%s: unknown optimizer kind %d",
+                     fn, (int)opt->kind);
+  const char *k = kind_name(opt->kind);
+  if (!isfinite(opt->lr) || opt->lr < 0)
+    return error_set(err, TOPOS_ERR_ARGUMENT,
+                     "%s: %s lr %g must be finite and >= 0", fn, k, opt->lr);
+  if (!isfinite(opt->weight_decay))
+    return error_set(err, TOPOS_ERR_ARGUMENT,
+                     "%s: %s weight_decay %g must be finite", fn, k,
+                     opt->weight_decay);
+  if (opt->kind == TOPOS_SGD) {
+    if (!isfinite(opt->momentum) || opt->momentum < 0)
+      return error_set(err, TOPOS_ERR_ARGUMENT,
+                       "%s: sgd momentum %g must be finite and >= 0", fn,
+                       opt->momentum);
+    return TOPOS_OK;
+  }
+  if (!(opt->beta1 >= 0 && opt->beta1 < 1))
+    return error_set(err, TOPOS_ERR_ARGUMENT, "%s: %s beta1 %g is not in [0,1)",
+                     fn, k, opt->beta1);
+  if (!(opt->beta2 >= 0 && opt->beta2 < 1))
+    return error_set(err, TOPOS_ERR_ARGUMENT, "%s: %s beta2 %g is not in [0,1)",
+                     fn, k, opt->beta2);
+  if (!isfinite(opt->eps) || opt->eps <= 0)
+    return error_set(err, TOPOS_ERR_ARGUMENT,
+                     "%s: %s eps %g must be finite and > 0", fn, k, opt->eps);
+  return TOPOS_OK;
+}
+
+/* A set whose every slot is a floating tensor. */
+static int check_float_set(const topos_params *p, const char *what,
+                           const char *fn, topos_error *err) {
+  if (p == NULL)
+    return error_set(err, TOPOS_ERR_ARGUMENT, "%s: %s is NULL", fn, what);
+  for (int s = 0; s < p->n; s++) {
+    if (p->t[s] == NULL)
+      return error_set(err, TOPOS_ERR_ARGUMENT, "%s: %s slot %d is NULL", fn,
+                       what, s);
+    if (!dtype_is_float(p->t[s]->dtype))
+      return error_set(err, TOPOS_ERR_DTYPE,
+                       "%s: %s slot %d is %s; optimizers take f32, f64, bf16",
+                       fn, what, s, topos_dtype_name(p->t[s]->dtype));
+  }
+  return TOPOS_OK;
+}
+
+/* x matches params slot by slot: same count and shapes, and the dtype of
+ * the parameter (or, for a moment, the moment dtype of the parameter). */
+static int check_matches(const topos_params *params, const topos_params *x,
+                         const char *what, bool moment, const char *fn,
+                         topos_error *err) {
+  if (x == NULL)
+    return error_set(err, TOPOS_ERR_ARGUMENT, "%s: %s is missing", fn, what);
+  if (x->n != params->n)
+    return error_set(err, TOPOS_ERR_ARGUMENT, "%s: %d params but %d %s", fn,
+                     params->n, x->n, what);
+  for (int s = 0; s < params->n; s++) {
+    const topos_tensor *p = params->t[s], *t = x->t[s];
+    if (t == NULL)
+      return error_set(err, TOPOS_ERR_ARGUMENT, "%s: %s slot %d is NULL", fn,
+                       what, s);
+    topos_dtype want = moment ? moment_dtype(p->dtype) : p->dtype;
+    if (t->dtype != want)
+      return error_set(err, TOPOS_ERR_DTYPE, "%s: %s slot %d is %s, wants %s",
+                       fn, what, s, topos_dtype_name(t->dtype),
+                       topos_dtype_name(want));
+    if (!shape_equal(p->rank, p->shape, t->rank, t->shape)) {
+      char sp[SHAPE_TEXT], st[SHAPE_TEXT];
+      return error_set(err, TOPOS_ERR_SHAPE, "%s: slot %d: param %s, %s %s", fn,
+                       s, shape_text(sp, p->rank, p->shape), what,
+                       shape_text(st, t->rank, t->shape));
+    }
+  }
+  return TOPOS_OK;
+}
+
+/* ------------------------------------------------------------------- state */
+
+/* A new set holding the tensors of p, retained (NULL stays NULL). */
+static int share_set(const topos_params *p, topos_params **out,
+                     topos_error *err) {
+  *out = NULL;
+  if (p == NULL) return TOPOS_OK;
+  *out = topos_params_new(p->n, p->t, err);
+  return *out ? TOPOS_OK : TOPOS_ERR_MEMORY;
+}
+
+static topos_opt_state *state_make(int64_t step, topos_params *m,
+                                   topos_params *v) {
+  topos_opt_state *s = malloc(sizeof *s);
+  if (s == NULL) return NULL;
+  *s = (topos_opt_state){.step = step, .m = m, .v = v};
+  return s;
+}
+
+/* Zero moments shaped like params, in the moment dtypes. */
+static topos_params *zero_moments(const topos_params *params,
+                                  topos_error *err) {
+  topos_params *z = params_alloc(params->n);
+  if (z == NULL) {
+    error_set(err, TOPOS_ERR_MEMORY, "opt_state_new: out of memory");
+    return NULL;
+  }
+  for (int s = 0; s < params->n; s++) {
+    const topos_tensor *p = params->t[s];
+    z->t[s] =
+        topos_tensor_zeros(moment_dtype(p->dtype), p->rank, p->shape, err);
+    if (z->t[s] == NULL) {
+      topos_params_free(z);
+      return NULL;
+    }
+  }
+  return z;
+}
+
+topos_opt_state *topos_opt_state_new(const topos_optimizer *opt,
+                                     const topos_params *params,
+                                     topos_error *err) {
+  const char *fn = "opt_state_new";
+  if (check_optimizer(opt, fn, err) != TOPOS_OK ||
+      check_float_set(params, "params", fn, err) != TOPOS_OK)
+    return NULL;
+  topos_params *m = NULL, *v = NULL;
+  if (needs_first_moment(opt) && (m = zero_moments(params, err)) == NULL)
+    return NULL;
+  if (needs_second_moment(opt) && (v = zero_moments(params, err)) == NULL) {
+    topos_params_free(m);
+    return NULL;
+  }
+  topos_opt_state *s = state_make(0, m, v);
+  if (s == NULL) {
+    topos_params_free(m);
+    topos_params_free(v);
+    error_set(err, TOPOS_ERR_MEMORY, "%s: out of memory", fn);
+  }
+  return s;
+}
+
+topos_opt_state *topos_opt_state_from(int64_t step, const topos_params *m,
+                                      const topos_params *v, topos_error *err) {
+  const char *fn = "opt_state_from";
+  if (step < 0) {
+    error_set(err, TOPOS_ERR_ARGUMENT, "%s: negative step %lld", fn,
+              (long long)step);
+    return NULL;
+  }
+  if ((m && check_float_set(m, "first moment", fn, err) != TOPOS_OK) ||
+      (v && check_float_set(v, "second moment", fn, err) != TOPOS_OK))
+    return NULL;
+  if (m && v && check_matches(m, v, "second moment", false, fn, err))
+    return NULL;
+  topos_params *mm, *vv;
+  if (share_set(m, &mm, err) != TOPOS_OK) return NULL;
+  if (share_set(v, &vv, err) != TOPOS_OK) {
+    topos_params_free(mm);
+    return NULL;
+  }
+  topos_opt_state *s = state_make(step, mm, vv);
+  if (s == NULL) {
+    topos_params_free(mm);
+    topos_params_free(vv);
+    error_set(err, TOPOS_ERR_MEMORY, "%s: out of memory", fn);
+  }
+  return s;
+}
+
+void topos_opt_state_free(topos_opt_state *s) {
+  if (s == NULL) return;
+  topos_params_free(s->m);
+  topos_params_free(s->v);
+  free(s);
+}
+
+int64_t topos_opt_state_step(const topos_opt_state *s) {
+  return s ? s->step : -1;
+}
+
+const topos_params *topos_opt_state_moment(const topos_opt_state *s,
+                                           int which) {
+  if (s == NULL) return NULL;
+  return which == 0 ? s->m : which == 1 ? s->v : NULL;
+}
+
+/* ------------------------------------------------------------ exact powers */
+
+/* A double-double: the unevaluated sum hi + lo, |lo| <= ulp(hi)/2. */
+typedef struct dd {
+  double hi, lo;
+} dd;
+
+/* a*b to about 2^-104 relative: the head product is split exactly by fma,
+ * the cross terms are small enough that plain products do. */
+static dd dd_mul(dd a, dd b) {
+  double p = a.hi * b.hi;
+  double e = fma(a.hi, b.hi, -p);
+  e += a.hi * b.lo + a.lo * b.hi;
+  double hi = p + e;
+  return (dd){hi, e - (hi - p)};
+}
+
+/* beta^t, t >= 1, correctly rounded (see the file comment).  Binary
+ * exponentiation takes at most 2*63 products, whose errors together stay
+ * near 2^-97 relative, far below the 2^-53 of the final rounding. */
+static double exact_pow(double beta, int64_t t) {
+  dd r = {1.0, 0.0}, b = {beta, 0.0};
+  while (t > 0) {
+    if (t & 1) r = dd_mul(r, b);
+    t >>= 1;
+    if (t > 0) b = dd_mul(b, b);
+  }
+  return r.hi + r.lo;
+}
+
+/* ----------------------------------------------------------------- the step */
+
+/* The widened element i of a compute view of a tensor of `dtype`. */
+static double view_at(const compute_view *v, topos_dtype dtype, int64_t i) {
+  return dtype == TOPOS_F64 ? ((const double *)v->data)[i]
+                            : (double)((const float *)v->data)[i];
+}
+
+/* Rounds x once to `dtype` into element i of a contiguous buffer. */
+static void store_rounded(void *dst, topos_dtype dtype, int64_t i, double x) {
+  switch (dtype) {
+    case TOPOS_F64:
+      ((double *)dst)[i] = x;
+      break;
+    case TOPOS_F32:
+      ((float *)dst)[i] = (float)x;
+      break;
+    case TOPOS_BF16:
+      ((uint16_t *)dst)[i] = params_bf16_from_f64(x);
+      break;
+    case TOPOS_I32:
+      break; /* rejected by validation */
+  }
+}
+
+/* What one step needs beyond the optimizer: bias corrections (Adam). */
+typedef struct step_ctx {
+  const topos_optimizer *opt;
+  double bc1, bc2;
+} step_ctx;
+
+/* One slot: new parameter and moments into *po, *mo, *vo (mo/vo NULL
+ * when the optimizer keeps no such moment).  Returns a status. */
+static int step_slot(const step_ctx *c, int slot, const topos_tensor *p,
+                     const topos_tensor *g, const topos_tensor *m,
+                     const topos_tensor *v, topos_tensor **po,
+                     topos_tensor **mo, topos_tensor **vo, topos_error *err) {
+  const topos_optimizer *opt = c->opt;
+  topos_dtype pd = p->dtype, md = moment_dtype(pd);
+  compute_view vp = {0}, vg = {0}, vm = {0}, vv = {0};
+  int rc = compute_view_of(p, &vp, err);
+  if (rc == TOPOS_OK) rc = compute_view_of(g, &vg, err);
+  if (rc == TOPOS_OK && mo) rc = compute_view_of(m, &vm, err);
+  if (rc == TOPOS_OK && vo) rc = compute_view_of(v, &vv, err);
+  if (rc == TOPOS_OK) {
+    *po = tensor_new(pd, p->rank, p->shape, err);
+    if (mo) *mo = tensor_new(md, p->rank, p->shape, err);
+    if (vo) *vo = tensor_new(md, p->rank, p->shape, err);
+    if (!*po || (mo && !*mo) || (vo && !*vo)) rc = TOPOS_ERR_MEMORY;
+  }
+  if (rc != TOPOS_OK) goto done;
+
+  const double lr = opt->lr, wd = opt->weight_decay;
+  const double mu = opt->momentum, b1 = opt->beta1, b2 = opt->beta2;
+  const double eps = opt->eps, lr_wd = lr * wd;
+  bool l2 = opt->kind != TOPOS_ADAMW && wd != 0;
+  bool decoupled = false;
+  if (opt->kind == TOPOS_ADAMW && wd != 0)
+    decoupled = opt->decay ? opt->decay(slot, p, opt->decay_ctx) : p->rank >= 2;
+  void *dp = tensor_data(*po);
+  void *dm = mo ? tensor_data(*mo) : NULL, *dv = vo ? tensor_data(*vo) : NULL;
+  int64_t n = shape_count(p->rank, p->shape);
+  for (int64_t i = 0; i < n; i++) {
+    double pv = view_at(&vp, pd, i), gv = view_at(&vg, pd, i);
+    if (l2) gv = gv + wd * pv;
+    double next;
+    if (opt->kind == TOPOS_SGD) {
+      if (mo) {
+        double vel = mu * view_at(&vm, md, i) + gv;
+        store_rounded(dm, md, i, vel);
+        next = pv - lr * vel;
+      } else {
+        next = pv - lr * gv;
+      }
+    } else {
+      if (decoupled) pv = pv - lr_wd * pv;
+      double m1 = b1 * view_at(&vm, md, i) + (1 - b1) * gv;
+      double v1 = b2 * view_at(&vv, md, i) + (1 - b2) * gv * gv;
+      store_rounded(dm, md, i, m1);
+      store_rounded(dv, md, i, v1);
+      next = pv - lr * (m1 / c->bc1) / (sqrt(v1 / c->bc2) + eps);
+    }
+    store_rounded(dp, pd, i, next);
+  }
+done:
+  compute_view_done(&vp);
+  compute_view_done(&vg);
+  compute_view_done(&vm);
+  compute_view_done(&vv);
+  if (rc != TOPOS_OK) {
+    topos_tensor_release(*po);
+    *po = NULL;
+    if (mo) {
+      topos_tensor_release(*mo);
+      *mo = NULL;
+    }
+    if (vo) {
+      topos_tensor_release(*vo);
+      *vo = NULL;
+    }
+  }
+  return rc;
+}
+
+int topos_optimizer_step(const topos_optimizer *opt, const topos_params *params,
+                         const topos_params *grads,
+                         const topos_opt_state *state,
+                         topos_params **params_out, topos_opt_state **state_out,
+                         topos_error *err) {
+  const char *fn = "optimizer_step";
+  int rc = check_optimizer(opt, fn, err);
+  if (rc != TOPOS_OK) return rc;
+  if (params_out == NULL || state_out == NULL)
+    return error_set(err, TOPOS_ERR_ARGUMENT, "%s: %s is NULL", fn,
+                     params_out == NULL ? "params_out" : "state_out");
+  if (state == NULL)
+    return error_set(err, TOPOS_ERR_ARGUMENT, "%s: state is NULL", fn);
+  if ((rc = check_float_set(params, "params", fn, err)) != TOPOS_OK ||
+      (rc = check_matches(params, grads, "grads", false, fn, err)) != TOPOS_OK)
+    return rc;
+  bool need_m = needs_first_moment(opt), need_v = needs_second_moment(opt);
+  if (need_m && (rc = check_matches(params, state->m, "first moment", true, fn,
+                                    err)) != TOPOS_OK)
+    return rc;
+  if (need_v && (rc = check_matches(params, state->v, "second moment", true, fn,
+                                    err)) != TOPOS_OK)
+    return rc;
+  if (state->step < 0 || state->step == INT64_MAX)
+    return error_set(err, TOPOS_ERR_RANGE, "%s: step %lld cannot advance", fn,
+                     (long long)state->step);
+
+  step_ctx c = {.opt = opt, .bc1 = 1, .bc2 = 1};
+  if (opt->kind != TOPOS_SGD) {
+    int64_t t = state->step + 1;
+    c.bc1 = 1 - exact_pow(opt->beta1, t);
+    c.bc2 = 1 - exact_pow(opt->beta2, t);
+  }
+  int n = params->n;
+  topos_params *po = params_alloc(n);
+  topos_params *mo = need_m ? params_alloc(n) : NULL;
+  topos_params *vo = need_v ? params_alloc(n) : NULL;
+  topos_opt_state *so = NULL;
+  if (!po || (need_m && !mo) || (need_v && !vo)) {
+    rc = error_set(err, TOPOS_ERR_MEMORY, "%s: out of memory", fn);
+    goto fail;
+  }
+  for (int s = 0; s < n; s++) {
+    rc = step_slot(&c, s, params->t[s], grads->t[s],
+                   need_m ? state->m->t[s] : NULL,
+                   need_v ? state->v->t[s] : NULL, &po->t[s],
+                   mo ? &mo->t[s] : NULL, vo ? &vo->t[s] : NULL, err);
+    if (rc != TOPOS_OK) goto fail;
+  }
+  so = state_make(state->step + 1, mo, vo);
+  if (so == NULL) {
+    rc = error_set(err, TOPOS_ERR_MEMORY, "%s: out of memory", fn);
+    goto fail;
+  }
+  *params_out = po;
+  *state_out = so;
+  return TOPOS_OK;
+fail:
+  topos_params_free(po);
+  topos_params_free(mo);
+  topos_params_free(vo);
+  return rc;
+}

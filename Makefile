@@ -77,7 +77,7 @@ asan:
 # Valgrind runs the engine suites in one process (no fork) and fails on
 # any definite or indirect leak; the slow example runs are skipped.
 test-valgrind:
-	$(MAKE) BUILD=build/valgrind OPT=-O1 $(BUILD:build=build/valgrind)/tests/topos_tests
+	$(MAKE) BUILD=build/valgrind OPT=-O1 build/valgrind/tests/topos_tests
 	CK_FORK=no TOPOS_SKIP_SLOW=1 TOPOS_BUILD=build/valgrind valgrind --quiet \
 	  --leak-check=full --errors-for-leak-kinds=definite,indirect \
 	  --show-leak-kinds=definite,indirect --error-exitcode=1 \

@@ -94,10 +94,13 @@ static void K(binary)(op_code op, const void *av, const void *bv, void *yv,
 
 /* c[m,n] = a[m,k]·b[k,n] with a and b addressed by (row, column) strides.
  * Each output is its own chain acc = fma(a[i,kk], b[kk,j], acc) for kk in
- * order, acc from +0.0; the i-k-j loop keeps a row of accumulators. */
-static void K(matmul)(const void *av, int64_t as0, int64_t as1,
-                      const void *bv, int64_t bs0, int64_t bs1, void *cv,
-                      int64_t m, int64_t k, int64_t n) {
+ * order, acc from +0.0; the i-k-j loop keeps a row of accumulators.  The
+ * "fma" clone (chosen at load time where the CPU has FMA) lets the
+ * compiler use the FMA instruction and vectorise over j: each lane is
+ * still one output's own chain, so the bits do not change. */
+__attribute__((target_clones("fma", "default"))) static void K(matmul)(
+    const void *av, int64_t as0, int64_t as1, const void *bv, int64_t bs0,
+    int64_t bs1, void *cv, int64_t m, int64_t k, int64_t n) {
   const R *a = av, *b = bv;
   R *c = cv;
   for (int64_t i = 0; i < m; i++) {
@@ -106,7 +109,12 @@ static void K(matmul)(const void *av, int64_t as0, int64_t as1,
     for (int64_t kk = 0; kk < k; kk++) {
       R aik = a[i * as0 + kk * as1];
       const R *brow = b + kk * bs0;
-      for (int64_t j = 0; j < n; j++) row[j] = FMA(aik, brow[j * bs1], row[j]);
+      if (bs1 == 1) {
+        for (int64_t j = 0; j < n; j++) row[j] = FMA(aik, brow[j], row[j]);
+      } else {
+        for (int64_t j = 0; j < n; j++)
+          row[j] = FMA(aik, brow[j * bs1], row[j]);
+      }
     }
   }
 }

@@ -94,6 +94,8 @@ topos_tensor *topos_tensor_scalar(topos_dtype dtype, double value,
 topos_tensor *topos_tensor_retain(const topos_tensor *t);
 void topos_tensor_release(topos_tensor *t);
 
+/* For a NULL tensor: dtype is invalid (its name is "?"), rank and count
+ * are -1, shape is NULL. */
 topos_dtype topos_tensor_dtype(const topos_tensor *t);
 int topos_tensor_rank(const topos_tensor *t);
 /* Borrowed pointer to rank extents (NULL for a NULL tensor). */

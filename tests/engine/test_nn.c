@@ -1135,7 +1135,9 @@ START_TEST(test_dropout) {
   int64_t s[1] = {5};
   double xv[5] = {1, -2, 3, 4, 5}, mv[5] = {1, 0, 1, 0, 1};
   topos_value x = param(tape, tt_tensor(TOPOS_F64, 1, s, xv));
-  topos_value mask = topos_input(tape, tt_tensor(TOPOS_F64, 1, s, mv));
+  topos_tensor *mt = tt_tensor(TOPOS_F64, 1, s, mv);
+  topos_value mask = topos_input(tape, mt);
+  topos_tensor_release(mt);
   topos_value y = topos_dropout(tape, x, mask, 0.75);
   topos_value y0 = topos_dropout(tape, x, mask, 0.0);
   topos_network *net = seal(tape);

@@ -186,8 +186,8 @@ START_TEST(test_scale_rounds_s_first) {
   a = set1(TOPOS_F64, 2, (double[]){3, 1e-300});
   r = topos_params_scale(a, 1.0 / 3, &err);
   ck_assert_ptr_nonnull(r);
-  tt_assert_values(topos_params_get(r, 0), ((double[]){3 * (1.0 / 3), 1e-300 / 3}),
-                   2);
+  tt_assert_values(topos_params_get(r, 0),
+                   ((double[]){3 * (1.0 / 3), 1e-300 / 3}), 2);
   topos_params_free(a);
   topos_params_free(r);
 
@@ -260,10 +260,9 @@ START_TEST(test_map_zip_widen_and_round_once) {
   ck_assert_int_eq(pr.calls, 2);
   ck_assert(pr.seen_a[0] == (double)0.1f);
   ck_assert(pr.seen_a[1] == (double)0.2f);
-  tt_assert_values(topos_params_get(r, 0),
-                   ((double[]){(double)(float)pr.result,
-                               (double)(float)pr.result}),
-                   2);
+  tt_assert_values(
+      topos_params_get(r, 0),
+      ((double[]){(double)(float)pr.result, (double)(float)pr.result}), 2);
   topos_params_free(r);
   topos_params_free(a);
 
@@ -312,8 +311,8 @@ END_TEST
 START_TEST(test_algebra_multi_slot_and_strided) {
   topos_error err = {0};
   /* slot 0: a transposed f32 view; slot 1: a broadcast bf16 scalar. */
-  topos_tensor *m = tt_tensor(TOPOS_F32, 2, (int64_t[]){2, 3},
-                              (double[]){1, 2, 3, 4, 5, 6});
+  topos_tensor *m =
+      tt_tensor(TOPOS_F32, 2, (int64_t[]){2, 3}, (double[]){1, 2, 3, 4, 5, 6});
   topos_tensor *mt = topos_tensor_transpose(m, &err);
   ck_assert_ptr_nonnull(mt);
   topos_tensor *ten = tt_tensor(TOPOS_F32, 0, NULL, (double[]){10});
@@ -340,8 +339,8 @@ START_TEST(test_algebra_multi_slot_and_strided) {
 
   topos_params *sc = topos_params_scale(a, -2, &err);
   ck_assert_ptr_nonnull(sc);
-  tt_assert_values(topos_params_get(sc, 0), ((double[]){-2, -8, -4, -10, -6, -12}),
-                   6);
+  tt_assert_values(topos_params_get(sc, 0),
+                   ((double[]){-2, -8, -4, -10, -6, -12}), 6);
   tt_assert_values(topos_params_get(sc, 1), ((double[]){-1, -1, -1, -1}), 4);
   topos_params_free(sc);
   topos_params_free(s);
@@ -361,8 +360,8 @@ START_TEST(test_algebra_mismatches) {
       tt_tensor(TOPOS_F32, 1, (int64_t[]){3}, (double[]){1, 2, 3});
   topos_tensor *d2 = tt_tensor(TOPOS_F64, 1, (int64_t[]){2}, (double[]){1, 2});
   topos_tensor *i2 = tt_tensor(TOPOS_I32, 1, (int64_t[]){2}, (double[]){1, 2});
-  topos_tensor *f2x2 = tt_tensor(TOPOS_F32, 2, (int64_t[]){1, 2},
-                                 (double[]){1, 2});
+  topos_tensor *f2x2 =
+      tt_tensor(TOPOS_F32, 2, (int64_t[]){1, 2}, (double[]){1, 2});
   topos_params *a = topos_params_new(2, (topos_tensor *[]){f2, f2}, &err);
   topos_params *one = topos_params_new(1, (topos_tensor *[]){f2}, &err);
   topos_params *shape = topos_params_new(2, (topos_tensor *[]){f2, f3}, &err);
@@ -379,8 +378,8 @@ START_TEST(test_algebra_mismatches) {
   ck_assert_int_eq(err.code, TOPOS_ERR_SHAPE);
   ck_assert_ptr_nonnull(strstr(err.message, "slot 1"));
   err = (topos_error){0};
-  ck_assert_ptr_null(topos_params_zip(a, rank, zip_record_diff, &(probe){0},
-                                      &err));
+  ck_assert_ptr_null(
+      topos_params_zip(a, rank, zip_record_diff, &(probe){0}, &err));
   ck_assert_int_eq(err.code, TOPOS_ERR_SHAPE);
   err = (topos_error){0};
   ck_assert_ptr_null(topos_params_add(a, dtype, &err));
@@ -461,16 +460,16 @@ static toy toy_new(void) {
   topos_error err = {0};
   topos_tape *tape = topos_tape_new(TOPOS_F64);
   ck_assert_ptr_nonnull(tape);
-  topos_tensor *w0 = tt_tensor(TOPOS_F64, 1, (int64_t[]){3},
-                               (double[]){1, -2, 0.5});
+  topos_tensor *w0 =
+      tt_tensor(TOPOS_F64, 1, (int64_t[]){3}, (double[]){1, -2, 0.5});
   /* b's initial is a transposed view: its copy must be contiguous. */
-  topos_tensor *bm = tt_tensor(TOPOS_F64, 2, (int64_t[]){2, 1},
-                               (double[]){3, 4});
+  topos_tensor *bm =
+      tt_tensor(TOPOS_F64, 2, (int64_t[]){2, 1}, (double[]){3, 4});
   topos_tensor *b0 = topos_tensor_transpose(bm, &err);
-  topos_tensor *u0 = tt_tensor(TOPOS_F64, 2, (int64_t[]){2, 2},
-                               (double[]){7, 7, 7, 7});
-  topos_tensor *x0 = tt_tensor(TOPOS_F64, 2, (int64_t[]){1, 2},
-                               (double[]){5, 6});
+  topos_tensor *u0 =
+      tt_tensor(TOPOS_F64, 2, (int64_t[]){2, 2}, (double[]){7, 7, 7, 7});
+  topos_tensor *x0 =
+      tt_tensor(TOPOS_F64, 2, (int64_t[]){1, 2}, (double[]){5, 6});
   t.w = topos_parameter(tape, w0);
   t.b = topos_parameter(tape, b0);
   t.u = topos_parameter(tape, u0);

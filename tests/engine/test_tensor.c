@@ -304,6 +304,9 @@ START_TEST(test_zero_extent_tensors) {
   ck_assert_ptr_nonnull(tt);
   ck_assert_int_eq(topos_tensor_shape(tt)[0], 3);
   ck_assert_int_eq(topos_tensor_shape(tt)[1], 0);
+  /* No element of an empty tensor is addressed, so any layout counts as
+   * row-major and contiguous() need not copy. */
+  ck_assert(topos_tensor_is_contiguous(tt));
   topos_tensor *n = topos_tensor_narrow(tt, 0, 1, 2, &err);
   ck_assert_ptr_nonnull(n);
   ck_assert_int_eq(topos_tensor_count(n), 0);
@@ -605,6 +608,11 @@ START_TEST(test_narrow_view) {
   ck_assert(topos_tensor_is_contiguous(rows));
   double want_rows[10] = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19};
   tt_assert_values(rows, want_rows, 10);
+  /* Reading a contiguous view at an offset starts at the offset. */
+  double out_rows[10];
+  ck_assert_int_eq(topos_tensor_read(rows, out_rows, sizeof out_rows, &err),
+                   TOPOS_OK);
+  ck_assert_int_eq(memcmp(out_rows, want_rows, sizeof out_rows), 0);
   /* Narrowing a narrowed view composes offsets. */
   topos_tensor *both = topos_tensor_narrow(rows, 1, 1, 3, &err);
   ck_assert_ptr_eq(tensor_data(both), (double *)tensor_data(t) + 11);

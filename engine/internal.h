@@ -222,7 +222,7 @@ topos_value tape_record(topos_tape *tape, op_code op, const topos_value *in,
                         int nin, const node_attrs *at);
 /* Tape/network value checks: index of the node or -1 with err. */
 int network_index(const topos_network *net, topos_value v, topos_error *err);
-/* Node descriptions for messages: "[2,3] f32". */
+/* Node descriptions for messages: "f32[2,3]"; buf holds SHAPE_TEXT + 8. */
 const char *meta_text(char *buf, const tensor_meta *m);
 
 /* ------------------------------------------------------------- parameters */

@@ -15,11 +15,12 @@
  * that cannot accept them, so the message names that op, its node and the
  * operand shapes.  Where a composite needs a shape fact before it can
  * record anything (a rank, an extent), and the fact is wrong, it records
- * an op that must fail on the offending operand (see fail_on) and returns
+ * its own message with topos_tape_fail (see fail_on) and returns
  * TOPOS_NONE; nothing here prints or aborts.
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "topos.h"
 
@@ -38,10 +39,17 @@ typedef struct shape_copy {
  * culprit is itself invalid or foreign the recording fails on that
  * instead.  Either way the message names the operand's shape, and when
  * the tape already has an error it keeps that first one.
+ *
+ * `why` states the composite's own reason.  The public API has no way to
+ * record a caller's message on a tape, so for now it documents the call
+ * site; with a topos_tape_fail(tape, code, message) in topos.h it would
+ * become the recorded message.
  */
-static topos_value fail_on(topos_tape *tape, topos_value culprit) {
-  (void)topos_sum_along(tape, culprit, TOPOS_MAX_RANK);
-  return TOPOS_NONE;
+static topos_value fail_on(topos_tape *tape, topos_value culprit,
+                           const char *why) {
+  (void)culprit;
+  return topos_tape_fail(
+      tape, strstr(why, "rank") ? TOPOS_ERR_SHAPE : TOPOS_ERR_ARGUMENT, why);
 }
 
 /* Copies v's shape into *s.  An invalid or foreign value has no shape: the
@@ -50,7 +58,7 @@ static bool shape_of(topos_tape *tape, topos_value v, shape_copy *s) {
   int rank = 0;
   const int64_t *shape = topos_value_shape(tape, v, &rank);
   if (shape == NULL) {
-    fail_on(tape, v);
+    fail_on(tape, v, "an invalid or foreign operand");
     return false;
   }
   s->rank = rank;
@@ -105,7 +113,8 @@ topos_value topos_linear(topos_tape *tape, topos_value x, topos_value w,
 topos_value topos_mlp(topos_tape *tape, topos_value x, int nlayers,
                       const topos_value *weights, const topos_value *biases,
                       topos_activation act) {
-  if (nlayers < 1 || weights == NULL) return fail_on(tape, x);
+  if (nlayers < 1 || weights == NULL)
+    return fail_on(tape, x, "mlp: needs nlayers >= 1 and weights");
   topos_value h = x;
   for (int i = 0; i < nlayers; i++) {
     h = topos_linear(tape, h, weights[i], biases ? biases[i] : TOPOS_NONE);
@@ -128,7 +137,7 @@ topos_value topos_activate(topos_tape *tape, topos_value x,
     case TOPOS_ACT_SILU:
       return topos_silu(tape, x);
   }
-  return fail_on(tape, x);
+  return fail_on(tape, x, "activate: unknown activation");
 }
 
 /* ------------------------------------------------------------- embedding */
@@ -167,8 +176,8 @@ static topos_value mean_last(topos_tape *tape, topos_value x,
   return topos_mul(tape, sum, filled(tape, inv, axis, xs->dim));
 }
 
-/* 1 / ... is never formed: dividing by sqrt(var + eps) keeps the chain to
- * ops whose adjoints are exact in every dtype. */
+/* sqrt(var + eps), the divisor of the normalisations.  eps keeps it away
+ * from zero for constant rows, where var is exactly 0. */
 static topos_value sqrt_eps(topos_tape *tape, topos_value var, double eps,
                             int rank, const int64_t *shape) {
   return topos_sqrt(tape, topos_add(tape, var, filled(tape, eps, rank, shape)));
@@ -178,7 +187,7 @@ topos_value topos_layer_norm(topos_tape *tape, topos_value x, topos_value gamma,
                              topos_value beta, double eps) {
   shape_copy xs;
   if (!shape_of(tape, x, &xs)) return TOPOS_NONE;
-  if (xs.rank < 1) return fail_on(tape, x);
+  if (xs.rank < 1) return fail_on(tape, x, "layer_norm: x needs rank >= 1");
   int axis = xs.rank - 1;
   int64_t d = xs.dim[axis];
   topos_value mean = mean_last(tape, x, &xs);
@@ -201,7 +210,7 @@ topos_value topos_rms_norm(topos_tape *tape, topos_value x, topos_value gamma,
                            double eps) {
   shape_copy xs;
   if (!shape_of(tape, x, &xs)) return TOPOS_NONE;
-  if (xs.rank < 1) return fail_on(tape, x);
+  if (xs.rank < 1) return fail_on(tape, x, "rms_norm: x needs rank >= 1");
   int axis = xs.rank - 1;
   topos_value ms = mean_last(tape, topos_mul(tape, x, x), &xs);
   topos_value den = sqrt_eps(tape, ms, eps, axis, xs.dim);
@@ -222,7 +231,7 @@ topos_value topos_rms_norm(topos_tape *tape, topos_value x, topos_value gamma,
 static topos_value to_rows(topos_tape *tape, topos_value x,
                            const shape_copy *xs) {
   if (xs->rank == 2) return x;
-  if (xs->rank != 4) return fail_on(tape, x);
+  if (xs->rank != 4) return fail_on(tape, x, "batch_norm: x needs rank 2 or 4");
   static const int nhwc[4] = {0, 2, 3, 1};
   topos_value p = topos_permute(tape, x, nhwc);
   int64_t rows[2] = {xs->dim[0] * xs->dim[2] * xs->dim[3], xs->dim[1]};
@@ -309,8 +318,8 @@ topos_value topos_conv2d(topos_tape *tape, topos_value x, topos_value w,
                          topos_value b, int stride, int padding, int dilation) {
   shape_copy xs, ws;
   if (!shape_of(tape, x, &xs) || !shape_of(tape, w, &ws)) return TOPOS_NONE;
-  if (xs.rank != 4) return fail_on(tape, x);
-  if (ws.rank != 4) return fail_on(tape, w);
+  if (xs.rank != 4) return fail_on(tape, x, "conv2d: x needs rank 4");
+  if (ws.rank != 4) return fail_on(tape, w, "conv2d: w needs rank 4");
   int64_t n = xs.dim[0], o = ws.dim[0], c = ws.dim[1];
   int64_t kh = ws.dim[2], kw = ws.dim[3];
   topos_value p = x;
@@ -348,7 +357,7 @@ topos_value topos_max_pool2d(topos_tape *tape, topos_value x, int kernel,
                              int stride) {
   shape_copy xs;
   if (!shape_of(tape, x, &xs)) return TOPOS_NONE;
-  if (xs.rank != 4) return fail_on(tape, x);
+  if (xs.rank != 4) return fail_on(tape, x, "max_pool2d: x needs rank 4");
   topos_value u = topos_unfold(tape, x, 2, kernel, stride, 1);
   u = topos_unfold(tape, u, 4, kernel, stride, 1);
   shape_copy us;
@@ -382,11 +391,16 @@ topos_value topos_cross_entropy(topos_tape *tape, topos_value logits,
                                 topos_value targets) {
   shape_copy ls;
   if (!shape_of(tape, logits, &ls)) return TOPOS_NONE;
-  if (ls.rank != 2) return fail_on(tape, logits);
+  if (ls.rank != 2)
+    return fail_on(tape, logits, "cross_entropy: logits need rank 2");
   int64_t n = ls.dim[0], v = ls.dim[1];
+  /* The flat indices are i32, as every index on the tape is. */
+  if (v > 0 && n > INT32_MAX / v)
+    return fail_on(tape, logits, "cross_entropy: n·V exceeds the i32 range");
 
   int32_t *off = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
-  if (off == NULL) return fail_on(tape, TOPOS_NONE);
+  if (off == NULL)
+    return fail_on(tape, TOPOS_NONE, "cross_entropy: out of memory");
   for (int64_t i = 0; i < n; i++) off[i] = (int32_t)(i * v);
   topos_tensor *off_t = topos_tensor_from(TOPOS_I32, 1, &n, off, NULL);
   free(off);
@@ -415,7 +429,8 @@ topos_value topos_cross_entropy_onehot(topos_tape *tape, topos_value logits,
                                        topos_value targets) {
   shape_copy ls;
   if (!shape_of(tape, logits, &ls)) return TOPOS_NONE;
-  if (ls.rank != 2) return fail_on(tape, logits);
+  if (ls.rank != 2)
+    return fail_on(tape, logits, "cross_entropy_onehot: logits need rank 2");
   topos_value logp = topos_log_softmax(tape, logits, 1);
   topos_value total = topos_sum(tape, topos_mul(tape, targets, logp));
   return topos_mul(tape, topos_neg(tape, total),
@@ -433,8 +448,9 @@ topos_value topos_mse(topos_tape *tape, topos_value a, topos_value b) {
 
 /* ------------------------------------------------------------ activations */
 
-/* 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))); x³ as two products, which
- * is exact where pow's adjoint would need x^2 through pow. */
+/* 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).  x³ is two products rather
+ * than pow(x, 3): correctly rounded multiplications, independent of the C
+ * library's pow, with the cheapest adjoints. */
 topos_value topos_gelu(topos_tape *tape, topos_value x) {
   shape_copy xs;
   if (!shape_of(tape, x, &xs)) return TOPOS_NONE;
@@ -468,7 +484,8 @@ topos_value topos_dropout(topos_tape *tape, topos_value x, topos_value mask,
                           double p) {
   shape_copy xs;
   if (!shape_of(tape, x, &xs)) return TOPOS_NONE;
-  if (!(p >= 0.0 && p < 1.0)) return fail_on(tape, x);
+  if (!(p >= 0.0 && p < 1.0))
+    return fail_on(tape, x, "dropout: p must be in [0, 1)");
   topos_value kept = topos_mul(tape, x, mask);
   return topos_mul(tape, kept, filled_like(tape, 1.0 / (1.0 - p), &xs));
 }

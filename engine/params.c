@@ -15,8 +15,12 @@
  *           double result rounded once to the dtype (bf16 straight from
  *           double, not through an f32 rounding first).
  *
- * Operands match slot by slot in dtype and shape; i32 tensors take no
- * part in arithmetic and are rejected.  Inputs may be strided or
+ * Operands match slot by slot in dtype and shape.  i32 tensors take no
+ * part in arithmetic: a parameter set holding one is rejected, while a
+ * field passes its i32 nodes through unchanged (index data carries no
+ * gradient: backward gives those nodes exact i32 zeros, and refusing
+ * them would refuse the field of every network with an index input;
+ * map and zip do not call fn on them).  Inputs may be strided or
  * broadcast views (a field's zeros are one element broadcast by stride
  * 0): they are read through compute views, and every result is a fresh
  * contiguous tensor.
@@ -72,6 +76,7 @@ typedef struct algebra_op {
   topos_map_fn map;
   topos_zip_fn zip;
   void *ctx;
+  bool pass_ints; /* fields: i32 elements pass through, see above */
 } algebra_op;
 
 static bool algebra_binary(const algebra_op *op) {
@@ -92,7 +97,7 @@ static int algebra_check(const algebra_op *op, int n, topos_tensor *const *a,
     if (x == NULL)
       return error_set(err, TOPOS_ERR_ARGUMENT, "%s: %s %d has no tensor",
                        op->name, unit, i);
-    if (!dtype_is_float(x->dtype))
+    if (!dtype_is_float(x->dtype) && !(op->pass_ints && x->dtype == TOPOS_I32))
       return error_set(err, TOPOS_ERR_DTYPE,
                        "%s: %s %d is %s; the algebra takes f32, f64 or bf16",
                        op->name, unit, i, topos_dtype_name(x->dtype));
@@ -185,6 +190,10 @@ static int algebra_apply(const algebra_op *op, int n, topos_tensor *const *a,
   if (rc != TOPOS_OK) return rc;
   for (int i = 0; i < n; i++) {
     topos_error local = {0};
+    if (a[i]->dtype == TOPOS_I32) { /* only where pass_ints allows it */
+      out[i] = topos_tensor_retain(a[i]);
+      continue;
+    }
     out[i] = algebra_tensor(op, a[i], algebra_binary(op) ? b[i] : NULL, &local);
     if (out[i] == NULL) {
       for (int j = 0; j < i; j++) {
@@ -408,8 +417,9 @@ topos_params *topos_parameters_of(const topos_field *f, topos_error *err) {
 }
 
 /* A new field holding op(a, b), or NULL with err. */
-static topos_field *field_algebra(const algebra_op *op, const topos_field *a,
+static topos_field *field_algebra(algebra_op *op, const topos_field *a,
                                   const topos_field *b, topos_error *err) {
+  op->pass_ints = true;
   if (a == NULL || (algebra_binary(op) && b == NULL)) {
     error_set(err, TOPOS_ERR_ARGUMENT, "%s: field is NULL", op->name);
     return NULL;

@@ -807,6 +807,15 @@ topos_value topos_name(topos_tape *tape, topos_value value, const char *name) {
   return value;
 }
 
+topos_value topos_tape_fail(topos_tape *tape, int code, const char *message) {
+  if (!tape || tape->error) return TOPOS_NONE;
+  if (code == TOPOS_OK || code < 0 || code > TOPOS_ERR_STATE)
+    code = TOPOS_ERR_ARGUMENT;
+  tape_fail(tape, code, "%s (at node %d)",
+            message && message[0] ? message : "failed", tape->n);
+  return TOPOS_NONE;
+}
+
 static const node *tape_node(const topos_tape *tape, topos_value v) {
   if (!tape || v.index < 0 || v.tape != tape->id || v.index >= tape->n)
     return NULL;

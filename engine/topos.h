@@ -171,8 +171,15 @@ topos_value topos_scalar(topos_tape *tape, double value);
 /* Names a value (unique per tape); returns the value for chaining. */
 topos_value topos_name(topos_tape *tape, topos_value value, const char *name);
 
+/* Records a caller's own error on the tape, as a composite written outside
+ * the engine must when its arguments do not fit: like any recording
+ * error, the first one sticks ("<message> (at node N)") and sealing
+ * returns it.  Returns TOPOS_NONE. */
+topos_value topos_tape_fail(topos_tape *tape, int code, const char *message);
+
 /* What was inferred for a recorded value.  shape: borrowed, `*rank` set;
- * NULL for an invalid or foreign value. */
+ * NULL for an invalid or foreign value.  The pointer is valid until the
+ * next recording call on the tape (node storage may move): copy it. */
 topos_dtype topos_value_dtype(const topos_tape *tape, topos_value v);
 const int64_t *topos_value_shape(const topos_tape *tape, topos_value v,
                                  int *rank);

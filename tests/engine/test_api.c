@@ -269,6 +269,28 @@ START_TEST(nan_and_huge_sizes) {
 }
 END_TEST
 
+START_TEST(tape_fail_sticks) {
+  topos_tape *t = topos_tape_new(TOPOS_F32);
+  topos_value x = topos_scalar(t, 1);
+  ck_assert(!topos_value_ok(topos_tape_fail(t, TOPOS_ERR_SHAPE, "mine")));
+  ck_assert_str_eq(topos_tape_error(t), "mine (at node 1)");
+  /* The first error sticks; later recording returns invalid values. */
+  topos_tape_fail(t, TOPOS_ERR_ARGUMENT, "second");
+  ck_assert(!topos_value_ok(topos_neg(t, x)));
+  ck_assert_str_eq(topos_tape_error(t), "mine (at node 1)");
+  topos_network *n = topos_tape_seal(t, &err);
+  ck_assert_ptr_null(n);
+  ck_assert_int_eq(err.code, TOPOS_ERR_SHAPE);
+  ck_assert_str_eq(err.message, "mine (at node 1)");
+  /* A bogus code becomes an argument error; NULL tape is harmless. */
+  t = topos_tape_new(TOPOS_F32);
+  topos_tape_fail(t, 0, NULL);
+  ck_assert_str_eq(topos_tape_error(t), "failed (at node 0)");
+  topos_tape_free(t);
+  ck_assert(!topos_value_ok(topos_tape_fail(NULL, 1, "x")));
+}
+END_TEST
+
 Suite *api_suite(void) {
   Suite *s = suite_create("api");
   TCase *tc = tcase_create("hostile");
@@ -276,6 +298,7 @@ Suite *api_suite(void) {
   tcase_add_test(tc, foreign_values);
   tcase_add_test(tc, wrong_dtypes);
   tcase_add_test(tc, nan_and_huge_sizes);
+  tcase_add_test(tc, tape_fail_sticks);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -247,7 +247,8 @@ static void expect_forward_fails(const topos_network *net,
 START_TEST(forward_bad_feeds) {
   fixture f = make_fixture();
   topos_tensor *f32 = tt_tensor(TOPOS_F32, 2, S(4, 2), X1);
-  topos_tensor *wrong = tt_tensor(TOPOS_F64, 2, S(4, 3), W0);
+  const double twelve[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  topos_tensor *wrong = tt_tensor(TOPOS_F64, 2, S(4, 3), twelve);
   topos_tensor *flat = tt_tensor(TOPOS_F64, 1, S(8), X1);
   topos_tensor *good = tt_tensor(TOPOS_F64, 2, S(4, 2), X1);
   topos_tensor *w_like = tt_tensor(TOPOS_F64, 2, S(2, 3), W0);

@@ -1447,6 +1447,178 @@ START_TEST(bf16_layout_and_rows) {
 }
 END_TEST
 
+/* scatter with an index outside [0, V) is a run-time error too. */
+START_TEST(scatter_index_out_of_range) {
+  const int bad[3] = {4, -1, 100};
+  for (int k = 0; k < 3; k++) {
+    topos_tape *tp = topos_tape_new(TOPOS_F64);
+    topos_value rows = cvals(tp, TOPOS_F64, 2, S(2, 2), D(1, 2, 3, 4));
+    topos_tensor *def = tt_tensor(TOPOS_I32, 1, S(2), D(0, 3));
+    topos_value in = topos_input(tp, def);
+    topos_tensor_release(def);
+    topos_value sc = topos_scatter(tp, rows, in, 4);
+    ck_assert(topos_value_ok(sc));
+    topos_error err = {0};
+    topos_network *net = topos_tape_seal(tp, &err);
+    ck_assert_ptr_nonnull(net);
+    topos_tensor *ft = tt_tensor(TOPOS_I32, 1, S(2), D(bad[k], 0));
+    topos_feed feed = {in, ft};
+    topos_run *run = topos_forward(net, NULL, &feed, 1, &err);
+    ck_assert_ptr_null(run);
+    ck_assert_int_eq(err.code, TOPOS_ERR_RANGE);
+    char num[32], node[32];
+    snprintf(num, sizeof num, "%d", bad[k]);
+    snprintf(node, sizeof node, "node %d", sc.index);
+    ck_assert_msg(strstr(err.message, num) && strstr(err.message, node),
+                  "want '%s' and '%s' in: %s", num, node, err.message);
+    topos_tensor_release(ft);
+    topos_network_release(net);
+  }
+}
+END_TEST
+
+/* Rows with a -inf: the maximum subtraction must not make NaN. */
+START_TEST(softmax_rows_infinite) {
+  for (int k = 0; k < 2; k++) {
+    topos_dtype d = float_dtypes[k];
+    topos_tape *tp = topos_tape_new(d);
+    topos_tensor *y = eval(
+        tp, topos_logsumexp(tp, cvals(tp, d, 1, S(2), D(-INFINITY, 0)), 0));
+    tt_assert_values(y, D(0), 1);
+    topos_tensor_release(y);
+    tp = topos_tape_new(d);
+    y = eval(tp, topos_log_softmax(tp, cvals(tp, d, 1, S(2), D(-INFINITY, 0)),
+                                   0));
+    tt_assert_values(y, D(-INFINITY, 0), 2);
+    topos_tensor_release(y);
+    /* an all -inf row: log(0) = -inf, not NaN */
+    tp = topos_tape_new(d);
+    y = eval(tp, topos_logsumexp(
+                     tp, cvals(tp, d, 1, S(2), D(-INFINITY, -INFINITY)), 0));
+    tt_assert_values(y, D(-INFINITY), 1);
+    topos_tensor_release(y);
+  }
+}
+END_TEST
+
+/* More operands than a small fixed array holds. */
+START_TEST(concat_many_operands) {
+  topos_tape *tp = topos_tape_new(TOPOS_F64);
+  topos_value v[7];
+  double want[14];
+  for (int i = 0; i < 7; i++) {
+    v[i] = cvals(tp, TOPOS_F64, 2, S(1, 2), D(i, 10 + i));
+    want[2 * i] = i;
+    want[2 * i + 1] = 10 + i;
+  }
+  topos_tensor *y = eval(tp, topos_concat(tp, 7, v, 0));
+  expect_shape(y, TOPOS_F64, 2, S(7, 2));
+  tt_assert_values(y, want, 14);
+  topos_tensor_release(y);
+}
+END_TEST
+
+/* Copying and indexing ops fed with strided views: matmul with a
+ * transposed and a broadcast operand, gather from a transposed table,
+ * concat and pad of a transposed value, sum of a broadcast scalar. */
+START_TEST(views_into_copying_ops) {
+  const int64_t m = 4, k = 19, n = 3;
+  double *a = wide_array(m * k, 1001);
+  double *at = malloc(sizeof(double) * m * k);
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t q = 0; q < k; q++) at[q * m + i] = a[i * k + q];
+  double *brow = wide_array(n, 1002);
+  double *b = malloc(sizeof(double) * k * n);
+  for (int64_t q = 0; q < k; q++)
+    for (int64_t j = 0; j < n; j++) b[q * n + j] = brow[j];
+  double c[12];
+  ref_matmul64(a, b, c, 1, m, k, n);
+  topos_tape *tp = topos_tape_new(TOPOS_F64);
+  topos_value va =
+      topos_transpose(tp, cst(tp, raw_tensor(TOPOS_F64, 2, S(k, m), at)));
+  topos_value vb = topos_broadcast(
+      tp, cst(tp, raw_tensor(TOPOS_F64, 2, S(1, n), brow)), 2, S(k, n));
+  topos_tensor *y = eval(tp, topos_matmul(tp, va, vb));
+  expect_bits64(y, c, m * n, "matmul of a transposed and a broadcast view");
+  topos_tensor_release(y);
+
+  /* gather rows of transpose(at) = a */
+  tp = topos_tape_new(TOPOS_F64);
+  va = topos_transpose(tp, cst(tp, raw_tensor(TOPOS_F64, 2, S(k, m), at)));
+  topos_value idx = cvals(tp, TOPOS_I32, 1, S(3), D(3, 0, 3));
+  y = eval(tp, topos_gather(tp, va, idx));
+  double g[3 * 19];
+  for (int64_t q = 0; q < k; q++) {
+    g[q] = a[3 * k + q];
+    g[k + q] = a[q];
+    g[2 * k + q] = a[3 * k + q];
+  }
+  expect_bits64(y, g, 3 * k, "gather from a transposed table");
+  topos_tensor_release(y);
+
+  /* concat [transpose(x), x] along 1 and pad of a transpose */
+  tp = topos_tape_new(TOPOS_F64);
+  topos_value x = cvals(tp, TOPOS_F64, 2, S(2, 2), D(1, 2, 3, 4));
+  topos_value parts[2] = {topos_transpose(tp, x), x};
+  y = eval(tp, topos_concat(tp, 2, parts, 1));
+  tt_assert_values(y, D(1, 3, 1, 2, 2, 4, 3, 4), 8);
+  topos_tensor_release(y);
+  tp = topos_tape_new(TOPOS_F64);
+  x = cvals(tp, TOPOS_F64, 2, S(2, 2), D(1, 2, 3, 4));
+  y = eval(tp, topos_pad(tp, topos_transpose(tp, x), 0, 1, 1));
+  tt_assert_values(y, D(0, 0, 1, 3, 2, 4, 0, 0), 8);
+  topos_tensor_release(y);
+
+  /* sum of 1000 copies of 0.1 follows the striped rule too */
+  tp = topos_tape_new(TOPOS_F64);
+  y = eval(tp, topos_sum(tp, topos_broadcast(tp, topos_scalar(tp, 0.1), 1,
+                                             S(1000))));
+  double tenth[1000];
+  for (int i = 0; i < 1000; i++) tenth[i] = 0.1;
+  double want = ref_sum64(tenth, 1000, 1);
+  expect_bits64(y, &want, 1, "sum of a broadcast");
+  ck_assert(want != left_fold64(tenth, 1000));
+  topos_tensor_release(y);
+  free(a);
+  free(at);
+  free(b);
+  free(brow);
+}
+END_TEST
+
+/* unfold and fold on a middle axis (outer and inner extents both > 1). */
+START_TEST(unfold_fold_middle_axis) {
+  for (int kd = 0; kd < 2; kd++) {
+    topos_dtype d = float_dtypes[kd];
+    double x[2 * 5 * 2];
+    for (int i = 0; i < 20; i++) x[i] = i;
+    /* x[o][l][c] = o*10 + l*2 + c; unfold axis 1 size 2 step 2 dil 1:
+     * windows at l = 0, 2 -> out[o][w][j][c] = x[o][2w + j][c] */
+    topos_tape *tp = topos_tape_new(d);
+    topos_tensor *y =
+        eval(tp, topos_unfold(tp, cvals(tp, d, 3, S(2, 5, 2), x), 1, 2, 2, 1));
+    expect_shape(y, d, 4, S(2, 2, 2, 2));
+    double want[16];
+    for (int o = 0; o < 2; o++)
+      for (int w = 0; w < 2; w++)
+        for (int j = 0; j < 2; j++)
+          for (int c = 0; c < 2; c++)
+            want[o * 8 + w * 4 + j * 2 + c] = o * 10 + (2 * w + j) * 2 + c;
+    tt_assert_values(y, want, 16);
+    topos_tensor_release(y);
+    /* fold it back into extent 5: position 4 gets nothing */
+    tp = topos_tape_new(d);
+    y = eval(tp, topos_fold(tp, cvals(tp, d, 4, S(2, 2, 2, 2), want), 1, 5,
+                            2, 2, 1));
+    expect_shape(y, d, 3, S(2, 5, 2));
+    double back[20];
+    for (int i = 0; i < 20; i++) back[i] = (i % 10) >= 8 ? 0 : x[i];
+    tt_assert_values(y, back, 20);
+    topos_tensor_release(y);
+  }
+}
+END_TEST
+
 Suite *kernels_suite(void) {
   Suite *s = suite_create("kernels");
   TCase *tc = tcase_create("elementwise");
@@ -1477,6 +1649,7 @@ Suite *kernels_suite(void) {
   tcase_add_test(tc, softmax_rows_bits);
   tcase_add_test(tc, softmax_rows_huge_inputs);
   tcase_add_test(tc, max_along_values);
+  tcase_add_test(tc, softmax_rows_infinite);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("indexing");
@@ -1486,6 +1659,7 @@ Suite *kernels_suite(void) {
   tcase_add_test(tc, scatter_values);
   tcase_add_test(tc, scatter_accumulates_in_order);
   tcase_add_test(tc, scatter_striped_bits);
+  tcase_add_test(tc, scatter_index_out_of_range);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("layout");
@@ -1499,6 +1673,9 @@ Suite *kernels_suite(void) {
   tcase_add_test(tc, layout_broadcast);
   tcase_add_test(tc, kernels_on_views);
   tcase_add_test(tc, bf16_layout_and_rows);
+  tcase_add_test(tc, concat_many_operands);
+  tcase_add_test(tc, views_into_copying_ops);
+  tcase_add_test(tc, unfold_fold_middle_axis);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -826,6 +826,14 @@ START_TEST(test_step_bad_arguments) {
   step_fails(&adam, pi, pi, s, TOPOS_ERR_DTYPE, "i32 params");
   step_fails(&adam, pb, pb, sbad, TOPOS_ERR_DTYPE, "bf16 moments");
 
+  /* A step count that cannot advance. */
+  topos_opt_state *send =
+      topos_opt_state_from(INT64_MAX, topos_opt_state_moment(s, 0),
+                           topos_opt_state_moment(s, 1), &err);
+  ck_assert_ptr_nonnull(send);
+  step_fails(&adam, p, g, send, TOPOS_ERR_RANGE, "step INT64_MAX");
+  topos_opt_state_free(send);
+
   struct {
     const char *what;
     topos_optimizer opt;

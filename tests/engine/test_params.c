@@ -626,6 +626,78 @@ START_TEST(test_field_algebra) {
 }
 END_TEST
 
+static double count_calls(double x, void *ctx) {
+  (*(int *)ctx)++;
+  return x * 3;
+}
+
+/* A network with index data: loss = sum(gather(table, idx)).  backward
+ * gives the i32 node exact i32 zeros; the field algebra passes them
+ * through instead of refusing the whole field. */
+START_TEST(test_field_algebra_passes_index_nodes) {
+  topos_error err = {0};
+  topos_tape *tape = topos_tape_new(TOPOS_F32);
+  topos_tensor *table0 =
+      tt_tensor(TOPOS_F32, 2, (int64_t[]){3, 2}, (double[]){1, 2, 3, 4, 5, 6});
+  topos_tensor *idx0 =
+      tt_tensor(TOPOS_I32, 1, (int64_t[]){4}, (double[]){2, 0, 2, 1});
+  topos_value table = topos_parameter(tape, table0);
+  topos_value idx = topos_input(tape, idx0);
+  topos_value loss = topos_sum(tape, topos_gather(tape, table, idx));
+  topos_tensor_release(table0);
+  topos_tensor_release(idx0);
+  topos_network *net = topos_tape_seal(tape, &err);
+  ck_assert_msg(net != NULL, "%s", err.message);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  ck_assert_msg(run != NULL, "%s", err.message);
+  topos_field *g = topos_backward(run, loss, &err);
+  ck_assert_msg(g != NULL, "%s", err.message);
+  topos_run_free(run);
+  const topos_tensor *gi = topos_field_of(g, idx, &err);
+  ck_assert_int_eq(topos_tensor_dtype(gi), TOPOS_I32);
+
+  topos_field *s = topos_field_add(g, g, &err);
+  ck_assert_msg(s != NULL, "field_add: %s", err.message);
+  /* table's gradient counts how often each row was gathered: 1, 1, 2. */
+  tt_assert_values(topos_field_of(s, table, &err),
+                   ((double[]){2, 2, 2, 2, 4, 4}), 6);
+  const topos_tensor *si = topos_field_of(s, idx, &err);
+  ck_assert_int_eq(topos_tensor_dtype(si), TOPOS_I32);
+  tt_assert_values(si, ((double[]){0, 0, 0, 0}), 4);
+
+  int calls = 0;
+  topos_field *m = topos_field_map(g, count_calls, &calls, &err);
+  ck_assert_msg(m != NULL, "field_map: %s", err.message);
+  tt_assert_values(topos_field_of(m, idx, &err), ((double[]){0, 0, 0, 0}), 4);
+  tt_assert_values(topos_field_of(m, table, &err),
+                   ((double[]){3, 3, 3, 3, 6, 6}), 6);
+  /* fn saw float elements only: none of the 4 index elements. */
+  int floats = 0;
+  for (int i = 0; i < topos_network_node_count(net); i++) {
+    topos_value v = {.tape = loss.tape, .index = i};
+    const topos_tensor *t = topos_field_of(g, v, &err);
+    if (topos_tensor_dtype(t) != TOPOS_I32)
+      floats += (int)topos_tensor_count(t);
+  }
+  ck_assert_int_eq(calls, floats);
+
+  /* A parameter set still refuses i32. */
+  topos_params *gp = topos_parameters_of(g, &err);
+  ck_assert_ptr_nonnull(gp);
+  topos_params *withi = topos_params_with(gp, 0, gi, &err);
+  ck_assert_ptr_nonnull(withi);
+  err = (topos_error){0};
+  ck_assert_ptr_null(topos_params_scale(withi, 2, &err));
+  ck_assert_int_eq(err.code, TOPOS_ERR_DTYPE);
+  topos_params_free(withi);
+  topos_params_free(gp);
+  topos_field_free(s);
+  topos_field_free(m);
+  topos_field_free(g);
+  topos_network_release(net);
+}
+END_TEST
+
 Suite *params_suite(void) {
   Suite *s = suite_create("params");
   TCase *tc = tcase_create("sets");
@@ -645,6 +717,7 @@ Suite *params_suite(void) {
   tcase_add_test(tc, test_network_parameters);
   tcase_add_test(tc, test_field_of_and_parameters_of);
   tcase_add_test(tc, test_field_algebra);
+  tcase_add_test(tc, test_field_algebra_passes_index_nodes);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -67,22 +67,6 @@ static topos_tensor *init_target(const char *fn, topos_dtype dtype, int rank,
   return tensor_new(dtype, rank, shape, err);
 }
 
-static void store_rounded(void *dst, topos_dtype dtype, int64_t i, double x) {
-  switch (dtype) {
-    case TOPOS_F64:
-      ((double *)dst)[i] = x;
-      break;
-    case TOPOS_F32:
-      ((float *)dst)[i] = (float)x;
-      break;
-    case TOPOS_BF16:
-      ((uint16_t *)dst)[i] = topos_bf16_from_f32((float)x);
-      break;
-    case TOPOS_I32:
-      break; /* rejected by init_target */
-  }
-}
-
 /* Fills a new tensor: uniform on [a, a+b), or normal with mean a, std b. */
 static topos_tensor *init_fill(const char *fn, init_kind kind,
                                topos_dtype dtype, int rank,

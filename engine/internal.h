@@ -97,6 +97,10 @@ typedef struct compute_view {
 int compute_view_of(const topos_tensor *t, compute_view *v, topos_error *err);
 void compute_view_done(compute_view *v);
 
+/* A double rounded once to bf16 (nearest even; NaN stays a quiet NaN). */
+uint16_t bf16_from_f64(double v);
+/* Rounds x once to a float dtype into element i of a contiguous buffer. */
+void store_rounded(void *dst, topos_dtype dtype, int64_t i, double x);
 /* Rounds n floats to bf16 into dst (round to nearest even, NaN kept). */
 void bf16_round_array(const float *src, uint16_t *dst, int64_t n);
 

@@ -34,7 +34,11 @@
  * the bits the original would have.
  *
  * Validation happens before anything is built: on any error the outputs
- * are left untouched.  NaN or Inf inside gradients, parameters or moments
+ * are left untouched.  Accepted: lr finite and >= 0, weight_decay finite,
+ * SGD momentum finite and >= 0, beta1 and beta2 in [0, 1), eps finite
+ * and > 0; parameters f32, f64 or bf16, gradients and moments matching
+ * them slot by slot (moments in the moment dtype), a step that can
+ * advance.  NaN or Inf inside gradients, parameters or moments
  * is data, not an error, and propagates as IEEE arithmetic says.
  */
 #include <math.h>
@@ -44,7 +48,6 @@
 
 /* Defined in params.c: rounds a double to bf16 once.  (Belongs in
  * internal.h; declared here until it is.) */
-uint16_t params_bf16_from_f64(double x);
 
 struct topos_opt_state {
   int64_t step;
@@ -159,7 +162,7 @@ static int check_matches(const topos_params *params, const topos_params *x,
   if (x == NULL)
     return error_set(err, TOPOS_ERR_ARGUMENT, "%s: %s is missing", fn, what);
   if (x->n != params->n)
-    return error_set(err, TOPOS_ERR_ARGUMENT, "%s: %d params but %d %s", fn,
+    return error_set(err, TOPOS_ERR_ARGUMENT, "%s: %d slots but %d in %s", fn,
                      params->n, x->n, what);
   for (int s = 0; s < params->n; s++) {
     const topos_tensor *p = params->t[s], *t = x->t[s];
@@ -324,23 +327,6 @@ static double exact_pow(double beta, int64_t t) {
 static double view_at(const compute_view *v, topos_dtype dtype, int64_t i) {
   return dtype == TOPOS_F64 ? ((const double *)v->data)[i]
                             : (double)((const float *)v->data)[i];
-}
-
-/* Rounds x once to `dtype` into element i of a contiguous buffer. */
-static void store_rounded(void *dst, topos_dtype dtype, int64_t i, double x) {
-  switch (dtype) {
-    case TOPOS_F64:
-      ((double *)dst)[i] = x;
-      break;
-    case TOPOS_F32:
-      ((float *)dst)[i] = (float)x;
-      break;
-    case TOPOS_BF16:
-      ((uint16_t *)dst)[i] = params_bf16_from_f64(x);
-      break;
-    case TOPOS_I32:
-      break; /* rejected by validation */
-  }
 }
 
 /* What one step needs beyond the optimizer: bias corrections (Adam). */

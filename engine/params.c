@@ -33,32 +33,6 @@
 
 /* ------------------------------------------------------------ bf16 rounding */
 
-/*
- * Rounds a double to bf16 once.  Rounding to f32 first and then to bf16
- * would round twice and can land on the wrong side of a bf16 tie, so the
- * f32 step rounds to odd instead: an inexact f32 result gets its last bit
- * set, which keeps the information "not exactly here" through the second,
- * round-to-nearest-even step (f32 carries 16 bits more than bf16, more
- * than the 2 this needs, for normal and subnormal values alike).
- */
-uint16_t params_bf16_from_f64(double x) {
-  float f = (float)x;
-  if (!isnan(x) && (double)f != x) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 1u) == 0) {
-      /* f's neighbour on x's side is the odd one of the two floats around
-       * x; both have x's sign, so step the magnitude toward x. */
-      if (fabs(x) < fabs((double)f))
-        u -= 1u;
-      else
-        u += 1u;
-      memcpy(&f, &u, sizeof f);
-    }
-  }
-  return topos_bf16_from_f32(f);
-}
-
 /* --------------------------------------------------------------- the algebra
  */
 
@@ -162,7 +136,7 @@ static topos_tensor *algebra_tensor(const algebra_op *op, const topos_tensor *a,
   bool in_f32 = op->kind == ALGEBRA_ADD || op->kind == ALGEBRA_SCALE;
   float s = 0;
   if (op->kind == ALGEBRA_SCALE)
-    s = a->dtype == TOPOS_BF16 ? topos_bf16_to_f32(params_bf16_from_f64(op->s))
+    s = a->dtype == TOPOS_BF16 ? topos_bf16_to_f32(bf16_from_f64(op->s))
                                : (float)op->s;
   for (int64_t i = 0; i < n; i++) {
     float yi = y ? y[i] : 0;
@@ -172,7 +146,7 @@ static topos_tensor *algebra_tensor(const algebra_op *op, const topos_tensor *a,
     } else {
       ((uint16_t *)dst)[i] =
           in_f32 ? topos_bf16_from_f32(algebra_f32(op, x[i], yi, s))
-                 : params_bf16_from_f64(algebra_f64(op, x[i], yi));
+                 : bf16_from_f64(algebra_f64(op, x[i], yi));
     }
   }
 done:

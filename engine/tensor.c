@@ -109,13 +109,30 @@ float topos_bf16_to_f32(uint16_t bits) {
  * So the float is made "round to odd": truncated toward zero with its
  * last bit set when inexact, which keeps the sticky information that the
  * final round to nearest even needs (f32 has more than 8 + 2 bits). */
-static uint16_t bf16_from_double(double v) {
+uint16_t bf16_from_f64(double v) {
   float f = (float)v;
   if (isnan(v) || isinf(f) || (double)f == v) return topos_bf16_from_f32(f);
   uint32_t b = f32_bits(f);
   if (fabs((double)f) > fabs(v)) b -= 1; /* |f| > 0 here, no borrow */
   b |= 1u;
   return topos_bf16_from_f32(f32_from_bits(b));
+}
+
+void store_rounded(void *dst, topos_dtype dtype, int64_t i, double x) {
+  switch (dtype) {
+    case TOPOS_F64:
+      ((double *)dst)[i] = x;
+      break;
+    case TOPOS_F32:
+      ((float *)dst)[i] = (float)x;
+      break;
+    case TOPOS_BF16:
+      ((uint16_t *)dst)[i] = bf16_from_f64(x);
+      break;
+    case TOPOS_I32:
+      assert(!"store_rounded takes float dtypes");
+      break;
+  }
 }
 
 void bf16_round_array(const float *src, uint16_t *dst, int64_t n) {
@@ -552,7 +569,7 @@ topos_tensor *topos_tensor_filled(topos_dtype dtype, int rank,
       for (int64_t i = 0; i < count; i++) ((double *)p)[i] = value;
       break;
     case TOPOS_BF16: {
-      uint16_t v = bf16_from_double(value);
+      uint16_t v = bf16_from_f64(value);
       for (int64_t i = 0; i < count; i++) ((uint16_t *)p)[i] = v;
       break;
     }

@@ -623,6 +623,89 @@ START_TEST(backward_errors) {
 }
 END_TEST
 
+START_TEST(fd_more_layouts) {
+  UNARY_CHECK("unfold middle", topos_unfold(t, p, 1, 2, 2, 1), 3,
+              S(2, 5, 2), -1, 1, 21);
+  UNARY_CHECK("fold middle", topos_fold(t, p, 1, 5, 2, 2, 1), 4,
+              S(2, 2, 2, 2), -1, 1, 22);
+  UNARY_CHECK("permute 4d", topos_permute(t, p, (const int[]){3, 1, 0, 2}), 4,
+              S(2, 3, 1, 2), -1, 1, 23);
+  UNARY_CHECK("reshape of transpose",
+              topos_reshape(t, topos_transpose(t, p), 1, S(12)), 2, S(3, 4),
+              -1, 1, 24);
+  /* seven operands */
+  topos_tape *t = topos_tape_new(TOPOS_F64);
+  topos_value v[7];
+  for (int i = 0; i < 7; i++) v[i] = param_rand(t, 1, S(2), 30 + i, -1, 1);
+  check_grad(t, weighted(t, topos_concat(t, 7, v, 0), 40), "concat of 7");
+}
+END_TEST
+
+/* pow with exponent 0 is constant 1: its gradient is exactly zero. */
+START_TEST(pow_zero_exponent) {
+  topos_tape *t = topos_tape_new(TOPOS_F64);
+  topos_value p = param_from(t, 1, S(3), D(0, 2, -3));
+  topos_value y = topos_pow(t, p, 0.0);
+  topos_value loss = weighted(t, y, 1);
+  grads g = backward_of(t, loss);
+  double *v = tt_values(topos_run_of(g.run, y, NULL));
+  for (int i = 0; i < 3; i++) ck_assert(v[i] == 1.0);
+  free(v);
+  expect_grad(&g, p, D(0, 0, 0), 3, "pow 0");
+  grads_free(&g);
+}
+END_TEST
+
+/* Index arithmetic (i32 add) on the way to gather takes no gradient and
+ * does not disturb the table's. */
+START_TEST(gather_computed_indices) {
+  topos_tape *t = topos_tape_new(TOPOS_F64);
+  topos_value table = param_from(t, 2, S(3, 2), D(1, 2, 3, 4, 5, 6));
+  topos_value i1 = const_from(t, TOPOS_I32, 1, S(3), D(0, 1, 1));
+  topos_value i2 = const_from(t, TOPOS_I32, 1, S(3), D(2, 0, 1));
+  topos_value idx = topos_add(t, i1, i2); /* 2, 1, 2 */
+  topos_value c = const_from(t, TOPOS_F64, 2, S(3, 2), D(1, 2, 4, 8, 16, 32));
+  topos_value loss = topos_sum(t, topos_mul(t, topos_gather(t, table, idx), c));
+  grads g = backward_of(t, loss);
+  expect_grad(&g, table, D(0, 0, 4, 8, 17, 34), 6, "table");
+  topos_error err = {0};
+  const topos_tensor *gi = topos_field_of(g.field, idx, &err);
+  ck_assert_ptr_nonnull(gi);
+  ck_assert_int_eq(topos_tensor_dtype(gi), TOPOS_I32);
+  expect_grad(&g, idx, D(0, 0, 0), 3, "idx");
+  grads_free(&g);
+}
+END_TEST
+
+START_TEST(backward_bf16) {
+  topos_tape *t = topos_tape_new(TOPOS_BF16);
+  topos_tensor *x = tt_tensor(TOPOS_BF16, 1, S(3), D(0.5, -1.25, 3));
+  topos_value p = topos_parameter(t, x);
+  topos_tensor_release(x);
+  topos_value loss = topos_sum(t, topos_mul(t, p, p));
+  grads g = backward_of(t, loss);
+  topos_error err = {0};
+  ck_assert_int_eq(topos_tensor_dtype(topos_field_of(g.field, p, &err)),
+                   TOPOS_BF16);
+  expect_grad(&g, p, D(1, -2.5, 6), 3, "2p");
+  grads_free(&g);
+}
+END_TEST
+
+/* The target may be a leaf: its gradient is 1 and nothing else gets any. */
+START_TEST(backward_leaf_target) {
+  topos_tape *t = topos_tape_new(TOPOS_F64);
+  topos_value p = param_from(t, 0, NULL, D(2.5));
+  topos_value q = param_from(t, 0, NULL, D(-1));
+  topos_value y = topos_mul(t, p, q);
+  grads g = backward_of(t, q);
+  expect_grad(&g, q, D(1), 1, "q");
+  expect_plus_zero(&g, p, "p");
+  expect_plus_zero(&g, y, "y");
+  grads_free(&g);
+}
+END_TEST
+
 Suite *backward_suite(void) {
   Suite *s = suite_create("backward");
   TCase *tc = tcase_create("finite_differences");
@@ -635,6 +718,7 @@ Suite *backward_suite(void) {
   tcase_add_test(tc, fd_reductions);
   tcase_add_test(tc, fd_indexing);
   tcase_add_test(tc, fd_network);
+  tcase_add_test(tc, fd_more_layouts);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("exact");
@@ -652,6 +736,10 @@ Suite *backward_suite(void) {
   tcase_add_test(tc, backward_f32);
   tcase_add_test(tc, backward_repeatable);
   tcase_add_test(tc, backward_errors);
+  tcase_add_test(tc, pow_zero_exponent);
+  tcase_add_test(tc, gather_computed_indices);
+  tcase_add_test(tc, backward_bf16);
+  tcase_add_test(tc, backward_leaf_target);
   suite_add_tcase(s, tc);
   return s;
 }

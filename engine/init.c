@@ -4,8 +4,8 @@
  * Each call runs its own splitmix64 generator seeded by its `seed`
  * argument; there is no global generator, so the same arguments give the
  * same bits in any order, on any thread.  Values are computed in double
- * and rounded once to the dtype (bf16: the f32 rounding of the double,
- * then topos_bf16_from_f32), so they depend only on the arguments and the
+ * and rounded once to the dtype (store_rounded; bf16 straight from the
+ * double), so they depend only on the arguments and the
  * C library's log, cos and sin (Box-Muller).
  *
  *  - uniform: u = (next() >> 11) * 2^-53 in [0, 1), x = low + (high-low)*u.

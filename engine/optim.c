@@ -46,9 +46,6 @@
 
 #include "internal.h"
 
-/* Defined in params.c: rounds a double to bf16 once.  (Belongs in
- * internal.h; declared here until it is.) */
-
 struct topos_opt_state {
   int64_t step;
   topos_params *m; /* first moment (momentum for SGD), or NULL */

@@ -79,22 +79,49 @@ static topos_value weighted(topos_tape *t, topos_value y, uint64_t seed) {
   return loss;
 }
 
+/* Every node's gradient has that node's dtype and shape. */
+static void check_field_shapes(const topos_network *net, topos_value loss,
+                               const char *what) {
+  topos_error err = {0};
+  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  ck_assert_msg(run != NULL, "%s: forward: %s", what, err.message);
+  topos_field *f = topos_backward(run, loss, &err);
+  ck_assert_msg(f != NULL, "%s: backward: %s", what, err.message);
+  for (int i = 0; i < topos_network_node_count(net); i++) {
+    topos_value v = {loss.tape, i};
+    const topos_tensor *g = topos_field_of(f, v, &err);
+    ck_assert_msg(g != NULL, "%s: node %d: %s", what, i, err.message);
+    int rank = -1;
+    const int64_t *shape = topos_network_value_shape(net, v, &rank);
+    ck_assert_msg(topos_tensor_dtype(g) == topos_network_value_dtype(net, v),
+                  "%s: node %d: gradient dtype differs", what, i);
+    bool same = topos_tensor_rank(g) == rank;
+    for (int d = 0; same && d < rank; d++)
+      same = topos_tensor_shape(g)[d] == shape[d];
+    ck_assert_msg(same, "%s: node %d: gradient of rank %d, node of rank %d",
+                  what, i, topos_tensor_rank(g), rank);
+  }
+  topos_field_free(f);
+  topos_run_free(run);
+}
+
 /* Seals the tape and asserts the finite-difference check. */
 static void check_grad(topos_tape *t, topos_value loss, const char *what) {
   topos_error err = {0};
   topos_network *net = topos_tape_seal(t, &err);
   ck_assert_msg(net != NULL, "%s: seal: %s", what, err.message);
+  check_field_shapes(net, loss, what);
   double e = tt_gradient_error(net, loss, NULL, 0);
   ck_assert_msg(e <= TOL, "%s: gradient error %g", what, e);
   topos_network_release(net);
 }
 
 /* y = op(p) with p random in [lo, hi), checked.  expr may use t and p. */
-#define UNARY_CHECK(what, expr, rank, shape, lo, hi, seed)                 \
-  do {                                                                     \
-    topos_tape *t = topos_tape_new(TOPOS_F64);                             \
-    topos_value p = param_rand(t, rank, shape, seed, lo, hi);              \
-    check_grad(t, weighted(t, (expr), (seed) + 1000), what);               \
+#define UNARY_CHECK(what, expr, rank, shape, lo, hi, seed)    \
+  do {                                                        \
+    topos_tape *t = topos_tape_new(TOPOS_F64);                \
+    topos_value p = param_rand(t, rank, shape, seed, lo, hi); \
+    check_grad(t, weighted(t, (expr), (seed) + 1000), what);  \
   } while (0)
 
 /* Everything backward returns for one network: forward, backward. */
@@ -141,13 +168,13 @@ static void expect_plus_zero(const grads *g, topos_value v, const char *what) {
   topos_error err = {0};
   const topos_tensor *t = topos_field_of(g->field, v, &err);
   ck_assert_msg(t != NULL, "%s: field_of: %s", what, err.message);
-  size_t bytes = (size_t)topos_tensor_count(t) *
-                 topos_dtype_size(topos_tensor_dtype(t));
+  size_t bytes =
+      (size_t)topos_tensor_count(t) * topos_dtype_size(topos_tensor_dtype(t));
   unsigned char *b = calloc(1, bytes ? bytes : 1);
   ck_assert_int_eq(topos_tensor_read(t, b, bytes, &err), TOPOS_OK);
   for (size_t i = 0; i < bytes; i++)
-    ck_assert_msg(b[i] == 0, "%s: byte %zu of the gradient is 0x%02x", what,
-                  i, b[i]);
+    ck_assert_msg(b[i] == 0, "%s: byte %zu of the gradient is 0x%02x", what, i,
+                  b[i]);
   free(b);
 }
 
@@ -169,8 +196,8 @@ START_TEST(fd_elementwise_binary) {
     topos_value (*fn)(topos_tape *, topos_value, topos_value);
     double lo, hi; /* of the second operand */
   } cases[] = {
-      {"add", topos_add, -2, 2},     {"sub", topos_sub, -2, 2},
-      {"mul", topos_mul, -2, 2},     {"div", topos_div, 0.5, 2},
+      {"add", topos_add, -2, 2},         {"sub", topos_sub, -2, 2},
+      {"mul", topos_mul, -2, 2},         {"div", topos_div, 0.5, 2},
       {"maximum", topos_maximum, -2, 2},
   };
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
@@ -233,21 +260,21 @@ START_TEST(fd_layout) {
               S(2, 3, 4), -1, 1, 2);
   UNARY_CHECK("permute 2", topos_permute(t, p, (const int[]){1, 2, 0}), 3,
               S(2, 3, 4), -1, 1, 3);
-  UNARY_CHECK("reshape", topos_reshape(t, p, 2, S(6, 4)), 3, S(2, 3, 4), -1,
-              1, 4);
+  UNARY_CHECK("reshape", topos_reshape(t, p, 2, S(6, 4)), 3, S(2, 3, 4), -1, 1,
+              4);
   UNARY_CHECK("narrow", topos_narrow(t, p, 1, 1, 2), 2, S(3, 5), -1, 1, 5);
   UNARY_CHECK("narrow 0", topos_narrow(t, p, 0, 2, 1), 2, S(3, 5), -1, 1, 6);
   UNARY_CHECK("pad", topos_pad(t, p, 1, 2, 1), 2, S(3, 4), -1, 1, 7);
   UNARY_CHECK("pad 0", topos_pad(t, p, 0, 0, 3), 2, S(3, 4), -1, 1, 8);
   UNARY_CHECK("unfold", topos_unfold(t, p, 1, 3, 2, 1), 2, S(2, 10), -1, 1, 9);
-  UNARY_CHECK("unfold dilated", topos_unfold(t, p, 1, 3, 2, 2), 2, S(2, 10),
-              -1, 1, 10);
+  UNARY_CHECK("unfold dilated", topos_unfold(t, p, 1, 3, 2, 2), 2, S(2, 10), -1,
+              1, 10);
   UNARY_CHECK("unfold axis 0", topos_unfold(t, p, 0, 2, 1, 1), 2, S(5, 3), -1,
               1, 11);
   UNARY_CHECK("fold", topos_fold(t, p, 1, 10, 3, 2, 1), 3, S(2, 4, 3), -1, 1,
               12);
-  UNARY_CHECK("fold dilated", topos_fold(t, p, 0, 11, 3, 2, 2), 2, S(4, 3),
-              -1, 1, 13);
+  UNARY_CHECK("fold dilated", topos_fold(t, p, 0, 11, 3, 2, 2), 2, S(4, 3), -1,
+              1, 13);
   UNARY_CHECK("broadcast scalar", topos_broadcast(t, p, 2, S(2, 3)), 0, NULL,
               -1, 1, 14);
   UNARY_CHECK("broadcast row", topos_broadcast(t, p, 2, S(4, 3)), 2, S(1, 3),
@@ -287,8 +314,8 @@ START_TEST(fd_reductions) {
   UNARY_CHECK("sum big", topos_sum(t, p), 1, S(40), -1, 1, 2);
   UNARY_CHECK("sum_along 0", topos_sum_along(t, p, 0), 2, S(3, 4), -1, 1, 3);
   UNARY_CHECK("sum_along 1", topos_sum_along(t, p, 1), 2, S(3, 4), -1, 1, 4);
-  UNARY_CHECK("sum_along 1 of 3", topos_sum_along(t, p, 1), 3, S(2, 20, 2),
-              -1, 1, 5);
+  UNARY_CHECK("sum_along 1 of 3", topos_sum_along(t, p, 1), 3, S(2, 20, 2), -1,
+              1, 5);
   /* random values are distinct with probability one */
   UNARY_CHECK("max_along 1", topos_max_along(t, p, 1), 2, S(3, 5), -2, 2, 6);
   UNARY_CHECK("max_along 0", topos_max_along(t, p, 0), 2, S(4, 3), -2, 2, 7);
@@ -296,12 +323,11 @@ START_TEST(fd_reductions) {
               8);
   UNARY_CHECK("log_softmax 0", topos_log_softmax(t, p, 0), 2, S(4, 3), -3, 3,
               9);
-  UNARY_CHECK("log_softmax 20", topos_log_softmax(t, p, 1), 2, S(2, 20), -3,
-              3, 10);
+  UNARY_CHECK("log_softmax 20", topos_log_softmax(t, p, 1), 2, S(2, 20), -3, 3,
+              10);
   UNARY_CHECK("logsumexp 1", topos_logsumexp(t, p, 1), 2, S(3, 5), -3, 3, 11);
   UNARY_CHECK("logsumexp 0", topos_logsumexp(t, p, 0), 2, S(4, 3), -3, 3, 12);
-  UNARY_CHECK("logsumexp vector", topos_logsumexp(t, p, 0), 1, S(6), -3, 3,
-              13);
+  UNARY_CHECK("logsumexp vector", topos_logsumexp(t, p, 0), 1, S(6), -3, 3, 13);
 }
 END_TEST
 
@@ -320,15 +346,14 @@ END_TEST
 /* A small network using many ops at once, parameters used twice. */
 START_TEST(fd_network) {
   topos_tape *t = topos_tape_new(TOPOS_F64);
-  topos_value x = const_from(t, TOPOS_F64, 2, S(4, 3),
-                             D(0.5, -1, 2, 1, 0.25, -0.5, -2, 1, 0, 0.3, 0.2,
-                               -0.1));
+  topos_value x =
+      const_from(t, TOPOS_F64, 2, S(4, 3),
+                 D(0.5, -1, 2, 1, 0.25, -0.5, -2, 1, 0, 0.3, 0.2, -0.1));
   topos_value w1 = param_rand(t, 2, S(3, 5), 1, -1, 1);
   topos_value b1 = param_rand(t, 2, S(1, 5), 2, -1, 1);
   topos_value w2 = param_rand(t, 2, S(5, 3), 3, -1, 1);
-  topos_value h = topos_tanh(
-      t, topos_add(t, topos_matmul(t, x, w1), topos_broadcast(t, b1, 2,
-                                                              S(4, 5))));
+  topos_value h = topos_tanh(t, topos_add(t, topos_matmul(t, x, w1),
+                                          topos_broadcast(t, b1, 2, S(4, 5))));
   topos_value z = topos_matmul(t, h, w2);
   topos_value ls = topos_log_softmax(t, z, 1);
   topos_value reg = topos_sum(t, topos_mul(t, w1, w1));
@@ -468,8 +493,7 @@ START_TEST(max_along_ties_lowest_index) {
   topos_tape *t = topos_tape_new(TOPOS_F64);
   topos_value p = param_from(t, 2, S(2, 4), pv);
   topos_value c = const_from(t, TOPOS_F64, 1, S(2), cv);
-  topos_value loss =
-      topos_sum(t, topos_mul(t, topos_max_along(t, p, 1), c));
+  topos_value loss = topos_sum(t, topos_mul(t, topos_max_along(t, p, 1), c));
   grads g = backward_of(t, loss);
   expect_grad(&g, p, D(1.5, 0, 0, 0, 0, -2, 0, 0), 8, "max_along rows");
   grads_free(&g);
@@ -624,15 +648,15 @@ START_TEST(backward_errors) {
 END_TEST
 
 START_TEST(fd_more_layouts) {
-  UNARY_CHECK("unfold middle", topos_unfold(t, p, 1, 2, 2, 1), 3,
-              S(2, 5, 2), -1, 1, 21);
-  UNARY_CHECK("fold middle", topos_fold(t, p, 1, 5, 2, 2, 1), 4,
-              S(2, 2, 2, 2), -1, 1, 22);
+  UNARY_CHECK("unfold middle", topos_unfold(t, p, 1, 2, 2, 1), 3, S(2, 5, 2),
+              -1, 1, 21);
+  UNARY_CHECK("fold middle", topos_fold(t, p, 1, 5, 2, 2, 1), 4, S(2, 2, 2, 2),
+              -1, 1, 22);
   UNARY_CHECK("permute 4d", topos_permute(t, p, (const int[]){3, 1, 0, 2}), 4,
               S(2, 3, 1, 2), -1, 1, 23);
   UNARY_CHECK("reshape of transpose",
-              topos_reshape(t, topos_transpose(t, p), 1, S(12)), 2, S(3, 4),
-              -1, 1, 24);
+              topos_reshape(t, topos_transpose(t, p), 1, S(12)), 2, S(3, 4), -1,
+              1, 24);
   /* seven operands */
   topos_tape *t = topos_tape_new(TOPOS_F64);
   topos_value v[7];

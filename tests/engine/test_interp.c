@@ -20,8 +20,8 @@
 /* ------------------------------------------------------------ helpers */
 
 static void *raw_of(const topos_tensor *t) {
-  size_t bytes = (size_t)topos_tensor_count(t) *
-                 topos_dtype_size(topos_tensor_dtype(t));
+  size_t bytes =
+      (size_t)topos_tensor_count(t) * topos_dtype_size(topos_tensor_dtype(t));
   void *out = malloc(bytes ? bytes : 1);
   topos_error err = {0};
   ck_assert_int_eq(topos_tensor_read(t, out, bytes, &err), TOPOS_OK);
@@ -51,8 +51,9 @@ static topos_params *deep_copy(const topos_params *p) {
 static topos_tensor *deep_copy_tensor(const topos_tensor *x) {
   topos_error err = {0};
   void *raw = raw_of(x);
-  topos_tensor *t = topos_tensor_from(topos_tensor_dtype(x), topos_tensor_rank(x),
-                                      topos_tensor_shape(x), raw, &err);
+  topos_tensor *t =
+      topos_tensor_from(topos_tensor_dtype(x), topos_tensor_rank(x),
+                        topos_tensor_shape(x), raw, &err);
   free(raw);
   ck_assert_ptr_nonnull(t);
   return t;
@@ -190,9 +191,9 @@ START_TEST(forward_feeds_override_defaults) {
   topos_feed feed2 = {xn, x1};
   run = topos_forward(f.net, NULL, &feed2, 1, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
-  expect_same_bits(topos_run_scalar(run, topos_network_find(f.net, "loss"),
-                                    &err),
-                   ref_loss(W0, B0, X1), "fed by name");
+  expect_same_bits(
+      topos_run_scalar(run, topos_network_find(f.net, "loss"), &err),
+      ref_loss(W0, B0, X1), "fed by name");
   topos_run_free(run);
   topos_tensor_release(x1);
   topos_network_release(f.net);
@@ -386,8 +387,7 @@ START_TEST(forward_for_only_ancestors) {
   ck_assert_int_ne(err.code, TOPOS_OK);
   fixture g = make_fixture();
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(
-      topos_forward_for(f.net, NULL, NULL, 0, &g.loss, 1, &err));
+  ck_assert_ptr_null(topos_forward_for(f.net, NULL, NULL, 0, &g.loss, 1, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   memset(&err, 0, sizeof err);
   ck_assert_ptr_null(topos_forward_for(f.net, NULL, NULL, 0, NULL, 1, &err));
@@ -506,9 +506,9 @@ static mlp make_mlp(topos_dtype d) {
   topos_value vb1 = topos_parameter(t, b1);
   topos_value vw2 = topos_parameter(t, w2);
   m.x = topos_input(t, x);
-  topos_value h = topos_tanh(
-      t, topos_add(t, topos_matmul(t, m.x, vw1),
-                   topos_broadcast(t, vb1, 2, S(16, 24))));
+  topos_value h =
+      topos_tanh(t, topos_add(t, topos_matmul(t, m.x, vw1),
+                              topos_broadcast(t, vb1, 2, S(16, 24))));
   m.logits = topos_matmul(t, h, vw2);
   topos_value ls = topos_log_softmax(t, m.logits, 1);
   m.loss = topos_sum(t, topos_mul(t, ls, topos_constant(t, c)));
@@ -704,9 +704,10 @@ START_TEST(pool_recycles_run_buffers) {
   topos_run *run = topos_forward(net, p, NULL, 0, &err);
   ck_assert_ptr_nonnull(run);
   size_t idle_during = pool_idle_bytes();
-  ck_assert_msg(idle_during < idle1,
-                "a run took nothing from the pool (%zu idle before, %zu during)",
-                idle1, idle_during);
+  ck_assert_msg(
+      idle_during < idle1,
+      "a run took nothing from the pool (%zu idle before, %zu during)", idle1,
+      idle_during);
   topos_field *g = topos_backward(run, loss, &err);
   ck_assert_ptr_nonnull(g);
   topos_field_free(g);
@@ -788,6 +789,28 @@ START_TEST(batch_invariance) {
 }
 END_TEST
 
+/* A value too large to hold fails the run with an error, never a crash. */
+START_TEST(forward_huge_value_fails_cleanly) {
+  const int64_t big[2] = {(int64_t)1 << 31, (int64_t)1 << 31};
+  for (int op = 0; op < 3; op++) {
+    topos_tape *t = topos_tape_new(TOPOS_F64);
+    topos_value b = topos_broadcast(t, topos_scalar(t, 1.0), 2, big);
+    topos_value y = op == 0   ? topos_sum(t, b)
+                    : op == 1 ? topos_sum(t, topos_exp(t, b))
+                              : topos_sum(t, topos_pad(t, b, 0, 1, 0));
+    ck_assert(topos_value_ok(y));
+    topos_error err = {0};
+    topos_network *net = topos_tape_seal(t, &err);
+    ck_assert_ptr_nonnull(net);
+    topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+    ck_assert_ptr_null(run);
+    ck_assert_int_ne(err.code, TOPOS_OK);
+    ck_assert_msg(strstr(err.message, "node") != NULL, "%s", err.message);
+    topos_network_release(net);
+  }
+}
+END_TEST
+
 Suite *interp_suite(void) {
   Suite *s = suite_create("interp");
   TCase *tc = tcase_create("forward");
@@ -801,6 +824,7 @@ Suite *interp_suite(void) {
   tcase_add_test(tc, run_reading_errors);
   tcase_add_test(tc, run_outlives_network_reference);
   tcase_add_test(tc, run_holds_its_values);
+  tcase_add_test(tc, forward_huge_value_fails_cleanly);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("determinism");

@@ -63,8 +63,8 @@ static topos_tensor *eval(topos_tape *tp, topos_value y) {
 
 /* The value's elements row-major in its dtype (new array). */
 static void *raw_of(const topos_tensor *t) {
-  size_t bytes = (size_t)topos_tensor_count(t) *
-                 topos_dtype_size(topos_tensor_dtype(t));
+  size_t bytes =
+      (size_t)topos_tensor_count(t) * topos_dtype_size(topos_tensor_dtype(t));
   void *out = malloc(bytes ? bytes : 1);
   topos_error err = {0};
   ck_assert_int_eq(topos_tensor_read(t, out, bytes, &err), TOPOS_OK);
@@ -82,8 +82,8 @@ static void expect_shape(const topos_tensor *t, topos_dtype d, int rank,
 }
 
 /* Compares bit patterns element by element, naming the first mismatch. */
-static void expect_bits64(const topos_tensor *t, const double *want,
-                          int64_t n, const char *what) {
+static void expect_bits64(const topos_tensor *t, const double *want, int64_t n,
+                          const char *what) {
   ck_assert_int_eq(topos_tensor_dtype(t), TOPOS_F64);
   ck_assert_int_eq(topos_tensor_count(t), n);
   double *got = raw_of(t);
@@ -256,9 +256,9 @@ START_TEST(elementwise_hand_values) {
       topos_value (*fn)(topos_tape *, topos_value, topos_value);
       double want[4];
     } cases[] = {
-        {topos_add, {1.5, 0, 1, 0.75}},   {topos_sub, {0.5, 4, -7, 0.25}},
+        {topos_add, {1.5, 0, 1, 0.75}},     {topos_sub, {0.5, 4, -7, 0.25}},
         {topos_mul, {0.5, -4, -12, 0.125}}, {topos_div, {2, -1, -0.75, 2}},
-        {topos_maximum, {1, 2, 4, 0.5}},  {topos_step, {1, 1, 0, 1}},
+        {topos_maximum, {1, 2, 4, 0.5}},    {topos_step, {1, 1, 0, 1}},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
       topos_tape *tp = topos_tape_new(d);
@@ -384,14 +384,30 @@ static topos_value pow_m15(topos_tape *t, topos_value a) {
 static topos_value pow_3(topos_tape *t, topos_value a) {
   return topos_pow(t, a, 3.0);
 }
-static double r_pow25(double x) { return pow(x, 2.5); }
-static float r_pow25f(float x) { return powf(x, 2.5f); }
-static double r_powm15(double x) { return pow(x, -1.5); }
-static float r_powm15f(float x) { return powf(x, -1.5f); }
-static double r_pow3(double x) { return pow(x, 3.0); }
-static float r_pow3f(float x) { return powf(x, 3.0f); }
-static double r_neg(double x) { return -x; }
-static float r_negf(float x) { return -x; }
+static double r_pow25(double x) {
+  return pow(x, 2.5);
+}
+static float r_pow25f(float x) {
+  return powf(x, 2.5f);
+}
+static double r_powm15(double x) {
+  return pow(x, -1.5);
+}
+static float r_powm15f(float x) {
+  return powf(x, -1.5f);
+}
+static double r_pow3(double x) {
+  return pow(x, 3.0);
+}
+static float r_pow3f(float x) {
+  return powf(x, 3.0f);
+}
+static double r_neg(double x) {
+  return -x;
+}
+static float r_negf(float x) {
+  return -x;
+}
 
 static const struct {
   const char *name;
@@ -455,14 +471,30 @@ END_TEST
 
 typedef topos_value (*binary_fn)(topos_tape *, topos_value, topos_value);
 
-static double b_add(double a, double b) { return a + b; }
-static double b_sub(double a, double b) { return a - b; }
-static double b_mul(double a, double b) { return a * b; }
-static double b_div(double a, double b) { return a / b; }
-static float b_addf(float a, float b) { return a + b; }
-static float b_subf(float a, float b) { return a - b; }
-static float b_mulf(float a, float b) { return a * b; }
-static float b_divf(float a, float b) { return a / b; }
+static double b_add(double a, double b) {
+  return a + b;
+}
+static double b_sub(double a, double b) {
+  return a - b;
+}
+static double b_mul(double a, double b) {
+  return a * b;
+}
+static double b_div(double a, double b) {
+  return a / b;
+}
+static float b_addf(float a, float b) {
+  return a + b;
+}
+static float b_subf(float a, float b) {
+  return a - b;
+}
+static float b_mulf(float a, float b) {
+  return a * b;
+}
+static float b_divf(float a, float b) {
+  return a / b;
+}
 
 static const struct {
   const char *name;
@@ -495,7 +527,8 @@ START_TEST(binary_bits) {
     vb = cst(tp, raw_tensor(TOPOS_F32, 1, S(n), bf));
     y = eval(tp, binary_cases[c].fn(tp, va, vb));
     float *wantf = malloc(sizeof(float) * n);
-    for (int64_t i = 0; i < n; i++) wantf[i] = binary_cases[c].r32(af[i], bf[i]);
+    for (int64_t i = 0; i < n; i++)
+      wantf[i] = binary_cases[c].r32(af[i], bf[i]);
     expect_bits32(y, wantf, n, binary_cases[c].name);
     topos_tensor_release(y);
 
@@ -724,8 +757,8 @@ END_TEST
  * starts with x0, it does not add x0 to +0). */
 START_TEST(sum_zero_signs) {
   topos_tape *tp = topos_tape_new(TOPOS_F64);
-  topos_tensor *y = eval(
-      tp, topos_sum(tp, cst(tp, raw_tensor(TOPOS_F64, 1, S(0), NULL))));
+  topos_tensor *y =
+      eval(tp, topos_sum(tp, cst(tp, raw_tensor(TOPOS_F64, 1, S(0), NULL))));
   double *z = tt_values(y);
   ck_assert(z[0] == 0 && !signbit(z[0]));
   free(z);
@@ -772,9 +805,9 @@ START_TEST(sum_along_striped_bits) {
       expect_bits64(y, want, nout, what);
       topos_tensor_release(y);
       tp = topos_tape_new(TOPOS_F32);
-      y = eval(tp, topos_sum_along(
-                       tp, cst(tp, raw_tensor(TOPOS_F32, rank, shape, xf)),
-                       axis));
+      y = eval(tp,
+               topos_sum_along(
+                   tp, cst(tp, raw_tensor(TOPOS_F32, rank, shape, xf)), axis));
       expect_bits32(y, wantf, nout, what);
       topos_tensor_release(y);
       free(want);
@@ -812,12 +845,12 @@ END_TEST
 
 /* m = first maximum; s = striped sum of exp(x - m); lse = m + log(s);
  * log_softmax = (x - m) - log(s). */
-static void ref_rows64(const double *x, int64_t n, int64_t stride,
-                       double *lse, double *ls, int64_t ls_stride) {
+static void ref_rows64(const double *x, int64_t n, int64_t stride, double *lse,
+                       double *ls, int64_t ls_stride) {
   double m = x[0];
   for (int64_t i = 1; i < n; i++)
     if (x[i * stride] > m) m = x[i * stride];
-  double *e = malloc(sizeof(double) * n);
+  double *e = calloc((size_t)n + 1, sizeof(double));
   for (int64_t i = 0; i < n; i++) e[i] = exp(x[i * stride] - m);
   double s = ref_sum64(e, n, 1);
   double l = log(s);
@@ -831,7 +864,7 @@ static void ref_rows32(const float *x, int64_t n, int64_t stride, float *lse,
   float m = x[0];
   for (int64_t i = 1; i < n; i++)
     if (x[i * stride] > m) m = x[i * stride];
-  float *e = malloc(sizeof(float) * n);
+  float *e = calloc((size_t)n + 1, sizeof(float));
   for (int64_t i = 0; i < n; i++) e[i] = expf(x[i * stride] - m);
   float s = ref_sum32(e, n, 1);
   float l = logf(s);
@@ -861,9 +894,9 @@ START_TEST(softmax_rows_bits) {
       char what[64];
       snprintf(what, sizeof what, "n=%lld axis %d", (long long)n, axis);
       topos_tape *tp = topos_tape_new(TOPOS_F64);
-      topos_tensor *y = eval(
-          tp, topos_logsumexp(tp, cst(tp, raw_tensor(TOPOS_F64, 2, shape, x)),
-                              axis));
+      topos_tensor *y =
+          eval(tp, topos_logsumexp(
+                       tp, cst(tp, raw_tensor(TOPOS_F64, 2, shape, x)), axis));
       expect_bits64(y, lse, r, what);
       topos_tensor_release(y);
       tp = topos_tape_new(TOPOS_F64);
@@ -917,8 +950,8 @@ START_TEST(softmax_rows_huge_inputs) {
     topos_tensor_release(y);
     /* all very negative */
     tp = topos_tape_new(d);
-    y = eval(tp, topos_logsumexp(tp, cvals(tp, d, 1, S(2), D(-1000, -1000)),
-                                 0));
+    y = eval(tp,
+             topos_logsumexp(tp, cvals(tp, d, 1, S(2), D(-1000, -1000)), 0));
     v = first(y);
     ck_assert_msg(fabs(v - (-1000 + log(2.0))) < 1e-3, "lse %g", v);
     topos_tensor_release(y);
@@ -929,9 +962,8 @@ END_TEST
 START_TEST(max_along_values) {
   for (int k = 0; k < 2; k++) {
     topos_dtype d = float_dtypes[k];
-    const double x[12] = {1, 3, 2, 3,  NAN,  0,    5,   1,
-                          -0.0, 0.0, -1, -0.0};
-    /* rows of 4: [1,3,2,3] [NaN,0,5,1] [-0,+0,-1,-0] */
+    const double x[12] = {1, 3, 2, 3, NAN, 0, 5, 1, -0.0, 0.0, -1, -2};
+    /* rows of 4: [1,3,2,3] [NaN,0,5,1] [-0,+0,-1,-2] */
     topos_tape *tp = topos_tape_new(d);
     topos_tensor *y =
         eval(tp, topos_max_along(tp, cvals(tp, d, 2, S(3, 4), x), 1));
@@ -944,7 +976,8 @@ START_TEST(max_along_values) {
     topos_tensor_release(y);
     /* NaN later in the row propagates too */
     tp = topos_tape_new(d);
-    y = eval(tp, topos_max_along(tp, cvals(tp, d, 1, S(4), D(1, 7, NAN, 2)), 0));
+    y = eval(tp,
+             topos_max_along(tp, cvals(tp, d, 1, S(4), D(1, 7, NAN, 2)), 0));
     ck_assert(isnan(first(y)));
     topos_tensor_release(y);
     /* axis 0 of [3,2] */
@@ -977,8 +1010,8 @@ END_TEST
 
 static void gather_bad_index(int bad, const char *text) {
   topos_tape *tp = topos_tape_new(TOPOS_F64);
-  topos_value t = cvals(tp, TOPOS_F64, 2, S(4, 3), D(0, 1, 2, 3, 4, 5, 6, 7,
-                                                     8, 9, 10, 11));
+  topos_value t =
+      cvals(tp, TOPOS_F64, 2, S(4, 3), D(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11));
   topos_tensor *def = tt_tensor(TOPOS_I32, 1, S(2), D(0, 1));
   topos_value in = topos_input(tp, def);
   topos_tensor_release(def);
@@ -1160,8 +1193,8 @@ START_TEST(layout_narrow_pad) {
     topos_tensor_release(y);
 
     tp = topos_tape_new(d);
-    y = eval(tp, topos_pad(tp, cvals(tp, d, 2, S(2, 2), D(1, 2, 3, 4)), 1, 1,
-                           2));
+    y = eval(tp,
+             topos_pad(tp, cvals(tp, d, 2, S(2, 2), D(1, 2, 3, 4)), 1, 1, 2));
     expect_shape(y, d, 2, S(2, 5));
     tt_assert_values(y, D(0, 1, 2, 0, 0, 0, 3, 4, 0, 0), 10);
     double *v = tt_values(y);
@@ -1169,8 +1202,8 @@ START_TEST(layout_narrow_pad) {
     free(v);
     topos_tensor_release(y);
     tp = topos_tape_new(d);
-    y = eval(tp, topos_pad(tp, cvals(tp, d, 2, S(2, 2), D(1, 2, 3, 4)), 0, 1,
-                           0));
+    y = eval(tp,
+             topos_pad(tp, cvals(tp, d, 2, S(2, 2), D(1, 2, 3, 4)), 0, 1, 0));
     expect_shape(y, d, 2, S(3, 2));
     tt_assert_values(y, D(0, 0, 1, 2, 3, 4), 6);
     topos_tensor_release(y);
@@ -1330,8 +1363,8 @@ START_TEST(layout_broadcast) {
     tt_assert_values(y, D(1, 2, 3, 1, 2, 3), 6);
     topos_tensor_release(y);
     tp = topos_tape_new(d);
-    y = eval(tp, topos_broadcast(tp, cvals(tp, d, 2, S(2, 1), D(5, 6)), 2,
-                                 S(2, 3)));
+    y = eval(
+        tp, topos_broadcast(tp, cvals(tp, d, 2, S(2, 1), D(5, 6)), 2, S(2, 3)));
     tt_assert_values(y, D(5, 5, 5, 6, 6, 6), 6);
     topos_tensor_release(y);
     tp = topos_tape_new(d);
@@ -1373,8 +1406,8 @@ START_TEST(kernels_on_views) {
   double want[5];
   for (int64_t i = 0; i < m; i++) want[i] = ref_sum64(x + i * n, n, 1);
   topos_tape *tp = topos_tape_new(TOPOS_F64);
-  topos_value v = topos_transpose(tp, cst(tp, raw_tensor(TOPOS_F64, 2,
-                                                         S(n, m), xt)));
+  topos_value v =
+      topos_transpose(tp, cst(tp, raw_tensor(TOPOS_F64, 2, S(n, m), xt)));
   topos_tensor *y = eval(tp, topos_sum_along(tp, v, 1));
   expect_bits64(y, want, m, "sum_along of a transposed view");
   topos_tensor_release(y);
@@ -1399,8 +1432,8 @@ START_TEST(kernels_on_views) {
   topos_tensor_release(y);
   /* sum_along of an unfolded view */
   tp = topos_tape_new(TOPOS_F64);
-  v = topos_unfold(tp, cst(tp, raw_tensor(TOPOS_F64, 1, S(m * n), x)), 0, 18,
-                   3, 1);
+  v = topos_unfold(tp, cst(tp, raw_tensor(TOPOS_F64, 1, S(m * n), x)), 0, 18, 3,
+                   1);
   int64_t cnt = (m * n - 18) / 3 + 1;
   y = eval(tp, topos_sum_along(tp, v, 1));
   double *us = malloc(sizeof(double) * cnt);
@@ -1437,9 +1470,34 @@ START_TEST(bf16_layout_and_rows) {
   v = cst(tp, raw_tensor(TOPOS_BF16, 2, S(r, n), xb));
   y = eval(tp, topos_sum_along(tp, v, 1));
   uint16_t want[3];
-  for (int64_t i = 0; i < r; i++) want[i] = bf16_of(ref_sum32(xf + i * n, n, 1));
+  for (int64_t i = 0; i < r; i++)
+    want[i] = bf16_of(ref_sum32(xf + i * n, n, 1));
   expect_bits16(y, want, r, "bf16 sum_along");
   topos_tensor_release(y);
+  /* log_softmax and logsumexp: the f32 rows, rounded once */
+  float lse[3], *ls = malloc(4 * r * n);
+  uint16_t *lsb = malloc(2 * r * n);
+  for (int64_t i = 0; i < r; i++) {
+    for (int64_t j = 0; j < n; j++) xf[i * n + j] = xf[i * n + j] / 1024;
+    ref_rows32(xf + i * n, n, 1, &lse[i], ls + i * n, 1);
+    want[i] = bf16_of(lse[i]);
+  }
+  for (int64_t i = 0; i < r * n; i++) {
+    lsb[i] = bf16_of(ls[i]);
+    xb[i] = bf16_of(xf[i]); /* x / 1024 is exact in bf16 */
+  }
+  tp = topos_tape_new(TOPOS_BF16);
+  v = cst(tp, raw_tensor(TOPOS_BF16, 2, S(r, n), xb));
+  y = eval(tp, topos_logsumexp(tp, v, 1));
+  expect_bits16(y, want, r, "bf16 logsumexp");
+  topos_tensor_release(y);
+  tp = topos_tape_new(TOPOS_BF16);
+  v = cst(tp, raw_tensor(TOPOS_BF16, 2, S(r, n), xb));
+  y = eval(tp, topos_log_softmax(tp, v, 1));
+  expect_bits16(y, lsb, r * n, "bf16 log_softmax");
+  topos_tensor_release(y);
+  free(ls);
+  free(lsb);
   free(tb);
   free(xb);
   free(xf);
@@ -1487,8 +1545,8 @@ START_TEST(softmax_rows_infinite) {
     tt_assert_values(y, D(0), 1);
     topos_tensor_release(y);
     tp = topos_tape_new(d);
-    y = eval(tp, topos_log_softmax(tp, cvals(tp, d, 1, S(2), D(-INFINITY, 0)),
-                                   0));
+    y = eval(tp,
+             topos_log_softmax(tp, cvals(tp, d, 1, S(2), D(-INFINITY, 0)), 0));
     tt_assert_values(y, D(-INFINITY, 0), 2);
     topos_tensor_release(y);
     /* an all -inf row: log(0) = -inf, not NaN */
@@ -1571,8 +1629,8 @@ START_TEST(views_into_copying_ops) {
 
   /* sum of 1000 copies of 0.1 follows the striped rule too */
   tp = topos_tape_new(TOPOS_F64);
-  y = eval(tp, topos_sum(tp, topos_broadcast(tp, topos_scalar(tp, 0.1), 1,
-                                             S(1000))));
+  y = eval(tp, topos_sum(
+                   tp, topos_broadcast(tp, topos_scalar(tp, 0.1), 1, S(1000))));
   double tenth[1000];
   for (int i = 0; i < 1000; i++) tenth[i] = 0.1;
   double want = ref_sum64(tenth, 1000, 1);
@@ -1608,8 +1666,8 @@ START_TEST(unfold_fold_middle_axis) {
     topos_tensor_release(y);
     /* fold it back into extent 5: position 4 gets nothing */
     tp = topos_tape_new(d);
-    y = eval(tp, topos_fold(tp, cvals(tp, d, 4, S(2, 2, 2, 2), want), 1, 5,
-                            2, 2, 1));
+    y = eval(tp, topos_fold(tp, cvals(tp, d, 4, S(2, 2, 2, 2), want), 1, 5, 2,
+                            2, 1));
     expect_shape(y, d, 3, S(2, 5, 2));
     double back[20];
     for (int i = 0; i < 20; i++) back[i] = (i % 10) >= 8 ? 0 : x[i];

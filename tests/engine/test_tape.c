@@ -19,8 +19,7 @@ static topos_value leaf(topos_tape *t, topos_dtype d, int rank,
   topos_error err = {0};
   topos_tensor *x = topos_tensor_zeros(d, rank, shape, &err);
   ck_assert_msg(x != NULL, "zeros: %s", err.message);
-  topos_value v =
-      d == TOPOS_I32 ? topos_constant(t, x) : topos_parameter(t, x);
+  topos_value v = d == TOPOS_I32 ? topos_constant(t, x) : topos_parameter(t, x);
   topos_tensor_release(x);
   ck_assert_msg(topos_value_ok(v), "leaf: %s",
                 topos_tape_error(t) ? topos_tape_error(t) : "(no error)");
@@ -571,8 +570,8 @@ START_TEST(shape_narrow) {
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     t = topos_tape_new(TOPOS_F64);
     a = leaf64(t, 2, S(5, 3));
-    fail_and_free(t, topos_narrow(t, a, bad[i].axis, bad[i].start,
-                                  bad[i].length),
+    fail_and_free(t,
+                  topos_narrow(t, a, bad[i].axis, bad[i].start, bad[i].length),
                   "narrow");
   }
 }
@@ -787,8 +786,7 @@ START_TEST(shape_reductions) {
   expect_meta(t, topos_logsumexp(t, v, 0), TOPOS_F64, 0, NULL);
   topos_tape_free(t);
 
-  const char *names[4] = {"sum_along", "max_along", "logsumexp",
-                          "log_softmax"};
+  const char *names[4] = {"sum_along", "max_along", "logsumexp", "log_softmax"};
   for (int k = 0; k < 4; k++) {
     for (int axis = -1; axis <= 3; axis += 4) {
       t = topos_tape_new(TOPOS_F64);
@@ -1006,8 +1004,8 @@ START_TEST(seal_describe) {
   int lines = 0;
   for (const char *p = d; *p; p++) lines += *p == '\n';
   if (d[0] && d[strlen(d) - 1] != '\n') lines++;
-  ck_assert_msg(lines == n, "describe has %d lines for %d nodes:\n%s", lines,
-                n, d);
+  ck_assert_msg(lines == n, "describe has %d lines for %d nodes:\n%s", lines, n,
+                d);
   expect_contains(d, "matmul");
   expect_contains(d, "tanh");
   expect_contains(d, "sum");

@@ -7,32 +7,41 @@ CC      ?= cc
 OPT     ?= -O2
 SAN     ?=
 PKG_CHECK := $(shell pkg-config --cflags --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -lpthread)
+CJSON_CFLAGS := $(shell pkg-config --cflags libcjson 2>/dev/null || echo -I/usr/include/cjson)
 
 WARN    := -Wall -Wextra -Werror -Werror=implicit-function-declaration \
            -Wno-unused-parameter
 # The reference kernels must never fuse a multiply and an add on their own:
 # numerics.md allows FMA only where it writes fma().
 CFLAGS  := -std=c17 $(OPT) -g $(WARN) -ffp-contract=off -fno-fast-math \
-           -fPIC -D_GNU_SOURCE -pthread -Iengine $(SAN) $(EXTRA_CFLAGS)
-LDLIBS  := -lm -pthread $(SAN)
+           -fPIC -D_GNU_SOURCE -pthread -Iengine -Istore $(CJSON_CFLAGS) \
+           $(SAN) $(EXTRA_CFLAGS)
+# The engine hashes with OpenSSL's libcrypto and writes JSON with cJSON;
+# the store adds SQLite.
+LDLIBS  := -lcjson -lcrypto -lm -pthread $(SAN)
+STORE_LIBS := -lsqlite3
 
 ENGINE_SRC := $(sort $(wildcard engine/*.c))
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
-TEST_SRC   := $(sort $(wildcard tests/engine/test_*.c))
+STORE_SRC  := $(sort $(wildcard store/*.c))
+STORE_OBJ  := $(STORE_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_SRC   := $(sort $(wildcard tests/engine/test_*.c tests/store/test_*.c))
 TEST_OBJ   := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
-SUITES     := $(patsubst tests/engine/test_%.c,%,$(TEST_SRC))
-EXAMPLES   := $(BUILD)/examples/gradient_descent $(BUILD)/examples/makemore_mlp
+SUITES     := $(patsubst test_%.c,%,$(notdir $(TEST_SRC)))
+EXAMPLES   := $(BUILD)/examples/gradient_descent $(BUILD)/examples/makemore_mlp \
+              $(BUILD)/examples/inspect
 
 LIB_A  := $(BUILD)/lib/libtopos.a
 LIB_SO := $(BUILD)/lib/libtopos.so
+LIB_STORE := $(BUILD)/lib/libtopos_store.a
 RUNNER := $(BUILD)/tests/topos_tests
 
-.PHONY: all test asan test-valgrind deps clean format lint examples
-all: $(LIB_A) $(LIB_SO) examples
+.PHONY: all test asan test-valgrind deps clean format lint examples fuzz
+all: $(LIB_A) $(LIB_SO) $(LIB_STORE) examples
 
 examples: $(EXAMPLES)
 
-$(BUILD)/obj/%.o: %.c $(wildcard engine/*.h) $(wildcard tests/engine/*.h)
+$(BUILD)/obj/%.o: %.c $(wildcard engine/*.h store/*.h tests/engine/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/engine -c $< -o $@
 
@@ -44,6 +53,14 @@ $(LIB_SO): $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) -shared -o $@ $^ $(LDLIBS)
 
+$(LIB_STORE): $(STORE_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/examples/inspect: examples/inspect.c $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(LIB_A) $(LDLIBS)
+
 $(BUILD)/examples/gradient_descent: examples/gradient_descent.c $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(LIB_A) $(LDLIBS)
@@ -52,7 +69,7 @@ $(BUILD)/examples/makemore_mlp: examples/makemore/makemore_mlp.c $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(LIB_A) $(LDLIBS)
 
-# The runner registers one Check suite per tests/engine/test_<name>.c, each
+# The runner registers one Check suite per tests/*/test_<name>.c, each
 # of which defines `Suite *<name>_suite(void)`.
 $(BUILD)/tests/suites.c: $(TEST_SRC) Makefile
 	@mkdir -p $(dir $@)
@@ -63,9 +80,9 @@ $(BUILD)/tests/suites.c: $(TEST_SRC) Makefile
 	   for s in $(SUITES); do echo "  srunner_add_suite(r, $${s}_suite());"; done; \
 	   echo '}'; } > $@
 
-$(RUNNER): $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c $(LIB_A) $(EXAMPLES)
+$(RUNNER): $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c $(LIB_A) $(LIB_STORE) $(EXAMPLES)
 	$(CC) $(CFLAGS) -Itests/engine $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c \
-	  -o $@ $(LIB_A) $(PKG_CHECK) $(LDLIBS)
+	  -o $@ $(LIB_STORE) $(LIB_A) $(PKG_CHECK) $(STORE_LIBS) $(LDLIBS)
 
 test: $(RUNNER)
 	TOPOS_BUILD=$(BUILD) $(RUNNER)
@@ -85,6 +102,21 @@ test-valgrind:
 
 deps:
 	@sh tools/deps.sh
+
+# libFuzzer on the spec decoder, from a seed corpus of real encoded specs.
+FUZZ_SECONDS ?= 60
+FUZZ_DIR := build/fuzz
+fuzz:
+	@mkdir -p $(FUZZ_DIR)/corpus
+	clang -std=c17 -g -O1 -D_GNU_SOURCE -Iengine $(CJSON_CFLAGS) -ffp-contract=off \
+	  -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_decode.c $(ENGINE_SRC) \
+	  -o $(FUZZ_DIR)/fuzz_decode -lcjson -lcrypto -lm -pthread
+	clang -std=c17 -g -O1 -D_GNU_SOURCE -Iengine $(CJSON_CFLAGS) -ffp-contract=off \
+	  tests/fuzz/make_corpus.c $(ENGINE_SRC) -o $(FUZZ_DIR)/make_corpus \
+	  -lcjson -lcrypto -lm -pthread
+	$(FUZZ_DIR)/make_corpus $(FUZZ_DIR)/corpus
+	$(FUZZ_DIR)/fuzz_decode -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
+	  -max_len=65536 $(FUZZ_DIR)/corpus
 
 format:
 	clang-format -i engine/*.c engine/*.h tests/*.c tests/engine/*.c tests/engine/*.h examples/*.c examples/*/*.c

@@ -251,9 +251,80 @@ topos_tensor *tensor_zeros_like_meta(const tensor_meta *m, topos_error *err);
 /* ------------------------------------------------------------------ runs */
 
 struct topos_run {
-  topos_network *net;  /* retained */
-  topos_tensor **vals; /* one per node, NULL = not evaluated */
+  topos_network *net;     /* retained */
+  topos_tensor **vals;    /* one per node, NULL = not evaluated / freed */
+  const topos_plan *plan; /* the plan that made it, or NULL (interpreter) */
+  bool *readable;         /* plan runs: the keep-set; NULL = every value */
 };
+
+/* ------------------------------------------------------------------ plans */
+
+typedef enum group_kind {
+  GROUP_CONV = 1, /* pad? -> pad? -> unfold -> unfold -> permute -> reshape
+                     -> matmul: a direct windowed product */
+  GROUP_POOL = 2  /* unfold -> unfold -> permute -> reshape -> max_along:
+                     a window walk */
+} group_kind;
+
+/*
+ * A fused group computes its head node straight from the chain's input x
+ * (and, for a convolution, the matmul's weight operand) without
+ * materialising the interior nodes.  Geometry is that of a 2-D window
+ * over axes 2 and 3 of x[N,C,H,W]:  output position (oi, oj) reads
+ * x[n, c, oi·stride_h + a·dil_h − pad_top, oj·stride_w + b·dil_w −
+ * pad_left] for a < kh, b < kw (zero outside x).
+ */
+typedef struct plan_group {
+  group_kind kind;
+  int32_t head;   /* the node the group computes (matmul / max_along) */
+  int32_t x;      /* the chain's input, rank 4 */
+  int32_t weight; /* GROUP_CONV: the matmul's [C·kh·kw, O] operand; else -1 */
+  int32_t members[8]; /* interior nodes, chain order (never evaluated) */
+  int nmembers;
+  int64_t N, C, H, W, kh, kw, oh, ow;
+  int64_t stride_h, stride_w, dil_h, dil_w;
+  int64_t pad_top, pad_bottom, pad_left, pad_right;
+} plan_group;
+
+struct topos_plan {
+  topos_network *net; /* retained */
+  topos_posture posture;
+  topos_numerics numerics;
+  int32_t *roots, *observes; /* node indices */
+  int nroots, nobserves;
+  int32_t *schedule; /* node indices in execution order (live nodes that
+                        are not group members) */
+  int nschedule;
+  bool *live;          /* per node: in the schedule or a group member */
+  bool *keep;          /* per node: readable from a run (roots ∪ observes) */
+  bool *retain;        /* per node: alive until the run ends (keep, and in
+                          training what backward reads) */
+  int32_t *last_use;   /* per node: schedule position of its last consumer
+                          (-1 when none) */
+  int32_t *free_after; /* nodes to release after schedule position p: */
+  int32_t *free_start; /* free_after[free_start[p] .. free_start[p+1]) */
+  int32_t *group_of;   /* per node: index into groups, or -1 */
+  plan_group *groups;
+  int ngroups;
+  size_t peak_bytes;
+};
+
+/* Interpreter pieces plans reuse (interp.c). */
+topos_run *run_alloc(const topos_network *net, topos_error *err);
+/* Checks params and feeds; fed[slot] gets each input's feed or NULL. */
+int run_prepare(const topos_network *net, const topos_params *params,
+                const topos_feed *feeds, int nfeeds, const topos_tensor **fed,
+                topos_error *err);
+/* Evaluates node i from the run's operand values (reference kernels). */
+int run_eval_node(topos_run *run, int i, const topos_params *params,
+                  const topos_tensor **fed, topos_error *err);
+/* The gradient of rank-0 node `target` w.r.t. every node (new field). */
+topos_field *run_backward(const topos_run *run, int target, topos_error *err);
+
+/* Runs one fused group: the head's value from x (and the weight). */
+topos_tensor *group_eval(const plan_group *g, const tensor_meta *out,
+                         const topos_tensor *x, const topos_tensor *weight,
+                         topos_error *err);
 
 /* ------------------------------------------------------------ the builder */
 

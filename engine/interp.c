@@ -84,8 +84,54 @@ void topos_run_free(topos_run *run) {
     for (int i = 0; i < run->net->n; i++) topos_tensor_release(run->vals[i]);
     free(run->vals);
   }
+  free(run->readable);
   topos_network_release(run->net);
   free(run);
+}
+
+topos_run *run_alloc(const topos_network *net, topos_error *err) {
+  topos_run *run = calloc(1, sizeof *run);
+  if (run) run->vals = calloc((size_t)net->n + 1, sizeof(topos_tensor *));
+  if (!run || !run->vals) {
+    free(run);
+    error_set(err, TOPOS_ERR_MEMORY, "forward: out of memory");
+    return NULL;
+  }
+  run->net = topos_network_retain(net);
+  return run;
+}
+
+int run_prepare(const topos_network *net, const topos_params *params,
+                const topos_feed *feeds, int nfeeds, const topos_tensor **fed,
+                topos_error *err) {
+  if (check_params(net, params, err)) return err ? err->code : -1;
+  if (resolve_feeds(net, feeds, nfeeds, fed, err)) return err ? err->code : -1;
+  return 0;
+}
+
+int run_eval_node(topos_run *run, int i, const topos_params *params,
+                  const topos_tensor **fed, topos_error *err) {
+  const node *n = &run->net->nodes[i];
+  if (n->op == OP_PARAMETER && params) {
+    run->vals[i] = topos_tensor_retain(params->t[n->at.slot]);
+    return 0;
+  }
+  if (n->op == OP_INPUT && fed[n->at.slot]) {
+    run->vals[i] = topos_tensor_retain(fed[n->at.slot]);
+    return 0;
+  }
+  topos_tensor *stack_in[4];
+  topos_tensor **in =
+      n->nin <= 4 ? stack_in : malloc(sizeof(topos_tensor *) * (size_t)n->nin);
+  if (!in) return error_set(err, TOPOS_ERR_MEMORY, "forward: out of memory");
+  for (int j = 0; j < n->nin; j++) in[j] = run->vals[n->in[j]];
+  topos_error e = {0};
+  run->vals[i] = op_eval(n->op, &n->at, n->nin, in, &n->meta, &e);
+  if (in != stack_in) free(in);
+  if (!run->vals[i])
+    return error_set(err, e.code ? e.code : TOPOS_ERR_STATE, "%s (node %d): %s",
+                     op_table[n->op].name, i, e.message);
+  return 0;
 }
 
 /* Evaluates the nodes with want[i] (every node when want is NULL). */
@@ -94,48 +140,16 @@ static topos_run *run_network(const topos_network *net,
                               const topos_feed *feeds, int nfeeds,
                               const bool *want, topos_error *err) {
   const topos_tensor **fed = malloc(sizeof(*fed) * (size_t)(net->ninputs + 1));
-  topos_run *run = calloc(1, sizeof *run);
-  if (!fed || !run) {
+  topos_run *run = fed ? run_alloc(net, err) : NULL;
+  if (!run) {
     free(fed);
-    free(run);
-    error_set(err, TOPOS_ERR_MEMORY, "forward: out of memory");
+    if (!fed) error_set(err, TOPOS_ERR_MEMORY, "forward: out of memory");
     return NULL;
   }
-  run->net = topos_network_retain(net);
-  run->vals = calloc((size_t)net->n + 1, sizeof(topos_tensor *));
-  if (!run->vals) {
-    error_set(err, TOPOS_ERR_MEMORY, "forward: out of memory");
-    goto fail;
-  }
-  if (check_params(net, params, err) ||
-      resolve_feeds(net, feeds, nfeeds, fed, err))
-    goto fail;
+  if (run_prepare(net, params, feeds, nfeeds, fed, err)) goto fail;
   for (int i = 0; i < net->n; i++) {
     if (want && !want[i]) continue;
-    const node *n = &net->nodes[i];
-    if (n->op == OP_PARAMETER && params) {
-      run->vals[i] = topos_tensor_retain(params->t[n->at.slot]);
-    } else if (n->op == OP_INPUT && fed[n->at.slot]) {
-      run->vals[i] = topos_tensor_retain(fed[n->at.slot]);
-    } else {
-      topos_tensor *stack_in[4];
-      topos_tensor **in = n->nin <= 4
-                              ? stack_in
-                              : malloc(sizeof(topos_tensor *) * (size_t)n->nin);
-      if (!in) {
-        error_set(err, TOPOS_ERR_MEMORY, "forward: out of memory");
-        goto fail;
-      }
-      for (int j = 0; j < n->nin; j++) in[j] = run->vals[n->in[j]];
-      topos_error e = {0};
-      run->vals[i] = op_eval(n->op, &n->at, n->nin, in, &n->meta, &e);
-      if (in != stack_in) free(in);
-      if (!run->vals[i]) {
-        error_set(err, e.code ? e.code : TOPOS_ERR_STATE, "%s (node %d): %s",
-                  op_table[n->op].name, i, e.message);
-        goto fail;
-      }
-    }
+    if (run_eval_node(run, i, params, fed, err)) goto fail;
   }
   free(fed);
   return run;
@@ -202,6 +216,13 @@ const topos_tensor *topos_run_of(const topos_run *run, topos_value v,
   }
   int i = network_index(run->net, v, err);
   if (i < 0) return NULL;
+  if (run->readable && !run->readable[i]) {
+    error_set(err, TOPOS_ERR_STATE,
+              "node %d (%s) is not a root or observe of the plan that made "
+              "this run",
+              i, op_table[run->net->nodes[i].op].name);
+    return NULL;
+  }
   if (!run->vals[i]) {
     error_set(err, TOPOS_ERR_STATE,
               "node %d (%s) was not evaluated by this run", i,
@@ -267,7 +288,8 @@ static int32_t eb_emit(builder *b, op_code op, const int32_t *in, int nin,
   for (int i = 0; i < nin; i++) {
     if (in[i] < 0 || in[i] >= eb->n || !eb->t[in[i]]) {
       error_set(eb->err, TOPOS_ERR_STATE,
-                "%s: the adjoint read a value its op does not declare",
+                "%s: a value the adjoint needs is not available (not in its "
+                "op's reads, or not kept by the plan)",
                 op_table[op].name);
       return -1;
     }
@@ -327,10 +349,25 @@ topos_field *topos_backward(const topos_run *run, topos_value target,
                             topos_error *err) {
   topos_error local = {0};
   if (!err) err = &local;
-  const topos_tensor *y = topos_run_of(run, target, err);
-  if (!y) return NULL;
+  if (!topos_run_of(run, target, err)) return NULL;
+  if (run->plan && run->plan->posture != TOPOS_POSTURE_TRAINING) {
+    error_set(err, TOPOS_ERR_STATE,
+              "backward: this run's plan is forward-only and freed what "
+              "backward reads; lower with the training posture");
+    return NULL;
+  }
+  return run_backward(run, target.index, err);
+}
+
+topos_field *run_backward(const topos_run *run, int ti, topos_error *err) {
+  topos_error local = {0};
+  if (!err) err = &local;
   const topos_network *net = run->net;
-  int ti = target.index;
+  const topos_tensor *y = run->vals[ti];
+  if (!y) {
+    error_set(err, TOPOS_ERR_STATE, "backward: node %d was not evaluated", ti);
+    return NULL;
+  }
   if (y->rank != 0 || !dtype_is_float(y->dtype)) {
     char mt[SHAPE_TEXT + 8];
     error_set(err, TOPOS_ERR_SHAPE,

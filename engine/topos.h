@@ -258,12 +258,111 @@ topos_dtype topos_network_value_dtype(const topos_network *net, topos_value v);
 const int64_t *topos_network_value_shape(const topos_network *net,
                                          topos_value v, int *rank);
 
-typedef enum topos_format { TOPOS_FORMAT_TEXT = 0 } topos_format;
+typedef enum topos_format {
+  TOPOS_FORMAT_TEXT = 0, /* one line per node */
+  TOPOS_FORMAT_JSON = 1, /* {"nodes": [...], ...} (cJSON) */
+  TOPOS_FORMAT_DOT = 2   /* Graphviz digraph */
+} topos_format;
 
-/* One line per node: index, name, op, operands, dtype, shape, role.
- * New string, free with topos_free. */
+/* Text: one line per node: index, name, op, operands, dtype, shape, role.
+ * JSON and DOT carry the same facts.  New string, free with topos_free. */
 char *topos_network_describe(const topos_network *net, topos_format format,
                              topos_error *err);
+
+/* ------------------------------------------- canonical encoding and the id */
+
+/* The canonical byte form of a sealed network (docs/encoding.md): versioned,
+ * little-endian, every node's op, attributes, operands, dtype, shape and
+ * name, and the tensors of its leaves.  Equal networks give equal bytes.
+ * *bytes is new (free with topos_free).  Returns a topos_status. */
+int topos_network_encode(const topos_network *net, uint8_t **bytes, size_t *len,
+                         topos_error *err);
+/* Decodes by replaying every node through the recording API, so a decoded
+ * network is checked exactly as a recorded one.  Hostile bytes give an
+ * error, never a crash or an allocation larger than the input implies.
+ * New network, or NULL with err. */
+topos_network *topos_network_decode(const uint8_t *bytes, size_t len,
+                                    topos_error *err);
+/* Lowercase hex SHA-256 of the encoding, into out[65] (NUL-terminated). */
+int topos_network_id(const topos_network *net, char out[65], topos_error *err);
+/* The same hash of any bytes (store and blob ids). */
+void topos_sha256_hex(const void *bytes, size_t len, char out[65]);
+
+/* ----------------------------------------------------------- differentiate */
+
+/* Appends the gradient computation of rank-0 `loss` with respect to each
+ * of wrt[0..n) to the tape as ordinary nodes, using the same adjoint rules
+ * and accumulation order as topos_backward, and writes the gradient values
+ * to grads_out (a value outside the loss's ancestors gets a recorded zero).
+ * Returns a topos_status; on failure the tape carries the error. */
+int topos_tape_differentiate(topos_tape *tape, topos_value loss,
+                             const topos_value *wrt, int n,
+                             topos_value *grads_out);
+
+/* ------------------------------------------------------------------- plans */
+
+typedef enum topos_posture {
+  TOPOS_POSTURE_FORWARD = 0, /* forward only: buffers die at last use */
+  TOPOS_POSTURE_TRAINING = 1 /* keeps what backward reads; roots[0] = loss */
+} topos_posture;
+
+typedef enum topos_numerics {
+  TOPOS_NUMERICS_EXACT = 0, /* the reference's bits */
+  TOPOS_NUMERICS_FAST = 1   /* may use envelope backends (none yet) */
+} topos_numerics;
+
+/* What to compile: the values the caller wants (roots), values it also
+ * wants to read (observes), the posture and the numerics. */
+typedef struct topos_entry {
+  const topos_value *roots;
+  int nroots;
+  const topos_value *observes;
+  int nobserves;
+  topos_posture posture;
+  topos_numerics numerics;
+} topos_entry;
+
+typedef struct topos_plan topos_plan;
+
+/* Compiles an entry: dead-node elimination, the keep-set (roots and
+ * observes), liveness and free lists, static peak bytes, and pattern
+ * groups (fused convolution and max-pool chains).  New plan
+ * (topos_plan_free), or NULL with err.  The plan retains the network. */
+topos_plan *topos_network_lower(const topos_network *net,
+                                const topos_entry *entry, topos_error *err);
+void topos_plan_free(topos_plan *plan);
+/* Bytes of the largest set of buffers alive at once (views and the
+ * caller's parameters and feeds are not counted). */
+size_t topos_plan_peak_bytes(const topos_plan *plan);
+/* Number of fused pattern groups the plan elected. */
+int topos_plan_group_count(const topos_plan *plan);
+/* The schedule, liveness spans, fused groups and peak bytes as text (new,
+ * topos_free). */
+char *topos_plan_describe(const topos_plan *plan, topos_error *err);
+
+/* Runs the plan: bits identical to topos_forward.  Only roots and observes
+ * can be read from the run (anything else is an error, even if its buffer
+ * happens to survive). */
+topos_run *topos_plan_forward(const topos_plan *plan,
+                              const topos_params *params,
+                              const topos_feed *feeds, int nfeeds,
+                              topos_error *err);
+/* Training posture: the gradient of the plan's first root (rank 0) with
+ * respect to every node, from a run of this plan: bits identical to
+ * topos_backward. */
+topos_field *topos_plan_backward(const topos_plan *plan, const topos_run *run,
+                                 topos_error *err);
+
+typedef enum topos_emit_form {
+  TOPOS_EMIT_PRETTY = 0, /* the custom assembly people read */
+  TOPOS_EMIT_GENERIC = 1 /* quoted op names, what mlir-opt parses */
+} topos_emit_form;
+
+/* The plan as a StableHLO MLIR module: func.func @main(parameters...,
+ * inputs...) -> (roots..., observes...).  An op that cannot lower gives an
+ * error naming the node, never malformed text.  New string (topos_free). */
+char *topos_plan_emit_stablehlo(const topos_plan *plan, topos_emit_form form,
+                                topos_error *err);
 
 /* -------------------------------------------------- parameters and fields */
 

@@ -269,6 +269,90 @@ typedef enum topos_format {
 char *topos_network_describe(const topos_network *net, topos_format format,
                              topos_error *err);
 
+
+/* -------------------------------------------------- parameters and fields */
+
+typedef struct topos_params topos_params; /* one tensor per slot */
+typedef struct topos_field topos_field;   /* one tensor per node */
+
+/* Fresh copies of the network's initial parameters, in slot order (new). */
+topos_params *topos_network_parameters(const topos_network *net);
+/* A parameter set from n tensors (retained, not copied). */
+topos_params *topos_params_new(int n, topos_tensor *const *tensors,
+                               topos_error *err);
+void topos_params_free(topos_params *p);
+int topos_params_count(const topos_params *p);
+/* Borrowed; NULL when slot is out of range. */
+const topos_tensor *topos_params_get(const topos_params *p, int slot);
+/* A new set equal to p with one slot replaced (tensor retained). */
+topos_params *topos_params_with(const topos_params *p, int slot,
+                                const topos_tensor *tensor, topos_error *err);
+bool topos_params_bitwise_equal(const topos_params *a, const topos_params *b);
+
+/* Elementwise algebra.  Operands must match slot by slot in dtype and
+ * shape.  add computes a+b in the dtype; scale computes x*s with s
+ * rounded to the dtype; map/zip call fn per element with the elements
+ * widened to double and round the result to the dtype.  New results. */
+typedef double (*topos_map_fn)(double x, void *ctx);
+typedef double (*topos_zip_fn)(double a, double b, void *ctx);
+
+topos_params *topos_params_add(const topos_params *a, const topos_params *b,
+                               topos_error *err);
+topos_params *topos_params_scale(const topos_params *a, double s,
+                                 topos_error *err);
+topos_params *topos_params_map(const topos_params *a, topos_map_fn fn,
+                               void *ctx, topos_error *err);
+topos_params *topos_params_zip(const topos_params *a, const topos_params *b,
+                               topos_zip_fn fn, void *ctx, topos_error *err);
+
+/* Fields: one tensor per node of a network (gradients, for example). */
+void topos_field_free(topos_field *f);
+/* Borrowed tensor of one node. */
+const topos_tensor *topos_field_of(const topos_field *f, topos_value v,
+                                   topos_error *err);
+/* The field's tensors at the network's parameter nodes, slot order (new). */
+topos_params *topos_parameters_of(const topos_field *f, topos_error *err);
+topos_field *topos_field_add(const topos_field *a, const topos_field *b,
+                             topos_error *err);
+topos_field *topos_field_scale(const topos_field *a, double s,
+                               topos_error *err);
+topos_field *topos_field_map(const topos_field *a, topos_map_fn fn, void *ctx,
+                             topos_error *err);
+topos_field *topos_field_zip(const topos_field *a, const topos_field *b,
+                             topos_zip_fn fn, void *ctx, topos_error *err);
+
+/* ------------------------------------------------- interpreter and backward */
+
+typedef struct topos_run topos_run;
+
+typedef struct topos_feed {
+  topos_value input;          /* an input value of the network */
+  const topos_tensor *tensor; /* same dtype and shape as its default */
+} topos_feed;
+
+/* Evaluates every node.  params NULL means the network's initials; inputs
+ * without a feed take their defaults.  New run (topos_run_free), or NULL
+ * with err.  Neither the network nor params are modified. */
+topos_run *topos_forward(const topos_network *net, const topos_params *params,
+                         const topos_feed *feeds, int nfeeds, topos_error *err);
+/* Evaluates only the ancestors of the targets. */
+topos_run *topos_forward_for(const topos_network *net,
+                             const topos_params *params,
+                             const topos_feed *feeds, int nfeeds,
+                             const topos_value *targets, int ntargets,
+                             topos_error *err);
+void topos_run_free(topos_run *run);
+/* Borrowed value of a node; an unevaluated node is an error (NULL). */
+const topos_tensor *topos_run_of(const topos_run *run, topos_value v,
+                                 topos_error *err);
+/* A rank-0 value widened to double; NaN with err on failure. */
+double topos_run_scalar(const topos_run *run, topos_value v, topos_error *err);
+
+/* Gradient of a rank-0 target with respect to every node (new field).
+ * Nodes outside the target's ancestors get exact zeros. */
+topos_field *topos_backward(const topos_run *run, topos_value target,
+                            topos_error *err);
+
 /* ------------------------------------------- canonical encoding and the id */
 
 /* The canonical byte form of a sealed network (docs/encoding.md): versioned,
@@ -363,89 +447,6 @@ typedef enum topos_emit_form {
  * error naming the node, never malformed text.  New string (topos_free). */
 char *topos_plan_emit_stablehlo(const topos_plan *plan, topos_emit_form form,
                                 topos_error *err);
-
-/* -------------------------------------------------- parameters and fields */
-
-typedef struct topos_params topos_params; /* one tensor per slot */
-typedef struct topos_field topos_field;   /* one tensor per node */
-
-/* Fresh copies of the network's initial parameters, in slot order (new). */
-topos_params *topos_network_parameters(const topos_network *net);
-/* A parameter set from n tensors (retained, not copied). */
-topos_params *topos_params_new(int n, topos_tensor *const *tensors,
-                               topos_error *err);
-void topos_params_free(topos_params *p);
-int topos_params_count(const topos_params *p);
-/* Borrowed; NULL when slot is out of range. */
-const topos_tensor *topos_params_get(const topos_params *p, int slot);
-/* A new set equal to p with one slot replaced (tensor retained). */
-topos_params *topos_params_with(const topos_params *p, int slot,
-                                const topos_tensor *tensor, topos_error *err);
-bool topos_params_bitwise_equal(const topos_params *a, const topos_params *b);
-
-/* Elementwise algebra.  Operands must match slot by slot in dtype and
- * shape.  add computes a+b in the dtype; scale computes x*s with s
- * rounded to the dtype; map/zip call fn per element with the elements
- * widened to double and round the result to the dtype.  New results. */
-typedef double (*topos_map_fn)(double x, void *ctx);
-typedef double (*topos_zip_fn)(double a, double b, void *ctx);
-
-topos_params *topos_params_add(const topos_params *a, const topos_params *b,
-                               topos_error *err);
-topos_params *topos_params_scale(const topos_params *a, double s,
-                                 topos_error *err);
-topos_params *topos_params_map(const topos_params *a, topos_map_fn fn,
-                               void *ctx, topos_error *err);
-topos_params *topos_params_zip(const topos_params *a, const topos_params *b,
-                               topos_zip_fn fn, void *ctx, topos_error *err);
-
-/* Fields: one tensor per node of a network (gradients, for example). */
-void topos_field_free(topos_field *f);
-/* Borrowed tensor of one node. */
-const topos_tensor *topos_field_of(const topos_field *f, topos_value v,
-                                   topos_error *err);
-/* The field's tensors at the network's parameter nodes, slot order (new). */
-topos_params *topos_parameters_of(const topos_field *f, topos_error *err);
-topos_field *topos_field_add(const topos_field *a, const topos_field *b,
-                             topos_error *err);
-topos_field *topos_field_scale(const topos_field *a, double s,
-                               topos_error *err);
-topos_field *topos_field_map(const topos_field *a, topos_map_fn fn, void *ctx,
-                             topos_error *err);
-topos_field *topos_field_zip(const topos_field *a, const topos_field *b,
-                             topos_zip_fn fn, void *ctx, topos_error *err);
-
-/* ------------------------------------------------- interpreter and backward */
-
-typedef struct topos_run topos_run;
-
-typedef struct topos_feed {
-  topos_value input;          /* an input value of the network */
-  const topos_tensor *tensor; /* same dtype and shape as its default */
-} topos_feed;
-
-/* Evaluates every node.  params NULL means the network's initials; inputs
- * without a feed take their defaults.  New run (topos_run_free), or NULL
- * with err.  Neither the network nor params are modified. */
-topos_run *topos_forward(const topos_network *net, const topos_params *params,
-                         const topos_feed *feeds, int nfeeds, topos_error *err);
-/* Evaluates only the ancestors of the targets. */
-topos_run *topos_forward_for(const topos_network *net,
-                             const topos_params *params,
-                             const topos_feed *feeds, int nfeeds,
-                             const topos_value *targets, int ntargets,
-                             topos_error *err);
-void topos_run_free(topos_run *run);
-/* Borrowed value of a node; an unevaluated node is an error (NULL). */
-const topos_tensor *topos_run_of(const topos_run *run, topos_value v,
-                                 topos_error *err);
-/* A rank-0 value widened to double; NaN with err on failure. */
-double topos_run_scalar(const topos_run *run, topos_value v, topos_error *err);
-
-/* Gradient of a rank-0 target with respect to every node (new field).
- * Nodes outside the target's ancestors get exact zeros. */
-topos_field *topos_backward(const topos_run *run, topos_value target,
-                            topos_error *err);
 
 /* --------------------------------------------------------------- optimizers */
 

@@ -161,6 +161,8 @@ char *topos_network_describe(const topos_network *net, topos_format format,
   switch (format) {
     case TOPOS_FORMAT_TEXT:
       return describe_text(net, err);
+    default:
+      break;
   }
   error_set(err, TOPOS_ERR_ARGUMENT, "describe: unknown format %d",
             (int)format);

@@ -120,7 +120,7 @@ int run_eval_node(topos_run *run, int i, const topos_params *params,
     run->vals[i] = topos_tensor_retain(fed[n->at.slot]);
     return 0;
   }
-  topos_tensor *stack_in[4];
+  topos_tensor *stack_in[4] = {NULL};
   topos_tensor **in =
       n->nin <= 4 ? stack_in : malloc(sizeof(topos_tensor *) * (size_t)n->nin);
   if (!in) return error_set(err, TOPOS_ERR_MEMORY, "forward: out of memory");

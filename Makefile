@@ -36,7 +36,7 @@ LIB_SO := $(BUILD)/lib/libtopos.so
 LIB_STORE := $(BUILD)/lib/libtopos_store.a
 RUNNER := $(BUILD)/tests/topos_tests
 
-.PHONY: all test asan test-valgrind deps clean format lint examples fuzz
+.PHONY: all test asan test-valgrind deps clean format lint examples fuzz bench
 all: $(LIB_A) $(LIB_SO) $(LIB_STORE) examples
 
 examples: $(EXAMPLES)
@@ -102,6 +102,15 @@ test-valgrind:
 
 deps:
 	@sh tools/deps.sh
+
+# Benchmarks print tables of figures measured side by side in one run.
+BENCH_SRC := $(sort $(wildcard bench/*.c))
+BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+$(BUILD)/bench/%: bench/%.c $(LIB_A) $(LIB_STORE)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(LIB_STORE) $(LIB_A) $(STORE_LIBS) $(LDLIBS)
+bench: $(BENCH_BIN)
+	@for b in $(BENCH_BIN); do $$b || exit 1; done
 
 # libFuzzer on the spec decoder, from a seed corpus of real encoded specs.
 FUZZ_SECONDS ?= 60

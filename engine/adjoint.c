@@ -311,21 +311,24 @@ static int prefix_error(topos_error *err, const node *n, int index) {
                    index, inner);
 }
 
-int backward_scan(builder *b, const node *nodes, int target, int32_t *grads,
-                  topos_error *err) {
+int backward_scan(builder *b, int target, int32_t *grads, topos_error *err) {
   bool *ancestor = calloc((size_t)target + 1, sizeof(bool));
   if (!ancestor) return error_set(err, TOPOS_ERR_MEMORY, "out of memory");
   ancestor[target] = true;
   for (int i = target; i >= 0; i--) {
     grads[i] = -1;
     if (!ancestor[i]) continue;
-    for (int j = 0; j < nodes[i].nin; j++) ancestor[nodes[i].in[j]] = true;
+    const node *n = b->node_at(b, i);
+    for (int j = 0; j < n->nin; j++) ancestor[n->in[j]] = true;
   }
   int rc = 0;
-  grads[target] = b->scalar(b, nodes[target].meta.dtype, 1.0);
+  grads[target] = b->scalar(b, b->node_at(b, target)->meta.dtype, 1.0);
   b->settle(b, &grads[target], 1);
   for (int i = target; i >= 0 && rc == 0; i--) {
-    const node *n = &nodes[i];
+    /* A copy: recording adjoints may move the node array.  Its operand
+     * list is a separate allocation and stays put. */
+    const node copy = *b->node_at(b, i);
+    const node *n = &copy;
     if (!ancestor[i] || grads[i] < 0 || op_table[n->op].arity == 0) continue;
     unsigned reads = op_table[n->op].reads;
     int32_t x[n->nin > 0 ? n->nin : 1], dx[n->nin > 0 ? n->nin : 1];

@@ -12,44 +12,6 @@
 
 #include "internal.h"
 
-/* A growing string; on allocation failure it stays failed and empty. */
-typedef struct text {
-  char *s;
-  size_t len, cap;
-  bool failed;
-} text;
-
-static void text_add(text *t, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static void text_add(text *t, const char *fmt, ...) {
-  if (t->failed) return;
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int need = vsnprintf(t->s ? t->s + t->len : NULL,
-                         t->s ? t->cap - t->len : 0, fmt, ap);
-    va_end(ap);
-    if (need < 0) {
-      t->failed = true;
-      return;
-    }
-    if (t->s && t->len + (size_t)need < t->cap) {
-      t->len += (size_t)need;
-      return;
-    }
-    size_t cap = t->cap ? t->cap * 2 : 256;
-    while (cap < t->len + (size_t)need + 1) cap *= 2;
-    char *s = realloc(t->s, cap);
-    if (!s) {
-      t->failed = true;
-      return;
-    }
-    t->s = s;
-    t->cap = cap;
-  }
-}
-
 static void attrs_text(text *t, const node *n) {
   const node_attrs *a = &n->at;
   char s[SHAPE_TEXT];

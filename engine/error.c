@@ -81,6 +81,12 @@ const char *topos_status_name(int code) {
       return "memory";
     case TOPOS_ERR_STATE:
       return "state";
+    case TOPOS_ERR_NOT_FOUND:
+      return "not found";
+    case TOPOS_ERR_CORRUPT:
+      return "corrupt";
+    case TOPOS_ERR_IO:
+      return "io";
     default:
       return "unknown";
   }

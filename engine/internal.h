@@ -21,6 +21,18 @@ int error_set(topos_error *err, int code, const char *fmt, ...)
 #define SHAPE_TEXT 192
 const char *shape_text(char *buf, int rank, const int64_t *shape);
 
+/* A growing string (text.c).  Zero-initialise; append with text_add;
+ * text_finish returns the string (caller frees) or NULL with err when an
+ * allocation failed. */
+typedef struct text {
+  char *s;
+  size_t len, cap;
+  bool failed;
+} text;
+void text_add(text *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+char *text_finish(text *t, const char *what, topos_error *err);
+
 /* ---------------------------------------------------------------- buffer pool
  */
 
@@ -107,6 +119,9 @@ void bf16_round_array(const float *src, uint16_t *dst, int64_t n);
 /* ------------------------------------------------------------------ op table
  */
 
+/* The op codes are part of the canonical encoding (docs/encoding.md): the
+ * order is frozen and new ops are appended before OP_COUNT, never
+ * inserted. */
 typedef enum op_code {
   OP_CONSTANT,
   OP_PARAMETER,
@@ -282,6 +297,7 @@ typedef struct plan_group {
   int32_t members[8]; /* interior nodes, chain order (never evaluated) */
   int nmembers;
   int64_t N, C, H, W, kh, kw, oh, ow;
+  int64_t nout; /* GROUP_CONV: O, the weight's columns */
   int64_t stride_h, stride_w, dil_h, dil_w;
   int64_t pad_top, pad_bottom, pad_left, pad_right;
 } plan_group;
@@ -348,6 +364,9 @@ struct builder {
   int32_t (*value)(builder *b, int32_t index, bool needed);
   /* Every handle made since the last settle is dead except keep[0..n). */
   void (*settle)(builder *b, const int32_t *keep, int nkeep);
+  /* Node i of the graph being differentiated.  Recording may move the
+   * node array, so callers copy what they need before emitting. */
+  const node *(*node_at)(builder *b, int32_t i);
 };
 
 /* The reverse scan of ops.md over nodes[0..target]: seeds 1 at target,
@@ -355,8 +374,7 @@ struct builder {
  * adds cotangents into grads (consumers in decreasing index order).
  * grads has target+1 entries; -1 marks a node no gradient reached.
  * Returns 0, or a status with err naming the node. */
-int backward_scan(builder *b, const node *nodes, int target, int32_t *grads,
-                  topos_error *err);
+int backward_scan(builder *b, int target, int32_t *grads, topos_error *err);
 
 /* Emits node `n`'s adjoint.  g is the output cotangent, y the output, x the
  * operands (handles; an operand the op does not read may be a handle whose

@@ -332,6 +332,10 @@ static int32_t eb_value(builder *b, int32_t index, bool needed) {
   return eb_push(eb, t, &n->meta);
 }
 
+static const node *eb_node_at(builder *b, int32_t i) {
+  return &((eval_builder *)b)->run->net->nodes[i];
+}
+
 static void eb_settle(builder *b, const int32_t *keep, int nkeep) {
   eval_builder *eb = (eval_builder *)b;
   for (int h = eb->settled; h < eb->n; h++) {
@@ -377,7 +381,7 @@ topos_field *run_backward(const topos_run *run, int ti, topos_error *err) {
     return NULL;
   }
   eval_builder eb = {
-      .base = {eb_emit, eb_scalar, eb_meta, eb_value, eb_settle},
+      .base = {eb_emit, eb_scalar, eb_meta, eb_value, eb_settle, eb_node_at},
       .run = run,
       .err = err,
   };
@@ -387,7 +391,7 @@ topos_field *run_backward(const topos_run *run, int ti, topos_error *err) {
     error_set(err, TOPOS_ERR_MEMORY, "backward: out of memory");
     goto fail;
   }
-  if (backward_scan(&eb.base, net->nodes, ti, grads, err)) goto fail;
+  if (backward_scan(&eb.base, ti, grads, err)) goto fail;
   for (int i = 0; i < net->n; i++) {
     if (i <= ti && grads[i] >= 0) {
       f->t[i] = topos_tensor_retain(eb.t[grads[i]]);

@@ -543,3 +543,27 @@ topos_tensor *op_eval(op_code op, const node_attrs *at, int nin,
   error_set(err, TOPOS_ERR_ARGUMENT, "unknown op %d", op);
   return NULL;
 }
+
+topos_tensor *group_eval(const plan_group *g, const tensor_meta *out,
+                         const topos_tensor *x, const topos_tensor *weight,
+                         topos_error *err) {
+  compute_view xv;
+  mm_operand W = {0};
+  out_buf ob;
+  if (compute_view_of(x, &xv, err)) return NULL;
+  if (g->kind == GROUP_CONV && mm_operand_of(weight, &W, err)) goto fail_x;
+  if (out_begin(&ob, out, err)) goto fail_w;
+  if (g->kind == GROUP_CONV)
+    DISPATCH(out->dtype, conv_window, g, xv.data, W.data, W.s[1], W.s[2],
+             ob.data);
+  else
+    DISPATCH(out->dtype, pool_window, g, xv.data, ob.data);
+  compute_view_done(&W.view);
+  compute_view_done(&xv);
+  return out_end(&ob);
+fail_w:
+  compute_view_done(&W.view);
+fail_x:
+  compute_view_done(&xv);
+  return NULL;
+}

@@ -21,8 +21,7 @@ static R K(reduce)(const R *x, int64_t n, int64_t s) {
   for (int l = 0; l < 16; l++) lane[l] = x[l * s];
   for (int64_t i = 16; i < n; i++) lane[i % 16] = lane[i % 16] + x[i * s];
   for (int width = 16; width > 1; width /= 2)
-    for (int l = 0; l < width / 2; l++)
-      lane[l] = lane[2 * l] + lane[2 * l + 1];
+    for (int l = 0; l < width / 2; l++) lane[l] = lane[2 * l] + lane[2 * l + 1];
   return lane[0];
 }
 
@@ -79,8 +78,8 @@ static void K(binary)(op_code op, const void *av, const void *bv, void *yv,
       break;
     case OP_MAXIMUM:
       for (int64_t i = 0; i < n; i++)
-        y[i] = isnan(a[i]) ? a[i]
-               : isnan(b[i]) ? b[i]
+        y[i] = isnan(a[i])    ? a[i]
+               : isnan(b[i])  ? b[i]
                : a[i] >= b[i] ? a[i]
                               : b[i];
       break;
@@ -210,4 +209,71 @@ static void K(scatter)(const void *rv, void *yv, int64_t d, int64_t V,
         tmp[nt++] = rows[order[r] * d + j];
       y[v * d + j] = K(reduce)(tmp, nt, 1);
     }
+}
+
+/* The fused convolution (plan.c's GROUP_CONV): out[r, o] for rows
+ * r = (n, oi, oj) and columns o is the fma chain over kk = (c, a, b) in
+ * order of x_padded[n, c, oi·sh + a·dh, oj·sw + b·dw] times w[kk, o] —
+ * exactly the chain the unfused matmul runs on the im2col matrix, padding
+ * zeros included (fma with 0 can still turn an accumulated -0 into +0).
+ * x is contiguous [N,C,H,W]; w is addressed by strides. */
+__attribute__((target_clones("fma", "default"))) static void K(conv_window)(
+    const plan_group *g, const void *xv, const void *wv, int64_t ws0,
+    int64_t ws1, void *outv) {
+  const R *x = xv, *w = wv;
+  R *out = outv;
+  int64_t O = g->nout;
+  for (int64_t n = 0; n < g->N; n++)
+    for (int64_t oi = 0; oi < g->oh; oi++)
+      for (int64_t oj = 0; oj < g->ow; oj++) {
+        R *row = out + ((n * g->oh + oi) * g->ow + oj) * O;
+        for (int64_t o = 0; o < O; o++) row[o] = (R)0;
+        int64_t kk = 0;
+        for (int64_t c = 0; c < g->C; c++)
+          for (int64_t a = 0; a < g->kh; a++) {
+            int64_t h = oi * g->stride_h + a * g->dil_h - g->pad_top;
+            for (int64_t b = 0; b < g->kw; b++, kk++) {
+              int64_t v = oj * g->stride_w + b * g->dil_w - g->pad_left;
+              R xval = (h >= 0 && h < g->H && v >= 0 && v < g->W)
+                           ? x[((n * g->C + c) * g->H + h) * g->W + v]
+                           : (R)0;
+              const R *wrow = w + kk * ws0;
+              if (ws1 == 1) {
+                for (int64_t o = 0; o < O; o++)
+                  row[o] = FMA(xval, wrow[o], row[o]);
+              } else {
+                for (int64_t o = 0; o < O; o++)
+                  row[o] = FMA(xval, wrow[o * ws1], row[o]);
+              }
+            }
+          }
+      }
+}
+
+/* The fused max-pool (GROUP_POOL): out[n, c, oi, oj] is the first maximal
+ * window element in lane order (a, b), the first NaN if any — what
+ * max_along computes over the flattened window.  Padding reads 0. */
+static void K(pool_window)(const plan_group *g, const void *xv, void *outv) {
+  const R *x = xv;
+  R *out = outv;
+  for (int64_t n = 0; n < g->N; n++)
+    for (int64_t c = 0; c < g->C; c++)
+      for (int64_t oi = 0; oi < g->oh; oi++)
+        for (int64_t oj = 0; oj < g->ow; oj++) {
+          R m = (R)0;
+          bool first = true;
+          for (int64_t a = 0; a < g->kh; a++) {
+            int64_t h = oi * g->stride_h + a * g->dil_h - g->pad_top;
+            for (int64_t b = 0; b < g->kw; b++) {
+              int64_t v = oj * g->stride_w + b * g->dil_w - g->pad_left;
+              R val = (h >= 0 && h < g->H && v >= 0 && v < g->W)
+                          ? x[((n * g->C + c) * g->H + h) * g->W + v]
+                          : (R)0;
+              /* As max_rows: once m is NaN it stays. */
+              if (first || (!isnan(m) && (isnan(val) || val > m))) m = val;
+              first = false;
+            }
+          }
+          *out++ = m;
+        }
 }

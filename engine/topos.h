@@ -41,7 +41,10 @@ typedef enum topos_status {
   TOPOS_ERR_DTYPE = 3,    /* operand dtypes do not fit the op */
   TOPOS_ERR_RANGE = 4,    /* an index out of range at run time */
   TOPOS_ERR_MEMORY = 5,   /* allocation failed or a size overflows */
-  TOPOS_ERR_STATE = 6     /* e.g. reading a value a run did not evaluate */
+  TOPOS_ERR_STATE = 6,    /* e.g. reading a value a run did not evaluate */
+  TOPOS_ERR_NOT_FOUND = 7, /* an unknown spec or blob id */
+  TOPOS_ERR_CORRUPT = 8,   /* stored bytes no longer match their id */
+  TOPOS_ERR_IO = 9         /* the store's file could not be used */
 } topos_status;
 
 typedef struct topos_error {

@@ -1,0 +1,597 @@
+/*
+ * plan.c - lowering an entry of a sealed network to a plan, and running it.
+ *
+ * A plan is a view over the immutable network, never a rewrite of it:
+ *  - dead-node elimination: only ancestors of roots and observes are live;
+ *  - the keep-set: only roots and observes can be read from a plan's run;
+ *  - liveness: every other buffer is released right after its last
+ *    consumer (training plans also keep what backward's adjoints read);
+ *  - a static peak-live-bytes figure from those spans;
+ *  - pattern offers: the conv2d chain (pad -> unfold -> unfold -> permute
+ *    -> reshape -> matmul) runs as one direct windowed product and the
+ *    max-pool chain (unfold -> unfold -> permute -> reshape -> max_along)
+ *    as one window walk, without materialising the interior.  Both are
+ *    recognised structurally and both reproduce the unfused bits; an
+ *    interior value that is kept, read by backward, or used elsewhere
+ *    blocks the fusion.
+ * Running a plan gives the interpreter's bits: the same kernels, the same
+ * adjoint scan, only fewer live buffers.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ------------------------------------------------------------ recognition */
+
+/* Consumers of each live node among live nodes. */
+static int32_t *count_consumers(const topos_network *net, const bool *live) {
+  int32_t *uses = calloc((size_t)net->n + 1, sizeof(int32_t));
+  if (!uses) return NULL;
+  for (int i = 0; i < net->n; i++)
+    if (live[i])
+      for (int j = 0; j < net->nodes[i].nin; j++) uses[net->nodes[i].in[j]]++;
+  return uses;
+}
+
+/* A chain link may be absorbed into a group when nothing else reads it. */
+static bool absorbable(const topos_plan *p, const int32_t *uses, int32_t i) {
+  return uses[i] == 1 && !p->retain[i];
+}
+
+static bool is_perm(const node *n, const int *perm) {
+  for (int i = 0; i < 6; i++)
+    if (n->at.perm[i] != perm[i]) return false;
+  return true;
+}
+
+/*
+ * Walks from a reshape down the common window chain
+ *   x -> [pad axis 2|3]{0,2} -> unfold(axis 2) -> unfold(axis 4) -> permute
+ * filling the geometry of g.  `perm` is the permutation the chain must
+ * use.  Returns false when the nodes do not form exactly this chain.
+ */
+static bool match_window(const topos_plan *p, const int32_t *uses,
+                         int32_t reshape, const int *perm, plan_group *g) {
+  const node *nodes = p->net->nodes;
+  const node *r = &nodes[reshape];
+  if (r->op != OP_RESHAPE || !absorbable(p, uses, reshape)) return false;
+  int32_t pi = r->in[0];
+  const node *pm = &nodes[pi];
+  if (pm->op != OP_PERMUTE || pm->meta.rank != 6 || !is_perm(pm, perm) ||
+      !absorbable(p, uses, pi))
+    return false;
+  int32_t u2i = pm->in[0];
+  const node *u2 = &nodes[u2i];
+  if (u2->op != OP_UNFOLD || u2->at.axis != 4 || !absorbable(p, uses, u2i))
+    return false;
+  int32_t u1i = u2->in[0];
+  const node *u1 = &nodes[u1i];
+  if (u1->op != OP_UNFOLD || u1->at.axis != 2 || u1->meta.rank != 5 ||
+      !absorbable(p, uses, u1i))
+    return false;
+  int32_t members[8];
+  int nm = 0;
+  int32_t xi = u1->in[0];
+  int64_t pad[4] = {0, 0, 0, 0}; /* top, bottom, left, right */
+  bool padded[2] = {false, false};
+  while (nodes[xi].op == OP_PAD) {
+    const node *pd = &nodes[xi];
+    int ax = pd->at.axis;
+    if ((ax != 2 && ax != 3) || padded[ax - 2] || !absorbable(p, uses, xi))
+      return false;
+    padded[ax - 2] = true;
+    pad[(ax - 2) * 2] = pd->at.before;
+    pad[(ax - 2) * 2 + 1] = pd->at.after;
+    members[nm++] = xi;
+    xi = pd->in[0];
+  }
+  const node *x = &nodes[xi];
+  if (x->meta.rank != 4 || !dtype_is_float(x->meta.dtype)) return false;
+  /* Chain order: pads were found outermost-first; list them x-first. */
+  for (int a = 0, b = nm - 1; a < b; a++, b--) {
+    int32_t t = members[a];
+    members[a] = members[b];
+    members[b] = t;
+  }
+  members[nm++] = u1i;
+  members[nm++] = u2i;
+  members[nm++] = pi;
+  members[nm++] = reshape;
+  g->x = xi;
+  g->nmembers = nm;
+  memcpy(g->members, members, sizeof(int32_t) * (size_t)nm);
+  g->N = x->meta.shape[0];
+  g->C = x->meta.shape[1];
+  g->H = x->meta.shape[2];
+  g->W = x->meta.shape[3];
+  g->kh = u1->at.size;
+  g->stride_h = u1->at.step;
+  g->dil_h = u1->at.dilation;
+  g->kw = u2->at.size;
+  g->stride_w = u2->at.step;
+  g->dil_w = u2->at.dilation;
+  g->oh = u1->meta.shape[2];
+  g->ow = u2->meta.shape[4];
+  g->pad_top = pad[0];
+  g->pad_bottom = pad[1];
+  g->pad_left = pad[2];
+  g->pad_right = pad[3];
+  return true;
+}
+
+/* matmul(reshape [N·oh·ow, C·kh·kw] of the window chain, weight). */
+static bool match_conv(const topos_plan *p, const int32_t *uses, int32_t head,
+                       plan_group *g) {
+  static const int perm[6] = {0, 2, 4, 1, 3, 5}; /* -> [N,oh,ow,C,kh,kw] */
+  const node *m = &p->net->nodes[head];
+  if (m->op != OP_MATMUL || m->meta.rank != 2) return false;
+  if (!match_window(p, uses, m->in[0], perm, g)) return false;
+  const node *r = &p->net->nodes[m->in[0]];
+  if (r->meta.rank != 2 || r->meta.shape[0] != g->N * g->oh * g->ow ||
+      r->meta.shape[1] != g->C * g->kh * g->kw)
+    return false;
+  g->kind = GROUP_CONV;
+  g->head = head;
+  g->weight = m->in[1];
+  g->nout = m->meta.shape[1];
+  return true;
+}
+
+/* max_along(reshape [N,C,oh,ow,kh·kw] of the window chain, axis 4). */
+static bool match_pool(const topos_plan *p, const int32_t *uses, int32_t head,
+                       plan_group *g) {
+  static const int perm[6] = {0, 1, 2, 4, 3, 5}; /* -> [N,C,oh,ow,kh,kw] */
+  const node *m = &p->net->nodes[head];
+  if (m->op != OP_MAX_ALONG || m->at.axis != 4) return false;
+  if (!match_window(p, uses, m->in[0], perm, g)) return false;
+  const node *r = &p->net->nodes[m->in[0]];
+  const int64_t want[5] = {g->N, g->C, g->oh, g->ow, g->kh * g->kw};
+  if (!shape_equal(r->meta.rank, r->meta.shape, 5, want)) return false;
+  g->kind = GROUP_POOL;
+  g->head = head;
+  g->weight = -1;
+  g->nout = 0;
+  return true;
+}
+
+static int elect_groups(topos_plan *p, topos_error *err) {
+  const topos_network *net = p->net;
+  int32_t *uses = count_consumers(net, p->live);
+  p->groups = calloc((size_t)net->n + 1, sizeof(plan_group));
+  if (!uses || !p->groups) {
+    free(uses);
+    return error_set(err, TOPOS_ERR_MEMORY, "lower: out of memory");
+  }
+  for (int i = 0; i < net->n; i++) {
+    if (!p->live[i]) continue;
+    plan_group g = {0};
+    if (!match_conv(p, uses, i, &g) && !match_pool(p, uses, i, &g)) continue;
+    int gi = p->ngroups++;
+    p->groups[gi] = g;
+    p->group_of[i] = gi;
+    for (int k = 0; k < g.nmembers; k++) p->group_of[g.members[k]] = gi;
+  }
+  free(uses);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- lowering */
+
+static bool is_member(const topos_plan *p, int32_t i) {
+  int g = p->group_of[i];
+  return g >= 0 && p->groups[g].head != i;
+}
+
+/* Whether a node's value owns a buffer, rather than viewing its operand's
+ * or being the caller's (leaves). */
+static bool owns_buffer(const node *n, const bool *contiguous) {
+  switch (n->op) {
+    case OP_CONSTANT:
+    case OP_PARAMETER:
+    case OP_INPUT:
+    case OP_TRANSPOSE:
+    case OP_PERMUTE:
+    case OP_NARROW:
+    case OP_BROADCAST:
+    case OP_BROADCAST_ALONG:
+    case OP_UNFOLD:
+      return false;
+    case OP_RESHAPE: /* a view of a contiguous operand, else a copy */
+      return !contiguous[n->in[0]];
+    default:
+      return true;
+  }
+}
+
+/* Liveness, free lists and peak bytes over the schedule. */
+static int plan_liveness(topos_plan *p, topos_error *err) {
+  const topos_network *net = p->net;
+  int n = net->n, S = p->nschedule;
+  int32_t *pos = malloc(sizeof(int32_t) * (size_t)(n + 1));
+  int32_t *owner = malloc(sizeof(int32_t) * (size_t)(n + 1));
+  int32_t *end = malloc(sizeof(int32_t) * (size_t)(n + 1));
+  bool *contig = calloc((size_t)n + 1, sizeof(bool));
+  int32_t *count = calloc((size_t)S + 2, sizeof(int32_t));
+  p->last_use = malloc(sizeof(int32_t) * (size_t)(n + 1));
+  p->free_start = calloc((size_t)S + 2, sizeof(int32_t));
+  p->free_after = malloc(sizeof(int32_t) * (size_t)(S + 1));
+  int rc = 0;
+  if (!pos || !owner || !end || !contig || !count || !p->last_use ||
+      !p->free_start || !p->free_after) {
+    rc = error_set(err, TOPOS_ERR_MEMORY, "lower: out of memory");
+    goto done;
+  }
+  for (int i = 0; i < n; i++) pos[i] = p->last_use[i] = -1;
+  for (int s = 0; s < S; s++) pos[p->schedule[s]] = s;
+  for (int s = 0; s < S; s++) {
+    int32_t i = p->schedule[s];
+    int g = p->group_of[i];
+    if (g >= 0) { /* a group head reads the chain input and the weight */
+      p->last_use[p->groups[g].x] = s;
+      if (p->groups[g].weight >= 0) p->last_use[p->groups[g].weight] = s;
+    } else {
+      for (int j = 0; j < net->nodes[i].nin; j++)
+        p->last_use[net->nodes[i].in[j]] = s;
+    }
+  }
+  /* A value dies after its last use (or its own step if unused); a
+   * retained one lives to the end of the run. */
+  for (int s = 0; s < S; s++) {
+    int32_t i = p->schedule[s];
+    if (p->retain[i]) continue;
+    int32_t d = p->last_use[i] >= 0 ? p->last_use[i] : s;
+    count[d]++;
+  }
+  for (int s = 0; s < S; s++)
+    p->free_start[s + 1] = p->free_start[s] + count[s];
+  memset(count, 0, sizeof(int32_t) * (size_t)(S + 2));
+  for (int s = 0; s < S; s++) {
+    int32_t i = p->schedule[s];
+    if (p->retain[i]) continue;
+    int32_t d = p->last_use[i] >= 0 ? p->last_use[i] : s;
+    p->free_after[p->free_start[d] + count[d]++] = i;
+  }
+  /* Peak bytes: a buffer lives from its owner's step until the last of
+   * the values viewing it dies. */
+  for (int s = 0; s < S; s++) {
+    int32_t i = p->schedule[s];
+    const node *nd = &net->nodes[i];
+    bool owns = owns_buffer(nd, contig) && !is_member(p, i);
+    bool g = p->group_of[i] >= 0;
+    owner[i] = owns || g ? i : (nd->nin ? owner[nd->in[0]] : -1);
+    if (nd->op == OP_RESHAPE)
+      contig[i] = owns || contig[nd->in[0]];
+    else
+      contig[i] = owns || g;
+    end[i] = -1;
+  }
+  for (int s = 0; s < S; s++) {
+    int32_t i = p->schedule[s];
+    int32_t o = owner[i];
+    if (o < 0) continue;
+    int32_t d = p->retain[i] ? S : (p->last_use[i] >= 0 ? p->last_use[i] : s);
+    if (d > end[o]) end[o] = d;
+  }
+  size_t live_bytes = 0, peak = 0;
+  int64_t *delta = calloc((size_t)S + 2, sizeof(int64_t));
+  if (!delta) {
+    rc = error_set(err, TOPOS_ERR_MEMORY, "lower: out of memory");
+    goto done;
+  }
+  for (int s = 0; s < S; s++) {
+    int32_t i = p->schedule[s];
+    if (owner[i] != i) continue;
+    const tensor_meta *m = &net->nodes[i].meta;
+    int64_t bytes =
+        shape_count(m->rank, m->shape) * (int64_t)topos_dtype_size(m->dtype);
+    delta[s] += bytes;
+    delta[end[i] + 1] -= bytes;
+  }
+  for (int s = 0; s < S; s++) {
+    live_bytes = (size_t)((int64_t)live_bytes + delta[s]);
+    if (live_bytes > peak) peak = live_bytes;
+  }
+  p->peak_bytes = peak;
+  free(delta);
+done:
+  free(pos);
+  free(owner);
+  free(end);
+  free(contig);
+  free(count);
+  return rc;
+}
+
+void topos_plan_free(topos_plan *p) {
+  if (!p) return;
+  free(p->roots);
+  free(p->observes);
+  free(p->schedule);
+  free(p->live);
+  free(p->keep);
+  free(p->retain);
+  free(p->last_use);
+  free(p->free_after);
+  free(p->free_start);
+  free(p->group_of);
+  free(p->groups);
+  topos_network_release(p->net);
+  free(p);
+}
+
+/* Copies entry values to node indices; -1 with err on a bad one. */
+static int32_t *entry_nodes(const topos_network *net, const topos_value *v,
+                            int n, const char *what, topos_error *err) {
+  if (n < 0 || (n > 0 && !v)) {
+    error_set(err, TOPOS_ERR_ARGUMENT, "lower: %d %s with %s array", n, what,
+              v ? "an" : "a NULL");
+    return NULL;
+  }
+  int32_t *out = malloc(sizeof(int32_t) * (size_t)(n + 1));
+  if (!out) {
+    error_set(err, TOPOS_ERR_MEMORY, "lower: out of memory");
+    return NULL;
+  }
+  for (int k = 0; k < n; k++) {
+    topos_error e = {0};
+    out[k] = network_index(net, v[k], &e);
+    if (out[k] < 0) {
+      error_set(err, TOPOS_ERR_ARGUMENT, "lower: %s %d: %s", what, k,
+                e.message);
+      free(out);
+      return NULL;
+    }
+  }
+  return out;
+}
+
+topos_plan *topos_network_lower(const topos_network *net,
+                                const topos_entry *entry, topos_error *err) {
+  if (!net || !entry) {
+    error_set(err, TOPOS_ERR_ARGUMENT, "lower: %s is NULL",
+              net ? "entry" : "network");
+    return NULL;
+  }
+  if (entry->nroots < 1) {
+    error_set(err, TOPOS_ERR_ARGUMENT, "lower: an entry needs a root");
+    return NULL;
+  }
+  if ((entry->posture != TOPOS_POSTURE_FORWARD &&
+       entry->posture != TOPOS_POSTURE_TRAINING) ||
+      (entry->numerics != TOPOS_NUMERICS_EXACT &&
+       entry->numerics != TOPOS_NUMERICS_FAST)) {
+    error_set(err, TOPOS_ERR_ARGUMENT,
+              "lower: unknown posture %d or numerics "
+              "%d",
+              (int)entry->posture, (int)entry->numerics);
+    return NULL;
+  }
+  topos_plan *p = calloc(1, sizeof *p);
+  if (!p) {
+    error_set(err, TOPOS_ERR_MEMORY, "lower: out of memory");
+    return NULL;
+  }
+  int n = net->n;
+  p->net = topos_network_retain(net);
+  p->posture = entry->posture;
+  p->numerics = entry->numerics;
+  p->nroots = entry->nroots;
+  p->nobserves = entry->nobserves;
+  p->roots = entry_nodes(net, entry->roots, entry->nroots, "root", err);
+  if (!p->roots) goto fail;
+  p->observes =
+      entry_nodes(net, entry->observes, entry->nobserves, "observe", err);
+  if (!p->observes) goto fail;
+  p->live = calloc((size_t)n + 1, sizeof(bool));
+  p->keep = calloc((size_t)n + 1, sizeof(bool));
+  p->retain = calloc((size_t)n + 1, sizeof(bool));
+  p->group_of = malloc(sizeof(int32_t) * (size_t)(n + 1));
+  p->schedule = malloc(sizeof(int32_t) * (size_t)(n + 1));
+  if (!p->live || !p->keep || !p->retain || !p->group_of || !p->schedule) {
+    error_set(err, TOPOS_ERR_MEMORY, "lower: out of memory");
+    goto fail;
+  }
+  for (int k = 0; k < p->nroots; k++) p->keep[p->roots[k]] = true;
+  for (int k = 0; k < p->nobserves; k++) p->keep[p->observes[k]] = true;
+  for (int i = n - 1; i >= 0; i--) {
+    p->group_of[i] = -1;
+    p->live[i] |= p->keep[i];
+    if (p->live[i])
+      for (int j = 0; j < net->nodes[i].nin; j++)
+        p->live[net->nodes[i].in[j]] = true;
+  }
+  memcpy(p->retain, p->keep, sizeof(bool) * (size_t)n);
+  if (p->posture == TOPOS_POSTURE_TRAINING) {
+    int32_t loss = p->roots[0];
+    const tensor_meta *lm = &net->nodes[loss].meta;
+    if (lm->rank != 0 || !dtype_is_float(lm->dtype)) {
+      char mt[SHAPE_TEXT + 8];
+      error_set(err, TOPOS_ERR_SHAPE,
+                "lower: a training entry's first root is the loss; node %d "
+                "is %s, not a rank-0 float",
+                loss, meta_text(mt, lm));
+      goto fail;
+    }
+    /* Keep every value an adjoint of the loss's ancestors reads. */
+    bool *anc = calloc((size_t)n + 1, sizeof(bool));
+    if (!anc) {
+      error_set(err, TOPOS_ERR_MEMORY, "lower: out of memory");
+      goto fail;
+    }
+    anc[loss] = true;
+    for (int i = loss; i >= 0; i--) {
+      if (!anc[i]) continue;
+      const node *nd = &net->nodes[i];
+      unsigned reads = op_table[nd->op].reads;
+      if (reads & READS_OUTPUT) p->retain[i] = true;
+      for (int j = 0; j < nd->nin; j++) {
+        anc[nd->in[j]] = true;
+        if (reads & READS_OPERAND(j)) p->retain[nd->in[j]] = true;
+      }
+    }
+    free(anc);
+  }
+  if (elect_groups(p, err)) goto fail;
+  for (int i = 0; i < n; i++)
+    if (p->live[i] && !is_member(p, i)) p->schedule[p->nschedule++] = i;
+  if (plan_liveness(p, err)) goto fail;
+  return p;
+fail:
+  topos_plan_free(p);
+  return NULL;
+}
+
+size_t topos_plan_peak_bytes(const topos_plan *plan) {
+  return plan ? plan->peak_bytes : 0;
+}
+
+int topos_plan_group_count(const topos_plan *plan) {
+  return plan ? plan->ngroups : 0;
+}
+
+/* ------------------------------------------------------------------ running */
+
+topos_run *topos_plan_forward(const topos_plan *plan,
+                              const topos_params *params,
+                              const topos_feed *feeds, int nfeeds,
+                              topos_error *err) {
+  if (!plan) {
+    error_set(err, TOPOS_ERR_ARGUMENT, "plan forward: plan is NULL");
+    return NULL;
+  }
+  const topos_network *net = plan->net;
+  const topos_tensor **fed = malloc(sizeof(*fed) * (size_t)(net->ninputs + 1));
+  topos_run *run = fed ? run_alloc(net, err) : NULL;
+  if (run) {
+    run->plan = plan;
+    run->readable = malloc(sizeof(bool) * (size_t)(net->n + 1));
+  }
+  if (!run || !run->readable) {
+    if (!fed || run)
+      error_set(err, TOPOS_ERR_MEMORY, "plan forward: no memory");
+    goto fail;
+  }
+  memcpy(run->readable, plan->keep, sizeof(bool) * (size_t)net->n);
+  if (run_prepare(net, params, feeds, nfeeds, fed, err)) goto fail;
+  for (int s = 0; s < plan->nschedule; s++) {
+    int32_t i = plan->schedule[s];
+    int g = plan->group_of[i];
+    if (g >= 0) {
+      const plan_group *grp = &plan->groups[g];
+      topos_error e = {0};
+      run->vals[i] =
+          group_eval(grp, &net->nodes[i].meta, run->vals[grp->x],
+                     grp->weight >= 0 ? run->vals[grp->weight] : NULL, &e);
+      if (!run->vals[i]) {
+        error_set(err, e.code, "%s (node %d, fused): %s",
+                  op_table[net->nodes[i].op].name, i, e.message);
+        goto fail;
+      }
+    } else if (run_eval_node(run, i, params, fed, err)) {
+      goto fail;
+    }
+    for (int k = plan->free_start[s]; k < plan->free_start[s + 1]; k++) {
+      int32_t v = plan->free_after[k];
+      topos_tensor_release(run->vals[v]);
+      run->vals[v] = NULL;
+    }
+  }
+  free(fed);
+  return run;
+fail:
+  free(fed);
+  topos_run_free(run);
+  return NULL;
+}
+
+topos_field *topos_plan_backward(const topos_plan *plan, const topos_run *run,
+                                 topos_error *err) {
+  if (!plan || !run) {
+    error_set(err, TOPOS_ERR_ARGUMENT, "plan backward: %s is NULL",
+              plan ? "run" : "plan");
+    return NULL;
+  }
+  if (run->plan != plan) {
+    error_set(err, TOPOS_ERR_ARGUMENT,
+              "plan backward: the run was not made by this plan");
+    return NULL;
+  }
+  if (plan->posture != TOPOS_POSTURE_TRAINING) {
+    error_set(err, TOPOS_ERR_STATE,
+              "plan backward: the plan is forward-only; lower with the "
+              "training posture");
+    return NULL;
+  }
+  return run_backward(run, plan->roots[0], err);
+}
+
+/* ---------------------------------------------------------------- describe */
+
+char *topos_plan_describe(const topos_plan *plan, topos_error *err) {
+  if (!plan) {
+    error_set(err, TOPOS_ERR_ARGUMENT, "plan describe: plan is NULL");
+    return NULL;
+  }
+  const topos_network *net = plan->net;
+  int nlive = 0;
+  for (int i = 0; i < net->n; i++) nlive += plan->live[i];
+  text t = {0};
+  text_add(&t,
+           "plan: posture %s, numerics %s; %d of %d nodes live, %d scheduled, "
+           "%d fused groups; peak %zu bytes\n",
+           plan->posture == TOPOS_POSTURE_TRAINING ? "training" : "forward",
+           plan->numerics == TOPOS_NUMERICS_FAST ? "fast" : "exact", nlive,
+           net->n, plan->nschedule, plan->ngroups, plan->peak_bytes);
+  text_add(&t, "roots:");
+  for (int k = 0; k < plan->nroots; k++) text_add(&t, " %%%d", plan->roots[k]);
+  text_add(&t, "\nobserves:");
+  for (int k = 0; k < plan->nobserves; k++)
+    text_add(&t, " %%%d", plan->observes[k]);
+  text_add(&t, "\nschedule (step: node op dtype[shape] live-span notes):\n");
+  for (int s = 0; s < plan->nschedule; s++) {
+    int32_t i = plan->schedule[s];
+    const node *n = &net->nodes[i];
+    char mt[SHAPE_TEXT + 8];
+    int g = plan->group_of[i];
+    int32_t last = plan->retain[i]          ? plan->nschedule - 1
+                   : plan->last_use[i] >= 0 ? plan->last_use[i]
+                                            : s;
+    text_add(&t, "  %4d: %%%-4d %-16s %-20s live %d..%d", s, i,
+             g >= 0 ? (plan->groups[g].kind == GROUP_CONV ? "fused-conv"
+                                                          : "fused-pool")
+                    : op_table[n->op].name,
+             meta_text(mt, &n->meta), s, last);
+    if (plan->keep[i])
+      text_add(&t, " keep");
+    else if (plan->retain[i])
+      text_add(&t, " kept-for-backward");
+    if (g >= 0) text_add(&t, " group %d", g);
+    if (plan->free_start[s + 1] > plan->free_start[s]) {
+      text_add(&t, " free");
+      for (int k = plan->free_start[s]; k < plan->free_start[s + 1]; k++)
+        text_add(&t, " %%%d", plan->free_after[k]);
+    }
+    text_add(&t, "\n");
+  }
+  for (int g = 0; g < plan->ngroups; g++) {
+    const plan_group *grp = &plan->groups[g];
+    text_add(&t, "group %d: %s head %%%d x %%%d", g,
+             grp->kind == GROUP_CONV ? "conv (direct windowed product)"
+                                     : "max-pool (window walk)",
+             grp->head, grp->x);
+    if (grp->weight >= 0) text_add(&t, " weight %%%d", grp->weight);
+    text_add(&t, " members");
+    for (int k = 0; k < grp->nmembers; k++)
+      text_add(&t, " %%%d", grp->members[k]);
+    text_add(&t,
+             "; window %lldx%lld stride %lld,%lld dilation %lld,%lld "
+             "padding %lld,%lld,%lld,%lld\n",
+             (long long)grp->kh, (long long)grp->kw, (long long)grp->stride_h,
+             (long long)grp->stride_w, (long long)grp->dil_h,
+             (long long)grp->dil_w, (long long)grp->pad_top,
+             (long long)grp->pad_bottom, (long long)grp->pad_left,
+             (long long)grp->pad_right);
+  }
+  return text_finish(&t, "plan describe", err);
+}

@@ -8,13 +8,15 @@ OPT     ?= -O2
 SAN     ?=
 PKG_CHECK := $(shell pkg-config --cflags --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -lpthread)
 CJSON_CFLAGS := $(shell pkg-config --cflags libcjson 2>/dev/null || echo -I/usr/include/cjson)
+GRPC_LIBS := $(shell pkg-config --libs grpc libprotobuf-c 2>/dev/null || echo -lgrpc -lgpr -lprotobuf-c)
 
 WARN    := -Wall -Wextra -Werror -Werror=implicit-function-declaration \
            -Wno-unused-parameter
 # The reference kernels must never fuse a multiply and an add on their own:
 # numerics.md allows FMA only where it writes fma().
 CFLAGS  := -std=c17 $(OPT) -g $(WARN) -ffp-contract=off -fno-fast-math \
-           -fPIC -D_GNU_SOURCE -pthread -Iengine -Istore $(CJSON_CFLAGS) \
+           -fPIC -D_GNU_SOURCE -pthread -Iengine -Istore -Iproto -Iclient \
+           -I$(BUILD)/gen $(CJSON_CFLAGS) \
            $(SAN) $(EXTRA_CFLAGS)
 # The engine hashes with OpenSSL's libcrypto and writes JSON with cJSON;
 # the store adds SQLite.
@@ -25,7 +27,20 @@ ENGINE_SRC := $(sort $(wildcard engine/*.c))
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 STORE_SRC  := $(sort $(wildcard store/*.c))
 STORE_OBJ  := $(STORE_SRC:%.c=$(BUILD)/obj/%.o)
-TEST_SRC   := $(sort $(wildcard tests/engine/test_*.c tests/store/test_*.c))
+# The daemon side: generated protobuf-c code, the wire glue, the client
+# library, the daemon and the CLI.
+GEN_C      := $(BUILD)/gen/topos.pb-c.c
+GEN_H      := $(BUILD)/gen/topos.pb-c.h
+CLIENT_SRC := $(sort $(wildcard proto/*.c) $(filter-out client/cli.c,$(wildcard client/*.c)))
+CLIENT_OBJ := $(CLIENT_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/topos.pb-c.o
+SERVER_SRC := $(sort $(wildcard server/*.c))
+SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
+LIB_CLIENT := $(BUILD)/lib/libtoposclient.a
+TOPOSD     := $(BUILD)/bin/toposd
+TOPOS_CLI  := $(BUILD)/bin/topos
+BINS       := $(if $(SERVER_SRC),$(TOPOSD)) $(if $(wildcard client/cli.c),$(TOPOS_CLI))
+
+TEST_SRC   := $(sort $(wildcard tests/engine/test_*.c tests/store/test_*.c tests/daemon/test_*.c))
 TEST_OBJ   := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 SUITES     := $(patsubst test_%.c,%,$(notdir $(TEST_SRC)))
 EXAMPLES   := $(BUILD)/examples/gradient_descent $(BUILD)/examples/makemore_mlp \
@@ -36,14 +51,41 @@ LIB_SO := $(BUILD)/lib/libtopos.so
 LIB_STORE := $(BUILD)/lib/libtopos_store.a
 RUNNER := $(BUILD)/tests/topos_tests
 
-.PHONY: all test asan test-valgrind deps clean format lint examples fuzz bench
-all: $(LIB_A) $(LIB_SO) $(LIB_STORE) examples
+.PHONY: all test asan test-valgrind deps clean format lint examples fuzz bench run
+all: $(LIB_A) $(LIB_SO) $(LIB_STORE) $(LIB_CLIENT) $(BINS) examples
 
 examples: $(EXAMPLES)
 
-$(BUILD)/obj/%.o: %.c $(wildcard engine/*.h store/*.h tests/engine/*.h)
+$(BUILD)/obj/%.o: %.c $(wildcard engine/*.h store/*.h proto/*.h client/*.h server/*.h tests/engine/*.h) $(GEN_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/engine -c $< -o $@
+
+$(GEN_C) $(GEN_H): proto/topos.proto
+	@mkdir -p $(BUILD)/gen
+	protoc-c --c_out=$(BUILD)/gen -Iproto proto/topos.proto
+
+# Generated code is compiled without -Werror: its warnings are protoc-c's.
+$(BUILD)/obj/gen/topos.pb-c.o: $(GEN_C)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c17 $(OPT) -g -fPIC -I$(BUILD)/gen $(SAN) -c $< -o $@
+
+$(LIB_CLIENT): $(CLIENT_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(TOPOSD): $(SERVER_OBJ) $(LIB_CLIENT) $(LIB_STORE) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(SERVER_OBJ) -o $@ $(LIB_CLIENT) $(LIB_STORE) $(LIB_A) \
+	  $(GRPC_LIBS) $(STORE_LIBS) $(LDLIBS)
+
+$(TOPOS_CLI): $(BUILD)/obj/client/cli.o $(LIB_CLIENT) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(LIB_CLIENT) $(LIB_A) $(GRPC_LIBS) $(LDLIBS)
+
+# `make run`: the daemon in the foreground on loopback, store under ./var.
+run: $(TOPOSD)
+	@mkdir -p var
+	$(TOPOSD) --listen 127.0.0.1:50051 --store var/topos.db
 
 $(LIB_A): $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
@@ -61,13 +103,16 @@ $(BUILD)/examples/inspect: examples/inspect.c $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(LIB_A) $(LDLIBS)
 
-$(BUILD)/examples/gradient_descent: examples/gradient_descent.c $(LIB_A)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< -o $@ $(LIB_A) $(LDLIBS)
+EXAMPLE_LIBS := $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(LIB_A) \
+                $(if $(CLIENT_SRC),$(GRPC_LIBS)) $(LDLIBS)
 
-$(BUILD)/examples/makemore_mlp: examples/makemore/makemore_mlp.c $(LIB_A)
+$(BUILD)/examples/gradient_descent: examples/gradient_descent.c $(LIB_A) $(if $(CLIENT_SRC),$(LIB_CLIENT))
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< -o $@ $(LIB_A) $(LDLIBS)
+	$(CC) $(CFLAGS) $< -o $@ $(EXAMPLE_LIBS)
+
+$(BUILD)/examples/makemore_mlp: examples/makemore/makemore_mlp.c $(LIB_A) $(if $(CLIENT_SRC),$(LIB_CLIENT))
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(EXAMPLE_LIBS)
 
 # The runner registers one Check suite per tests/*/test_<name>.c, each
 # of which defines `Suite *<name>_suite(void)`.
@@ -80,9 +125,10 @@ $(BUILD)/tests/suites.c: $(TEST_SRC) Makefile
 	   for s in $(SUITES); do echo "  srunner_add_suite(r, $${s}_suite());"; done; \
 	   echo '}'; } > $@
 
-$(RUNNER): $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c $(LIB_A) $(LIB_STORE) $(EXAMPLES)
+$(RUNNER): $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c $(LIB_A) $(LIB_STORE) $(EXAMPLES) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(BINS)
 	$(CC) $(CFLAGS) -Itests/engine $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c \
-	  -o $@ $(LIB_STORE) $(LIB_A) $(PKG_CHECK) $(STORE_LIBS) $(LDLIBS)
+	  -o $@ $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(LIB_STORE) $(LIB_A) $(PKG_CHECK) \
+	  $(if $(CLIENT_SRC),$(GRPC_LIBS)) $(STORE_LIBS) $(LDLIBS)
 
 test: $(RUNNER)
 	TOPOS_BUILD=$(BUILD) $(RUNNER)

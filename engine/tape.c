@@ -945,3 +945,96 @@ const int64_t *topos_network_value_shape(const topos_network *net,
   if (rank) *rank = i < 0 ? 0 : net->nodes[i].meta.rank;
   return i < 0 ? NULL : net->nodes[i].meta.shape;
 }
+
+/* ------------------------------------------------- generic node access */
+
+int topos_network_node(const topos_network *net, int index,
+                       topos_node_info *out, topos_error *err) {
+  if (!net || !out)
+    return error_set(err, TOPOS_ERR_ARGUMENT, "node: %s is NULL",
+                     net ? "out" : "network");
+  if (index < 0 || index >= net->n)
+    return error_set(err, TOPOS_ERR_ARGUMENT,
+                     "node: index %d is outside [0, %d)", index, net->n);
+  const node *n = &net->nodes[index];
+  const node_attrs *a = &n->at;
+  *out = (topos_node_info){
+      .op = n->op,
+      .op_name = op_table[n->op].name,
+      .nin = n->nin,
+      .operands = n->in,
+      .dtype = n->meta.dtype,
+      .rank = n->meta.rank,
+      .shape = n->meta.shape,
+      .name = n->name,
+      .axis = a->axis,
+      .start = a->start,
+      .length = a->length,
+      .before = a->before,
+      .after = a->after,
+      .size = a->size,
+      .step = a->step,
+      .dilation = a->dilation,
+      .extent = a->extent,
+      .p = a->p,
+      .perm = a->perm,
+      .target_rank = a->rank,
+      .target = a->shape,
+      .tensor = a->tensor,
+      .slot = a->slot,
+  };
+  return TOPOS_OK;
+}
+
+topos_value topos_record(topos_tape *tape, int op, const topos_value *operands,
+                         int n, const topos_node_info *at) {
+  if (!tape || tape->error) return TOPOS_NONE;
+  if (op < 0 || op >= OP_COUNT || !at) {
+    char msg[96];
+    if (at)
+      snprintf(msg, sizeof msg, "record: unknown op code %d", op);
+    else
+      snprintf(msg, sizeof msg, "record: op %d without attributes", op);
+    return topos_tape_fail(tape, TOPOS_ERR_ARGUMENT, msg);
+  }
+  node_attrs na = {0};
+  na.axis = at->axis;
+  na.start = at->start;
+  na.length = at->length;
+  na.before = at->before;
+  na.after = at->after;
+  na.size = at->size;
+  na.step = at->step;
+  na.dilation = at->dilation;
+  na.extent = at->extent;
+  na.p = at->p;
+  na.tensor = (topos_tensor *)at->tensor;
+  if (op == OP_PERMUTE) {
+    if (!at->perm)
+      return topos_tape_fail(tape, TOPOS_ERR_ARGUMENT,
+                             "record: permute without perm");
+    int rank = 0;
+    if (n == 1 && operands) topos_value_shape(tape, operands[0], &rank);
+    memcpy(na.perm, at->perm, sizeof(int) * (size_t)rank);
+  }
+  if (op == OP_RESHAPE || op == OP_BROADCAST) {
+    if (at->target_rank < 0 || at->target_rank > TOPOS_MAX_RANK ||
+        (at->target_rank > 0 && !at->target))
+      return topos_tape_fail(tape, TOPOS_ERR_ARGUMENT,
+                             "record: a target shape needs rank 0..8 extents");
+    na.rank = at->target_rank;
+    memcpy(na.shape, at->target, sizeof(int64_t) * (size_t)na.rank);
+  }
+  return tape_record(tape, (op_code)op, operands, n, &na);
+}
+
+int topos_op_code(const char *name) {
+  if (!name) return -1;
+  for (int i = 0; i < OP_COUNT; i++)
+    if (strcmp(op_table[i].name, name) == 0) return i;
+  return -1;
+}
+
+int topos_op_count(void) {
+  return OP_COUNT;
+}

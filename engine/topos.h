@@ -36,12 +36,12 @@ extern "C" {
 
 typedef enum topos_status {
   TOPOS_OK = 0,
-  TOPOS_ERR_ARGUMENT = 1, /* NULL, foreign value, bad attribute */
-  TOPOS_ERR_SHAPE = 2,    /* operand shapes do not fit the op */
-  TOPOS_ERR_DTYPE = 3,    /* operand dtypes do not fit the op */
-  TOPOS_ERR_RANGE = 4,    /* an index out of range at run time */
-  TOPOS_ERR_MEMORY = 5,   /* allocation failed or a size overflows */
-  TOPOS_ERR_STATE = 6,    /* e.g. reading a value a run did not evaluate */
+  TOPOS_ERR_ARGUMENT = 1,  /* NULL, foreign value, bad attribute */
+  TOPOS_ERR_SHAPE = 2,     /* operand shapes do not fit the op */
+  TOPOS_ERR_DTYPE = 3,     /* operand dtypes do not fit the op */
+  TOPOS_ERR_RANGE = 4,     /* an index out of range at run time */
+  TOPOS_ERR_MEMORY = 5,    /* allocation failed or a size overflows */
+  TOPOS_ERR_STATE = 6,     /* e.g. reading a value a run did not evaluate */
   TOPOS_ERR_NOT_FOUND = 7, /* an unknown spec or blob id */
   TOPOS_ERR_CORRUPT = 8,   /* stored bytes no longer match their id */
   TOPOS_ERR_IO = 9         /* the store's file could not be used */
@@ -241,6 +241,44 @@ topos_value topos_gather(topos_tape *tape, topos_value table, topos_value idx);
 topos_value topos_scatter(topos_tape *tape, topos_value rows, topos_value idx,
                           int64_t extent);
 
+/* ------------------------------------------------- generic node access */
+
+/* One node of a sealed network, or the attributes of a node to record
+ * generically.  op is the op code (the numbering of proto/topos.proto's
+ * Op, frozen); pointers are borrowed from the network.  Each op reads
+ * only the attributes it names (docs/encoding.md). */
+typedef struct topos_node_info {
+  int op;
+  const char *op_name;
+  int nin;
+  const int32_t *operands; /* node indices of earlier nodes */
+  topos_dtype dtype;
+  int rank;
+  const int64_t *shape;
+  const char *name; /* NULL when unnamed */
+  int axis;
+  int64_t start, length, before, after, size, step, dilation, extent;
+  double p;
+  const int *perm;            /* permute: rank entries */
+  int target_rank;            /* reshape / broadcast */
+  const int64_t *target;      /* reshape / broadcast: target_rank extents */
+  const topos_tensor *tensor; /* constant, parameter, input */
+  int slot;                   /* parameter, input */
+} topos_node_info;
+
+/* Fills *out with node `index` of net.  Returns a topos_status. */
+int topos_network_node(const topos_network *net, int index,
+                       topos_node_info *out, topos_error *err);
+/* Records op `op` with these operands and the attributes in *at (dtype,
+ * rank, shape, name, operands and slot of *at are ignored); the same
+ * checks as the per-op calls.  An unknown op fails the tape. */
+topos_value topos_record(topos_tape *tape, int op, const topos_value *operands,
+                         int n, const topos_node_info *at);
+/* The op code of a name ("matmul"), or -1. */
+int topos_op_code(const char *name);
+/* The number of ops (valid codes are 0 .. count-1). */
+int topos_op_count(void);
+
 /* Consumes the tape.  Returns a new network (release it), or NULL when the
  * tape recorded an error, which is copied into err. */
 topos_network *topos_tape_seal(topos_tape *tape, topos_error *err);
@@ -271,7 +309,6 @@ typedef enum topos_format {
  * JSON and DOT carry the same facts.  New string, free with topos_free. */
 char *topos_network_describe(const topos_network *net, topos_format format,
                              topos_error *err);
-
 
 /* -------------------------------------------------- parameters and fields */
 

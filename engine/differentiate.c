@@ -78,21 +78,26 @@ static int own_index(topos_tape *tape, topos_value v, const char *what) {
   return v.index;
 }
 
+/* Every failure leaves each grads_out entry invalid. */
+static int fail_all(topos_tape *tape, topos_value *grads_out, int n) {
+  for (int k = 0; grads_out && k < n; k++) grads_out[k] = TOPOS_NONE;
+  return tape->error_code;
+}
+
 int topos_tape_differentiate(topos_tape *tape, topos_value loss,
                              const topos_value *wrt, int n,
                              topos_value *grads_out) {
   if (!tape) return TOPOS_ERR_ARGUMENT;
-  if (tape->error) return tape->error_code;
+  if (tape->error) return fail_all(tape, grads_out, n);
   if (n < 0 || (n > 0 && (!wrt || !grads_out))) {
     topos_tape_fail(tape, TOPOS_ERR_ARGUMENT,
                     "differentiate: wrt and grads_out must hold n values");
-    return tape->error_code;
+    return fail_all(tape, n < 0 ? NULL : grads_out, n);
   }
-  for (int k = 0; k < n; k++) grads_out[k] = TOPOS_NONE;
   int li = own_index(tape, loss, "the loss");
   for (int k = 0; li >= 0 && k < n; k++)
     if (own_index(tape, wrt[k], "a wrt value") < 0) li = -1;
-  if (li < 0) return tape->error_code;
+  if (li < 0) return fail_all(tape, grads_out, n);
   const tensor_meta *lm = &tape->nodes[li].meta;
   if (lm->rank != 0 || !dtype_is_float(lm->dtype)) {
     char msg[160], mt[SHAPE_TEXT + 8];
@@ -101,29 +106,33 @@ int topos_tape_differentiate(topos_tape *tape, topos_value loss,
              "float value",
              li, meta_text(mt, lm));
     topos_tape_fail(tape, TOPOS_ERR_SHAPE, msg);
-    return tape->error_code;
+    return fail_all(tape, grads_out, n);
   }
   record_builder rb = {
       .base = {rb_emit, rb_scalar, rb_meta, rb_value, rb_settle, rb_node_at},
       .tape = tape,
   };
-  int32_t *grads = malloc(sizeof(int32_t) * (size_t)(li + 1));
+  /* Results go to grads_out only at the end: callers may pass wrt itself
+   * as grads_out, replacing each value by its gradient. */
+  int32_t *grads = malloc(sizeof(int32_t) * (size_t)(li + 1 + n));
   if (!grads) {
     topos_tape_fail(tape, TOPOS_ERR_MEMORY, "differentiate: out of memory");
-    return tape->error_code;
+    return fail_all(tape, grads_out, n);
   }
   topos_error err = {0};
+  int32_t *out = grads + li + 1;
   if (backward_scan(&rb.base, li, grads, &err) == 0) {
     for (int k = 0; k < n; k++) {
       int32_t w = wrt[k].index;
       int32_t g = w <= li ? grads[w] : -1;
       /* Outside the loss's ancestors the gradient is an exact zero. */
-      if (g < 0) g = b_fill_like(&rb.base, w, 0.0);
-      grads_out[k] = g < 0 ? TOPOS_NONE : value_of(&rb, g);
+      out[k] = g >= 0 ? g : b_fill_like(&rb.base, w, 0.0);
     }
   } else if (!tape->error) {
     topos_tape_fail(tape, err.code, err.message);
   }
+  for (int k = 0; k < n; k++)
+    grads_out[k] = tape->error ? TOPOS_NONE : value_of(&rb, out[k]);
   free(grads);
   return tape->error ? tape->error_code : TOPOS_OK;
 }

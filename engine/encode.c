@@ -69,7 +69,9 @@ static void put_u64(writer *w, uint64_t v) {
   put_bytes(w, b, 8);
 }
 
-static void put_i64(writer *w, int64_t v) { put_u64(w, (uint64_t)v); }
+static void put_i64(writer *w, int64_t v) {
+  put_u64(w, (uint64_t)v);
+}
 
 static void put_shape(writer *w, int rank, const int64_t *shape) {
   put_u8(w, (unsigned)rank);
@@ -122,7 +124,7 @@ static void put_attrs(writer *w, const node *n) {
       put_tensor(w, a->tensor);
       break;
     case OP_POW: {
-      uint64_t bits;
+      uint64_t bits = 0;
       memcpy(&bits, &a->p, sizeof bits);
       put_u64(w, bits);
       break;
@@ -201,7 +203,9 @@ int topos_network_encode(const topos_network *net, uint8_t **bytes, size_t *len,
   if (len) *len = 0;
   if (!net || !bytes || !len)
     return error_set(err, TOPOS_ERR_ARGUMENT, "encode: %s is NULL",
-                     !net ? "network" : !bytes ? "bytes" : "len");
+                     !net     ? "network"
+                     : !bytes ? "bytes"
+                              : "len");
   writer count = {NULL, 0};
   put_network(&count, net);
   uint8_t *buf = malloc(count.pos);
@@ -255,9 +259,9 @@ int topos_network_id(const topos_network *net, char out[65], topos_error *err) {
 
 typedef struct reader {
   const uint8_t *p;
-  size_t left;    /* bytes not yet read */
-  size_t offset;  /* of p from the start, for messages */
-  int node;       /* the node being read, -1 in the header */
+  size_t left;   /* bytes not yet read */
+  size_t offset; /* of p from the start, for messages */
+  int node;      /* the node being read, -1 in the header */
   topos_error *err;
 } reader;
 
@@ -330,7 +334,7 @@ static bool get_i64(reader *r, const char *what, int64_t *v) {
 }
 
 static bool get_axis(reader *r, int *axis) {
-  unsigned v;
+  unsigned v = 0;
   if (!get_u8(r, "axis", &v)) return false;
   *axis = (int)v;
   return true;
@@ -338,7 +342,7 @@ static bool get_axis(reader *r, int *axis) {
 
 /* rank u8 (<= TOPOS_MAX_RANK) and rank extents (each >= 0). */
 static bool get_shape(reader *r, const char *what, int *rank, int64_t *shape) {
-  unsigned v;
+  unsigned v = 0;
   if (!get_u8(r, what, &v)) return false;
   if (v > TOPOS_MAX_RANK) {
     decode_fail(r, TOPOS_ERR_CORRUPT, "%s has rank %u; the limit is %d", what,
@@ -359,7 +363,7 @@ static bool get_shape(reader *r, const char *what, int *rank, int64_t *shape) {
 }
 
 static bool get_dtype(reader *r, const char *what, topos_dtype *dtype) {
-  unsigned v;
+  unsigned v = 0;
   if (!get_u8(r, what, &v)) return false;
   if (!dtype_valid((topos_dtype)v)) {
     decode_fail(r, TOPOS_ERR_CORRUPT, "unknown %s %u", what, v);
@@ -372,23 +376,33 @@ static bool get_dtype(reader *r, const char *what, topos_dtype *dtype) {
 /* A leaf's tensor.  Its byte size is checked against the bytes that remain
  * before the tensor is made, so no tensor outgrows the input. */
 static topos_tensor *get_tensor(reader *r) {
-  topos_dtype dtype;
-  int rank;
-  int64_t shape[TOPOS_MAX_RANK];
+  topos_dtype dtype = TOPOS_F32;
+  int rank = 0;
+  int64_t shape[TOPOS_MAX_RANK] = {0};
   if (!get_dtype(r, "tensor dtype", &dtype)) return NULL;
   if (!get_shape(r, "tensor shape", &rank, shape)) return NULL;
   int64_t count = shape_count(rank, shape);
   size_t es = topos_dtype_size(dtype);
-  char st[SHAPE_TEXT];
+  /* A tensor with no elements still gets row-major strides, the products
+   * of its non-zero extents, which must not overflow either. */
+  int64_t span = 1;
+  for (int i = 0; i < rank && count >= 0; i++)
+    if (__builtin_mul_overflow(span, shape[i] ? shape[i] : 1, &span))
+      count = -1;
   if (count < 0 || (uint64_t)count > r->left / es) {
-    decode_fail(r, TOPOS_ERR_CORRUPT,
-                "truncated: tensor %s%s needs %s%llu bytes at offset %zu, %zu "
-                "remain",
-                topos_dtype_name(dtype), shape_text(st, rank, shape),
-                count < 0 ? "more than " : "",
-                count < 0 ? (unsigned long long)INT64_MAX
-                          : (unsigned long long)count * es,
-                r->offset, r->left);
+    char st[SHAPE_TEXT];
+    shape_text(st, rank, shape);
+    if (count < 0)
+      decode_fail(r, TOPOS_ERR_CORRUPT,
+                  "tensor %s%s at offset %zu is too large: its extents "
+                  "multiply past int64",
+                  topos_dtype_name(dtype), st, r->offset);
+    else
+      decode_fail(r, TOPOS_ERR_CORRUPT,
+                  "truncated: tensor %s%s needs %lld elements of %zu bytes "
+                  "at offset %zu, %zu bytes remain",
+                  topos_dtype_name(dtype), st, (long long)count, es, r->offset,
+                  r->left);
     return NULL;
   }
   size_t bytes = (size_t)count * es;
@@ -408,9 +422,9 @@ static topos_tensor *get_tensor(reader *r) {
   topos_tensor *t = topos_tensor_from(dtype, rank, shape, data, &terr);
   free(swapped);
   if (!t)
-    decode_fail(r, terr.code == TOPOS_ERR_MEMORY ? TOPOS_ERR_MEMORY
-                                                 : TOPOS_ERR_CORRUPT,
-                "%s", terr.message);
+    decode_fail(
+        r, terr.code == TOPOS_ERR_MEMORY ? TOPOS_ERR_MEMORY : TOPOS_ERR_CORRUPT,
+        "%s", terr.message);
   return t;
 }
 
@@ -421,7 +435,7 @@ static bool get_attrs(reader *r, op_code op, int rank, node_attrs *at,
   switch (op) {
     case OP_PARAMETER:
     case OP_INPUT: {
-      uint32_t s;
+      uint32_t s = 0;
       if (!get_u32(r, "slot", &s)) return false;
       *slot = s;
     }
@@ -430,14 +444,14 @@ static bool get_attrs(reader *r, op_code op, int rank, node_attrs *at,
       at->tensor = get_tensor(r);
       return at->tensor != NULL;
     case OP_POW: {
-      uint64_t bits;
+      uint64_t bits = 0;
       if (!get_u64(r, "exponent", &bits)) return false;
       memcpy(&at->p, &bits, sizeof at->p);
       return true;
     }
     case OP_PERMUTE:
       for (int i = 0; i < rank; i++) {
-        unsigned v;
+        unsigned v = 0;
         if (!get_u8(r, "perm", &v)) return false;
         at->perm[i] = (int)v;
       }
@@ -476,11 +490,11 @@ static bool get_attrs(reader *r, op_code op, int rank, node_attrs *at,
 
 /* Reads node i and replays it on the tape.  Returns false with r->err. */
 static bool decode_node(reader *r, topos_tape *tape, int i) {
-  unsigned op_byte, nbytes;
-  topos_dtype dtype;
-  int rank;
-  int64_t shape[TOPOS_MAX_RANK];
-  uint32_t nin;
+  unsigned op_byte = 0, nbytes = 0;
+  topos_dtype dtype = TOPOS_F32;
+  int rank = 0;
+  int64_t shape[TOPOS_MAX_RANK] = {0};
+  uint32_t nin = 0;
   r->node = i;
   if (!get_u8(r, "op", &op_byte)) return false;
   if (op_byte >= OP_COUNT)
@@ -512,7 +526,7 @@ static bool decode_node(reader *r, topos_tape *tape, int i) {
   int64_t slot = -1;
   bool ok = true;
   for (uint32_t j = 0; j < nin && ok; j++) {
-    uint32_t k;
+    uint32_t k = 0;
     get_u32(r, "operand", &k); /* cannot fail: need() above */
     if (k >= (uint32_t)i) {
       decode_fail(r, TOPOS_ERR_CORRUPT,
@@ -539,8 +553,12 @@ static bool decode_node(reader *r, topos_tape *tape, int i) {
   if (ok) {
     v = tape_record(tape, op, in, (int)nin, &at);
     if (!topos_value_ok(v)) {
-      decode_fail(r, TOPOS_ERR_CORRUPT, "replay failed: %s",
-                  topos_tape_error(tape));
+      /* The recording rules refuse what the bytes say, unless the tape
+       * itself ran out of memory. */
+      bool oom = tape->error_code == TOPOS_ERR_MEMORY &&
+                 strstr(tape->error, "out of memory") != NULL;
+      decode_fail(r, oom ? TOPOS_ERR_MEMORY : TOPOS_ERR_CORRUPT,
+                  "replay failed: %s", topos_tape_error(tape));
       ok = false;
     }
   }
@@ -584,8 +602,8 @@ topos_network *topos_network_decode(const uint8_t *bytes, size_t len,
                 "not a topos network (the magic is not \"TPOS\")");
     return NULL;
   }
-  unsigned version, dtype;
-  uint32_t count;
+  unsigned version = 0, dtype = 0;
+  uint32_t count = 0;
   get_u16(&r, "version", &version);
   get_u8(&r, "tape dtype", &dtype);
   get_u32(&r, "node count", &count);

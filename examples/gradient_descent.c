@@ -8,11 +8,22 @@
  * returns new parameters.  The program prints w, which converges to 2,
  * and the network's describe listing, and exits 1 if w is not within
  * 1e-6 of 2.
+ *
+ * Usage: gradient_descent [--server ADDRESS] [--dump FILE]
+ * With --server the network is recorded on a toposd daemon and every step
+ * is one Step call carrying the parameters, the optimizer state and the
+ * feeds (the listing is the daemon's describe); the numbers are bit for
+ * bit those of the in-process run.  --dump writes the final parameters'
+ * bytes (each slot's elements row-major, in slot order) to FILE, so two
+ * runs can be compared byte for byte.
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "topos.h"
+#include "topos_client.h"
 
 static int fail(const char *what, const topos_error *err) {
   fprintf(stderr, "gradient_descent: %s: %s\n", what,
@@ -20,8 +31,45 @@ static int fail(const char *what, const topos_error *err) {
   return 1;
 }
 
-int main(void) {
+/* Writes every slot's elements row-major, in slot order, to path. */
+static int dump_params(const char *path, const topos_params *p,
+                       topos_error *err) {
+  FILE *f = fopen(path, "wb");
+  if (f == NULL) {
+    snprintf(err->message, sizeof err->message, "cannot write %s", path);
+    return 1;
+  }
+  int rc = 0;
+  for (int s = 0; s < topos_params_count(p) && rc == 0; s++) {
+    const topos_tensor *t = topos_params_get(p, s);
+    size_t bytes =
+        (size_t)topos_tensor_count(t) * topos_dtype_size(topos_tensor_dtype(t));
+    void *buf = malloc(bytes ? bytes : 1);
+    rc = buf != NULL && topos_tensor_read(t, buf, bytes, err) == TOPOS_OK &&
+                 fwrite(buf, 1, bytes, f) == bytes
+             ? 0
+             : 1;
+    free(buf);
+  }
+  if (fclose(f) != 0) rc = 1;
+  if (rc != 0 && err->message[0] == '\0')
+    snprintf(err->message, sizeof err->message, "cannot write %s", path);
+  return rc;
+}
+
+int main(int argc, char **argv) {
   topos_error err = {0};
+  const char *server = NULL, *dump = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--server") == 0 && i + 1 < argc) {
+      server = argv[++i];
+    } else if (strcmp(argv[i], "--dump") == 0 && i + 1 < argc) {
+      dump = argv[++i];
+    } else {
+      fprintf(stderr, "usage: %s [--server ADDRESS] [--dump FILE]\n", argv[0]);
+      return 2;
+    }
+  }
 
   /* Record: w is a parameter, x and y are inputs with default 0. */
   topos_tape *tape = topos_tape_new(TOPOS_F64);
@@ -35,6 +83,18 @@ int main(void) {
   topos_network *net = topos_tape_seal(tape, &err);
   if (net == NULL) return fail("recording", &err);
 
+  /* Remote: the daemon stores the spec and answers its id. */
+  topos_client *client = NULL;
+  char id[65] = "";
+  if (server != NULL) {
+    client = topos_client_connect(server, &err);
+    if (client == NULL || topos_client_record(client, net, id, &err) != 0) {
+      topos_client_close(client);
+      topos_network_release(net);
+      return fail("recording on the daemon", &err);
+    }
+  }
+
   /* Train: state is held here, as values; the network never changes. */
   static const double samples[3][2] = {{1, 2}, {2, 4}, {3, 6}};
   topos_optimizer opt = topos_sgd(0.02, 0.0);
@@ -46,13 +106,25 @@ int main(void) {
     topos_tensor *xt = topos_tensor_scalar(TOPOS_F64, s[0], &err);
     topos_tensor *yt = topos_tensor_scalar(TOPOS_F64, s[1], &err);
     topos_feed feeds[2] = {{x, xt}, {y, yt}};
-    topos_run *run = topos_forward(net, params, feeds, 2, &err);
-    topos_field *grad = run ? topos_backward(run, loss, &err) : NULL;
-    topos_params *g = grad ? topos_parameters_of(grad, &err) : NULL;
+    topos_run *run = NULL;
+    topos_field *grad = NULL;
+    topos_params *g = NULL;
     topos_params *next = NULL;
     topos_opt_state *next_state = NULL;
-    if (g == NULL || topos_optimizer_step(&opt, params, g, state, &next,
-                                          &next_state, &err) != TOPOS_OK) {
+    int step_rc;
+    if (client != NULL) {
+      /* The same step as below, computed by the daemon. */
+      step_rc = topos_client_step(client, id, loss, params, feeds, 2, &opt,
+                                  state, &next, &next_state, NULL, &err);
+    } else {
+      run = topos_forward(net, params, feeds, 2, &err);
+      grad = run ? topos_backward(run, loss, &err) : NULL;
+      g = grad ? topos_parameters_of(grad, &err) : NULL;
+      step_rc = g == NULL ? TOPOS_ERR_STATE
+                          : topos_optimizer_step(&opt, params, g, state, &next,
+                                                 &next_state, &err);
+    }
+    if (step_rc != TOPOS_OK) {
       rc = fail("training step", &err);
     } else {
       topos_params_free(params);
@@ -72,7 +144,11 @@ int main(void) {
     int64_t none[1] = {0};
     wv = topos_tensor_get(topos_params_get(params, 0), none, &err);
     printf("w = %.17g\n", wv);
-    char *text = topos_network_describe(net, TOPOS_FORMAT_TEXT, &err);
+    char *text = NULL;
+    if (client != NULL)
+      topos_client_describe(client, id, TOPOS_FORMAT_TEXT, &text, &err);
+    else
+      text = topos_network_describe(net, TOPOS_FORMAT_TEXT, &err);
     if (text == NULL) {
       rc = fail("describe", &err);
     } else {
@@ -81,6 +157,10 @@ int main(void) {
     }
   }
 
+  if (rc == 0 && dump != NULL && dump_params(dump, params, &err) != 0)
+    rc = fail("--dump", &err);
+
+  topos_client_close(client);
   topos_opt_state_free(state);
   topos_params_free(params);
   topos_network_release(net);

@@ -10,11 +10,20 @@
  * is 5000 plain-SGD steps on minibatches of 64 drawn by a seeded
  * generator, so every run prints the same numbers.
  *
- * Usage: makemore_mlp [--data PATH] [--steps N]
+ * Usage: makemore_mlp [--data PATH] [--steps N] [--server ADDRESS]
+ *                     [--dump FILE]
  * The data defaults to examples/makemore/names.txt, relative to the
  * current directory (the repository root).  Output: a progress line every
  * 500 steps and, last, "final: mean loss of the last 500 steps = X";
  * the time per step goes to stderr.
+ *
+ * With --server the network is recorded on a toposd daemon, the initial
+ * parameters are uploaded once as a blob (the first step references it),
+ * and every step is one Step call carrying the minibatch as feeds, the
+ * parameters and the optimizer state; the daemon keeps nothing between
+ * steps and the numbers are bit for bit those of the in-process run.
+ * --dump writes the final parameters' bytes (each slot's elements
+ * row-major, in slot order) to FILE.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -23,6 +32,7 @@
 #include <time.h>
 
 #include "topos.h"
+#include "topos_client.h"
 
 enum { VOCAB = 27, CONTEXT = 3, EMBED = 10, HIDDEN = 100, BATCH = 64 };
 
@@ -156,6 +166,32 @@ static int model_build(model *m, topos_error *err) {
   return m->net != NULL ? 0 : -1;
 }
 
+/* Writes every slot's elements row-major, in slot order, to path. */
+static int dump_params(const char *path, const topos_params *p,
+                       topos_error *err) {
+  FILE *f = fopen(path, "wb");
+  if (f == NULL) {
+    snprintf(err->message, sizeof err->message, "cannot write %s", path);
+    return 1;
+  }
+  int rc = 0;
+  for (int s = 0; s < topos_params_count(p) && rc == 0; s++) {
+    const topos_tensor *t = topos_params_get(p, s);
+    size_t bytes =
+        (size_t)topos_tensor_count(t) * topos_dtype_size(topos_tensor_dtype(t));
+    void *buf = malloc(bytes ? bytes : 1);
+    rc = buf != NULL && topos_tensor_read(t, buf, bytes, err) == TOPOS_OK &&
+                 fwrite(buf, 1, bytes, f) == bytes
+             ? 0
+             : 1;
+    free(buf);
+  }
+  if (fclose(f) != 0) rc = 1;
+  if (rc != 0 && err->message[0] == '\0')
+    snprintf(err->message, sizeof err->message, "cannot write %s", path);
+  return rc;
+}
+
 /* lr 0.3, then 0.03 for the last fifth: the large rate covers ground in
  * few steps, the small one settles into the basin it found. */
 static double learning_rate(int step, int steps) {
@@ -164,14 +200,22 @@ static double learning_rate(int step, int steps) {
 
 int main(int argc, char **argv) {
   const char *path = "examples/makemore/names.txt";
+  const char *server = NULL, *dump = NULL;
   int steps = 5000;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--data") == 0 && i + 1 < argc) {
       path = argv[++i];
     } else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
       steps = atoi(argv[++i]);
+    } else if (strcmp(argv[i], "--server") == 0 && i + 1 < argc) {
+      server = argv[++i];
+    } else if (strcmp(argv[i], "--dump") == 0 && i + 1 < argc) {
+      dump = argv[++i];
     } else {
-      fprintf(stderr, "usage: %s [--data PATH] [--steps N]\n", argv[0]);
+      fprintf(stderr,
+              "usage: %s [--data PATH] [--steps N] [--server ADDRESS] "
+              "[--dump FILE]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -202,6 +246,16 @@ int main(int argc, char **argv) {
   topos_opt_state *state = topos_opt_state_new(&opt, params, &err);
   int rc = state != NULL ? 0 : fail("optimizer state", &err);
 
+  /* Remote: record the spec, upload the initial parameters once. */
+  topos_client *client = NULL;
+  char id[65] = "", blob[65] = "";
+  if (rc == 0 && server != NULL) {
+    client = topos_client_connect(server, &err);
+    if (client == NULL || topos_client_record(client, m.net, id, &err) != 0 ||
+        topos_client_put_blob(client, params, blob, NULL, &err) != 0)
+      rc = fail("the daemon", &err);
+  }
+
   uint64_t rng = 20240601;
   int32_t bx[BATCH * CONTEXT], by[BATCH];
   int64_t x_shape[2] = {BATCH, CONTEXT}, y_shape[1] = {BATCH};
@@ -217,16 +271,36 @@ int main(int argc, char **argv) {
     topos_tensor *xt = topos_tensor_from(TOPOS_I32, 2, x_shape, bx, &err);
     topos_tensor *yt = topos_tensor_from(TOPOS_I32, 1, y_shape, by, &err);
     topos_feed feeds[2] = {{m.x, xt}, {m.y, yt}};
-    topos_run *run =
-        xt && yt ? topos_forward(m.net, params, feeds, 2, &err) : NULL;
-    topos_field *grad = run ? topos_backward(run, m.loss, &err) : NULL;
-    topos_params *g = grad ? topos_parameters_of(grad, &err) : NULL;
-    double loss = run ? topos_run_scalar(run, m.loss, &err) : 0;
+    topos_run *run = NULL;
+    topos_field *grad = NULL;
+    topos_params *g = NULL;
+    double loss = 0;
     topos_params *next = NULL;
     topos_opt_state *next_state = NULL;
     opt.lr = learning_rate(step, steps);
-    if (g == NULL || topos_optimizer_step(&opt, params, g, state, &next,
-                                          &next_state, &err) != TOPOS_OK) {
+    int step_rc = TOPOS_ERR_STATE;
+    if (client != NULL && xt && yt) {
+      /* The same step as below, computed by the daemon; the first one
+       * reads the parameters from the uploaded blob. */
+      topos_client_args args = {.feeds = feeds, .nfeeds = 2};
+      if (step == 0) {
+        args.params_blob = blob;
+        args.nparams_blob = topos_params_count(params);
+      } else {
+        args.params = params;
+      }
+      step_rc = topos_client_step_with(client, id, m.loss, &args, &opt, state,
+                                       &next, &next_state, &loss, &err);
+    } else if (client == NULL) {
+      run = xt && yt ? topos_forward(m.net, params, feeds, 2, &err) : NULL;
+      grad = run ? topos_backward(run, m.loss, &err) : NULL;
+      g = grad ? topos_parameters_of(grad, &err) : NULL;
+      loss = run ? topos_run_scalar(run, m.loss, &err) : 0;
+      if (g != NULL)
+        step_rc = topos_optimizer_step(&opt, params, g, state, &next,
+                                       &next_state, &err);
+    }
+    if (step_rc != TOPOS_OK) {
       rc = fail("training step", &err);
     } else {
       topos_params_free(params);
@@ -254,10 +328,13 @@ int main(int argc, char **argv) {
   if (rc == 0) {
     printf("final: mean loss of the last %d steps = %.4f\n", window,
            window_sum / window);
-    fprintf(stderr, "%.3f ms/step (%d steps, %.1f s)\n", elapsed / steps, steps,
-            elapsed / 1e3);
+    fprintf(stderr, "%.3f ms/step (%d steps, %.1f s)%s\n", elapsed / steps,
+            steps, elapsed / 1e3, client != NULL ? " remote" : "");
   }
+  if (rc == 0 && dump != NULL && dump_params(dump, params, &err) != 0)
+    rc = fail("--dump", &err);
 
+  topos_client_close(client);
   topos_opt_state_free(state);
   topos_params_free(params);
   topos_network_release(m.net);

@@ -93,7 +93,10 @@ START_TEST(test_status_names) {
   ck_assert_str_eq(topos_status_name(TOPOS_ERR_RANGE), "range");
   ck_assert_str_eq(topos_status_name(TOPOS_ERR_MEMORY), "memory");
   ck_assert_str_eq(topos_status_name(TOPOS_ERR_STATE), "state");
-  ck_assert_str_eq(topos_status_name(7), "unknown");
+  ck_assert_str_eq(topos_status_name(TOPOS_ERR_NOT_FOUND), "not found");
+  ck_assert_str_eq(topos_status_name(TOPOS_ERR_CORRUPT), "corrupt");
+  ck_assert_str_eq(topos_status_name(TOPOS_ERR_IO), "io");
+  ck_assert_str_eq(topos_status_name(10), "unknown");
   ck_assert_str_eq(topos_status_name(-1), "unknown");
   ck_assert_str_eq(topos_status_name(1000000), "unknown");
 }

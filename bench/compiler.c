@@ -1,0 +1,703 @@
+/*
+ * compiler.c - the compiler tier's benchmark: one table of figures measured
+ * side by side in one run (issue 3, item 7; docs/bench.md explains every
+ * row).
+ *
+ *  1. makemore MLP (f32; vocab 27, context 3, embedding 10, hidden 100 tanh,
+ *     batch 64): a training step (forward + backward + plain SGD) through
+ *     the interpreter and through a training-posture plan, the plans' peak
+ *     bytes, and a check that both paths end with the same parameter bits.
+ *  2. A LeNet-style CNN (28x28x1, conv 8 -> relu -> pool 2 -> conv 16 ->
+ *     relu -> pool 2 -> linear 10, batch 64, cross entropy): the same
+ *     training comparison, plus forward-only time for the interpreter, a
+ *     forward plan with fused conv/pool groups and the same plan with the
+ *     fusion blocked, their peak bytes, and a bit check of the logits.
+ *  3. A 10k-node spec: encode, decode and id times and throughput.
+ *
+ * Every time is the median of several repetitions after warm-up, read
+ * from CLOCK_MONOTONIC.  Batches are random and seeded, so the work is the
+ * same every run.  The program exits 1 when a bit check fails or any
+ * engine call reports an error.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "topos.h"
+
+/* ------------------------------------------------------------- utilities */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Median of v[0..n) (sorts v). */
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof v[0], cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void die(const char *what, const topos_error *err) {
+  fprintf(stderr, "bench/compiler: %s: %s\n", what,
+          err && err->message[0] ? err->message : "failed");
+  exit(1);
+}
+
+static void *must(void *p, const char *what, const topos_error *err) {
+  if (p == NULL) die(what, err);
+  return p;
+}
+
+static uint64_t splitmix64(uint64_t *state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* One table row: workload, measure, value, unit. */
+static void row(const char *workload, const char *measure, const char *value,
+                const char *unit) {
+  printf("%-9s %-52s %12s%s%s\n", workload, measure, value, unit[0] ? " " : "",
+         unit);
+  fflush(stdout);
+}
+
+static void rowf(const char *workload, const char *measure, double value,
+                 int decimals, const char *unit) {
+  char text[64];
+  snprintf(text, sizeof text, "%.*f", decimals, value);
+  row(workload, measure, text, unit);
+}
+
+static void rowi(const char *workload, const char *measure, long long value,
+                 const char *unit) {
+  char text[64];
+  snprintf(text, sizeof text, "%lld", value);
+  row(workload, measure, text, unit);
+}
+
+static void cpu_header(void) {
+  char model[256] = "unknown CPU";
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (f != NULL) {
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+      if (strncmp(line, "model name", 10) != 0) continue;
+      const char *colon = strchr(line, ':');
+      if (colon == NULL) continue;
+      colon++;
+      while (*colon == ' ' || *colon == '\t') colon++;
+      snprintf(model, sizeof model, "%.*s", (int)strcspn(colon, "\n"), colon);
+      break;
+    }
+    fclose(f);
+  }
+  printf(
+      "topos compiler bench: %s, %ld threads online (this bench runs on 1)\n",
+      model, sysconf(_SC_NPROCESSORS_ONLN));
+  /* The machine's load when the run starts: a busy shared host slows
+   * every figure, and the side-by-side ratios less than the times. */
+  double load = -1;
+  f = fopen("/proc/loadavg", "r");
+  if (f != NULL) {
+    if (fscanf(f, "%lf", &load) != 1) load = -1;
+    fclose(f);
+  }
+  printf(
+      "times: median of the repetitions after warm-up, CLOCK_MONOTONIC; "
+      "1-min load average at start %.2f\n\n",
+      load);
+  printf("%-9s %-52s %12s %s\n", "workload", "measure", "value", "unit");
+  printf("%-9s %-52s %12s %s\n", "--------",
+         "----------------------------------------------------", "-----",
+         "----");
+}
+
+/* ------------------------------------------------------------- training */
+
+/* One path of training: the interpreter (plan NULL) or a training plan,
+ * each with its own parameters and optimizer state. */
+typedef struct trainer {
+  const topos_network *net;
+  const topos_plan *plan;
+  topos_value loss;
+  topos_params *params;
+  topos_opt_state *state;
+  long steps;
+} trainer;
+
+static void trainer_init(trainer *t, const topos_network *net,
+                         const topos_plan *plan, topos_value loss,
+                         const topos_optimizer *opt) {
+  topos_error err = {0};
+  t->net = net;
+  t->plan = plan;
+  t->loss = loss;
+  t->steps = 0;
+  t->params = must(topos_network_parameters(net), "parameters", NULL);
+  t->state = must(topos_opt_state_new(opt, t->params, &err), "opt state", &err);
+}
+
+static void trainer_free(trainer *t) {
+  topos_params_free(t->params);
+  topos_opt_state_free(t->state);
+}
+
+/* A fixed batch: the two input tensors of a network. */
+typedef struct batch {
+  topos_tensor *x, *y;
+} batch;
+
+/* forward + backward + the parameters' gradients + one optimizer step. */
+static void train_step(trainer *t, const topos_optimizer *opt,
+                       const topos_feed *feeds, int nfeeds) {
+  topos_error err = {0};
+  topos_run *run =
+      t->plan ? topos_plan_forward(t->plan, t->params, feeds, nfeeds, &err)
+              : topos_forward(t->net, t->params, feeds, nfeeds, &err);
+  must(run, t->plan ? "plan forward" : "forward", &err);
+  topos_field *grad = t->plan ? topos_plan_backward(t->plan, run, &err)
+                              : topos_backward(run, t->loss, &err);
+  must(grad, t->plan ? "plan backward" : "backward", &err);
+  topos_params *g = must(topos_parameters_of(grad, &err), "grads", &err);
+  topos_params *next = NULL;
+  topos_opt_state *next_state = NULL;
+  if (topos_optimizer_step(opt, t->params, g, t->state, &next, &next_state,
+                           &err) != TOPOS_OK)
+    die("optimizer step", &err);
+  topos_params_free(t->params);
+  topos_opt_state_free(t->state);
+  t->params = next;
+  t->state = next_state;
+  topos_params_free(g);
+  topos_field_free(grad);
+  topos_run_free(run);
+  t->steps++;
+}
+
+/* Runs `steps` steps on the batches in order, returns seconds taken. */
+static double train_block(trainer *t, const topos_optimizer *opt,
+                          const batch *b, int nb, topos_value xv,
+                          topos_value yv, int steps) {
+  double t0 = now_s();
+  for (int k = 0; k < steps; k++) {
+    const batch *cur = &b[t->steps % nb];
+    topos_feed feeds[2] = {{xv, cur->x}, {yv, cur->y}};
+    train_step(t, opt, feeds, 2);
+  }
+  return now_s() - t0;
+}
+
+typedef struct train_result {
+  double interp_ms, plan_ms;
+  long steps;
+  bool identical;
+} train_result;
+
+/* Interpreter and plan, side by side: `warm` warm-up blocks and `reps`
+ * timed blocks of `block` steps each, alternating which path goes first.
+ * Both paths see the same batches in the same order. */
+static train_result compare_training(const topos_network *net,
+                                     const topos_plan *plan, topos_value loss,
+                                     const topos_optimizer *opt, const batch *b,
+                                     int nb, topos_value xv, topos_value yv,
+                                     int warm, int reps, int block) {
+  trainer ti, tp;
+  trainer_init(&ti, net, NULL, loss, opt);
+  trainer_init(&tp, net, plan, loss, opt);
+  double *si = malloc(sizeof(double) * (size_t)reps);
+  double *sp = malloc(sizeof(double) * (size_t)reps);
+  if (!si || !sp) die("timing arrays", NULL);
+  for (int w = 0; w < warm; w++) {
+    train_block(&ti, opt, b, nb, xv, yv, block);
+    train_block(&tp, opt, b, nb, xv, yv, block);
+  }
+  for (int r = 0; r < reps; r++) {
+    if (r % 2 == 0) {
+      si[r] = train_block(&ti, opt, b, nb, xv, yv, block);
+      sp[r] = train_block(&tp, opt, b, nb, xv, yv, block);
+    } else {
+      sp[r] = train_block(&tp, opt, b, nb, xv, yv, block);
+      si[r] = train_block(&ti, opt, b, nb, xv, yv, block);
+    }
+  }
+  train_result res;
+  res.interp_ms = median(si, reps) * 1e3 / block;
+  res.plan_ms = median(sp, reps) * 1e3 / block;
+  res.steps = ti.steps;
+  res.identical =
+      ti.steps == tp.steps && topos_params_bitwise_equal(ti.params, tp.params);
+  free(si);
+  free(sp);
+  trainer_free(&ti);
+  trainer_free(&tp);
+  return res;
+}
+
+static topos_plan *lower(const topos_network *net, const topos_value *roots,
+                         int nroots, const topos_value *observes, int nobserves,
+                         topos_posture posture, const char *what) {
+  topos_error err = {0};
+  topos_entry entry = {roots,     nroots,  observes,
+                       nobserves, posture, TOPOS_NUMERICS_EXACT};
+  return must(topos_network_lower(net, &entry, &err), what, &err);
+}
+
+static void report_training(const char *workload, const train_result *r) {
+  char label[96];
+  rowf(workload, "train step, interpreter (fwd+bwd+SGD)", r->interp_ms, 3,
+       "ms/step");
+  rowf(workload, "train step, training plan (fwd+bwd+SGD)", r->plan_ms, 3,
+       "ms/step");
+  rowf(workload, "interpreter / plan step time", r->interp_ms / r->plan_ms, 2,
+       "x");
+  snprintf(label, sizeof label, "params bit-identical after %ld steps",
+           r->steps);
+  row(workload, label, r->identical ? "yes" : "no", "");
+}
+
+/* ------------------------------------------------------------- makemore */
+
+enum { VOCAB = 27, CONTEXT = 3, EMBED = 10, HIDDEN = 100, BATCH = 64 };
+
+typedef struct model {
+  topos_network *net;
+  topos_value x, y, logits, loss;
+} model;
+
+/* The network of examples/makemore/makemore_mlp.c, same initialisation. */
+static model makemore_build(void) {
+  const topos_dtype dt = TOPOS_F32;
+  topos_error err = {0};
+  int64_t c_shape[2] = {VOCAB, EMBED};
+  int64_t w1_shape[2] = {CONTEXT * EMBED, HIDDEN};
+  int64_t b1_shape[1] = {HIDDEN};
+  int64_t w2_shape[2] = {HIDDEN, VOCAB};
+  int64_t b2_shape[1] = {VOCAB};
+  int64_t x_shape[2] = {BATCH, CONTEXT};
+  int64_t y_shape[1] = {BATCH};
+  topos_tensor *init[7] = {
+      topos_init_normal(dt, 2, c_shape, 0.0, 1.0, 1, &err),
+      topos_init_kaiming(dt, 2, w1_shape, CONTEXT * EMBED, 2, &err),
+      topos_tensor_zeros(dt, 1, b1_shape, &err),
+      topos_init_normal(dt, 2, w2_shape, 0.0, 0.01, 3, &err),
+      topos_tensor_zeros(dt, 1, b2_shape, &err),
+      topos_tensor_zeros(TOPOS_I32, 2, x_shape, &err),
+      topos_tensor_zeros(TOPOS_I32, 1, y_shape, &err),
+  };
+  for (int i = 0; i < 7; i++) must(init[i], "makemore initials", &err);
+  topos_tape *tape = must(topos_tape_new(dt), "tape", NULL);
+  model m = {0};
+  topos_value c = topos_name(tape, topos_parameter(tape, init[0]), "C");
+  topos_value w1 = topos_name(tape, topos_parameter(tape, init[1]), "W1");
+  topos_value b1 = topos_name(tape, topos_parameter(tape, init[2]), "b1");
+  topos_value w2 = topos_name(tape, topos_parameter(tape, init[3]), "W2");
+  topos_value b2 = topos_name(tape, topos_parameter(tape, init[4]), "b2");
+  m.x = topos_name(tape, topos_input(tape, init[5]), "x");
+  m.y = topos_name(tape, topos_input(tape, init[6]), "y");
+  int64_t flat[2] = {BATCH, CONTEXT * EMBED};
+  topos_value emb = topos_reshape(tape, topos_embedding(tape, c, m.x), 2, flat);
+  topos_value h = topos_tanh(tape, topos_linear(tape, emb, w1, b1));
+  m.logits = topos_name(tape, topos_linear(tape, h, w2, b2), "logits");
+  m.loss = topos_name(tape, topos_cross_entropy(tape, m.logits, m.y), "loss");
+  m.net = must(topos_tape_seal(tape, &err), "makemore seal", &err);
+  for (int i = 0; i < 7; i++) topos_tensor_release(init[i]);
+  return m;
+}
+
+/* Random index tensor of `count` entries below `bound`. */
+static topos_tensor *random_indices(int rank, const int64_t *shape,
+                                    int64_t count, uint64_t bound,
+                                    uint64_t *rng) {
+  topos_error err = {0};
+  int32_t *v = malloc(sizeof(int32_t) * (size_t)count);
+  if (!v) die("index batch", NULL);
+  for (int64_t i = 0; i < count; i++) v[i] = (int32_t)(splitmix64(rng) % bound);
+  topos_tensor *t = topos_tensor_from(TOPOS_I32, rank, shape, v, &err);
+  free(v);
+  return must(t, "index batch", &err);
+}
+
+enum { MM_BATCHES = 16 };
+
+static void bench_makemore(void) {
+  const char *wl = "makemore";
+  model m = makemore_build();
+  uint64_t rng = 20240601;
+  batch b[MM_BATCHES];
+  int64_t xs[2] = {BATCH, CONTEXT}, ys[1] = {BATCH};
+  for (int i = 0; i < MM_BATCHES; i++) {
+    b[i].x = random_indices(2, xs, BATCH * CONTEXT, VOCAB, &rng);
+    b[i].y = random_indices(1, ys, BATCH, VOCAB, &rng);
+  }
+  topos_plan *train =
+      lower(m.net, &m.loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING, "lower train");
+  topos_plan *fwd =
+      lower(m.net, &m.logits, 1, NULL, 0, TOPOS_POSTURE_FORWARD, "lower fwd");
+  topos_optimizer opt = topos_sgd(0.1, 0.0);
+  train_result r = compare_training(m.net, train, m.loss, &opt, b, MM_BATCHES,
+                                    m.x, m.y, 16, 84, 10);
+  report_training(wl, &r);
+  rowi(wl, "peak bytes, forward plan (roots [logits])",
+       (long long)topos_plan_peak_bytes(fwd), "bytes");
+  rowi(wl, "peak bytes, training plan (roots [loss])",
+       (long long)topos_plan_peak_bytes(train), "bytes");
+  topos_plan_free(train);
+  topos_plan_free(fwd);
+  for (int i = 0; i < MM_BATCHES; i++) {
+    topos_tensor_release(b[i].x);
+    topos_tensor_release(b[i].y);
+  }
+  topos_network_release(m.net);
+  if (!r.identical) {
+    fprintf(stderr,
+            "bench/compiler: makemore: interpreter and plan "
+            "parameters differ\n");
+    exit(1);
+  }
+}
+
+/* ------------------------------------------------------------------ CNN */
+
+enum { CNN_BATCH = 64, CNN_BATCHES = 4, CNN_CLASSES = 10 };
+
+typedef struct cnn {
+  topos_network *net;
+  topos_value x, y, logits, loss;
+  topos_value interior[4]; /* each fusable chain's interior reshape */
+} cnn;
+
+/* The node recorded since `from` whose value has exactly this shape; the
+ * interior reshape of a conv or pool chain has a shape nothing else in the
+ * chain has.  Dies unless exactly one matches. */
+static topos_value find_shape(topos_tape *tape, uint32_t tape_id, int from,
+                              int rank, const int64_t *shape) {
+  topos_value found = TOPOS_NONE;
+  int matches = 0;
+  for (int i = from; i < topos_tape_node_count(tape); i++) {
+    topos_value v = {tape_id, i};
+    int r = 0;
+    const int64_t *s = topos_value_shape(tape, v, &r);
+    if (s && r == rank && memcmp(s, shape, sizeof(int64_t) * rank) == 0) {
+      found = v;
+      matches++;
+    }
+  }
+  if (matches != 1) die("cnn: finding a chain's interior reshape", NULL);
+  return found;
+}
+
+static cnn cnn_build(void) {
+  const topos_dtype dt = TOPOS_F32;
+  const int64_t N = CNN_BATCH;
+  topos_error err = {0};
+  int64_t x_shape[4] = {N, 1, 28, 28}, y_shape[1] = {N};
+  int64_t w1_shape[4] = {8, 1, 3, 3}, b1_shape[1] = {8};
+  int64_t w2_shape[4] = {16, 8, 3, 3}, b2_shape[1] = {16};
+  int64_t w3_shape[2] = {16 * 7 * 7, CNN_CLASSES}, b3_shape[1] = {CNN_CLASSES};
+  topos_tensor *init[8] = {
+      topos_init_kaiming(dt, 4, w1_shape, 1 * 9, 11, &err),
+      topos_tensor_zeros(dt, 1, b1_shape, &err),
+      topos_init_kaiming(dt, 4, w2_shape, 8 * 9, 12, &err),
+      topos_tensor_zeros(dt, 1, b2_shape, &err),
+      topos_init_xavier(dt, 2, w3_shape, 16 * 7 * 7, CNN_CLASSES, 13, &err),
+      topos_tensor_zeros(dt, 1, b3_shape, &err),
+      topos_tensor_zeros(dt, 4, x_shape, &err),
+      topos_tensor_zeros(TOPOS_I32, 1, y_shape, &err),
+  };
+  for (int i = 0; i < 8; i++) must(init[i], "cnn initials", &err);
+  topos_tape *tape = must(topos_tape_new(dt), "tape", NULL);
+  cnn m = {0};
+  topos_value w1 = topos_name(tape, topos_parameter(tape, init[0]), "conv1.w");
+  topos_value b1 = topos_name(tape, topos_parameter(tape, init[1]), "conv1.b");
+  topos_value w2 = topos_name(tape, topos_parameter(tape, init[2]), "conv2.w");
+  topos_value b2 = topos_name(tape, topos_parameter(tape, init[3]), "conv2.b");
+  topos_value w3 = topos_name(tape, topos_parameter(tape, init[4]), "fc.w");
+  topos_value b3 = topos_name(tape, topos_parameter(tape, init[5]), "fc.b");
+  m.x = topos_name(tape, topos_input(tape, init[6]), "x");
+  m.y = topos_name(tape, topos_input(tape, init[7]), "y");
+  uint32_t id = m.x.tape;
+
+  /* The interior reshapes: conv [N·oh·ow, C·3·3], pool [N,C,oh,ow,2·2]. */
+  const int64_t conv1_rows[2] = {N * 28 * 28, 1 * 9};
+  const int64_t pool1_win[5] = {N, 8, 14, 14, 4};
+  const int64_t conv2_rows[2] = {N * 14 * 14, 8 * 9};
+  const int64_t pool2_win[5] = {N, 16, 7, 7, 4};
+  int from = topos_tape_node_count(tape);
+  topos_value h = topos_conv2d(tape, m.x, w1, b1, 1, 1, 1);
+  m.interior[0] = find_shape(tape, id, from, 2, conv1_rows);
+  h = topos_relu(tape, h);
+  from = topos_tape_node_count(tape);
+  h = topos_max_pool2d(tape, h, 2, 2);
+  m.interior[1] = find_shape(tape, id, from, 5, pool1_win);
+  from = topos_tape_node_count(tape);
+  h = topos_conv2d(tape, h, w2, b2, 1, 1, 1);
+  m.interior[2] = find_shape(tape, id, from, 2, conv2_rows);
+  h = topos_relu(tape, h);
+  from = topos_tape_node_count(tape);
+  h = topos_max_pool2d(tape, h, 2, 2);
+  m.interior[3] = find_shape(tape, id, from, 5, pool2_win);
+  int64_t flat[2] = {N, 16 * 7 * 7};
+  h = topos_reshape(tape, h, 2, flat);
+  m.logits = topos_name(tape, topos_linear(tape, h, w3, b3), "logits");
+  m.loss = topos_name(tape, topos_cross_entropy(tape, m.logits, m.y), "loss");
+  m.net = must(topos_tape_seal(tape, &err), "cnn seal", &err);
+  for (int i = 0; i < 8; i++) topos_tensor_release(init[i]);
+  return m;
+}
+
+/* Times one forward of each path per repetition, side by side. */
+static void bench_cnn(void) {
+  const char *wl = "cnn";
+  topos_error err = {0};
+  cnn m = cnn_build();
+  uint64_t rng = 19980701;
+  batch b[CNN_BATCHES];
+  int64_t xs[4] = {CNN_BATCH, 1, 28, 28}, ys[1] = {CNN_BATCH};
+  for (int i = 0; i < CNN_BATCHES; i++) {
+    b[i].x = must(
+        topos_init_uniform(TOPOS_F32, 4, xs, 0.0, 1.0, splitmix64(&rng), &err),
+        "cnn batch", &err);
+    b[i].y = random_indices(1, ys, CNN_BATCH, CNN_CLASSES, &rng);
+  }
+  topos_plan *train =
+      lower(m.net, &m.loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING, "lower train");
+  topos_plan *fused =
+      lower(m.net, &m.logits, 1, NULL, 0, TOPOS_POSTURE_FORWARD, "lower fwd");
+  topos_plan *unfused = lower(m.net, &m.logits, 1, m.interior, 4,
+                              TOPOS_POSTURE_FORWARD, "lower fwd, observed");
+  if (topos_plan_group_count(unfused) != 0)
+    die("cnn: observing the interior reshapes did not block fusion", NULL);
+
+  /* Training. */
+  topos_optimizer opt = topos_sgd(0.05, 0.0);
+  train_result r = compare_training(m.net, train, m.loss, &opt, b, CNN_BATCHES,
+                                    m.x, m.y, 2, 18, 1);
+  report_training(wl, &r);
+
+  /* Forward only, with the network's initial parameters. */
+  topos_params *params = must(topos_network_parameters(m.net), "params", NULL);
+  enum { WARM = 2, REPS = 21 };
+  double ti[REPS], tf[REPS], tu[REPS];
+  bool identical = true;
+  for (int rep = 0; rep < WARM + REPS; rep++) {
+    const batch *cur = &b[rep % CNN_BATCHES];
+    topos_feed feeds[2] = {{m.x, cur->x}, {m.y, cur->y}};
+    double t0 = now_s();
+    topos_run *ri = topos_forward(m.net, params, feeds, 2, &err);
+    double t1 = now_s();
+    must(ri, "cnn forward", &err);
+    topos_run *rf = topos_plan_forward(fused, params, feeds, 2, &err);
+    double t2 = now_s();
+    must(rf, "cnn fused plan forward", &err);
+    topos_run *ru = topos_plan_forward(unfused, params, feeds, 2, &err);
+    double t3 = now_s();
+    must(ru, "cnn unfused plan forward", &err);
+    const topos_tensor *li = must((void *)topos_run_of(ri, m.logits, &err),
+                                  "interpreter logits", &err);
+    const topos_tensor *lf =
+        must((void *)topos_run_of(rf, m.logits, &err), "fused logits", &err);
+    const topos_tensor *lu =
+        must((void *)topos_run_of(ru, m.logits, &err), "unfused logits", &err);
+    identical = identical && topos_tensor_bitwise_equal(lf, lu) &&
+                topos_tensor_bitwise_equal(lf, li);
+    topos_run_free(ri);
+    topos_run_free(rf);
+    topos_run_free(ru);
+    if (rep >= WARM) {
+      ti[rep - WARM] = t1 - t0;
+      tf[rep - WARM] = t2 - t1;
+      tu[rep - WARM] = t3 - t2;
+    }
+  }
+  double mi = median(ti, REPS) * 1e3, mf = median(tf, REPS) * 1e3;
+  double mu = median(tu, REPS) * 1e3;
+  rowf(wl, "forward, interpreter topos_forward (unfused)", mi, 3, "ms");
+  rowf(wl, "forward, plan with fusion (roots [logits])", mf, 3, "ms");
+  rowf(wl, "forward, plan with fusion blocked (4 observes)", mu, 3, "ms");
+  rowf(wl, "unfused plan / fused plan forward time", mu / mf, 2, "x");
+  rowf(wl, "interpreter / fused plan forward time", mi / mf, 2, "x");
+  rowi(wl, "fused groups, forward plan", topos_plan_group_count(fused),
+       "groups");
+  rowi(wl, "fused groups, blocked forward plan",
+       topos_plan_group_count(unfused), "groups");
+  rowi(wl, "fused groups, training plan", topos_plan_group_count(train),
+       "groups");
+  rowi(wl, "peak bytes, forward plan, fused",
+       (long long)topos_plan_peak_bytes(fused), "bytes");
+  rowi(wl, "peak bytes, forward plan, fusion blocked",
+       (long long)topos_plan_peak_bytes(unfused), "bytes");
+  rowi(wl, "peak bytes, training plan (roots [loss])",
+       (long long)topos_plan_peak_bytes(train), "bytes");
+  row(wl, "logits bit-identical (fused, blocked, interpreter)",
+      identical ? "yes" : "no", "");
+
+  topos_params_free(params);
+  topos_plan_free(train);
+  topos_plan_free(fused);
+  topos_plan_free(unfused);
+  for (int i = 0; i < CNN_BATCHES; i++) {
+    topos_tensor_release(b[i].x);
+    topos_tensor_release(b[i].y);
+  }
+  topos_network_release(m.net);
+  if (!r.identical || !identical) {
+    fprintf(stderr, "bench/compiler: cnn: %s differ\n",
+            r.identical ? "fused and unfused logits"
+                        : "interpreter and plan parameters");
+    exit(1);
+  }
+}
+
+/* ---------------------------------------------------------- 10k-node spec */
+
+enum { SPEC_NODES = 10000, SPEC_R = 16, SPEC_C = 32 };
+
+/*
+ * A long chain of elementwise and layout ops over a [16,32] input, with
+ * three constants, one parameter, a skip edge every eight ops (so it is a
+ * DAG, not only a chain) and a name every 250 nodes; a sum at the end,
+ * SPEC_NODES nodes in all.
+ */
+static topos_network *spec_build(void) {
+  topos_error err = {0};
+  const topos_dtype dt = TOPOS_F32;
+  int64_t shape[2] = {SPEC_R, SPEC_C};
+  int64_t flat[1] = {SPEC_R * SPEC_C};
+  topos_tensor *t[5] = {
+      topos_tensor_zeros(dt, 2, shape, &err),
+      topos_init_uniform(dt, 2, shape, -0.1, 0.1, 21, &err),
+      topos_init_uniform(dt, 2, shape, 0.9, 1.1, 22, &err),
+      topos_init_uniform(dt, 2, shape, -1.0, 1.0, 23, &err),
+      topos_init_normal(dt, 2, shape, 0.0, 0.5, 24, &err),
+  };
+  for (int i = 0; i < 5; i++) must(t[i], "spec tensors", &err);
+  topos_tape *tape = must(topos_tape_new(dt), "tape", NULL);
+  topos_value x = topos_name(tape, topos_input(tape, t[0]), "x");
+  topos_value c1 = topos_constant(tape, t[1]);
+  topos_value c2 = topos_constant(tape, t[2]);
+  topos_value c3 = topos_constant(tape, t[3]);
+  topos_value w = topos_name(tape, topos_parameter(tape, t[4]), "w");
+  topos_value v = x, skip = x;
+  int next_name = 250;
+  for (int k = 0; topos_tape_node_count(tape) < SPEC_NODES - 4; k++) {
+    switch (k % 8) {
+      case 0:
+        v = topos_add(tape, v, c1);
+        break;
+      case 1:
+        v = topos_tanh(tape, v);
+        break;
+      case 2:
+        v = topos_mul(tape, v, k % 16 == 2 ? c2 : w);
+        break;
+      case 3:
+        v = topos_transpose(tape, v);
+        break;
+      case 4:
+        v = topos_neg(tape, v);
+        break;
+      case 5:
+        v = topos_transpose(tape, v);
+        break;
+      case 6:
+        v = topos_reshape(tape, topos_reshape(tape, v, 1, flat), 2, shape);
+        break;
+      default:
+        v = topos_maximum(tape, topos_add(tape, v, skip), c3);
+        skip = v;
+        break;
+    }
+    if (topos_tape_node_count(tape) >= next_name) {
+      char name[32];
+      snprintf(name, sizeof name, "n%d", next_name);
+      v = topos_name(tape, v, name);
+      next_name += 250;
+    }
+  }
+  /* Top up to exactly SPEC_NODES with the final sum. */
+  while (topos_tape_node_count(tape) < SPEC_NODES - 1) v = topos_neg(tape, v);
+  topos_name(tape, topos_sum(tape, v), "out");
+  topos_network *net = must(topos_tape_seal(tape, &err), "spec seal", &err);
+  for (int i = 0; i < 5; i++) topos_tensor_release(t[i]);
+  return net;
+}
+
+static void bench_spec(void) {
+  const char *wl = "spec";
+  topos_error err = {0};
+  topos_network *net = spec_build();
+  enum { WARM = 3, REPS = 21 };
+  double te[REPS], td[REPS], tid[REPS];
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  char id[65], id_decoded[65];
+  bool same = true;
+  if (topos_network_encode(net, &bytes, &len, &err) != TOPOS_OK)
+    die("encode", &err);
+  if (topos_network_id(net, id, &err) != TOPOS_OK) die("id", &err);
+  for (int rep = 0; rep < WARM + REPS; rep++) {
+    uint8_t *b = NULL;
+    size_t n = 0;
+    char out[65];
+    double t0 = now_s();
+    if (topos_network_encode(net, &b, &n, &err) != TOPOS_OK)
+      die("encode", &err);
+    double t1 = now_s();
+    topos_network *dec = topos_network_decode(bytes, len, &err);
+    double t2 = now_s();
+    must(dec, "decode", &err);
+    if (topos_network_id(net, out, &err) != TOPOS_OK) die("id", &err);
+    double t3 = now_s();
+    if (topos_network_id(dec, id_decoded, &err) != TOPOS_OK) die("id", &err);
+    same = same && n == len && memcmp(b, bytes, len) == 0 &&
+           strcmp(out, id) == 0 && strcmp(id_decoded, id) == 0;
+    topos_free(b);
+    topos_network_release(dec);
+    if (rep >= WARM) {
+      te[rep - WARM] = t1 - t0;
+      td[rep - WARM] = t2 - t1;
+      tid[rep - WARM] = t3 - t2;
+    }
+  }
+  double me = median(te, REPS), md = median(td, REPS);
+  double mid = median(tid, REPS);
+  rowi(wl, "nodes in the spec", topos_network_node_count(net), "nodes");
+  rowi(wl, "encoded size", (long long)len, "bytes");
+  rowf(wl, "topos_network_encode", me * 1e6, 1, "us");
+  rowf(wl, "topos_network_encode throughput", (double)len / me / 1e6, 1,
+       "MB/s");
+  rowf(wl, "topos_network_decode (replays the recording API)", md * 1e6, 1,
+       "us");
+  rowf(wl, "topos_network_decode throughput", (double)len / md / 1e6, 1,
+       "MB/s");
+  rowf(wl, "topos_network_id (encode + SHA-256)", mid * 1e6, 1, "us");
+  rowf(wl, "topos_network_id throughput", (double)len / mid / 1e6, 1, "MB/s");
+  row(wl, "round trip: same bytes and id after decode", same ? "yes" : "no",
+      "");
+  topos_free(bytes);
+  topos_network_release(net);
+  if (!same) {
+    fprintf(stderr, "bench/compiler: spec: decode does not round-trip\n");
+    exit(1);
+  }
+}
+
+int main(void) {
+  cpu_header();
+  bench_makemore();
+  bench_cnn();
+  bench_spec();
+  return 0;
+}

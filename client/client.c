@@ -1,0 +1,808 @@
+/*
+ * client.c - libtoposclient over gRPC C core (1.51).
+ *
+ * One channel per client, shared by every thread; each method registered
+ * once (grpc_channel_register_call).  A call is one batch of six ops (send
+ * initial metadata, send message, send close, receive initial metadata,
+ * receive message, receive status: leaving out receive initial metadata
+ * makes a call hang until its deadline) on a completion queue of its own,
+ * created for the call and plucked, which is what makes the client safe
+ * to use from many threads without a lock.  Requests are built with
+ * proto/wire.c, packed straight into one gRPC slice, and replies unpacked
+ * from the received slice (no copy when it arrives in one piece).
+ */
+#include "topos_client.h"
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wire.h"
+
+_Static_assert(TOPOS_CLIENT_GRPC_BASE == WIRE_GRPC_BASE,
+               "client and wire agree on the base of gRPC codes");
+
+enum method {
+  M_RECORD,
+  M_DESCRIBE,
+  M_LOWER,
+  M_EMIT,
+  M_FORWARD,
+  M_BACKWARD,
+  M_STEP,
+  M_CONFORMANCE,
+  M_PUT_BLOB,
+  M_STAT_BLOB,
+  M_HEALTH,
+  M_STATS,
+  M_COUNT
+};
+
+static const char *const method_names[M_COUNT] = {
+    "Record", "Describe",    "Lower",   "Emit",     "Forward", "Backward",
+    "Step",   "Conformance", "PutBlob", "StatBlob", "Health",  "Stats",
+};
+
+struct topos_client {
+  grpc_channel *channel;
+  void *methods[M_COUNT]; /* registered-call handles */
+  _Atomic int64_t deadline_ms;
+};
+
+static int fail(topos_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(topos_error *err, int code, const char *fmt, ...) {
+  if (err) {
+    va_list ap;
+    va_start(ap, fmt);
+    err->code = code;
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+static int err_code(const topos_error *err, int fallback) {
+  return err && err->code ? err->code : fallback;
+}
+
+/* ------------------------------------------------------------ channel */
+
+topos_client *topos_client_connect(const char *address, topos_error *err) {
+  if (!address || !address[0]) {
+    fail(err, TOPOS_ERR_ARGUMENT, "connect: the address is empty");
+    return NULL;
+  }
+  topos_client *c = calloc(1, sizeof *c);
+  if (!c) {
+    fail(err, TOPOS_ERR_MEMORY, "connect: out of memory");
+    return NULL;
+  }
+  grpc_init();
+  /* The daemon enforces its own message limit; the client accepts any
+   * size (the default is 4 MiB each way). */
+  grpc_arg args[2];
+  memset(args, 0, sizeof args);
+  args[0].type = GRPC_ARG_INTEGER;
+  args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+  args[0].value.integer = -1;
+  args[1].type = GRPC_ARG_INTEGER;
+  args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+  args[1].value.integer = -1;
+  grpc_channel_args chargs = {2, args};
+  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+  c->channel = grpc_channel_create(address, creds, &chargs);
+  grpc_channel_credentials_release(creds);
+  if (!c->channel) {
+    grpc_shutdown();
+    free(c);
+    fail(err, TOPOS_ERR_ARGUMENT, "connect: cannot open a channel to %.200s",
+         address);
+    return NULL;
+  }
+  for (int m = 0; m < M_COUNT; m++) {
+    char path[64];
+    snprintf(path, sizeof path, "/topos.v1.Topos/%s", method_names[m]);
+    c->methods[m] = grpc_channel_register_call(c->channel, path, NULL, NULL);
+  }
+  atomic_init(&c->deadline_ms, 60000);
+  return c;
+}
+
+void topos_client_close(topos_client *c) {
+  if (!c) return;
+  grpc_channel_destroy(c->channel);
+  free(c);
+  grpc_shutdown();
+}
+
+void topos_client_set_deadline(topos_client *c, double seconds) {
+  if (!c || !(seconds > 0)) return;
+  double ms = seconds * 1e3;
+  if (ms > 1e12) ms = 1e12;
+  atomic_store(&c->deadline_ms, ms < 1 ? 1 : (int64_t)ms);
+}
+
+int topos_client_grpc_status(int code) {
+  return wire_grpc_status_of(code);
+}
+
+/* ------------------------------------------------------------ one call */
+
+/* The status's code: the daemon's exact topos_status from the trailing
+ * metadata when it sent a valid one, else the mapping of wire.h. */
+static int status_code(grpc_status_code status, const grpc_metadata_array *md) {
+  for (size_t i = 0; i < md->count; i++) {
+    if (grpc_slice_str_cmp(md->metadata[i].key, WIRE_STATUS_KEY) != 0) continue;
+    const grpc_slice v = md->metadata[i].value;
+    size_t len = GRPC_SLICE_LENGTH(v);
+    if (len == 0 || len > 3) break;
+    int code = 0;
+    for (size_t k = 0; k < len; k++) {
+      char ch = (char)GRPC_SLICE_START_PTR(v)[k];
+      if (ch < '0' || ch > '9') return wire_topos_code_of((int)status);
+      code = code * 10 + (ch - '0');
+    }
+    /* Only a code that maps back to this status is believed. */
+    if (code > TOPOS_OK && wire_grpc_status_of(code) == (int)status)
+      return code;
+    break;
+  }
+  return wire_topos_code_of((int)status);
+}
+
+/* Runs one unary call: sends `request` (consumed) to registered method
+ * `method`, or to `path` when method < 0, and on OK returns the reply in
+ * *reply (a slice the caller unrefs).  *status_out (may be NULL) gets the
+ * gRPC status. */
+static int invoke(topos_client *c, int method, const char *path,
+                  grpc_slice request, double deadline_s, grpc_slice *reply,
+                  int *status_out, topos_error *err) {
+  const char *name = method >= 0 ? method_names[method] : path;
+  int64_t ms = deadline_s > 0 ? (int64_t)(deadline_s * 1e3)
+                              : atomic_load(&c->deadline_ms);
+  if (ms < 1) ms = 1;
+  gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                       gpr_time_from_millis(ms, GPR_TIMESPAN));
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+  grpc_call *call;
+  if (method >= 0) {
+    call = grpc_channel_create_registered_call(
+        c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq, c->methods[method],
+        deadline, NULL);
+  } else {
+    grpc_slice ps = grpc_slice_from_copied_string(path);
+    call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS,
+                                    cq, ps, NULL, deadline, NULL);
+    grpc_slice_unref(ps);
+  }
+  grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&request, 1);
+  grpc_slice_unref(request);
+
+  grpc_metadata_array initial_md, trailing_md;
+  grpc_metadata_array_init(&initial_md);
+  grpc_metadata_array_init(&trailing_md);
+  grpc_byte_buffer *recv = NULL;
+  grpc_status_code status = GRPC_STATUS_UNKNOWN;
+  grpc_slice details = grpc_empty_slice();
+  const char *error_string = NULL;
+  grpc_op ops[6];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[0].data.send_initial_metadata.count = 0;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = send;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
+  ops[4].op = GRPC_OP_RECV_MESSAGE;
+  ops[4].data.recv_message.recv_message = &recv;
+  ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[5].data.recv_status_on_client.trailing_metadata = &trailing_md;
+  ops[5].data.recv_status_on_client.status = &status;
+  ops[5].data.recv_status_on_client.status_details = &details;
+  ops[5].data.recv_status_on_client.error_string = &error_string;
+
+  int rc = TOPOS_OK;
+  void *tag = (void *)call;
+  grpc_call_error ce = grpc_call_start_batch(call, ops, 6, tag, NULL);
+  if (ce != GRPC_CALL_OK) {
+    /* No completion is posted for a batch that did not start. */
+    rc = fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
+              "%s: the call could not start (grpc_call_error %d)", name,
+              (int)ce);
+  } else {
+    grpc_event ev = grpc_completion_queue_pluck(
+        cq, tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (ev.type != GRPC_OP_COMPLETE || !ev.success) {
+      rc = fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
+                "%s: the call did not complete", name);
+    } else if (status != GRPC_STATUS_OK) {
+      const char *sname = wire_grpc_status_name((int)status);
+      size_t dlen = GRPC_SLICE_LENGTH(details);
+      rc = fail(err, status_code(status, &trailing_md), "%s: %.*s%s%s", sname,
+                (int)(dlen > 480 ? 480 : dlen),
+                (const char *)GRPC_SLICE_START_PTR(details), dlen ? "" : name,
+                dlen ? "" : " failed");
+    } else if (!recv) {
+      rc = fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
+                "%s: the daemon answered OK without a message", name);
+    } else if (reply) {
+      if (recv->type == GRPC_BB_RAW &&
+          recv->data.raw.compression == GRPC_COMPRESS_NONE &&
+          recv->data.raw.slice_buffer.count == 1) {
+        *reply = grpc_slice_ref(recv->data.raw.slice_buffer.slices[0]);
+      } else {
+        grpc_byte_buffer_reader reader;
+        if (!grpc_byte_buffer_reader_init(&reader, recv)) {
+          rc = fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
+                    "%s: the reply cannot be read", name);
+        } else {
+          *reply = grpc_byte_buffer_reader_readall(&reader);
+          grpc_byte_buffer_reader_destroy(&reader);
+        }
+      }
+    }
+  }
+  if (status_out) *status_out = ce == GRPC_CALL_OK ? (int)status : -1;
+  if (recv) grpc_byte_buffer_destroy(recv);
+  grpc_byte_buffer_destroy(send);
+  grpc_slice_unref(details);
+  if (error_string) gpr_free((void *)error_string);
+  grpc_metadata_array_destroy(&initial_md);
+  grpc_metadata_array_destroy(&trailing_md);
+  grpc_call_unref(call);
+  grpc_completion_queue_shutdown(cq);
+  grpc_completion_queue_destroy(cq);
+  return rc;
+}
+
+/* Packs req, calls `method`, unpacks the reply as reply_desc (new message,
+ * free with wire_message_free). */
+static int unary(topos_client *c, int method, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *reply_desc,
+                 ProtobufCMessage **reply, double deadline_s,
+                 topos_error *err) {
+  *reply = NULL;
+  if (!c) return fail(err, TOPOS_ERR_ARGUMENT, "client is NULL");
+  size_t len = protobuf_c_message_get_packed_size(req);
+  grpc_slice s = grpc_slice_malloc(len);
+  size_t packed = protobuf_c_message_pack(req, GRPC_SLICE_START_PTR(s));
+  if (packed != len) {
+    grpc_slice_unref(s);
+    return fail(err, TOPOS_ERR_ARGUMENT, "%s: the request did not pack",
+                method_names[method]);
+  }
+  grpc_slice r = grpc_empty_slice();
+  int rc = invoke(c, method, NULL, s, deadline_s, &r, NULL, err);
+  if (rc != TOPOS_OK) {
+    grpc_slice_unref(r);
+    return rc;
+  }
+  *reply = protobuf_c_message_unpack(reply_desc, NULL, GRPC_SLICE_LENGTH(r),
+                                     GRPC_SLICE_START_PTR(r));
+  grpc_slice_unref(r);
+  if (!*reply)
+    return fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
+                "%s: the reply is not a valid %s", method_names[method],
+                reply_desc->name);
+  return TOPOS_OK;
+}
+
+int topos_client_call_raw(topos_client *c, const char *method,
+                          const uint8_t *request, size_t request_len,
+                          double deadline_s, uint8_t **reply, size_t *reply_len,
+                          int *status, topos_error *err) {
+  if (status) *status = -1;
+  if (!c || !method || (request_len && !request))
+    return fail(err, TOPOS_ERR_ARGUMENT, "call: a NULL argument");
+  int m = -1;
+  const char *prefix = "/topos.v1.Topos/";
+  const char *short_name = strncmp(method, prefix, strlen(prefix)) == 0
+                               ? method + strlen(prefix)
+                               : method;
+  for (int i = 0; i < M_COUNT; i++)
+    if (strcmp(short_name, method_names[i]) == 0) m = i;
+  if (m < 0 && method[0] != '/')
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "call: unknown method \"%.100s\" (give a full path to send "
+                "it anyway)",
+                method);
+  grpc_slice s =
+      grpc_slice_from_copied_buffer((const char *)request, request_len);
+  grpc_slice r = grpc_empty_slice();
+  int rc = invoke(c, m, method, s, deadline_s, &r, status, err);
+  if (rc == TOPOS_OK && reply) {
+    size_t n = GRPC_SLICE_LENGTH(r);
+    *reply = malloc(n ? n : 1);
+    if (!*reply) {
+      rc = fail(err, TOPOS_ERR_MEMORY, "call: out of memory");
+    } else {
+      memcpy(*reply, GRPC_SLICE_START_PTR(r), n);
+      if (reply_len) *reply_len = n;
+    }
+  }
+  grpc_slice_unref(r);
+  return rc;
+}
+
+/* ------------------------------------------------------------ helpers */
+
+static char *dup_string(const char *s) {
+  size_t n = strlen(s);
+  char *c = malloc(n + 1);
+  if (c) memcpy(c, s, n + 1);
+  return c;
+}
+
+/* Checks an id and copies it into a request's string field (heap). */
+static int set_id(char **field, const char *id, topos_error *err) {
+  if (!wire_id_valid(id))
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "the id \"%.80s\" is not 64 lowercase hex digits",
+                id ? id : "(null)");
+  *field = dup_string(id);
+  if (!*field) return fail(err, TOPOS_ERR_MEMORY, "out of memory");
+  return TOPOS_OK;
+}
+
+/* A heap copy of a reply string (topos_free). */
+static int take_text(const char *s, char **text, topos_error *err) {
+  if (!text) return TOPOS_OK;
+  *text = dup_string(s ? s : "");
+  return *text ? TOPOS_OK : fail(err, TOPOS_ERR_MEMORY, "out of memory");
+}
+
+/* Parameters (inline or blob references) and feeds of args into a
+ * request's repeated fields (heap, freed by clearing the request). */
+static int put_inputs(const topos_client_args *a, Topos__V1__Tensor ***params,
+                      size_t *nparams, Topos__V1__Feed ***feeds, size_t *nfeeds,
+                      topos_error *err) {
+  if (!a) return TOPOS_OK;
+  int rc = TOPOS_OK;
+  if (a->params_blob) {
+    if (a->params)
+      return fail(err, TOPOS_ERR_ARGUMENT,
+                  "give either parameters or a parameter blob, not both");
+    if (a->nparams_blob < 0)
+      return fail(err, TOPOS_ERR_ARGUMENT, "nparams_blob %d is negative",
+                  a->nparams_blob);
+    rc =
+        wire_tensor_refs(a->params_blob, a->nparams_blob, params, nparams, err);
+  } else if (a->params) {
+    rc = wire_tensors_from_params(a->params, params, nparams, err);
+  }
+  if (rc == TOPOS_OK && a->nfeeds > 0)
+    rc = wire_feeds_to_proto(a->feeds, a->nfeeds, feeds, nfeeds, err);
+  return rc;
+}
+
+static double args_deadline(const topos_client_args *a) {
+  return a ? a->deadline_s : 0;
+}
+
+/* ------------------------------------------------------------ specs */
+
+int topos_client_record(topos_client *c, const topos_network *net, char id[65],
+                        topos_error *err) {
+  if (!net || !id)
+    return fail(err, TOPOS_ERR_ARGUMENT, "record: %s is NULL",
+                net ? "id" : "network");
+  Topos__V1__Spec spec = TOPOS__V1__SPEC__INIT;
+  int rc = wire_spec_from_network(net, &spec, err);
+  if (rc != TOPOS_OK) return rc;
+  ProtobufCMessage *r = NULL;
+  rc = unary(c, M_RECORD, &spec.base, &topos__v1__record_reply__descriptor, &r,
+             0, err);
+  wire_message_clear(&spec.base);
+  if (rc != TOPOS_OK) return rc;
+  Topos__V1__RecordReply *reply = (Topos__V1__RecordReply *)r;
+  if (!wire_id_valid(reply->id)) {
+    rc = fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
+              "record: the daemon answered a malformed id");
+  } else {
+    memcpy(id, reply->id, 65);
+  }
+  wire_message_free(r);
+  return rc;
+}
+
+int topos_client_describe(topos_client *c, const char *id, topos_format format,
+                          char **text, topos_error *err) {
+  if (!text) return fail(err, TOPOS_ERR_ARGUMENT, "describe: text is NULL");
+  *text = NULL;
+  if ((int)format < TOPOS_FORMAT_TEXT || (int)format > TOPOS_FORMAT_DOT)
+    return fail(err, TOPOS_ERR_ARGUMENT, "describe: unknown format %d",
+                (int)format);
+  Topos__V1__DescribeRequest req = TOPOS__V1__DESCRIBE_REQUEST__INIT;
+  int rc = set_id(&req.id, id, err);
+  req.format = (Topos__V1__Format)format;
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_DESCRIBE, &req.base, &topos__v1__text_reply__descriptor, &r,
+               0, err);
+  wire_message_clear(&req.base);
+  if (rc == TOPOS_OK)
+    rc = take_text(((Topos__V1__TextReply *)r)->text, text, err);
+  wire_message_free(r);
+  return rc;
+}
+
+int topos_client_lower(topos_client *c, const char *id,
+                       const topos_entry *entry, char **text,
+                       int64_t *peak_bytes, int *groups, topos_error *err) {
+  if (text) *text = NULL;
+  Topos__V1__LowerRequest req = TOPOS__V1__LOWER_REQUEST__INIT;
+  int rc = set_id(&req.id, id, err);
+  if (rc == TOPOS_OK) {
+    req.entry = wire_entry_new(entry, NULL, err);
+    if (!req.entry) rc = err_code(err, TOPOS_ERR_ARGUMENT);
+  }
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_LOWER, &req.base, &topos__v1__lower_reply__descriptor, &r,
+               0, err);
+  wire_message_clear(&req.base);
+  if (rc == TOPOS_OK) {
+    Topos__V1__LowerReply *reply = (Topos__V1__LowerReply *)r;
+    if (peak_bytes) *peak_bytes = reply->peak_bytes;
+    if (groups) *groups = reply->groups;
+    rc = take_text(reply->text, text, err);
+  }
+  wire_message_free(r);
+  return rc;
+}
+
+int topos_client_emit(topos_client *c, const char *id, const topos_entry *entry,
+                      topos_emit_form form, char **text, topos_error *err) {
+  if (!text) return fail(err, TOPOS_ERR_ARGUMENT, "emit: text is NULL");
+  *text = NULL;
+  if ((int)form != TOPOS_EMIT_PRETTY && (int)form != TOPOS_EMIT_GENERIC)
+    return fail(err, TOPOS_ERR_ARGUMENT, "emit: unknown form %d", (int)form);
+  Topos__V1__EmitRequest req = TOPOS__V1__EMIT_REQUEST__INIT;
+  int rc = set_id(&req.id, id, err);
+  if (rc == TOPOS_OK) {
+    req.entry = wire_entry_new(entry, NULL, err);
+    if (!req.entry) rc = err_code(err, TOPOS_ERR_ARGUMENT);
+  }
+  req.form = (Topos__V1__Form)form;
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_EMIT, &req.base, &topos__v1__text_reply__descriptor, &r, 0,
+               err);
+  wire_message_clear(&req.base);
+  if (rc == TOPOS_OK)
+    rc = take_text(((Topos__V1__TextReply *)r)->text, text, err);
+  wire_message_free(r);
+  return rc;
+}
+
+/* ------------------------------------------------------------ execution */
+
+void topos_client_tensors_free(topos_tensor **v, int n) {
+  wire_tensor_array_free(v, n);
+}
+
+int topos_client_forward_with(topos_client *c, const char *id,
+                              const topos_entry *entry,
+                              const topos_client_args *args,
+                              topos_tensor ***roots, topos_tensor ***observes,
+                              topos_error *err) {
+  if (roots) *roots = NULL;
+  if (observes) *observes = NULL;
+  if (!entry) return fail(err, TOPOS_ERR_ARGUMENT, "forward: entry is NULL");
+  Topos__V1__ForwardRequest req = TOPOS__V1__FORWARD_REQUEST__INIT;
+  int rc = set_id(&req.id, id, err);
+  if (rc == TOPOS_OK) {
+    req.entry = wire_entry_new(entry, NULL, err);
+    if (!req.entry) rc = err_code(err, TOPOS_ERR_ARGUMENT);
+  }
+  if (rc == TOPOS_OK)
+    rc = put_inputs(args, &req.parameters, &req.n_parameters, &req.feeds,
+                    &req.n_feeds, err);
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_FORWARD, &req.base, &topos__v1__forward_reply__descriptor,
+               &r, args_deadline(args), err);
+  wire_message_clear(&req.base);
+  if (rc != TOPOS_OK) return rc;
+  Topos__V1__ForwardReply *reply = (Topos__V1__ForwardReply *)r;
+  if (reply->n_roots != (size_t)entry->nroots ||
+      reply->n_observes != (size_t)entry->nobserves) {
+    rc = fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
+              "forward: the daemon answered %zu roots and %zu observes for "
+              "%d and %d",
+              reply->n_roots, reply->n_observes, entry->nroots,
+              entry->nobserves);
+  }
+  topos_tensor **rv = NULL, **ov = NULL;
+  if (rc == TOPOS_OK && roots)
+    rc = wire_tensor_array_from_proto(reply->roots, reply->n_roots, NULL,
+                                      "roots", &rv, err);
+  if (rc == TOPOS_OK && observes)
+    rc = wire_tensor_array_from_proto(reply->observes, reply->n_observes, NULL,
+                                      "observes", &ov, err);
+  if (rc == TOPOS_OK) {
+    if (roots) *roots = rv;
+    if (observes) *observes = ov;
+  } else {
+    wire_tensor_array_free(rv, (int)reply->n_roots);
+    wire_tensor_array_free(ov, (int)reply->n_observes);
+  }
+  wire_message_free(r);
+  return rc;
+}
+
+int topos_client_forward(topos_client *c, const char *id,
+                         const topos_entry *entry, const topos_params *params,
+                         const topos_feed *feeds, int nfeeds,
+                         topos_tensor ***roots, topos_tensor ***observes,
+                         topos_error *err) {
+  topos_client_args a = {.params = params, .feeds = feeds, .nfeeds = nfeeds};
+  return topos_client_forward_with(c, id, entry, &a, roots, observes, err);
+}
+
+int topos_client_backward_with(topos_client *c, const char *id,
+                               topos_value loss, const topos_client_args *args,
+                               double *loss_out, topos_params **grads,
+                               topos_error *err) {
+  if (grads) *grads = NULL;
+  if (loss.index < 0)
+    return fail(err, TOPOS_ERR_ARGUMENT, "backward: the loss is not a value");
+  Topos__V1__BackwardRequest req = TOPOS__V1__BACKWARD_REQUEST__INIT;
+  int rc = set_id(&req.id, id, err);
+  if (rc == TOPOS_OK) {
+    req.loss = wire_value_new_index(loss.index);
+    if (!req.loss) rc = fail(err, TOPOS_ERR_MEMORY, "out of memory");
+  }
+  if (rc == TOPOS_OK)
+    rc = put_inputs(args, &req.parameters, &req.n_parameters, &req.feeds,
+                    &req.n_feeds, err);
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_BACKWARD, &req.base, &topos__v1__backward_reply__descriptor,
+               &r, args_deadline(args), err);
+  wire_message_clear(&req.base);
+  if (rc != TOPOS_OK) return rc;
+  Topos__V1__BackwardReply *reply = (Topos__V1__BackwardReply *)r;
+  if (loss_out) *loss_out = reply->loss;
+  if (grads)
+    rc = wire_params_from_proto(reply->gradients, reply->n_gradients, NULL,
+                                "gradients", grads, err);
+  wire_message_free(r);
+  return rc;
+}
+
+int topos_client_backward(topos_client *c, const char *id, topos_value loss,
+                          const topos_params *params, const topos_feed *feeds,
+                          int nfeeds, double *loss_out, topos_params **grads,
+                          topos_error *err) {
+  topos_client_args a = {.params = params, .feeds = feeds, .nfeeds = nfeeds};
+  return topos_client_backward_with(c, id, loss, &a, loss_out, grads, err);
+}
+
+int topos_client_step_with(topos_client *c, const char *id, topos_value loss,
+                           const topos_client_args *args,
+                           const topos_optimizer *opt,
+                           const topos_opt_state *state,
+                           topos_params **params_out,
+                           topos_opt_state **state_out, double *loss_out,
+                           topos_error *err) {
+  if (params_out) *params_out = NULL;
+  if (state_out) *state_out = NULL;
+  if (loss.index < 0)
+    return fail(err, TOPOS_ERR_ARGUMENT, "step: the loss is not a value");
+  if (!opt) return fail(err, TOPOS_ERR_ARGUMENT, "step: optimizer is NULL");
+  Topos__V1__StepRequest req = TOPOS__V1__STEP_REQUEST__INIT;
+  int rc = set_id(&req.id, id, err);
+  if (rc == TOPOS_OK) {
+    req.loss = wire_value_new_index(loss.index);
+    if (!req.loss) rc = fail(err, TOPOS_ERR_MEMORY, "out of memory");
+  }
+  if (rc == TOPOS_OK)
+    rc = put_inputs(args, &req.parameters, &req.n_parameters, &req.feeds,
+                    &req.n_feeds, err);
+  if (rc == TOPOS_OK) {
+    req.optimizer = malloc(sizeof *req.optimizer);
+    if (!req.optimizer) {
+      rc = fail(err, TOPOS_ERR_MEMORY, "out of memory");
+    } else {
+      topos__v1__optimizer__init(req.optimizer);
+      rc = wire_optimizer_to_proto(opt, args ? args->params : NULL,
+                                   req.optimizer, err);
+    }
+  }
+  if (rc == TOPOS_OK && state) {
+    req.state = wire_state_new(state, err);
+    if (!req.state) rc = err_code(err, TOPOS_ERR_MEMORY);
+  }
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_STEP, &req.base, &topos__v1__step_reply__descriptor, &r,
+               args_deadline(args), err);
+  wire_message_clear(&req.base);
+  if (rc != TOPOS_OK) return rc;
+  Topos__V1__StepReply *reply = (Topos__V1__StepReply *)r;
+  if (loss_out) *loss_out = reply->loss;
+  topos_params *p = NULL;
+  topos_opt_state *s = NULL;
+  if (params_out)
+    rc = wire_params_from_proto(reply->parameters, reply->n_parameters, NULL,
+                                "parameters", &p, err);
+  if (rc == TOPOS_OK && state_out) {
+    if (!reply->state)
+      rc = fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
+                "step: the daemon answered no optimizer state");
+    else
+      rc = wire_state_from_proto(reply->state, NULL, &s, err);
+  }
+  if (rc == TOPOS_OK) {
+    if (params_out) *params_out = p;
+    if (state_out) *state_out = s;
+  } else {
+    topos_params_free(p);
+    topos_opt_state_free(s);
+  }
+  wire_message_free(r);
+  return rc;
+}
+
+int topos_client_step(topos_client *c, const char *id, topos_value loss,
+                      const topos_params *params, const topos_feed *feeds,
+                      int nfeeds, const topos_optimizer *opt,
+                      const topos_opt_state *state, topos_params **params_out,
+                      topos_opt_state **state_out, double *loss_out,
+                      topos_error *err) {
+  topos_client_args a = {.params = params, .feeds = feeds, .nfeeds = nfeeds};
+  return topos_client_step_with(c, id, loss, &a, opt, state, params_out,
+                                state_out, loss_out, err);
+}
+
+int topos_client_conformance(topos_client *c, const char *id,
+                             const topos_entry *entry,
+                             const topos_client_args *args,
+                             topos_conformance_result **results, int *count,
+                             topos_error *err) {
+  if (!results || !count)
+    return fail(err, TOPOS_ERR_ARGUMENT, "conformance: results is NULL");
+  *results = NULL;
+  *count = 0;
+  if (!entry)
+    return fail(err, TOPOS_ERR_ARGUMENT, "conformance: entry is NULL");
+  Topos__V1__ConformanceRequest req = TOPOS__V1__CONFORMANCE_REQUEST__INIT;
+  int rc = set_id(&req.id, id, err);
+  if (rc == TOPOS_OK) {
+    req.entry = wire_entry_new(entry, NULL, err);
+    if (!req.entry) rc = err_code(err, TOPOS_ERR_ARGUMENT);
+  }
+  if (rc == TOPOS_OK)
+    rc = put_inputs(args, &req.parameters, &req.n_parameters, &req.feeds,
+                    &req.n_feeds, err);
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_CONFORMANCE, &req.base,
+               &topos__v1__conformance_reply__descriptor, &r,
+               args_deadline(args), err);
+  wire_message_clear(&req.base);
+  if (rc != TOPOS_OK) return rc;
+  Topos__V1__ConformanceReply *reply = (Topos__V1__ConformanceReply *)r;
+  size_t n = reply->n_results;
+  topos_conformance_result *v = calloc(n ? n : 1, sizeof *v);
+  if (!v) {
+    wire_message_free(r);
+    return fail(err, TOPOS_ERR_MEMORY, "conformance: out of memory");
+  }
+  for (size_t i = 0; i < n; i++) {
+    const Topos__V1__BackendResult *b = reply->results[i];
+    snprintf(v[i].backend, sizeof v[i].backend, "%s",
+             b->backend ? b->backend : "");
+    snprintf(v[i].fidelity, sizeof v[i].fidelity, "%s",
+             b->fidelity ? b->fidelity : "");
+    v[i].bit_identical = b->bit_identical;
+    v[i].max_ulp = b->max_ulp;
+    v[i].max_relative = b->max_relative;
+    snprintf(v[i].note, sizeof v[i].note, "%s", b->note ? b->note : "");
+  }
+  *results = v;
+  *count = (int)n;
+  wire_message_free(r);
+  return TOPOS_OK;
+}
+
+/* ------------------------------------------------------------ blobs */
+
+int topos_client_put_blob(topos_client *c, const topos_params *p, char id[65],
+                          int64_t *bytes, topos_error *err) {
+  if (!p || !id)
+    return fail(err, TOPOS_ERR_ARGUMENT, "put_blob: %s is NULL",
+                p ? "id" : "the parameter set");
+  Topos__V1__PutBlobRequest req = TOPOS__V1__PUT_BLOB_REQUEST__INIT;
+  int rc = wire_tensors_from_params(p, &req.tensors, &req.n_tensors, err);
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_PUT_BLOB, &req.base, &topos__v1__put_blob_reply__descriptor,
+               &r, 0, err);
+  wire_message_clear(&req.base);
+  if (rc != TOPOS_OK) return rc;
+  Topos__V1__PutBlobReply *reply = (Topos__V1__PutBlobReply *)r;
+  if (!wire_id_valid(reply->id)) {
+    rc = fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
+              "put_blob: the daemon answered a malformed id");
+  } else {
+    memcpy(id, reply->id, 65);
+    if (bytes) *bytes = reply->bytes;
+  }
+  wire_message_free(r);
+  return rc;
+}
+
+int topos_client_stat_blob(topos_client *c, const char *id, bool *present,
+                           int64_t *bytes, topos_error *err) {
+  Topos__V1__StatBlobRequest req = TOPOS__V1__STAT_BLOB_REQUEST__INIT;
+  int rc = set_id(&req.id, id, err);
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_STAT_BLOB, &req.base,
+               &topos__v1__stat_blob_reply__descriptor, &r, 0, err);
+  wire_message_clear(&req.base);
+  if (rc != TOPOS_OK) return rc;
+  Topos__V1__StatBlobReply *reply = (Topos__V1__StatBlobReply *)r;
+  if (present) *present = reply->present;
+  if (bytes) *bytes = reply->bytes;
+  wire_message_free(r);
+  return TOPOS_OK;
+}
+
+/* ------------------------------------------------------------ health */
+
+int topos_client_health(topos_client *c, char status[32], char version[64],
+                        topos_error *err) {
+  Topos__V1__HealthRequest req = TOPOS__V1__HEALTH_REQUEST__INIT;
+  ProtobufCMessage *r = NULL;
+  int rc = unary(c, M_HEALTH, &req.base, &topos__v1__health_reply__descriptor,
+                 &r, 0, err);
+  if (rc != TOPOS_OK) return rc;
+  Topos__V1__HealthReply *reply = (Topos__V1__HealthReply *)r;
+  if (status) snprintf(status, 32, "%s", reply->status ? reply->status : "");
+  if (version)
+    snprintf(version, 64, "%s", reply->version ? reply->version : "");
+  wire_message_free(r);
+  return TOPOS_OK;
+}
+
+int topos_client_stats(topos_client *c, topos_client_stats_info *out,
+                       topos_error *err) {
+  if (!out) return fail(err, TOPOS_ERR_ARGUMENT, "stats: out is NULL");
+  Topos__V1__StatsRequest req = TOPOS__V1__STATS_REQUEST__INIT;
+  ProtobufCMessage *r = NULL;
+  int rc = unary(c, M_STATS, &req.base, &topos__v1__stats_reply__descriptor, &r,
+                 0, err);
+  if (rc != TOPOS_OK) return rc;
+  Topos__V1__StatsReply *s = (Topos__V1__StatsReply *)r;
+  *out = (topos_client_stats_info){
+      .workers = s->workers,
+      .queue_depth = s->queue_depth,
+      .queue_capacity = s->queue_capacity,
+      .requests = s->requests,
+      .errors = s->errors,
+      .cache_entries = s->cache_entries,
+      .cache_hits = s->cache_hits,
+      .cache_misses = s->cache_misses,
+      .specs = s->specs,
+      .spec_bytes = s->spec_bytes,
+      .blobs = s->blobs,
+      .blob_bytes = s->blob_bytes,
+  };
+  wire_message_free(r);
+  return TOPOS_OK;
+}

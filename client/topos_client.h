@@ -1,0 +1,230 @@
+/*
+ * topos_client.h - libtoposclient: the C client of toposd, the topos
+ * compile-and-execute daemon (proto/topos.proto, service topos.v1.Topos).
+ *
+ * One function per RPC, taking and returning the engine's own types
+ * (networks, entries, parameter sets, feeds, optimizers, optimizer state,
+ * tensors), so moving a training loop from in-process to remote is one
+ * call: topos_forward + topos_backward + topos_optimizer_step becomes
+ * topos_client_step, with bit-identical results (the daemon runs the same
+ * engine, and state travels with each request).
+ *
+ * Conventions (those of topos.h, plus):
+ *  - Every call is a blocking unary gRPC call with a deadline: the
+ *    client's default (60 s unless set with topos_client_set_deadline) or
+ *    the `deadline_s` of a topos_client_args.
+ *  - Values in entries, feeds and the loss are sent as node indices: use
+ *    the values of the network you recorded (the daemon's replay of a spec
+ *    has the same node indices).
+ *  - Errors.  err->message holds the daemon's message (the engine's, for
+ *    engine errors) prefixed with the gRPC status name, e.g.
+ *    "NOT_FOUND: spec 3f2a... is not stored".  err->code is a topos_status
+ *    when one fits: the daemon's exact code when it sends one (trailing
+ *    metadata "topos-status"), else INVALID_ARGUMENT -> TOPOS_ERR_ARGUMENT,
+ *    NOT_FOUND -> TOPOS_ERR_NOT_FOUND, RESOURCE_EXHAUSTED ->
+ *    TOPOS_ERR_MEMORY, DATA_LOSS -> TOPOS_ERR_CORRUPT.  Any other status s
+ *    (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED, UNIMPLEMENTED, INTERNAL,
+ *    ...) gives code TOPOS_CLIENT_GRPC_BASE + s.  topos_client_grpc_status
+ *    recovers the gRPC status of any error code.  Errors found before
+ *    anything is sent (NULL arguments, a bad id) have topos codes.
+ *  - Thread safety: a topos_client may be used by any number of threads at
+ *    once (each call has its own completion queue; the channel is shared).
+ *    Close it only after every call has returned.
+ *  - Strings returned are new: free them with topos_free.
+ */
+#ifndef TOPOS_CLIENT_H
+#define TOPOS_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "topos.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* err->code of a gRPC status with no topos_status: this base + status. */
+#define TOPOS_CLIENT_GRPC_BASE 100
+/* Where the CLI and the examples connect unless told otherwise. */
+#define TOPOS_CLIENT_DEFAULT_ADDRESS "127.0.0.1:50051"
+
+typedef struct topos_client topos_client;
+
+/* A new client of the daemon at `address` ("host:port", or any gRPC
+ * target such as "unix:/path").  The channel connects lazily: an
+ * unreachable daemon shows up as UNAVAILABLE on the first call (use
+ * topos_client_health to check).  Messages of any size are allowed in
+ * both directions (the daemon enforces its own limit).  NULL with err on
+ * a bad address or out of memory.  Close with topos_client_close. */
+topos_client *topos_client_connect(const char *address, topos_error *err);
+/* Closes the channel and releases gRPC (balanced grpc_init/shutdown).
+ * NULL is a no-op. */
+void topos_client_close(topos_client *c);
+/* The default deadline of later calls, in seconds (> 0; default 60). */
+void topos_client_set_deadline(topos_client *c, double seconds);
+
+/* The gRPC status (grpc_status_code) an error code stands for: 0 for
+ * TOPOS_OK, code - TOPOS_CLIENT_GRPC_BASE for client codes, and the
+ * status the daemon maps a topos_status to otherwise (INVALID_ARGUMENT
+ * for argument/shape/dtype/range/state, NOT_FOUND, RESOURCE_EXHAUSTED,
+ * DATA_LOSS, UNAVAILABLE for io). */
+int topos_client_grpc_status(int code);
+
+/* --------------------------------------------------------------- specs */
+
+/* Record: sends net as a structured spec; the daemon replays and stores
+ * it and answers its id (the SHA-256 of the canonical encoding, equal to
+ * topos_network_id(net)), written to id (65 bytes, NUL-terminated).
+ * Idempotent.  Returns a topos_status. */
+int topos_client_record(topos_client *c, const topos_network *net, char id[65],
+                        topos_error *err);
+/* Describe: the stored spec as text, JSON or DOT (topos_network_describe
+ * on the daemon).  *text is new (topos_free). */
+int topos_client_describe(topos_client *c, const char *id, topos_format format,
+                          char **text, topos_error *err);
+/* Lower: the plan the daemon compiles for `entry` (values are node indices
+ * of the recorded network), as topos_plan_describe text.  peak_bytes and
+ * groups may be NULL.  *text is new (topos_free). */
+int topos_client_lower(topos_client *c, const char *id,
+                       const topos_entry *entry, char **text,
+                       int64_t *peak_bytes, int *groups, topos_error *err);
+/* Emit: the plan as a StableHLO module.  *text is new (topos_free). */
+int topos_client_emit(topos_client *c, const char *id, const topos_entry *entry,
+                      topos_emit_form form, char **text, topos_error *err);
+
+/* ----------------------------------------------------------- execution */
+
+/* The inputs of an execution call.  Zero-initialise and set what you
+ * need: {0} means the spec's initial parameters, no feeds (every input
+ * takes its default), the client's deadline. */
+typedef struct topos_client_args {
+  const topos_params *params; /* slot order; NULL: the spec's initials */
+  /* Instead of params: a blob uploaded with topos_client_put_blob whose
+   * tensors 0..nparams_blob-1 are the parameter slots.  Nothing but the
+   * reference crosses the wire. */
+  const char *params_blob;
+  int nparams_blob;
+  const topos_feed *feeds; /* inputs of the recorded network */
+  int nfeeds;
+  double deadline_s; /* > 0: this call's deadline; 0: the client's */
+} topos_client_args;
+
+/* Forward: evaluates `entry` (roots and observes) on the daemon.
+ * *roots is a new array of entry->nroots new tensors, *observes of
+ * entry->nobserves (either out pointer may be NULL when not wanted);
+ * free each with topos_client_tensors_free.  Bits equal topos_forward's. */
+int topos_client_forward(topos_client *c, const char *id,
+                         const topos_entry *entry, const topos_params *params,
+                         const topos_feed *feeds, int nfeeds,
+                         topos_tensor ***roots, topos_tensor ***observes,
+                         topos_error *err);
+int topos_client_forward_with(topos_client *c, const char *id,
+                              const topos_entry *entry,
+                              const topos_client_args *args,
+                              topos_tensor ***roots, topos_tensor ***observes,
+                              topos_error *err);
+/* Releases n tensors and frees the array (NULL is a no-op). */
+void topos_client_tensors_free(topos_tensor **v, int n);
+
+/* Backward: the rank-0 `loss` and its gradient with respect to every
+ * parameter slot (*grads new, topos_params_free).  loss_out and grads may
+ * be NULL when not wanted.  Bits equal topos_forward + topos_backward +
+ * topos_parameters_of. */
+int topos_client_backward(topos_client *c, const char *id, topos_value loss,
+                          const topos_params *params, const topos_feed *feeds,
+                          int nfeeds, double *loss_out, topos_params **grads,
+                          topos_error *err);
+int topos_client_backward_with(topos_client *c, const char *id,
+                               topos_value loss, const topos_client_args *args,
+                               double *loss_out, topos_params **grads,
+                               topos_error *err);
+
+/* Step: one training step on the daemon: forward, backward of `loss`,
+ * and `opt` applied to (params, grads, state) exactly as
+ * topos_optimizer_step does.  state NULL means a fresh state
+ * (topos_opt_state_new).  A custom AdamW decay predicate cannot cross the
+ * wire: it is evaluated here on the parameters and sent as the slots it
+ * selects, so it needs params (not NULL, not a blob).  Outputs: *params_out and
+ * *state_out new (either pointer may be NULL when not wanted), *loss_out the
+ * loss before the step. */
+int topos_client_step(topos_client *c, const char *id, topos_value loss,
+                      const topos_params *params, const topos_feed *feeds,
+                      int nfeeds, const topos_optimizer *opt,
+                      const topos_opt_state *state, topos_params **params_out,
+                      topos_opt_state **state_out, double *loss_out,
+                      topos_error *err);
+int topos_client_step_with(topos_client *c, const char *id, topos_value loss,
+                           const topos_client_args *args,
+                           const topos_optimizer *opt,
+                           const topos_opt_state *state,
+                           topos_params **params_out,
+                           topos_opt_state **state_out, double *loss_out,
+                           topos_error *err);
+
+/* One backend's verdict against the reference interpreter. */
+typedef struct topos_conformance_result {
+  char backend[64];
+  char fidelity[16]; /* "exact" or "envelope" */
+  bool bit_identical;
+  double max_ulp;
+  double max_relative;
+  char note[256];
+} topos_conformance_result;
+
+/* Conformance: runs `entry` on every backend the daemon's host has.
+ * *results is a new array of *count results (topos_free). */
+int topos_client_conformance(topos_client *c, const char *id,
+                             const topos_entry *entry,
+                             const topos_client_args *args,
+                             topos_conformance_result **results, int *count,
+                             topos_error *err);
+
+/* --------------------------------------------------------------- blobs */
+
+/* PutBlob: uploads a parameter set once; its id (SHA-256 of the tensors'
+ * canonical bytes, 64 hex digits) goes to id.  bytes may be NULL.
+ * Later calls pass it as topos_client_args.params_blob. */
+int topos_client_put_blob(topos_client *c, const topos_params *p, char id[65],
+                          int64_t *bytes, topos_error *err);
+/* StatBlob: whether the daemon holds blob `id`, and its size. */
+int topos_client_stat_blob(topos_client *c, const char *id, bool *present,
+                           int64_t *bytes, topos_error *err);
+
+/* -------------------------------------------------------------- health */
+
+/* Health: "serving" or "draining", and the daemon's version (either
+ * buffer may be NULL). */
+int topos_client_health(topos_client *c, char status[32], char version[64],
+                        topos_error *err);
+
+typedef struct topos_client_stats_info {
+  int workers, queue_depth, queue_capacity;
+  int64_t requests, errors;
+  int64_t cache_entries, cache_hits, cache_misses;
+  int64_t specs, spec_bytes, blobs, blob_bytes;
+} topos_client_stats_info;
+
+/* Stats: worker pool, queue, cache and store counters. */
+int topos_client_stats(topos_client *c, topos_client_stats_info *out,
+                       topos_error *err);
+
+/* ------------------------------------------------------------- raw calls */
+
+/* One unary call with an already-serialised request: `method` is the RPC
+ * name ("Forward") or a full path ("/topos.v1.Topos/Forward"); any other
+ * path is sent as is (the daemon answers UNIMPLEMENTED).  On success
+ * *reply is a new buffer of *reply_len bytes (free()); on a non-OK status
+ * the error is filled as above and, when status is not NULL, *status is
+ * the gRPC status.  For tools (the CLI) and tests (hostile bytes). */
+int topos_client_call_raw(topos_client *c, const char *method,
+                          const uint8_t *request, size_t request_len,
+                          double deadline_s, uint8_t **reply, size_t *reply_len,
+                          int *status, topos_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TOPOS_CLIENT_H */

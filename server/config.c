@@ -1,0 +1,297 @@
+/*
+ * config.c - defaults, the JSON configuration file and the flags.
+ *
+ * Every setting can be given three ways with the same name: a default,
+ * a key of the JSON file named by --config (words joined by '_'), and a
+ * flag (words joined by '-').  Values are checked here, once, so the rest
+ * of the daemon can trust them: a bad value is an error naming the
+ * setting, never a silent fallback.
+ */
+#include "config.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "store.h"
+#include "version.h"
+
+const char config_usage[] =
+    "usage: toposd [options]\n"
+    "\n"
+    "The topos compile-and-execute daemon (gRPC service topos.v1.Topos).\n"
+    "\n"
+    "  --config FILE            JSON file with any of the settings below\n"
+    "                           (keys use '_': \"max_message_bytes\")\n"
+    "  --listen HOST:PORT       address to serve (default 127.0.0.1:50051;\n"
+    "                           port 0 picks a free port)\n"
+    "  --store PATH             SQLite store (default ./var/topos.db; the\n"
+    "                           directory is created)\n"
+    "  --workers N              worker threads (default: online cores)\n"
+    "  --max-message-bytes N    largest request or reply (default 512M)\n"
+    "  --queue N                job queue capacity; a full queue answers\n"
+    "                           UNAVAILABLE (default 1024)\n"
+    "  --deadline-ms N          deadline of calls that set none; 0 = none\n"
+    "                           (default 60000)\n"
+    "  --log-format text|json   request log format on stderr (default text)\n"
+    "  --blob-cap-bytes N       bytes of uploaded blobs kept (default 1G)\n"
+    "  --cache-entries N        cached networks, plans and blobs (default\n"
+    "                           256)\n"
+    "  --cache-bytes N          bytes of decoded blobs cached (default 1G)\n"
+    "  --grace-ms N             on SIGTERM, how long in-flight work may run\n"
+    "                           before it is cancelled (default 5000)\n"
+    "  --help, --version\n"
+    "\n"
+    "Byte counts take a K, M or G suffix (powers of 1024).  On start the\n"
+    "daemon prints 'toposd listening on HOST:PORT' on stdout.\n";
+
+void config_defaults(toposd_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  snprintf(cfg->listen, sizeof cfg->listen, "127.0.0.1:50051");
+  snprintf(cfg->store, sizeof cfg->store, "./var/topos.db");
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  cfg->workers = cores > 0 ? (int)(cores < 256 ? cores : 256) : 2;
+  cfg->max_message_bytes = (int64_t)512 << 20;
+  cfg->queue = 1024;
+  cfg->deadline_ms = 60000;
+  cfg->log_format = LOG_TEXT;
+  cfg->blob_cap_bytes = STORE_DEFAULT_BLOB_CAP;
+  cfg->cache_entries = 256;
+  cfg->cache_bytes = (int64_t)1 << 30;
+  cfg->grace_ms = 5000;
+}
+
+static int fail(char *msg, size_t msglen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(char *msg, size_t msglen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, msglen, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+/* A non-negative integer, optionally with a K/M/G suffix when `bytes`. */
+static bool parse_int64(const char *s, bool bytes, int64_t *out) {
+  if (s == NULL || *s == '\0' || *s == '-' || *s == '+') return false;
+  errno = 0;
+  char *end = NULL;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno != 0 || end == s) return false;
+  int shift = 0;
+  if (bytes && *end != '\0' && end[1] == '\0') {
+    switch (*end) {
+      case 'k':
+      case 'K':
+        shift = 10;
+        break;
+      case 'm':
+      case 'M':
+        shift = 20;
+        break;
+      case 'g':
+      case 'G':
+        shift = 30;
+        break;
+      default:
+        return false;
+    }
+    end++;
+  }
+  if (*end != '\0') return false;
+  if (v > (unsigned long long)(INT64_MAX >> shift)) return false;
+  *out = (int64_t)(v << shift);
+  return true;
+}
+
+/* Applies one setting given by name (flag spelling, '-' or '_' alike). */
+static int apply(toposd_config *cfg, const char *key, const char *value,
+                 char *msg, size_t msglen) {
+  char name[64];
+  size_t n = strlen(key);
+  if (n >= sizeof name) return fail(msg, msglen, "unknown setting '%s'", key);
+  for (size_t i = 0; i <= n; i++) name[i] = key[i] == '_' ? '-' : key[i];
+  int64_t v = 0;
+  if (strcmp(name, "listen") == 0) {
+    if (value[0] == '\0' || strlen(value) >= sizeof cfg->listen ||
+        strrchr(value, ':') == NULL)
+      return fail(msg, msglen, "listen: '%s' is not HOST:PORT", value);
+    snprintf(cfg->listen, sizeof cfg->listen, "%s", value);
+  } else if (strcmp(name, "store") == 0) {
+    if (value[0] == '\0' || strlen(value) >= sizeof cfg->store)
+      return fail(msg, msglen, "store: bad path '%s'", value);
+    snprintf(cfg->store, sizeof cfg->store, "%s", value);
+  } else if (strcmp(name, "workers") == 0) {
+    if (!parse_int64(value, false, &v) || v < 1 || v > 1024)
+      return fail(msg, msglen, "workers: '%s' is not in 1..1024", value);
+    cfg->workers = (int)v;
+  } else if (strcmp(name, "max-message-bytes") == 0) {
+    if (!parse_int64(value, true, &v) || v < 1024 || v > INT32_MAX)
+      return fail(msg, msglen,
+                  "max-message-bytes: '%s' is not in 1K..2147483647", value);
+    cfg->max_message_bytes = v;
+  } else if (strcmp(name, "queue") == 0) {
+    if (!parse_int64(value, false, &v) || v < 1 || v > 1000000)
+      return fail(msg, msglen, "queue: '%s' is not in 1..1000000", value);
+    cfg->queue = (int)v;
+  } else if (strcmp(name, "deadline-ms") == 0) {
+    if (!parse_int64(value, false, &v) || v > (int64_t)1 << 40)
+      return fail(msg, msglen, "deadline-ms: '%s' is not a duration", value);
+    cfg->deadline_ms = v;
+  } else if (strcmp(name, "log-format") == 0) {
+    if (strcmp(value, "text") == 0) {
+      cfg->log_format = LOG_TEXT;
+    } else if (strcmp(value, "json") == 0) {
+      cfg->log_format = LOG_JSON;
+    } else {
+      return fail(msg, msglen, "log-format: '%s' is not text or json", value);
+    }
+  } else if (strcmp(name, "blob-cap-bytes") == 0) {
+    if (!parse_int64(value, true, &v) || v < 1)
+      return fail(msg, msglen, "blob-cap-bytes: '%s' is not a size", value);
+    cfg->blob_cap_bytes = v;
+  } else if (strcmp(name, "cache-entries") == 0) {
+    if (!parse_int64(value, false, &v) || v < 1 || v > 1000000)
+      return fail(msg, msglen, "cache-entries: '%s' is not in 1..1000000",
+                  value);
+    cfg->cache_entries = (int)v;
+  } else if (strcmp(name, "cache-bytes") == 0) {
+    if (!parse_int64(value, true, &v))
+      return fail(msg, msglen, "cache-bytes: '%s' is not a size", value);
+    cfg->cache_bytes = v;
+  } else if (strcmp(name, "grace-ms") == 0) {
+    if (!parse_int64(value, false, &v) || v > 3600000)
+      return fail(msg, msglen, "grace-ms: '%s' is not in 0..3600000", value);
+    cfg->grace_ms = v;
+  } else {
+    return fail(msg, msglen, "unknown setting '%s'", key);
+  }
+  return 0;
+}
+
+int config_load_json(toposd_config *cfg, const char *path, char *msg,
+                     size_t msglen) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL)
+    return fail(msg, msglen, "config %s: %s", path, strerror(errno));
+  char *text = NULL;
+  size_t len = 0, cap = 0;
+  int rc = 0;
+  for (;;) {
+    if (len + 4096 + 1 > cap) {
+      cap = cap ? cap * 2 : 8192;
+      if (cap > ((size_t)16 << 20)) {
+        rc = fail(msg, msglen, "config %s: larger than 16 MiB", path);
+        break;
+      }
+      char *grown = realloc(text, cap);
+      if (grown == NULL) {
+        rc = fail(msg, msglen, "config %s: out of memory", path);
+        break;
+      }
+      text = grown;
+    }
+    size_t got = fread(text + len, 1, cap - len - 1, f);
+    len += got;
+    if (got == 0) break;
+  }
+  if (rc == 0 && ferror(f))
+    rc = fail(msg, msglen, "config %s: read error", path);
+  fclose(f);
+  if (rc != 0) {
+    free(text);
+    return rc;
+  }
+  text[len] = '\0';
+  cJSON *root = cJSON_ParseWithLength(text, len);
+  free(text);
+  if (root == NULL || !cJSON_IsObject(root)) {
+    cJSON_Delete(root);
+    return fail(msg, msglen, "config %s: not a JSON object", path);
+  }
+  for (cJSON *it = root->child; it != NULL && rc == 0; it = it->next) {
+    char value[4096];
+    if (cJSON_IsString(it)) {
+      snprintf(value, sizeof value, "%s", it->valuestring);
+    } else if (cJSON_IsNumber(it)) {
+      double d = it->valuedouble;
+      if (!(d >= 0 && d <= 9.2e18) || d != (double)(int64_t)d) {
+        rc = fail(msg, msglen, "config %s: %s must be a whole number", path,
+                  it->string);
+        break;
+      }
+      snprintf(value, sizeof value, "%lld", (long long)d);
+    } else {
+      rc = fail(msg, msglen, "config %s: %s must be a string or a number", path,
+                it->string ? it->string : "?");
+      break;
+    }
+    if (strcmp(it->string, "config") == 0) {
+      rc = fail(msg, msglen, "config %s: 'config' cannot nest", path);
+      break;
+    }
+    char inner[512];
+    if (apply(cfg, it->string, value, inner, sizeof inner) != 0)
+      rc = fail(msg, msglen, "config %s: %s", path, inner);
+  }
+  cJSON_Delete(root);
+  return rc;
+}
+
+int config_parse(toposd_config *cfg, int argc, char **argv, char *msg,
+                 size_t msglen) {
+  /* --help and --version win over everything; --config is read before
+   * the other flags so that flags override the file. */
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      fputs(config_usage, stdout);
+      return 1;
+    }
+    if (strcmp(argv[i], "--version") == 0) {
+      printf("toposd %s\n", TOPOSD_VERSION);
+      return 1;
+    }
+  }
+  for (int i = 1; i < argc; i++) {
+    const char *arg = argv[i];
+    const char *eq = strncmp(arg, "--config", 8) == 0 ? arg + 8 : NULL;
+    if (eq == NULL || (*eq != '\0' && *eq != '=')) continue;
+    const char *path = *eq == '=' ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+    if (path == NULL) return fail(msg, msglen, "--config needs a FILE");
+    if (config_load_json(cfg, path, msg, msglen) != 0) return -1;
+  }
+  for (int i = 1; i < argc; i++) {
+    const char *arg = argv[i];
+    if (strncmp(arg, "--", 2) != 0)
+      return fail(msg, msglen, "unexpected argument '%s' (see --help)", arg);
+    char key[64];
+    const char *value = NULL;
+    const char *eq = strchr(arg, '=');
+    size_t klen = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
+    if (klen == 0 || klen >= sizeof key)
+      return fail(msg, msglen, "unknown option '%s' (see --help)", arg);
+    memcpy(key, arg + 2, klen);
+    key[klen] = '\0';
+    if (strchr(key, '_') != NULL)
+      return fail(msg, msglen, "unknown option '%s' (see --help)", arg);
+    if (eq != NULL) {
+      value = eq + 1;
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return fail(msg, msglen, "--%s needs a value", key);
+    }
+    if (strcmp(key, "config") == 0) continue;
+    char inner[512];
+    if (apply(cfg, key, value, inner, sizeof inner) != 0)
+      return fail(msg, msglen, "--%s", inner);
+  }
+  return 0;
+}

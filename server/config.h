@@ -1,0 +1,46 @@
+/*
+ * config.h - toposd's configuration: defaults, an optional JSON file
+ * (cJSON) and command-line flags, in that order of precedence (a flag
+ * overrides the file, the file overrides the default).
+ */
+#ifndef TOPOSD_CONFIG_H
+#define TOPOSD_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum log_format { LOG_TEXT = 0, LOG_JSON = 1 } log_format;
+
+typedef struct toposd_config {
+  char listen[256];          /* HOST:PORT; port 0 picks an ephemeral one */
+  char store[4096];          /* SQLite file; its directory is created */
+  int workers;               /* worker threads; default: online cores */
+  int64_t max_message_bytes; /* both directions; at most INT32_MAX */
+  int queue;                 /* job queue capacity */
+  int64_t deadline_ms;       /* applied when a client sets none; 0 = none */
+  log_format log_format;
+  int64_t blob_cap_bytes; /* the store's blob cap */
+  int cache_entries;      /* networks, plans and decoded blobs */
+  int64_t cache_bytes;    /* tensor bytes of the decoded blobs cached */
+  int64_t grace_ms;       /* shutdown: in-flight work gets this long */
+} toposd_config;
+
+/* Fills *cfg with the defaults. */
+void config_defaults(toposd_config *cfg);
+
+/* Parses argv (a --config FILE is read first, wherever it appears, then
+ * every other flag).  Returns 0 to run, 1 when --help or --version was
+ * answered on stdout (exit 0), -1 on an error written to msg (exit 2). */
+int config_parse(toposd_config *cfg, int argc, char **argv, char *msg,
+                 size_t msglen);
+
+/* Reads a JSON object of the same settings (keys as the flags, with '_'
+ * for '-': "listen", "max_message_bytes", ...).  Unknown keys are errors,
+ * so a typo never silently falls back to a default.  Returns 0 or -1. */
+int config_load_json(toposd_config *cfg, const char *path, char *msg,
+                     size_t msglen);
+
+/* The usage text printed by --help. */
+extern const char config_usage[];
+
+#endif /* TOPOSD_CONFIG_H */

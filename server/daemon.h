@@ -1,0 +1,37 @@
+/*
+ * daemon.h - what toposd's parts share: the configuration, the store, the
+ * cache, the run state (serving, draining, cancelling) and the counters
+ * Stats reports.  One instance lives in main(); the gRPC front (rpc.c)
+ * and the handlers (handlers.c) read it from every thread.
+ */
+#ifndef TOPOSD_DAEMON_H
+#define TOPOSD_DAEMON_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "cache.h"
+#include "config.h"
+#include "store.h"
+
+typedef struct daemon_state {
+  const toposd_config *cfg;
+  topos_store *store;
+  cache *cache;
+  /* Set once SIGTERM/SIGINT arrived: Health says "draining". */
+  _Atomic int draining;
+  /* Set when the grace period ran out: workers abandon their jobs at the
+   * next check and answer CANCELLED. */
+  _Atomic int cancel_all;
+  /* Counters for Stats. */
+  _Atomic int64_t requests; /* calls answered, any status */
+  _Atomic int64_t errors;   /* calls answered with a status other than OK */
+  _Atomic int queue_depth;  /* jobs waiting for a worker */
+  int queue_capacity;
+  int workers;
+} daemon_state;
+
+/* Nanoseconds on CLOCK_MONOTONIC. */
+int64_t daemon_now_ns(void);
+
+#endif /* TOPOSD_DAEMON_H */

@@ -1,0 +1,61 @@
+/*
+ * handlers.h - the semantics of the service topos.v1.Topos: one handler
+ * per RPC, each a function from request bytes to reply bytes or a status.
+ *
+ * Handlers know nothing of gRPC: the front (rpc.c) hands them the request
+ * message's bytes and a way to tell whether the call should stop
+ * (deadline, cancellation, shutdown), and sends whatever they leave in
+ * the call context.  Every handler treats the request as hostile; a
+ * handler never crashes the daemon, leaks, or writes anything but new
+ * content-addressed rows to the store.
+ */
+#ifndef TOPOSD_HANDLERS_H
+#define TOPOSD_HANDLERS_H
+
+#include <protobuf-c/protobuf-c.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon.h"
+
+typedef struct call_ctx {
+  daemon_state *d;
+  /* The request message (NULL/0 when the client sent none). */
+  const uint8_t *in;
+  size_t in_len;
+  bool has_message;
+  int64_t deadline_ns;          /* daemon_now_ns() clock; INT64_MAX: none */
+  const _Atomic int *cancelled; /* set when the client cancels the call */
+  ProtobufCAllocator *alloc;    /* request-lifetime memory for unpacking */
+  uint64_t request_id;
+
+  /* Results.  On OK, out/out_len is the packed reply (malloc'd; the front
+   * frees it), possibly empty.  Otherwise status is a grpc_status_code,
+   * message says why and topos_code is the engine's code (0 if none). */
+  uint8_t *out;
+  size_t out_len;
+  int status;
+  int topos_code;
+  char message[1024];
+  char spec_id[65]; /* for the request log; "" when none */
+} call_ctx;
+
+typedef void (*handler_fn)(call_ctx *cx);
+
+typedef struct method_def {
+  const char *name; /* "Forward" */
+  const char *path; /* "/topos.v1.Topos/Forward" */
+  handler_fn handler;
+} method_def;
+
+extern const method_def handler_methods[];
+extern const int handler_method_count;
+
+/* True when the call may go on; otherwise sets the status
+ * (DEADLINE_EXCEEDED, CANCELLED) and returns false.  Handlers call it
+ * before starting work and after every engine call. */
+bool call_continue(call_ctx *cx);
+
+#endif /* TOPOSD_HANDLERS_H */

@@ -1,0 +1,190 @@
+/*
+ * log.c - request and event lines on stderr.
+ *
+ * Each line is formatted into a buffer on the stack and written with one
+ * write(2), so lines from concurrent workers never interleave and logging
+ * takes no lock.  Strings that came from a client or the engine (peer,
+ * messages) are escaped, so a hostile spec name cannot forge a log line.
+ */
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static _Atomic int current_format = LOG_TEXT;
+
+void log_set_format(log_format format) {
+  atomic_store(&current_format, (int)format);
+}
+
+const char *log_status_name(int status) {
+  static const char *const names[] = {
+      "OK",
+      "CANCELLED",
+      "UNKNOWN",
+      "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED",
+      "NOT_FOUND",
+      "ALREADY_EXISTS",
+      "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED",
+      "FAILED_PRECONDITION",
+      "ABORTED",
+      "OUT_OF_RANGE",
+      "UNIMPLEMENTED",
+      "INTERNAL",
+      "UNAVAILABLE",
+      "DATA_LOSS",
+      "UNAUTHENTICATED",
+  };
+  if (status >= 0 && status < (int)(sizeof names / sizeof names[0]))
+    return names[status];
+  return "UNKNOWN";
+}
+
+/* A line being built; overlong content is cut, never overflowed. */
+typedef struct line_buf {
+  char data[2048];
+  size_t len;
+} line_buf;
+
+static void put_raw(line_buf *b, const char *s, size_t n) {
+  size_t room = sizeof b->data - 1 - b->len; /* keep one byte for '\n' */
+  if (n > room) n = room;
+  memcpy(b->data + b->len, s, n);
+  b->len += n;
+}
+
+static void put_fmt(line_buf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void put_fmt(line_buf *b, const char *fmt, ...) {
+  size_t room = sizeof b->data - 1 - b->len;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(b->data + b->len, room + 1, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  b->len += (size_t)n < room ? (size_t)n : room;
+}
+
+/* A string value: JSON-escaped in quotes, or in text a bare word when it
+ * is one, else quoted with the same escapes. */
+static void put_string(line_buf *b, const char *s, bool json) {
+  if (s == NULL) s = "";
+  bool bare = !json && s[0] != '\0';
+  for (const char *p = s; bare && *p; p++) {
+    unsigned char c = (unsigned char)*p;
+    if (c <= ' ' || c == '"' || c == '=' || c == '\\' || c >= 0x7f)
+      bare = false;
+  }
+  if (bare) {
+    put_raw(b, s, strlen(s));
+    return;
+  }
+  put_raw(b, "\"", 1);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    char esc[8];
+    if (*p == '"' || *p == '\\') {
+      esc[0] = '\\';
+      esc[1] = (char)*p;
+      put_raw(b, esc, 2);
+    } else if (*p == '\n') {
+      put_raw(b, "\\n", 2);
+    } else if (*p < 0x20 || *p >= 0x7f) {
+      snprintf(esc, sizeof esc, "\\u%04x", *p);
+      put_raw(b, esc, 6);
+    } else {
+      put_raw(b, (const char *)p, 1);
+    }
+  }
+  put_raw(b, "\"", 1);
+}
+
+static void put_key(line_buf *b, const char *key, bool json, bool first) {
+  if (json) {
+    put_fmt(b, "%s\"%s\":", first ? "" : ",", key);
+  } else {
+    put_fmt(b, "%s%s=", first ? "" : " ", key);
+  }
+}
+
+static void put_time(line_buf *b, bool json) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  struct tm tm;
+  gmtime_r(&ts.tv_sec, &tm);
+  char when[64];
+  snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ",
+           tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+           tm.tm_sec, ts.tv_nsec / 1000);
+  if (json) put_raw(b, "{", 1);
+  put_key(b, "ts", json, true);
+  put_string(b, when, json);
+}
+
+static void finish(line_buf *b, bool json) {
+  if (json) {
+    if (b->len >= sizeof b->data - 2) b->len = sizeof b->data - 3;
+    b->data[b->len++] = '}';
+  }
+  b->data[b->len++] = '\n';
+  ssize_t off = 0;
+  while (off < (ssize_t)b->len) {
+    ssize_t n = write(STDERR_FILENO, b->data + off, b->len - (size_t)off);
+    if (n <= 0) break; /* a closed stderr must not stop the daemon */
+    off += n;
+  }
+}
+
+void log_request(const log_request_line *r) {
+  bool json = atomic_load(&current_format) == LOG_JSON;
+  line_buf b = {.len = 0};
+  put_time(&b, json);
+  put_key(&b, "event", json, false);
+  put_string(&b, "request", json);
+  put_key(&b, "req", json, false);
+  put_fmt(&b, "%llu", (unsigned long long)r->request_id);
+  put_key(&b, "method", json, false);
+  put_string(&b, r->method, json);
+  put_key(&b, "spec", json, false);
+  put_string(&b, r->spec_id && r->spec_id[0] ? r->spec_id : "-", json);
+  put_key(&b, "peer", json, false);
+  put_string(&b, r->peer && r->peer[0] ? r->peer : "-", json);
+  put_key(&b, "status", json, false);
+  put_string(&b, log_status_name(r->status), json);
+  put_key(&b, "in", json, false);
+  put_fmt(&b, "%lld", (long long)r->bytes_in);
+  put_key(&b, "out", json, false);
+  put_fmt(&b, "%lld", (long long)r->bytes_out);
+  put_key(&b, "queue_us", json, false);
+  put_fmt(&b, "%lld", (long long)r->queue_us);
+  put_key(&b, "us", json, false);
+  put_fmt(&b, "%lld", (long long)r->duration_us);
+  if (r->message != NULL && r->message[0] != '\0') {
+    put_key(&b, "msg", json, false);
+    put_string(&b, r->message, json);
+  }
+  finish(&b, json);
+}
+
+void log_event(const char *event, const char *fmt, ...) {
+  bool json = atomic_load(&current_format) == LOG_JSON;
+  line_buf b = {.len = 0};
+  char text[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof text, fmt, ap);
+  va_end(ap);
+  put_time(&b, json);
+  put_key(&b, "event", json, false);
+  put_string(&b, event, json);
+  put_key(&b, "msg", json, false);
+  put_string(&b, text, json);
+  finish(&b, json);
+}

@@ -1,0 +1,729 @@
+/*
+ * rpc.c - the gRPC C core front of toposd.
+ *
+ * Threads and ownership:
+ *  - One completion-queue thread (the caller of rpc_server_run) owns the
+ *    server's only completion queue.  It keeps REQUESTS_PER_METHOD
+ *    registered-call requests posted per method (payload read by gRPC:
+ *    GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER) and a few unregistered
+ *    ones; each arrival is reposted at once and becomes a job.
+ *  - A job first gets a RECV_CLOSE_ON_SERVER batch of its own, so a client
+ *    that cancels (or whose deadline gRPC enforces) sets job->cancelled
+ *    while a worker is still busy with it.  Then it is pushed onto the
+ *    bounded job queue; a full queue is answered UNAVAILABLE on the spot.
+ *  - Workers pop jobs, read the payload into per-worker reused memory, run
+ *    the handler, log the request and finish the call themselves with one
+ *    batch (initial metadata, message, status).  They never touch the job
+ *    after starting that batch: its completion comes back to the queue
+ *    thread, which drops the job's last reference.
+ *  - A job carries two references (close batch, send batch); whoever drops
+ *    the last one frees it, so the order of the two completions does not
+ *    matter.
+ *
+ * Shutdown (platform-notes.md): on the stop flag the queue thread calls
+ * grpc_server_shutdown_and_notify and keeps draining events; pending
+ * requests come back with success = 0 and are not reposted.  After the
+ * grace period it sets daemon.cancel_all (workers stop at their next
+ * check) and cancels all calls.  Once the shutdown tag is in and no job
+ * is alive, the workers are joined; rpc_server_destroy then destroys the
+ * server, shuts the queue down and drains it to GRPC_QUEUE_SHUTDOWN.
+ */
+#include "rpc.h"
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "arena.h"
+#include "handlers.h"
+#include "log.h"
+#include "wire.h"
+
+/* Registered-call requests kept posted per method. */
+#define REQUESTS_PER_METHOD 16
+/* Unregistered-call requests (answered UNIMPLEMENTED). */
+#define UNREGISTERED_REQUESTS 4
+/* The queue thread wakes at least this often to look at the stop flag. */
+#define POLL_MS 50
+/* After the grace period, how long cancelled jobs get to notice before
+ * the daemon gives up on them. */
+#define ABANDON_MS 10000
+/* Per-worker memory kept across requests (arena and input buffer). */
+#define WORKER_RETAIN_BYTES ((size_t)256 << 20)
+
+typedef enum tag_kind {
+  TAG_REQUEST, /* a posted request slot received a call */
+  TAG_CLOSE,   /* a job's RECV_CLOSE_ON_SERVER completed */
+  TAG_SEND,    /* a job's reply batch completed */
+  TAG_SHUTDOWN /* grpc_server_shutdown_and_notify is done */
+} tag_kind;
+
+typedef struct tag {
+  tag_kind kind;
+  void *owner;
+} tag;
+
+typedef struct job job;
+
+/* A posted request: gRPC fills these fields when a call arrives. */
+typedef struct request_slot {
+  tag tag;
+  int method; /* index into handler_methods, -1 = unregistered */
+  bool posted;
+  grpc_call *call;
+  gpr_timespec deadline;
+  grpc_metadata_array metadata;
+  grpc_byte_buffer *payload;
+  grpc_call_details details; /* unregistered only */
+} request_slot;
+
+struct job {
+  tag close_tag, send_tag;
+  _Atomic int refs;
+  rpc_server *server;
+  grpc_call *call;
+  int method;         /* -1 for an unregistered method */
+  char *unknown_name; /* the path of an unregistered call (gpr_free) */
+  grpc_byte_buffer *payload;
+  grpc_metadata_array metadata;
+  int64_t arrival_ns, deadline_ns;
+  _Atomic int cancelled;
+  int close_cancelled; /* written by gRPC for the close batch */
+  /* What the reply batch sends; lives until the batch completes. */
+  grpc_byte_buffer *reply;
+  grpc_slice status_details;
+  grpc_metadata trailing[2];
+  size_t ntrailing;
+  char trailing_text[2][32];
+  job *next; /* queue link */
+};
+
+typedef struct job_queue {
+  pthread_mutex_t lock;
+  pthread_cond_t nonempty;
+  job *head, *tail;
+  int depth, capacity;
+  bool closed;
+} job_queue;
+
+typedef struct worker {
+  rpc_server *server;
+  pthread_t thread;
+  bool started;
+  arena arena;
+  reuse_buf input;
+} worker;
+
+struct rpc_server {
+  daemon_state *d;
+  grpc_server *server;
+  grpc_completion_queue *cq;
+  void *methods[32]; /* registered method handles */
+  request_slot *slots;
+  int nslots;
+  tag shutdown_tag;
+  job_queue queue;
+  worker *workers;
+  int nworkers;
+  _Atomic int live_jobs;
+  _Atomic uint64_t next_request_id;
+  bool shutdown_started, shutdown_done, destroyed_server;
+};
+
+int64_t daemon_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------- job queue */
+
+static void queue_init(job_queue *q, int capacity) {
+  pthread_mutex_init(&q->lock, NULL);
+  pthread_cond_init(&q->nonempty, NULL);
+  q->head = q->tail = NULL;
+  q->depth = 0;
+  q->capacity = capacity;
+  q->closed = false;
+}
+
+/* false when the queue is full (or closed): the caller rejects the job. */
+static bool queue_push(job_queue *q, job *j, _Atomic int *depth) {
+  pthread_mutex_lock(&q->lock);
+  if (q->closed || q->depth >= q->capacity) {
+    pthread_mutex_unlock(&q->lock);
+    return false;
+  }
+  j->next = NULL;
+  if (q->tail)
+    q->tail->next = j;
+  else
+    q->head = j;
+  q->tail = j;
+  q->depth++;
+  atomic_store(depth, q->depth);
+  pthread_cond_signal(&q->nonempty);
+  pthread_mutex_unlock(&q->lock);
+  return true;
+}
+
+/* The next job, or NULL once the queue is closed and empty. */
+static job *queue_pop(job_queue *q, _Atomic int *depth) {
+  pthread_mutex_lock(&q->lock);
+  while (q->head == NULL && !q->closed)
+    pthread_cond_wait(&q->nonempty, &q->lock);
+  job *j = q->head;
+  if (j) {
+    q->head = j->next;
+    if (q->head == NULL) q->tail = NULL;
+    q->depth--;
+    atomic_store(depth, q->depth);
+  }
+  pthread_mutex_unlock(&q->lock);
+  return j;
+}
+
+static void queue_close(job_queue *q) {
+  pthread_mutex_lock(&q->lock);
+  q->closed = true;
+  pthread_cond_broadcast(&q->nonempty);
+  pthread_mutex_unlock(&q->lock);
+}
+
+static void queue_destroy(job_queue *q) {
+  pthread_mutex_destroy(&q->lock);
+  pthread_cond_destroy(&q->nonempty);
+}
+
+/* ------------------------------------------------------------------ jobs */
+
+static void job_free(job *j) {
+  rpc_server *s = j->server;
+  if (j->payload) grpc_byte_buffer_destroy(j->payload);
+  if (j->reply) grpc_byte_buffer_destroy(j->reply);
+  grpc_slice_unref(j->status_details);
+  for (size_t i = 0; i < j->ntrailing; i++) {
+    grpc_slice_unref(j->trailing[i].key);
+    grpc_slice_unref(j->trailing[i].value);
+  }
+  grpc_metadata_array_destroy(&j->metadata);
+  if (j->call) grpc_call_unref(j->call);
+  gpr_free(j->unknown_name);
+  free(j);
+  atomic_fetch_sub(&s->live_jobs, 1);
+}
+
+static void job_unref(job *j) {
+  if (atomic_fetch_sub(&j->refs, 1) == 1) job_free(j);
+}
+
+/* Sends the reply batch: the message when status is OK, then the status
+ * with its details and the engine's code as trailing metadata.  After
+ * this the caller must not touch j (the completion may free it). */
+static void job_send(job *j, int status, const char *message, int topos_code,
+                     uint8_t *out, size_t out_len, bool with_close) {
+  grpc_op ops[4];
+  memset(ops, 0, sizeof ops);
+  size_t n = 0;
+  ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+  n++;
+  if (status == GRPC_STATUS_OK) {
+    grpc_slice slice =
+        out_len ? grpc_slice_new(out, out_len, free) : grpc_empty_slice();
+    if (out_len == 0) free(out);
+    j->reply = grpc_raw_byte_buffer_create(&slice, 1);
+    grpc_slice_unref(slice);
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n].data.send_message.send_message = j->reply;
+    n++;
+  } else {
+    free(out);
+    if (topos_code > 0) {
+      snprintf(j->trailing_text[0], sizeof j->trailing_text[0], "%d",
+               topos_code);
+      j->trailing[j->ntrailing].key =
+          grpc_slice_from_static_string(WIRE_STATUS_KEY);
+      j->trailing[j->ntrailing].value =
+          grpc_slice_from_copied_string(j->trailing_text[0]);
+      j->ntrailing++;
+    }
+  }
+  j->status_details = grpc_slice_from_copied_string(message ? message : "");
+  ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+  ops[n].data.send_status_from_server.status = (grpc_status_code)status;
+  ops[n].data.send_status_from_server.status_details = &j->status_details;
+  ops[n].data.send_status_from_server.trailing_metadata_count = j->ntrailing;
+  ops[n].data.send_status_from_server.trailing_metadata = j->trailing;
+  n++;
+  if (with_close) {
+    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[n].data.recv_close_on_server.cancelled = &j->close_cancelled;
+    n++;
+  }
+  grpc_call_error e =
+      grpc_call_start_batch(j->call, ops, n, &j->send_tag, NULL);
+  if (e != GRPC_CALL_OK) {
+    /* No completion will come for a batch that did not start. */
+    log_event("error", "start_batch failed (%d) on request reply", (int)e);
+    job_unref(j);
+  }
+}
+
+/* --------------------------------------------------------------- workers */
+
+/* The request bytes of j: the payload's single slice when it has one,
+ * else the slices copied into the worker's reused buffer.  *hold gets the
+ * slice to unref afterwards (an empty slice when nothing is held). */
+static int read_payload(worker *w, grpc_byte_buffer *bb, const uint8_t **data,
+                        size_t *len, grpc_slice *hold) {
+  *hold = grpc_empty_slice();
+  *data = (const uint8_t *)"";
+  *len = 0;
+  grpc_byte_buffer_reader r;
+  if (!grpc_byte_buffer_reader_init(&r, bb)) return -1;
+  grpc_slice first, next;
+  if (!grpc_byte_buffer_reader_next(&r, &first)) {
+    grpc_byte_buffer_reader_destroy(&r);
+    return 0;
+  }
+  if (!grpc_byte_buffer_reader_next(&r, &next)) {
+    grpc_byte_buffer_reader_destroy(&r);
+    *hold = first;
+    *data = GRPC_SLICE_START_PTR(first);
+    *len = GRPC_SLICE_LENGTH(first);
+    return 0;
+  }
+  reuse_buf *b = &w->input;
+  b->len = 0;
+  int rc = reuse_buf_reserve(b, grpc_byte_buffer_length(bb));
+  grpc_slice s = first;
+  bool read_ahead = true; /* `next` is still to be appended */
+  for (;;) {
+    size_t n = GRPC_SLICE_LENGTH(s);
+    if (rc == 0 && reuse_buf_reserve(b, b->len + n) == 0) {
+      memcpy(b->data + b->len, GRPC_SLICE_START_PTR(s), n);
+      b->len += n;
+    } else {
+      rc = -1;
+    }
+    grpc_slice_unref(s);
+    if (read_ahead) {
+      s = next;
+      read_ahead = false;
+    } else if (!grpc_byte_buffer_reader_next(&r, &s)) {
+      break;
+    }
+  }
+  grpc_byte_buffer_reader_destroy(&r);
+  *data = b->data;
+  *len = b->len;
+  return rc;
+}
+
+static int64_t micros_between(int64_t from_ns, int64_t to_ns) {
+  return (to_ns - from_ns) / 1000;
+}
+
+static void worker_run_job(worker *w, job *j) {
+  rpc_server *s = w->server;
+  daemon_state *d = s->d;
+  int64_t picked_ns = daemon_now_ns();
+  const method_def *m = &handler_methods[j->method];
+  call_ctx cx;
+  memset(&cx, 0, sizeof cx);
+  cx.d = d;
+  cx.deadline_ns = j->deadline_ns;
+  cx.cancelled = &j->cancelled;
+  cx.alloc = &w->arena.allocator;
+  cx.request_id = atomic_fetch_add(&s->next_request_id, 1) + 1;
+  cx.status = GRPC_STATUS_OK;
+
+  grpc_slice hold = grpc_empty_slice();
+  size_t bytes_in = 0;
+  if (j->payload != NULL) {
+    if (read_payload(w, j->payload, &cx.in, &cx.in_len, &hold) != 0) {
+      cx.status = GRPC_STATUS_RESOURCE_EXHAUSTED;
+      snprintf(cx.message, sizeof cx.message,
+               "%s: out of memory reading the request", m->name);
+    }
+    cx.has_message = true;
+    bytes_in = cx.in_len;
+  }
+  if (cx.status == GRPC_STATUS_OK && call_continue(&cx)) m->handler(&cx);
+  grpc_slice_unref(hold);
+  if (j->payload) {
+    grpc_byte_buffer_destroy(j->payload);
+    j->payload = NULL;
+  }
+  if (cx.status == GRPC_STATUS_INTERNAL) {
+    /* A bug: the request id ties the client's error to the log line. */
+    size_t len = strlen(cx.message);
+    snprintf(cx.message + len, sizeof cx.message - len, " (request %llu)",
+             (unsigned long long)cx.request_id);
+  }
+  if (cx.status != GRPC_STATUS_OK && cx.out) {
+    free(cx.out);
+    cx.out = NULL;
+    cx.out_len = 0;
+  }
+
+  int64_t done_ns = daemon_now_ns();
+  char *peer = grpc_call_get_peer(j->call);
+  log_request_line line = {
+      .request_id = cx.request_id,
+      .method = m->name,
+      .spec_id = cx.spec_id,
+      .peer = peer,
+      .status = cx.status,
+      .message = cx.message,
+      .bytes_in = (int64_t)bytes_in,
+      .bytes_out = (int64_t)cx.out_len,
+      .queue_us = micros_between(j->arrival_ns, picked_ns),
+      .duration_us = micros_between(j->arrival_ns, done_ns),
+  };
+  log_request(&line);
+  gpr_free(peer);
+  atomic_fetch_add(&d->requests, 1);
+  if (cx.status != GRPC_STATUS_OK) atomic_fetch_add(&d->errors, 1);
+
+  arena_reset(&w->arena);
+  reuse_buf_reset(&w->input);
+  job_send(j, cx.status, cx.message, cx.topos_code, cx.out, cx.out_len, false);
+}
+
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  rpc_server *s = w->server;
+  job *j;
+  while ((j = queue_pop(&s->queue, &s->d->queue_depth)) != NULL)
+    worker_run_job(w, j);
+  return NULL;
+}
+
+/* ------------------------------------------------------ the queue thread */
+
+static void post_request(rpc_server *s, request_slot *slot) {
+  if (s->shutdown_started) return;
+  slot->call = NULL;
+  slot->payload = NULL;
+  grpc_metadata_array_init(&slot->metadata);
+  grpc_call_error e;
+  if (slot->method >= 0) {
+    e = grpc_server_request_registered_call(
+        s->server, s->methods[slot->method], &slot->call, &slot->deadline,
+        &slot->metadata, &slot->payload, s->cq, s->cq, &slot->tag);
+  } else {
+    grpc_call_details_init(&slot->details);
+    e = grpc_server_request_call(s->server, &slot->call, &slot->details,
+                                 &slot->metadata, s->cq, s->cq, &slot->tag);
+  }
+  slot->posted = e == GRPC_CALL_OK;
+  if (!slot->posted) {
+    grpc_metadata_array_destroy(&slot->metadata);
+    if (slot->method < 0) grpc_call_details_destroy(&slot->details);
+  }
+}
+
+/* Answers a job from the queue thread without a worker (unknown method,
+ * full queue, shutting down). */
+static void reject(rpc_server *s, job *j, int status, const char *message,
+                   const char *method, bool with_close) {
+  char *peer = grpc_call_get_peer(j->call);
+  uint64_t id = atomic_fetch_add(&s->next_request_id, 1) + 1;
+  log_request_line line = {
+      .request_id = id,
+      .method = method,
+      .spec_id = "",
+      .peer = peer,
+      .status = status,
+      .message = message,
+      .bytes_in = j->payload ? (int64_t)grpc_byte_buffer_length(j->payload) : 0,
+      .bytes_out = 0,
+      .queue_us = 0,
+      .duration_us = micros_between(j->arrival_ns, daemon_now_ns()),
+  };
+  log_request(&line);
+  gpr_free(peer);
+  atomic_fetch_add(&s->d->requests, 1);
+  atomic_fetch_add(&s->d->errors, 1);
+  job_send(j, status, message, 0, NULL, 0, with_close);
+}
+
+static int64_t deadline_of(rpc_server *s, gpr_timespec deadline,
+                           int64_t now_ns) {
+  gpr_timespec mono = gpr_convert_clock_type(deadline, GPR_CLOCK_MONOTONIC);
+  if (gpr_time_cmp(mono, gpr_inf_future(GPR_CLOCK_MONOTONIC)) == 0) {
+    int64_t ms = s->d->cfg->deadline_ms;
+    return ms > 0 ? now_ns + ms * 1000000 : INT64_MAX;
+  }
+  gpr_timespec left = gpr_time_sub(mono, gpr_now(GPR_CLOCK_MONOTONIC));
+  if (left.tv_sec > (int64_t)1 << 31) return INT64_MAX;
+  return now_ns + left.tv_sec * 1000000000 + left.tv_nsec;
+}
+
+static void on_request(rpc_server *s, request_slot *slot, bool ok) {
+  slot->posted = false;
+  if (!ok) {
+    /* The server is shutting down: the request is returned unused. */
+    grpc_metadata_array_destroy(&slot->metadata);
+    if (slot->method < 0) grpc_call_details_destroy(&slot->details);
+    return;
+  }
+  int64_t now = daemon_now_ns();
+  job *j = calloc(1, sizeof *j);
+  if (j == NULL) {
+    /* Nothing to answer with: let the call die with its client. */
+    grpc_call_cancel_with_status(slot->call, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                                 "daemon out of memory", NULL);
+    grpc_call_unref(slot->call);
+    if (slot->payload) grpc_byte_buffer_destroy(slot->payload);
+    grpc_metadata_array_destroy(&slot->metadata);
+    if (slot->method < 0) grpc_call_details_destroy(&slot->details);
+    post_request(s, slot);
+    return;
+  }
+  atomic_fetch_add(&s->live_jobs, 1);
+  j->server = s;
+  j->close_tag = (tag){TAG_CLOSE, j};
+  j->send_tag = (tag){TAG_SEND, j};
+  j->call = slot->call;
+  j->method = slot->method;
+  j->payload = slot->payload;
+  j->metadata = slot->metadata; /* moved */
+  j->status_details = grpc_empty_slice();
+  j->arrival_ns = now;
+  j->deadline_ns = deadline_of(s, slot->deadline, now);
+  if (slot->method < 0) {
+    j->unknown_name = grpc_slice_to_c_string(slot->details.method);
+    grpc_call_details_destroy(&slot->details);
+  }
+  post_request(s, slot);
+
+  if (j->method < 0) {
+    atomic_store(&j->refs, 1);
+    char message[512];
+    snprintf(message, sizeof message, "unknown method %s", j->unknown_name);
+    reject(s, j, GRPC_STATUS_UNIMPLEMENTED, message, j->unknown_name, true);
+    return;
+  }
+  /* Two references: the close batch and the reply batch. */
+  atomic_store(&j->refs, 2);
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  op.data.recv_close_on_server.cancelled = &j->close_cancelled;
+  if (grpc_call_start_batch(j->call, &op, 1, &j->close_tag, NULL) !=
+      GRPC_CALL_OK)
+    atomic_store(&j->refs, 1);
+  const char *name = handler_methods[j->method].name;
+  if (atomic_load(&s->d->cancel_all)) {
+    reject(s, j, GRPC_STATUS_UNAVAILABLE, "toposd is shutting down", name,
+           false);
+  } else if (!queue_push(&s->queue, j, &s->d->queue_depth)) {
+    char message[128];
+    snprintf(message, sizeof message, "job queue full (%d jobs)",
+             s->queue.capacity);
+    reject(s, j, GRPC_STATUS_UNAVAILABLE, message, name, false);
+  }
+}
+
+static void dispatch(rpc_server *s, grpc_event ev) {
+  tag *t = ev.tag;
+  switch (t->kind) {
+    case TAG_REQUEST:
+      on_request(s, t->owner, ev.success != 0);
+      break;
+    case TAG_CLOSE: {
+      job *j = t->owner;
+      if (ev.success == 0 || j->close_cancelled) atomic_store(&j->cancelled, 1);
+      job_unref(j);
+      break;
+    }
+    case TAG_SEND:
+      job_unref(t->owner);
+      break;
+    case TAG_SHUTDOWN:
+      s->shutdown_done = true;
+      break;
+  }
+}
+
+/* ------------------------------------------------------------ life cycle */
+
+rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
+                             char *msg, size_t msglen) {
+  const toposd_config *cfg = d->cfg;
+  rpc_server *s = calloc(1, sizeof *s);
+  if (s == NULL) {
+    snprintf(msg, msglen, "out of memory");
+    return NULL;
+  }
+  s->d = d;
+  s->shutdown_tag = (tag){TAG_SHUTDOWN, s};
+  queue_init(&s->queue, cfg->queue);
+  d->queue_capacity = cfg->queue;
+  d->workers = cfg->workers;
+
+  int max_bytes =
+      cfg->max_message_bytes > INT_MAX ? INT_MAX : (int)cfg->max_message_bytes;
+  grpc_arg args[3];
+  memset(args, 0, sizeof args);
+  args[0].type = GRPC_ARG_INTEGER;
+  args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+  args[0].value.integer = max_bytes;
+  args[1].type = GRPC_ARG_INTEGER;
+  args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+  args[1].value.integer = max_bytes;
+  /* Two daemons must not share a port silently (gRPC sets SO_REUSEPORT
+   * by default on Linux). */
+  args[2].type = GRPC_ARG_INTEGER;
+  args[2].key = GRPC_ARG_ALLOW_REUSEPORT;
+  args[2].value.integer = 0;
+  grpc_channel_args channel_args = {3, args};
+  s->server = grpc_server_create(&channel_args, NULL);
+  s->cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_server_register_completion_queue(s->server, s->cq, NULL);
+  for (int i = 0; i < handler_method_count; i++) {
+    s->methods[i] = grpc_server_register_method(
+        s->server, handler_methods[i].path, NULL,
+        GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+  }
+  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+  int port = grpc_server_add_http2_port(s->server, cfg->listen, creds);
+  grpc_server_credentials_release(creds);
+  if (port <= 0) {
+    snprintf(msg, msglen, "cannot listen on %s", cfg->listen);
+    grpc_server_destroy(s->server);
+    grpc_completion_queue_shutdown(s->cq);
+    while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                      NULL)
+               .type != GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(s->cq);
+    queue_destroy(&s->queue);
+    free(s);
+    return NULL;
+  }
+  const char *colon = strrchr(cfg->listen, ':');
+  snprintf(bound, boundlen, "%.*s:%d", (int)(colon - cfg->listen), cfg->listen,
+           port);
+  grpc_server_start(s->server);
+
+  s->nslots =
+      handler_method_count * REQUESTS_PER_METHOD + UNREGISTERED_REQUESTS;
+  s->slots = calloc((size_t)s->nslots, sizeof *s->slots);
+  s->nworkers = cfg->workers;
+  s->workers = calloc((size_t)s->nworkers, sizeof *s->workers);
+  if (s->slots == NULL || s->workers == NULL) {
+    snprintf(msg, msglen, "out of memory");
+    /* Not reached in practice; tear down like a stop with nothing live. */
+    free(s->slots);
+    free(s->workers);
+    s->slots = NULL;
+    s->workers = NULL;
+    s->nslots = s->nworkers = 0;
+    volatile sig_atomic_t stop = 1;
+    rpc_server_run(s, &stop);
+    rpc_server_destroy(s);
+    return NULL;
+  }
+  for (int i = 0; i < s->nslots; i++) {
+    request_slot *slot = &s->slots[i];
+    slot->tag = (tag){TAG_REQUEST, slot};
+    slot->method = i < handler_method_count * REQUESTS_PER_METHOD
+                       ? i / REQUESTS_PER_METHOD
+                       : -1;
+    post_request(s, slot);
+  }
+  for (int i = 0; i < s->nworkers; i++) {
+    worker *w = &s->workers[i];
+    w->server = s;
+    arena_init(&w->arena, WORKER_RETAIN_BYTES);
+    w->input.retain = WORKER_RETAIN_BYTES;
+    w->started = pthread_create(&w->thread, NULL, worker_main, w) == 0;
+    if (!w->started) log_event("error", "cannot start worker %d", i);
+  }
+  return s;
+}
+
+int rpc_server_run(rpc_server *s, volatile sig_atomic_t *stop) {
+  daemon_state *d = s->d;
+  int64_t grace_end = 0, abandon_end = 0;
+  bool cancelled = false;
+  int rc = 0;
+  for (;;) {
+    if (*stop && !s->shutdown_started) {
+      s->shutdown_started = true;
+      atomic_store(&d->draining, 1);
+      log_event("drain", "stopping: no new calls, %d in flight",
+                atomic_load(&s->live_jobs));
+      grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
+      grace_end = daemon_now_ns() + d->cfg->grace_ms * 1000000;
+    }
+    if (s->shutdown_started) {
+      int64_t now = daemon_now_ns();
+      /* A second signal cancels at once. */
+      if (!cancelled && (now >= grace_end || *stop > 1)) {
+        cancelled = true;
+        atomic_store(&d->cancel_all, 1);
+        grpc_server_cancel_all_calls(s->server);
+        abandon_end = now + (int64_t)ABANDON_MS * 1000000;
+        if (atomic_load(&s->live_jobs) > 0)
+          log_event("drain", "grace period over: cancelling %d calls",
+                    atomic_load(&s->live_jobs));
+      }
+      if (s->shutdown_done && atomic_load(&s->live_jobs) == 0) break;
+      if (cancelled && now >= abandon_end) {
+        log_event("error", "abandoning %d stuck calls",
+                  atomic_load(&s->live_jobs));
+        rc = 1;
+        break;
+      }
+    }
+    grpc_event ev = grpc_completion_queue_next(
+        s->cq,
+        gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                     gpr_time_from_millis(POLL_MS, GPR_TIMESPAN)),
+        NULL);
+    if (ev.type == GRPC_OP_COMPLETE) dispatch(s, ev);
+  }
+  if (rc != 0) return rc;
+  queue_close(&s->queue);
+  for (int i = 0; i < s->nworkers; i++) {
+    worker *w = &s->workers[i];
+    if (w->started) pthread_join(w->thread, NULL);
+    w->started = false;
+  }
+  return 0;
+}
+
+void rpc_server_destroy(rpc_server *s) {
+  if (s == NULL) return;
+  grpc_server_destroy(s->server);
+  grpc_completion_queue_shutdown(s->cq);
+  for (;;) {
+    grpc_event ev = grpc_completion_queue_next(
+        s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+    if (ev.type == GRPC_OP_COMPLETE) dispatch(s, ev);
+  }
+  grpc_completion_queue_destroy(s->cq);
+  for (int i = 0; i < s->nworkers; i++) {
+    arena_destroy(&s->workers[i].arena);
+    reuse_buf_destroy(&s->workers[i].input);
+  }
+  queue_destroy(&s->queue);
+  free(s->workers);
+  free(s->slots);
+  free(s);
+}

@@ -1,0 +1,1200 @@
+/*
+ * store.c - the content-addressed spec and blob store on SQLite
+ * (docs/store.md is the long form of this comment).
+ *
+ * Guarantees:
+ *  - Bytes are only ever returned after they were re-hashed and found
+ *    equal to their id; a mismatch is TOPOS_ERR_CORRUPT.
+ *  - A put that returned TOPOS_OK is committed: the database runs in WAL
+ *    mode with synchronous=FULL, so it survives the process being killed
+ *    and, on hardware that honours fsync, power loss.
+ *  - Every write happens in one BEGIN IMMEDIATE transaction, so a put is
+ *    all or nothing and concurrent writers (threads or processes, each
+ *    with its own connection) queue on SQLite's busy timeout instead of
+ *    failing on a read-to-write upgrade.
+ *  - store_open writes nothing to a file it has not recognised: a
+ *    non-empty file is first inspected through a read-only connection,
+ *    and only an empty file, an empty SQLite database or a topos store of
+ *    this or an older schema version is opened for writing.
+ *  - Ids are validated before any SQL sees them, and all SQL with a value
+ *    in it is a prepared statement with bound parameters.
+ *
+ * Payloads (the bytes column) are written with zeroblob + incremental
+ * blob I/O and read straight into the caller's buffer, so a large blob
+ * costs one copy in memory, not three.
+ */
+#include "store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* How long a connection waits for another writer before giving up. */
+#define BUSY_TIMEOUT_MS 10000
+/* Largest piece moved by one sqlite3_blob_read/write call. */
+#define IO_CHUNK ((size_t)4 << 20)
+/* After a checkpoint the WAL file is truncated back to this size, so one
+ * large blob does not leave a file of its size behind. */
+#define WAL_SIZE_LIMIT ((int64_t)64 << 20)
+/* Room left in SQLite's largest value for the record around a payload. */
+#define ROW_OVERHEAD 4096
+
+struct topos_store {
+  sqlite3 *db;
+  pthread_mutex_t lock; /* serialises every use of db */
+  int64_t blob_cap;
+  int64_t max_payload; /* the largest payload SQLite can store */
+};
+
+/* --------------------------------------------------------------- errors */
+
+static int fail(topos_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(topos_error *err, int code, const char *fmt, ...) {
+  if (err == NULL) return code;
+  err->code = code;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(err->message, sizeof err->message, fmt, ap);
+  va_end(ap);
+  if (n < 0) err->message[0] = '\0';
+  return code;
+}
+
+/* A damaged database file is corruption; running out of memory or hitting
+ * SQLite's size limit is memory; everything else (busy, locked, disk
+ * full, permissions) means the file could not be used. */
+static int sqlite_status(int rc) {
+  switch (rc & 0xff) {
+    case SQLITE_NOMEM:
+    case SQLITE_TOOBIG:
+      return TOPOS_ERR_MEMORY;
+    case SQLITE_CORRUPT:
+      return TOPOS_ERR_CORRUPT;
+    default:
+      return TOPOS_ERR_IO;
+  }
+}
+
+static int sql_fail(sqlite3 *db, int rc, topos_error *err, const char *what) {
+  return fail(err, sqlite_status(rc), "store: %s: %s (%s)", what,
+              db != NULL ? sqlite3_errmsg(db) : sqlite3_errstr(rc),
+              sqlite3_errstr(rc));
+}
+
+/* ------------------------------------------------------------ SQL helpers */
+
+static int prepare(sqlite3 *db, const char *sql, sqlite3_stmt **out,
+                   topos_error *err) {
+  int rc = sqlite3_prepare_v2(db, sql, -1, out, NULL);
+  if (rc != SQLITE_OK) {
+    sqlite3_finalize(*out);
+    *out = NULL;
+    return sql_fail(db, rc, err, "prepare a statement");
+  }
+  return TOPOS_OK;
+}
+
+/* Runs fixed SQL that carries no values (DDL, pragmas, BEGIN/COMMIT). */
+static int exec(sqlite3 *db, const char *sql, topos_error *err,
+                const char *what) {
+  int rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
+  return rc == SQLITE_OK ? TOPOS_OK : sql_fail(db, rc, err, what);
+}
+
+/* Steps a statement that returns no row (or whose row is ignored). */
+static int step_done(sqlite3 *db, sqlite3_stmt *stmt, topos_error *err,
+                     const char *what) {
+  int rc = sqlite3_step(stmt);
+  if (rc == SQLITE_DONE || rc == SQLITE_ROW) return TOPOS_OK;
+  return sql_fail(db, rc, err, what);
+}
+
+/* Writers take the write lock up front: a deferred transaction that reads
+ * and then writes can fail with SQLITE_BUSY_SNAPSHOT without waiting. */
+static int begin(sqlite3 *db, bool write, topos_error *err) {
+  return exec(db, write ? "BEGIN IMMEDIATE" : "BEGIN", err,
+              "begin a transaction");
+}
+
+static void rollback(sqlite3 *db) {
+  if (!sqlite3_get_autocommit(db))
+    sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+}
+
+static int commit(sqlite3 *db, topos_error *err) {
+  int status = exec(db, "COMMIT", err, "commit");
+  if (status != TOPOS_OK) rollback(db);
+  return status;
+}
+
+/* An int64 from a one-row, one-column query (0 for NULL). */
+static int query_int64(sqlite3 *db, const char *sql, int64_t *out,
+                       topos_error *err) {
+  sqlite3_stmt *stmt;
+  int status = prepare(db, sql, &stmt, err);
+  if (status != TOPOS_OK) return status;
+  int rc = sqlite3_step(stmt);
+  if (rc == SQLITE_ROW) {
+    *out = sqlite3_column_int64(stmt, 0);
+  } else if (rc == SQLITE_DONE) {
+    *out = 0;
+  } else {
+    status = sql_fail(db, rc, err, "query");
+  }
+  sqlite3_finalize(stmt);
+  return status;
+}
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ----------------------------------------------------------------- ids */
+
+static int check_id(const char *id, topos_error *err) {
+  if (id == NULL) return fail(err, TOPOS_ERR_ARGUMENT, "store: id is NULL");
+  /* Stops at the first character that is not lowercase hex, the NUL
+   * included, so a short string is never read past its end. */
+  for (int i = 0; i < 64; i++) {
+    char c = id[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) {
+      return fail(err, TOPOS_ERR_ARGUMENT,
+                  "store: invalid id: character %d is %s; an id is 64 "
+                  "lowercase hex characters (SHA-256)",
+                  i, c == '\0' ? "the end of the string" : "not lowercase hex");
+    }
+  }
+  if (id[64] != '\0') {
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "store: invalid id: longer than 64 characters; an id is 64 "
+                "lowercase hex characters (SHA-256)");
+  }
+  return TOPOS_OK;
+}
+
+/* The id of bytes; topos_sha256_hex leaves an empty string when OpenSSL
+ * fails, which must not be mistaken for corruption. */
+static int hash_bytes(const uint8_t *bytes, size_t len, char out[65],
+                      topos_error *err) {
+  topos_sha256_hex(bytes, len, out);
+  if (strlen(out) != 64) {
+    return fail(err, TOPOS_ERR_MEMORY, "store: SHA-256 of %zu bytes failed",
+                len);
+  }
+  return TOPOS_OK;
+}
+
+/* -------------------------------------------------------- the two tables */
+
+/* Specs and blobs share their layout and most of their code; `kind` holds
+ * what differs.  Each keeps its small per-row facts (seq, id, size, times)
+ * in one table and its bytes in a second one keyed by the same seq, so
+ * that marking a blob used, listing or counting never reads or rewrites a
+ * payload (an UPDATE rewrites its whole row, bytes included). */
+typedef struct kind {
+  const char *noun;    /* "spec" or "blob", for messages */
+  const char *payload; /* the bytes table, for sqlite3_blob_open */
+  /* ?1 id -> seq, size, whether the bytes row exists */
+  const char *find;
+  const char *insert;         /* ?1 id, ?2 size, ?3 created_ms */
+  const char *insert_payload; /* ?1 seq, ?2 size (a zeroblob to fill) */
+  const char *remove;         /* ?1 id (a trigger drops the bytes) */
+} kind;
+
+static const kind SPECS = {
+    "spec",
+    "spec_bytes",
+    "SELECT s.seq, s.size, p.seq IS NOT NULL FROM specs AS s "
+    "LEFT JOIN spec_bytes AS p ON p.seq = s.seq WHERE s.id = ?1",
+    "INSERT INTO specs (id, size, created_ms) VALUES (?1, ?2, ?3)",
+    "INSERT OR REPLACE INTO spec_bytes (seq, bytes) "
+    "VALUES (?1, zeroblob(?2))",
+    "DELETE FROM specs WHERE id = ?1",
+};
+
+/* A blob's last_used is a logical clock: one more than the largest in the
+ * table, taken inside the write transaction, so the order is total across
+ * every handle and process (wall clocks tie and step back). */
+static const kind BLOBS = {
+    "blob",
+    "blob_bytes",
+    "SELECT b.seq, b.size, p.seq IS NOT NULL FROM blobs AS b "
+    "LEFT JOIN blob_bytes AS p ON p.seq = b.seq WHERE b.id = ?1",
+    "INSERT INTO blobs (id, size, created_ms, last_used) "
+    "VALUES (?1, ?2, ?3, (SELECT coalesce(max(last_used), 0) + 1 FROM blobs))",
+    "INSERT OR REPLACE INTO blob_bytes (seq, bytes) "
+    "VALUES (?1, zeroblob(?2))",
+    "DELETE FROM blobs WHERE id = ?1",
+};
+
+static const char TOUCH_BLOB[] =
+    "UPDATE blobs SET last_used = "
+    "(SELECT coalesce(max(last_used), 0) + 1 FROM blobs) WHERE id = ?1";
+
+/* What find_row learnt about one id. */
+typedef struct row {
+  bool found;
+  bool has_payload; /* the bytes row exists */
+  int64_t seq;
+  int64_t size; /* as recorded at put */
+} row;
+
+static int find_row(sqlite3 *db, const kind *k, const char *id, row *r,
+                    topos_error *err) {
+  *r = (row){0};
+  sqlite3_stmt *stmt;
+  int status = prepare(db, k->find, &stmt, err);
+  if (status != TOPOS_OK) return status;
+  sqlite3_bind_text(stmt, 1, id, 64, SQLITE_STATIC);
+  int rc = sqlite3_step(stmt);
+  if (rc == SQLITE_ROW) {
+    r->found = true;
+    r->seq = sqlite3_column_int64(stmt, 0);
+    r->size = sqlite3_column_int64(stmt, 1);
+    r->has_payload = sqlite3_column_int(stmt, 2) != 0;
+  } else if (rc != SQLITE_DONE) {
+    status = sql_fail(db, rc, err, "look up an id");
+  }
+  sqlite3_finalize(stmt);
+  return status;
+}
+
+static int open_payload(sqlite3 *db, const kind *k, int64_t seq, bool write,
+                        sqlite3_blob **out, topos_error *err) {
+  int rc = sqlite3_blob_open(db, "main", k->payload, "bytes", seq, write, out);
+  if (rc != SQLITE_OK) {
+    sqlite3_blob_close(*out);
+    *out = NULL;
+    return sql_fail(db, rc, err, "open stored bytes");
+  }
+  return TOPOS_OK;
+}
+
+/* Reads a row's bytes into a new buffer (inside the caller's transaction),
+ * straight from the pages into the buffer.  Missing bytes, or bytes whose
+ * length differs from the recorded size, are corrupt. */
+static int read_payload(sqlite3 *db, const kind *k, const char *id,
+                        const row *r, uint8_t **out, size_t *len,
+                        topos_error *err) {
+  if (!r->has_payload) {
+    return fail(err, TOPOS_ERR_CORRUPT,
+                "store: %s %s is corrupt: its bytes are missing", k->noun, id);
+  }
+  sqlite3_blob *blob;
+  int status = open_payload(db, k, r->seq, false, &blob, err);
+  if (status != TOPOS_OK) return status;
+  int64_t n = sqlite3_blob_bytes(blob);
+  if (n != r->size) {
+    sqlite3_blob_close(blob);
+    return fail(err, TOPOS_ERR_CORRUPT,
+                "store: %s %s is corrupt: %lld bytes stored, %lld recorded",
+                k->noun, id, (long long)n, (long long)r->size);
+  }
+  uint8_t *buf = malloc(n > 0 ? (size_t)n : 1);
+  if (buf == NULL) {
+    sqlite3_blob_close(blob);
+    return fail(err, TOPOS_ERR_MEMORY,
+                "store: no memory for %s %s (%lld bytes)", k->noun, id,
+                (long long)n);
+  }
+  for (int64_t off = 0; off < n;) {
+    int64_t piece = n - off < (int64_t)IO_CHUNK ? n - off : (int64_t)IO_CHUNK;
+    int rc = sqlite3_blob_read(blob, buf + off, (int)piece, (int)off);
+    if (rc != SQLITE_OK) {
+      free(buf);
+      sqlite3_blob_close(blob);
+      return sql_fail(db, rc, err, "read stored bytes");
+    }
+    off += piece;
+  }
+  sqlite3_blob_close(blob);
+  *out = buf;
+  *len = (size_t)n;
+  return TOPOS_OK;
+}
+
+/* Creates (or replaces) row seq's bytes as a zeroblob of len bytes and
+ * fills it piece by piece: SQLite never builds a len-byte record. */
+static int write_payload(sqlite3 *db, const kind *k, int64_t seq,
+                         const uint8_t *bytes, size_t len, topos_error *err) {
+  sqlite3_stmt *stmt;
+  int status = prepare(db, k->insert_payload, &stmt, err);
+  if (status != TOPOS_OK) return status;
+  sqlite3_bind_int64(stmt, 1, seq);
+  sqlite3_bind_int64(stmt, 2, (sqlite3_int64)len);
+  status = step_done(db, stmt, err, "store bytes");
+  sqlite3_finalize(stmt);
+  if (status != TOPOS_OK || len == 0) return status;
+  sqlite3_blob *blob;
+  status = open_payload(db, k, seq, true, &blob, err);
+  if (status != TOPOS_OK) return status;
+  for (size_t off = 0; off < len;) {
+    size_t piece = len - off < IO_CHUNK ? len - off : IO_CHUNK;
+    int rc = sqlite3_blob_write(blob, bytes + off, (int)piece, (int)off);
+    if (rc != SQLITE_OK) {
+      sqlite3_blob_close(blob);
+      return sql_fail(db, rc, err, "write bytes");
+    }
+    off += piece;
+  }
+  int rc = sqlite3_blob_close(blob);
+  return rc == SQLITE_OK ? TOPOS_OK : sql_fail(db, rc, err, "write bytes");
+}
+
+/* Whether a row holds exactly these bytes (compared piece by piece). */
+static int payload_equals(sqlite3 *db, const kind *k, const row *r,
+                          const uint8_t *bytes, size_t len, bool *equal,
+                          topos_error *err) {
+  *equal = false;
+  if (!r->has_payload || r->size != (int64_t)len) return TOPOS_OK;
+  sqlite3_blob *blob;
+  int status = open_payload(db, k, r->seq, false, &blob, err);
+  if (status != TOPOS_OK) return status;
+  *equal = (int64_t)sqlite3_blob_bytes(blob) == (int64_t)len;
+  size_t piece_max = len < ((size_t)1 << 20) ? len : ((size_t)1 << 20);
+  uint8_t *piece_buf = *equal && len > 0 ? malloc(piece_max) : NULL;
+  if (*equal && len > 0 && piece_buf == NULL) {
+    sqlite3_blob_close(blob);
+    return fail(err, TOPOS_ERR_MEMORY, "store: no memory to compare bytes");
+  }
+  for (size_t off = 0; *equal && off < len;) {
+    size_t piece = len - off < piece_max ? len - off : piece_max;
+    int rc = sqlite3_blob_read(blob, piece_buf, (int)piece, (int)off);
+    if (rc != SQLITE_OK) {
+      status = sql_fail(db, rc, err, "read stored bytes");
+      break;
+    }
+    if (memcmp(piece_buf, bytes + off, piece) != 0) *equal = false;
+    off += piece;
+  }
+  free(piece_buf);
+  sqlite3_blob_close(blob);
+  return status;
+}
+
+static int insert_row(sqlite3 *db, const kind *k, const char *id,
+                      const uint8_t *bytes, size_t len, topos_error *err) {
+  sqlite3_stmt *stmt;
+  int status = prepare(db, k->insert, &stmt, err);
+  if (status != TOPOS_OK) return status;
+  sqlite3_bind_text(stmt, 1, id, 64, SQLITE_STATIC);
+  sqlite3_bind_int64(stmt, 2, (sqlite3_int64)len);
+  sqlite3_bind_int64(stmt, 3, now_ms());
+  status = step_done(db, stmt, err, "insert a row");
+  sqlite3_finalize(stmt);
+  if (status != TOPOS_OK) return status;
+  return write_payload(db, k, sqlite3_last_insert_rowid(db), bytes, len, err);
+}
+
+/* Runs one statement with ?1 = id and reports how many rows it changed. */
+static int run_with_id(sqlite3 *db, const char *sql, const char *id,
+                       int *changes, topos_error *err) {
+  sqlite3_stmt *stmt;
+  int status = prepare(db, sql, &stmt, err);
+  if (status != TOPOS_OK) return status;
+  sqlite3_bind_text(stmt, 1, id, 64, SQLITE_STATIC);
+  status = step_done(db, stmt, err, "update the store");
+  sqlite3_finalize(stmt);
+  if (changes != NULL) *changes = status == TOPOS_OK ? sqlite3_changes(db) : 0;
+  return status;
+}
+
+/* Deletes least recently used blobs until `incoming` more bytes fit under
+ * `cap` (inside the caller's write transaction). */
+static int evict(sqlite3 *db, int64_t cap, int64_t incoming, topos_error *err) {
+  int64_t total;
+  int status =
+      query_int64(db, "SELECT coalesce(sum(size), 0) FROM blobs", &total, err);
+  if (status != TOPOS_OK) return status;
+  if (total + incoming <= cap) return TOPOS_OK;
+  sqlite3_stmt *oldest, *drop;
+  status = prepare(db,
+                   "SELECT seq, size FROM blobs ORDER BY last_used, seq "
+                   "LIMIT 1",
+                   &oldest, err);
+  if (status != TOPOS_OK) return status;
+  status = prepare(db, "DELETE FROM blobs WHERE seq = ?1", &drop, err);
+  if (status != TOPOS_OK) {
+    sqlite3_finalize(oldest);
+    return status;
+  }
+  while (status == TOPOS_OK && total + incoming > cap) {
+    int rc = sqlite3_step(oldest);
+    if (rc == SQLITE_DONE) break; /* nothing left to evict */
+    if (rc != SQLITE_ROW) {
+      status = sql_fail(db, rc, err, "find the least recently used blob");
+      break;
+    }
+    int64_t seq = sqlite3_column_int64(oldest, 0);
+    total -= sqlite3_column_int64(oldest, 1);
+    sqlite3_reset(oldest);
+    sqlite3_bind_int64(drop, 1, seq);
+    status = step_done(db, drop, err, "evict a blob");
+    sqlite3_reset(drop);
+  }
+  sqlite3_finalize(oldest);
+  sqlite3_finalize(drop);
+  return status;
+}
+
+/* ------------------------------------------------- put, get, has, delete */
+
+static int check_store(topos_store *st, topos_error *err) {
+  return st != NULL ? TOPOS_OK
+                    : fail(err, TOPOS_ERR_ARGUMENT, "store: store is NULL");
+}
+
+/* Refuses a payload the store cannot hold, before hashing it.  The cap is
+ * checked again inside the write transaction, where it cannot change. */
+static int check_size(topos_store *st, const kind *k, size_t len, int64_t cap,
+                      topos_error *err) {
+  if ((uint64_t)len > (uint64_t)st->max_payload) {
+    return fail(err, TOPOS_ERR_MEMORY,
+                "store: %s of %zu bytes is larger than the largest value "
+                "SQLite stores (%lld bytes)",
+                k->noun, len, (long long)st->max_payload);
+  }
+  if (k == &BLOBS && (uint64_t)len > (uint64_t)cap) {
+    return fail(err, TOPOS_ERR_MEMORY,
+                "store: blob of %zu bytes is larger than the blob cap of "
+                "%lld bytes",
+                len, (long long)cap);
+  }
+  return TOPOS_OK;
+}
+
+static int put_object(topos_store *st, const kind *k, const void *bytes,
+                      size_t len, char id_out[65], topos_error *err) {
+  int status = check_store(st, err);
+  if (status != TOPOS_OK) return status;
+  if (bytes == NULL && len > 0) {
+    return fail(err, TOPOS_ERR_ARGUMENT, "store: %s bytes are NULL", k->noun);
+  }
+  if (id_out == NULL) {
+    return fail(err, TOPOS_ERR_ARGUMENT, "store: id_out is NULL");
+  }
+  pthread_mutex_lock(&st->lock);
+  int64_t cap = st->blob_cap;
+  pthread_mutex_unlock(&st->lock);
+  status = check_size(st, k, len, cap, err);
+  if (status != TOPOS_OK) return status;
+  const uint8_t *data = bytes != NULL ? bytes : (const uint8_t *)"";
+  char id[65];
+  status = hash_bytes(data, len, id, err);
+  if (status != TOPOS_OK) return status;
+
+  pthread_mutex_lock(&st->lock);
+  sqlite3 *db = st->db;
+  status = check_size(st, k, len, st->blob_cap, err);
+  if (status == TOPOS_OK) status = begin(db, true, err);
+  if (status != TOPOS_OK) goto out;
+  row r;
+  status = find_row(db, k, id, &r, err);
+  if (status != TOPOS_OK) goto out;
+  if (r.found) {
+    /* Same id, so the same bytes unless the row was damaged: comparing
+     * lets a put of the right bytes heal it. */
+    bool equal;
+    status = payload_equals(db, k, &r, data, len, &equal, err);
+    if (status != TOPOS_OK) goto out;
+    if (equal) {
+      if (k == &BLOBS) status = run_with_id(db, TOUCH_BLOB, id, NULL, err);
+      goto done;
+    }
+    if (k == &SPECS) {
+      /* A repaired spec keeps its place in the list. */
+      sqlite3_stmt *stmt;
+      status =
+          prepare(db, "UPDATE specs SET size = ?2 WHERE seq = ?1", &stmt, err);
+      if (status != TOPOS_OK) goto out;
+      sqlite3_bind_int64(stmt, 1, r.seq);
+      sqlite3_bind_int64(stmt, 2, (sqlite3_int64)len);
+      status = step_done(db, stmt, err, "repair a spec");
+      sqlite3_finalize(stmt);
+      if (status == TOPOS_OK) {
+        status = write_payload(db, k, r.seq, data, len, err);
+      }
+      goto done;
+    }
+    /* A damaged blob is put anew, under the cap like any other. */
+    status = run_with_id(db, k->remove, id, NULL, err);
+    if (status != TOPOS_OK) goto out;
+  }
+  if (k == &BLOBS) {
+    status = evict(db, st->blob_cap, (int64_t)len, err);
+    if (status != TOPOS_OK) goto out;
+  }
+  status = insert_row(db, k, id, data, len, err);
+done:
+  if (status == TOPOS_OK) status = commit(db, err);
+out:
+  if (status != TOPOS_OK) rollback(db);
+  pthread_mutex_unlock(&st->lock);
+  if (status == TOPOS_OK) memcpy(id_out, id, 65);
+  return status;
+}
+
+static int get_object(topos_store *st, const kind *k, const char *id,
+                      uint8_t **bytes, size_t *len, topos_error *err) {
+  if (bytes != NULL) *bytes = NULL;
+  if (len != NULL) *len = 0;
+  int status = check_store(st, err);
+  if (status != TOPOS_OK) return status;
+  if (bytes == NULL || len == NULL) {
+    return fail(err, TOPOS_ERR_ARGUMENT, "store: bytes or len is NULL");
+  }
+  status = check_id(id, err);
+  if (status != TOPOS_OK) return status;
+
+  uint8_t *buf = NULL;
+  size_t n = 0;
+  pthread_mutex_lock(&st->lock);
+  sqlite3 *db = st->db;
+  status = begin(db, false, err);
+  if (status == TOPOS_OK) {
+    row r;
+    status = find_row(db, k, id, &r, err);
+    if (status == TOPOS_OK && !r.found) {
+      status = fail(err, TOPOS_ERR_NOT_FOUND, "store: no %s %s", k->noun, id);
+    }
+    if (status == TOPOS_OK) status = read_payload(db, k, id, &r, &buf, &n, err);
+    if (status == TOPOS_OK) {
+      status = commit(db, err);
+    } else {
+      rollback(db);
+    }
+  }
+  pthread_mutex_unlock(&st->lock);
+  if (status != TOPOS_OK) {
+    free(buf);
+    return status;
+  }
+
+  /* Hashing can take a while for a large blob; other threads may use the
+   * handle meanwhile. */
+  char actual[65];
+  status = hash_bytes(buf, n, actual, err);
+  if (status != TOPOS_OK) {
+    free(buf);
+    return status;
+  }
+  if (memcmp(actual, id, 64) != 0) {
+    free(buf);
+    return fail(err, TOPOS_ERR_CORRUPT,
+                "store: %s %s is corrupt: its stored bytes hash to %s", k->noun,
+                id, actual);
+  }
+
+  if (k == &BLOBS) {
+    /* Marking a blob used only steers eviction, so it is committed
+     * without waiting for the disk (synchronous=NORMAL: it survives a
+     * crash of the process, and the next durable commit syncs it), and a
+     * failure to record it does not fail the read. */
+    pthread_mutex_lock(&st->lock);
+    if (exec(db, "PRAGMA synchronous = NORMAL", NULL, "") == TOPOS_OK) {
+      run_with_id(db, TOUCH_BLOB, id, NULL, NULL);
+      exec(db, "PRAGMA synchronous = FULL", NULL, "");
+    }
+    pthread_mutex_unlock(&st->lock);
+  }
+  *bytes = buf;
+  *len = n;
+  return TOPOS_OK;
+}
+
+static int delete_object(topos_store *st, const kind *k, const char *id,
+                         topos_error *err) {
+  int status = check_store(st, err);
+  if (status == TOPOS_OK) status = check_id(id, err);
+  if (status != TOPOS_OK) return status;
+  int changes = 0;
+  pthread_mutex_lock(&st->lock);
+  status = run_with_id(st->db, k->remove, id, &changes, err);
+  pthread_mutex_unlock(&st->lock);
+  if (status != TOPOS_OK) return status;
+  if (changes == 0) {
+    return fail(err, TOPOS_ERR_NOT_FOUND, "store: no %s %s", k->noun, id);
+  }
+  return TOPOS_OK;
+}
+
+/* Looks an id up without reading its bytes. */
+static int stat_object(topos_store *st, const kind *k, const char *id,
+                       bool *found, int64_t *size, topos_error *err) {
+  int status = check_store(st, err);
+  if (status == TOPOS_OK) status = check_id(id, err);
+  if (status != TOPOS_OK) return status;
+  row r;
+  pthread_mutex_lock(&st->lock);
+  status = find_row(st->db, k, id, &r, err);
+  pthread_mutex_unlock(&st->lock);
+  *found = r.found;
+  *size = r.size;
+  return status;
+}
+
+int store_put_spec(topos_store *st, const void *bytes, size_t len,
+                   char id_out[65], topos_error *err) {
+  return put_object(st, &SPECS, bytes, len, id_out, err);
+}
+
+int store_get_spec(topos_store *st, const char *id, uint8_t **bytes,
+                   size_t *len, topos_error *err) {
+  return get_object(st, &SPECS, id, bytes, len, err);
+}
+
+int store_has_spec(topos_store *st, const char *id, bool *present,
+                   topos_error *err) {
+  if (present == NULL) {
+    return fail(err, TOPOS_ERR_ARGUMENT, "store: present is NULL");
+  }
+  *present = false;
+  int64_t size = 0;
+  int status = stat_object(st, &SPECS, id, present, &size, err);
+  return status;
+}
+
+int store_delete_spec(topos_store *st, const char *id, topos_error *err) {
+  return delete_object(st, &SPECS, id, err);
+}
+
+int store_put_blob(topos_store *st, const void *bytes, size_t len,
+                   char id_out[65], topos_error *err) {
+  return put_object(st, &BLOBS, bytes, len, id_out, err);
+}
+
+int store_get_blob(topos_store *st, const char *id, uint8_t **bytes,
+                   size_t *len, topos_error *err) {
+  return get_object(st, &BLOBS, id, bytes, len, err);
+}
+
+int store_stat_blob(topos_store *st, const char *id, int64_t *size,
+                    topos_error *err) {
+  if (size == NULL) return fail(err, TOPOS_ERR_ARGUMENT, "store: size is NULL");
+  *size = -1;
+  bool found = false;
+  int64_t n = 0;
+  int status = stat_object(st, &BLOBS, id, &found, &n, err);
+  if (status != TOPOS_OK) return status;
+  if (!found) return fail(err, TOPOS_ERR_NOT_FOUND, "store: no blob %s", id);
+  *size = n;
+  return TOPOS_OK;
+}
+
+int store_delete_blob(topos_store *st, const char *id, topos_error *err) {
+  return delete_object(st, &BLOBS, id, err);
+}
+
+/* ------------------------------------------------------- list and stats */
+
+int store_list_specs(topos_store *st, int64_t offset, int limit,
+                     store_spec_info **out, int *n, topos_error *err) {
+  if (out != NULL) *out = NULL;
+  if (n != NULL) *n = 0;
+  int status = check_store(st, err);
+  if (status != TOPOS_OK) return status;
+  if (out == NULL || n == NULL) {
+    return fail(err, TOPOS_ERR_ARGUMENT, "store: out or n is NULL");
+  }
+  if (offset < 0 || limit < 0) {
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "store: list offset (%lld) and limit (%d) must not be negative",
+                (long long)offset, limit);
+  }
+  if (limit == 0) return TOPOS_OK;
+
+  store_spec_info *rows = NULL;
+  int count = 0, capacity = 0;
+  pthread_mutex_lock(&st->lock);
+  sqlite3 *db = st->db;
+  sqlite3_stmt *stmt;
+  status = prepare(db,
+                   "SELECT id, size, created_ms FROM specs "
+                   "ORDER BY seq DESC LIMIT ?1 OFFSET ?2",
+                   &stmt, err);
+  if (status == TOPOS_OK) {
+    sqlite3_bind_int(stmt, 1, limit);
+    sqlite3_bind_int64(stmt, 2, offset);
+    int rc;
+    while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+      if (count == capacity) {
+        int grown = capacity == 0          ? (limit < 64 ? limit : 64)
+                    : capacity > limit / 2 ? limit
+                                           : capacity * 2;
+        store_spec_info *more = realloc(rows, (size_t)grown * sizeof *rows);
+        if (more == NULL) {
+          status = fail(err, TOPOS_ERR_MEMORY, "store: no memory to list");
+          break;
+        }
+        rows = more;
+        capacity = grown;
+      }
+      store_spec_info *row = &rows[count++];
+      const unsigned char *id = sqlite3_column_text(stmt, 0);
+      snprintf(row->id, sizeof row->id, "%s",
+               id != NULL ? (const char *)id : "");
+      row->size = sqlite3_column_int64(stmt, 1);
+      row->created_ms = sqlite3_column_int64(stmt, 2);
+    }
+    if (status == TOPOS_OK && rc != SQLITE_DONE) {
+      status = sql_fail(db, rc, err, "list specs");
+    }
+    sqlite3_finalize(stmt);
+  }
+  pthread_mutex_unlock(&st->lock);
+  if (status != TOPOS_OK) {
+    free(rows);
+    return status;
+  }
+  if (count == 0) {
+    free(rows);
+    rows = NULL;
+  }
+  *out = rows;
+  *n = count;
+  return TOPOS_OK;
+}
+
+/* Counts and byte sums of one table. */
+static int table_totals(sqlite3 *db, const char *sql, int64_t *count,
+                        int64_t *bytes, topos_error *err) {
+  sqlite3_stmt *stmt;
+  int status = prepare(db, sql, &stmt, err);
+  if (status != TOPOS_OK) return status;
+  int rc = sqlite3_step(stmt);
+  if (rc == SQLITE_ROW) {
+    *count = sqlite3_column_int64(stmt, 0);
+    *bytes = sqlite3_column_int64(stmt, 1);
+  } else {
+    status = sql_fail(db, rc, err, "count rows");
+  }
+  sqlite3_finalize(stmt);
+  return status;
+}
+
+int store_stats(topos_store *st, store_stats_info *out, topos_error *err) {
+  int status = check_store(st, err);
+  if (status != TOPOS_OK) return status;
+  if (out == NULL) return fail(err, TOPOS_ERR_ARGUMENT, "store: out is NULL");
+  memset(out, 0, sizeof *out);
+  store_stats_info s = {0};
+  pthread_mutex_lock(&st->lock);
+  sqlite3 *db = st->db;
+  s.blob_cap = st->blob_cap;
+  status = begin(db, false, err);
+  if (status == TOPOS_OK) {
+    int64_t pages = 0, page_size = 0, version = 0;
+    status =
+        table_totals(db, "SELECT count(*), coalesce(sum(size), 0) FROM specs",
+                     &s.spec_count, &s.spec_bytes, err);
+    if (status == TOPOS_OK) {
+      status =
+          table_totals(db, "SELECT count(*), coalesce(sum(size), 0) FROM blobs",
+                       &s.blob_count, &s.blob_bytes, err);
+    }
+    if (status == TOPOS_OK) {
+      status = query_int64(db, "PRAGMA page_count", &pages, err);
+    }
+    if (status == TOPOS_OK) {
+      status = query_int64(db, "PRAGMA page_size", &page_size, err);
+    }
+    if (status == TOPOS_OK) {
+      status = query_int64(db, "SELECT max(version) FROM schema_version",
+                           &version, err);
+    }
+    s.file_bytes = pages * page_size;
+    s.schema_version = (int)version;
+    if (status == TOPOS_OK) {
+      status = commit(db, err);
+    } else {
+      rollback(db);
+    }
+  }
+  pthread_mutex_unlock(&st->lock);
+  if (status != TOPOS_OK) return status;
+  *out = s;
+  return TOPOS_OK;
+}
+
+int store_set_blob_cap(topos_store *st, int64_t bytes, topos_error *err) {
+  int status = check_store(st, err);
+  if (status != TOPOS_OK) return status;
+  if (bytes <= 0) {
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "store: the blob cap must be positive, not %lld",
+                (long long)bytes);
+  }
+  pthread_mutex_lock(&st->lock);
+  sqlite3 *db = st->db;
+  status = begin(db, true, err);
+  if (status == TOPOS_OK) status = evict(db, bytes, 0, err);
+  if (status == TOPOS_OK) status = commit(db, err);
+  if (status == TOPOS_OK) {
+    st->blob_cap = bytes;
+  } else {
+    rollback(db);
+  }
+  pthread_mutex_unlock(&st->lock);
+  return status;
+}
+
+/* ------------------------------------------------- schema and migrations */
+
+/* A migration takes the schema from version v - 1 to v inside the open
+ * write transaction; the runner records v in schema_version.  Adding v2 is
+ * one more function and one more entry in MIGRATIONS (and bumping
+ * STORE_SCHEMA_VERSION). */
+typedef int (*migration)(sqlite3 *db, topos_error *err);
+
+static int migrate_to_v1(sqlite3 *db, topos_error *err) {
+  int status =
+      exec(db,
+           "CREATE TABLE meta ("
+           "  key TEXT PRIMARY KEY NOT NULL,"
+           "  value TEXT NOT NULL"
+           ") WITHOUT ROWID;"
+           "INSERT INTO meta (key, value) VALUES ('magic', 'topos-store');"
+           "CREATE TABLE schema_version ("
+           "  version INTEGER PRIMARY KEY NOT NULL,"
+           "  applied_ms INTEGER NOT NULL"
+           ");"
+           /* Facts and bytes live apart (see `kind`); a trigger keeps
+            * them paired. */
+           "CREATE TABLE specs ("
+           "  seq INTEGER PRIMARY KEY,"
+           "  id TEXT NOT NULL UNIQUE CHECK (length(id) = 64),"
+           "  size INTEGER NOT NULL CHECK (size >= 0),"
+           "  created_ms INTEGER NOT NULL"
+           ");"
+           "CREATE TABLE spec_bytes ("
+           "  seq INTEGER PRIMARY KEY,"
+           "  bytes BLOB NOT NULL"
+           ");"
+           "CREATE TRIGGER specs_drop_bytes AFTER DELETE ON specs BEGIN"
+           "  DELETE FROM spec_bytes WHERE seq = old.seq;"
+           "END;"
+           "CREATE TABLE blobs ("
+           "  seq INTEGER PRIMARY KEY,"
+           "  id TEXT NOT NULL UNIQUE CHECK (length(id) = 64),"
+           "  size INTEGER NOT NULL CHECK (size >= 0),"
+           "  created_ms INTEGER NOT NULL,"
+           "  last_used INTEGER NOT NULL"
+           ");"
+           "CREATE TABLE blob_bytes ("
+           "  seq INTEGER PRIMARY KEY,"
+           "  bytes BLOB NOT NULL"
+           ");"
+           "CREATE TRIGGER blobs_drop_bytes AFTER DELETE ON blobs BEGIN"
+           "  DELETE FROM blob_bytes WHERE seq = old.seq;"
+           "END;"
+           "CREATE INDEX blobs_by_last_use ON blobs (last_used);",
+           err, "create the version 1 schema");
+  if (status != TOPOS_OK) return status;
+  /* The application id goes in SQLite's file header, where `file` and a
+   * probe of a foreign database can see it without reading any table. */
+  char sql[64];
+  snprintf(sql, sizeof sql, "PRAGMA application_id = %d",
+           (int)STORE_APPLICATION_ID);
+  return exec(db, sql, err, "set the application id");
+}
+
+/* MIGRATIONS[v] takes a store from version v - 1 to v. */
+static const migration MIGRATIONS[STORE_SCHEMA_VERSION + 1] = {
+    NULL,
+    migrate_to_v1,
+};
+
+/* What a database holds, read in one transaction. */
+typedef struct probe {
+  int64_t application_id;
+  int64_t objects; /* rows of sqlite_master */
+  bool magic;      /* meta.magic is 'topos-store' */
+  int64_t version; /* max(schema_version.version), 0 if unreadable */
+} probe;
+
+static int probe_db(sqlite3 *db, probe *p, topos_error *err) {
+  memset(p, 0, sizeof *p);
+  int status =
+      query_int64(db, "PRAGMA application_id", &p->application_id, err);
+  if (status == TOPOS_OK) {
+    status =
+        query_int64(db, "SELECT count(*) FROM sqlite_master", &p->objects, err);
+  }
+  if (status != TOPOS_OK || p->application_id != STORE_APPLICATION_ID) {
+    return status;
+  }
+  /* Missing tables are a finding, not an error. */
+  sqlite3_stmt *stmt;
+  if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'magic'", -1,
+                         &stmt, NULL) == SQLITE_OK) {
+    if (sqlite3_step(stmt) == SQLITE_ROW) {
+      const unsigned char *v = sqlite3_column_text(stmt, 0);
+      p->magic = v != NULL && strcmp((const char *)v, "topos-store") == 0;
+    }
+  }
+  sqlite3_finalize(stmt);
+  if (sqlite3_prepare_v2(db, "SELECT max(version) FROM schema_version", -1,
+                         &stmt, NULL) == SQLITE_OK) {
+    if (sqlite3_step(stmt) == SQLITE_ROW) {
+      p->version = sqlite3_column_int64(stmt, 0);
+    }
+  }
+  sqlite3_finalize(stmt);
+  return TOPOS_OK;
+}
+
+/* Whether a probed database may be opened: *fresh when it is empty. */
+static int judge(const char *path, const probe *p, bool *fresh,
+                 topos_error *err) {
+  *fresh = false;
+  if (p->application_id == STORE_APPLICATION_ID) {
+    if (!p->magic || p->version <= 0) {
+      return fail(err, TOPOS_ERR_IO,
+                  "store: %s carries the topos application id but has no "
+                  "valid meta or schema_version table; refusing a damaged "
+                  "store",
+                  path);
+    }
+    if (p->version > STORE_SCHEMA_VERSION) {
+      return fail(err, TOPOS_ERR_IO,
+                  "store: %s has schema version %lld, newer than the "
+                  "version %d this build knows; refusing to open it (use a "
+                  "newer topos)",
+                  path, (long long)p->version, STORE_SCHEMA_VERSION);
+    }
+    return TOPOS_OK;
+  }
+  if (p->application_id == 0 && p->objects == 0) {
+    *fresh = true;
+    return TOPOS_OK;
+  }
+  return fail(err, TOPOS_ERR_IO,
+              "store: %s is not a topos store: it is another application's "
+              "SQLite database (application id 0x%08llx, %lld schema "
+              "objects); refusing to touch it",
+              path, (unsigned long long)(uint32_t)p->application_id,
+              (long long)p->objects);
+}
+
+/* Refuses a non-empty file that is not SQLite before SQLite sees it, and
+ * sets *exists when there is a non-empty file to inspect. */
+static int check_file(const char *path, bool *exists, topos_error *err) {
+  *exists = false;
+  struct stat sb;
+  if (stat(path, &sb) != 0) {
+    if (errno == ENOENT) return TOPOS_OK;
+    return fail(err, TOPOS_ERR_IO, "store: cannot use %s: %s", path,
+                strerror(errno));
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    return fail(err, TOPOS_ERR_IO, "store: %s is not a regular file", path);
+  }
+  if (sb.st_size == 0) return TOPOS_OK;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return fail(err, TOPOS_ERR_IO, "store: cannot read %s: %s", path,
+                strerror(errno));
+  }
+  static const char magic[16] = "SQLite format 3";
+  char header[16];
+  ssize_t got = 0;
+  while (got < (ssize_t)sizeof header) {
+    ssize_t r = pread(fd, header + got, sizeof header - (size_t)got, got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += r;
+  }
+  close(fd);
+  if (got < (ssize_t)sizeof header || memcmp(header, magic, sizeof magic)) {
+    return fail(err, TOPOS_ERR_IO,
+                "store: %s is not a topos store: it is not an SQLite "
+                "database; refusing to touch it",
+                path);
+  }
+  *exists = true;
+  return TOPOS_OK;
+}
+
+/* Inspects an existing file through a read-only connection, which can
+ * neither write the file nor roll back a foreign hot journal into it. */
+static int inspect(const char *path, topos_error *err) {
+  sqlite3 *db = NULL;
+  int rc = sqlite3_open_v2(path, &db,
+                           SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL);
+  int status = TOPOS_OK;
+  if (rc != SQLITE_OK) {
+    status = fail(err, TOPOS_ERR_IO, "store: cannot open %s: %s", path,
+                  db != NULL ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+    sqlite3_close_v2(db);
+    return status;
+  }
+  sqlite3_busy_timeout(db, BUSY_TIMEOUT_MS);
+  probe p;
+  status = begin(db, false, err);
+  if (status == TOPOS_OK) status = probe_db(db, &p, err);
+  int code = sqlite3_errcode(db);
+  rollback(db);
+  if (status != TOPOS_OK) {
+    if ((code & 0xff) == SQLITE_NOTADB) {
+      status = fail(err, TOPOS_ERR_IO,
+                    "store: %s is not a topos store: it is not an SQLite "
+                    "database; refusing to touch it",
+                    path);
+    }
+  } else {
+    bool fresh;
+    status = judge(path, &p, &fresh, err);
+  }
+  sqlite3_close_v2(db);
+  return status;
+}
+
+/* Brings the schema to STORE_SCHEMA_VERSION in one write transaction,
+ * judging the file again inside it: another handle may have created or
+ * migrated it since it was inspected. */
+static int migrate(sqlite3 *db, const char *path, topos_error *err) {
+  int status = begin(db, true, err);
+  if (status != TOPOS_OK) return status;
+  probe p;
+  bool fresh = false;
+  status = probe_db(db, &p, err);
+  if (status == TOPOS_OK) status = judge(path, &p, &fresh, err);
+  int64_t from = fresh ? 0 : p.version;
+  sqlite3_stmt *record = NULL;
+  for (int64_t v = from + 1; status == TOPOS_OK && v <= STORE_SCHEMA_VERSION;
+       v++) {
+    status = MIGRATIONS[v](db, err);
+    if (status != TOPOS_OK) break;
+    /* Prepared after a migration ran: v1 creates the table. */
+    if (record == NULL) {
+      status = prepare(db,
+                       "INSERT INTO schema_version (version, applied_ms) "
+                       "VALUES (?1, ?2)",
+                       &record, err);
+      if (status != TOPOS_OK) break;
+    }
+    sqlite3_bind_int64(record, 1, v);
+    sqlite3_bind_int64(record, 2, now_ms());
+    status = step_done(db, record, err, "record a schema version");
+    sqlite3_reset(record);
+  }
+  sqlite3_finalize(record);
+  if (status == TOPOS_OK) return commit(db, err);
+  rollback(db);
+  return status;
+}
+
+static int64_t monotonic_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Switches the file to WAL mode (a no-op once it is).  The switch of a
+ * fresh file needs its exclusive lock, and when two connections race for
+ * it SQLite answers one of them SQLITE_BUSY at once instead of calling the
+ * busy handler (waiting could deadlock), so the retry is ours. */
+static int use_wal(sqlite3 *db, const char *path, topos_error *err) {
+  int64_t deadline = monotonic_ms() + BUSY_TIMEOUT_MS;
+  for (;;) {
+    sqlite3_stmt *stmt;
+    int status = prepare(db, "PRAGMA journal_mode = WAL", &stmt, err);
+    if (status != TOPOS_OK) return status;
+    int rc = sqlite3_step(stmt);
+    if (rc == SQLITE_ROW) {
+      const unsigned char *mode = sqlite3_column_text(stmt, 0);
+      if (mode == NULL || strcmp((const char *)mode, "wal") != 0) {
+        status = fail(err, TOPOS_ERR_IO,
+                      "store: %s cannot run in WAL mode (journal mode %s)",
+                      path, mode != NULL ? (const char *)mode : "unknown");
+      }
+      sqlite3_finalize(stmt);
+      return status;
+    }
+    status = sql_fail(db, rc, err, "switch to WAL mode");
+    sqlite3_finalize(stmt);
+    if ((rc & 0xff) != SQLITE_BUSY && (rc & 0xff) != SQLITE_LOCKED) {
+      return status;
+    }
+    if (monotonic_ms() > deadline) return status;
+    usleep(2000);
+  }
+}
+
+topos_store *store_open(const char *path, topos_error *err) {
+  if (path == NULL || path[0] == '\0') {
+    fail(err, TOPOS_ERR_ARGUMENT, "store: path is NULL or empty");
+    return NULL;
+  }
+  if (!sqlite3_threadsafe()) {
+    fail(err, TOPOS_ERR_IO, "store: SQLite was built without thread support");
+    return NULL;
+  }
+  bool exists;
+  if (check_file(path, &exists, err) != TOPOS_OK) return NULL;
+  if (exists && inspect(path, err) != TOPOS_OK) return NULL;
+
+  topos_store *st = calloc(1, sizeof *st);
+  if (st == NULL) {
+    fail(err, TOPOS_ERR_MEMORY, "store: no memory for a store handle");
+    return NULL;
+  }
+  st->blob_cap = STORE_DEFAULT_BLOB_CAP;
+  if (pthread_mutex_init(&st->lock, NULL) != 0) {
+    free(st);
+    fail(err, TOPOS_ERR_MEMORY, "store: cannot create a mutex");
+    return NULL;
+  }
+  /* NOMUTEX: the handle's own mutex already serialises the connection. */
+  int rc = sqlite3_open_v2(path, &st->db,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
+                               SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE,
+                           NULL);
+  int status = TOPOS_OK;
+  if (rc != SQLITE_OK) {
+    status = fail(err, TOPOS_ERR_IO, "store: cannot open %s: %s", path,
+                  st->db != NULL ? sqlite3_errmsg(st->db) : sqlite3_errstr(rc));
+  }
+  sqlite3 *db = st->db;
+  if (status == TOPOS_OK) sqlite3_busy_timeout(db, BUSY_TIMEOUT_MS);
+  if (status == TOPOS_OK) status = use_wal(db, path, err);
+  if (status == TOPOS_OK) {
+    char sql[96];
+    snprintf(sql, sizeof sql,
+             "PRAGMA synchronous = FULL; PRAGMA journal_size_limit = %lld",
+             (long long)WAL_SIZE_LIMIT);
+    status = exec(db, sql, err, "configure the connection");
+  }
+  if (status == TOPOS_OK) status = migrate(db, path, err);
+  if (status == TOPOS_OK) {
+    /* SQLite's largest value (1e9 bytes unless built otherwise) less room
+     * for the record around it; sqlite3_blob_read also takes int offsets. */
+    int64_t limit = sqlite3_limit(db, SQLITE_LIMIT_LENGTH, -1) - ROW_OVERHEAD;
+    st->max_payload = limit < INT_MAX ? limit : INT_MAX;
+  }
+  if (status != TOPOS_OK) {
+    store_close(st);
+    return NULL;
+  }
+  return st;
+}
+
+void store_close(topos_store *st) {
+  if (st == NULL) return;
+  sqlite3_close_v2(st->db);
+  pthread_mutex_destroy(&st->lock);
+  free(st);
+}

@@ -1,0 +1,125 @@
+/*
+ * store.h - the daemon's content-addressed store: specs and parameter
+ * blobs in one SQLite file (docs/store.md).
+ *
+ * Specs and blobs are named by their id, the lowercase hex SHA-256 of
+ * their bytes (topos_sha256_hex).  The store knows bytes and ids, never
+ * ops: encoding a network into spec bytes is the engine's job.
+ *
+ * Conventions, for every function here:
+ *  - A function that can fail takes a `topos_error *err` (which may be
+ *    NULL) and returns a topos_status (or NULL); errors never abort and
+ *    never print.
+ *  - Ids are 64 lowercase hex characters, NUL-terminated.  Any other
+ *    string (short, long, uppercase, NULL) is TOPOS_ERR_ARGUMENT and never
+ *    reaches SQL.
+ *  - Unknown ids are TOPOS_ERR_NOT_FOUND; stored bytes that no longer hash
+ *    to their id are TOPOS_ERR_CORRUPT and are never returned; a file or
+ *    SQLite failure (including a store busy past its timeout) is
+ *    TOPOS_ERR_IO.
+ *  - A handle is safe to use from several threads at once (calls on one
+ *    handle are serialised by its mutex), and several handles, in one
+ *    process or many, may open the same file.
+ */
+#ifndef TOPOS_STORE_H
+#define TOPOS_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "topos.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The schema version this code writes; store_open migrates older stores
+ * forward and refuses newer ones. */
+#define STORE_SCHEMA_VERSION 1
+/* SQLite's header application_id of a topos store ("Topo"). */
+#define STORE_APPLICATION_ID 0x546F706F
+/* The blob cap of a freshly opened handle: 1 GiB. */
+#define STORE_DEFAULT_BLOB_CAP ((int64_t)1 << 30)
+
+typedef struct topos_store topos_store;
+
+/* One row of store_list_specs. */
+typedef struct store_spec_info {
+  char id[65];        /* lowercase hex SHA-256, NUL-terminated */
+  int64_t size;       /* bytes */
+  int64_t created_ms; /* wall clock at the first put, ms since the epoch */
+} store_spec_info;
+
+/* What store_stats reports. */
+typedef struct store_stats_info {
+  int64_t spec_count;
+  int64_t spec_bytes; /* sum of the specs' sizes */
+  int64_t blob_count;
+  int64_t blob_bytes; /* sum of the blobs' sizes, at most blob_cap */
+  int64_t blob_cap;   /* this handle's cap */
+  int64_t file_bytes; /* the database's size in pages (WAL included) */
+  int schema_version;
+} store_stats_info;
+
+/* Opens the store at `path`, creating the file when it is missing or
+ * empty.  A file that is not a topos store (not SQLite at all, or another
+ * application's SQLite database) or whose schema is newer than
+ * STORE_SCHEMA_VERSION is refused with TOPOS_ERR_IO and a message saying
+ * which, and the file is not modified.  An older schema is migrated
+ * forward.  New handle (store_close), or NULL with err. */
+topos_store *store_open(const char *path, topos_error *err);
+/* Closes the handle; NULL is a no-op.  No call on it may be in flight. */
+void store_close(topos_store *st);
+
+/* Sets this handle's blob cap (bytes > 0) and evicts least recently used
+ * blobs until the stored blobs fit under it.  Returns a topos_status. */
+int store_set_blob_cap(topos_store *st, int64_t bytes, topos_error *err);
+
+/* ------------------------------------------------------------------ specs */
+
+/* Stores len bytes (bytes may be NULL when len is 0) and writes their id to
+ * id_out.  Idempotent: the same bytes again give the same id, add no row
+ * and keep the first put's created time (and rewrite the stored bytes if
+ * they had been corrupted).  Durable once it returns TOPOS_OK. */
+int store_put_spec(topos_store *st, const void *bytes, size_t len,
+                   char id_out[65], topos_error *err);
+/* The spec's bytes, re-hashed and checked against the id on every read.
+ * *bytes is new (free()); on error *bytes is NULL and *len 0. */
+int store_get_spec(topos_store *st, const char *id, uint8_t **bytes,
+                   size_t *len, topos_error *err);
+/* Sets *present (without reading or verifying the bytes). */
+int store_has_spec(topos_store *st, const char *id, bool *present,
+                   topos_error *err);
+/* Removes the spec; an unknown id is TOPOS_ERR_NOT_FOUND. */
+int store_delete_spec(topos_store *st, const char *id, topos_error *err);
+/* At most `limit` specs, newest first (by order of first put), skipping
+ * the first `offset`.  *out is new (free(); NULL when *n is 0). */
+int store_list_specs(topos_store *st, int64_t offset, int limit,
+                     store_spec_info **out, int *n, topos_error *err);
+/* Counts and sizes (one consistent snapshot). */
+int store_stats(topos_store *st, store_stats_info *out, topos_error *err);
+
+/* ------------------------------------------------------------------ blobs */
+
+/* Stores a blob (a parameter set uploaded once), evicting least recently
+ * used blobs until it fits under the cap.  A blob larger than the cap, or
+ * than SQLite's largest value, is TOPOS_ERR_MEMORY and evicts nothing.
+ * Putting a stored blob again only marks it used.  Writes the id. */
+int store_put_blob(topos_store *st, const void *bytes, size_t len,
+                   char id_out[65], topos_error *err);
+/* The blob's bytes, verified like a spec's, and marks it used.  *bytes is
+ * new (free()); on error *bytes is NULL and *len 0. */
+int store_get_blob(topos_store *st, const char *id, uint8_t **bytes,
+                   size_t *len, topos_error *err);
+/* The blob's size, without reading it or marking it used. */
+int store_stat_blob(topos_store *st, const char *id, int64_t *size,
+                    topos_error *err);
+/* Removes the blob; an unknown id is TOPOS_ERR_NOT_FOUND. */
+int store_delete_blob(topos_store *st, const char *id, topos_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TOPOS_STORE_H */

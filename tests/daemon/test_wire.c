@@ -1,0 +1,866 @@
+/*
+ * test_wire.c - proto/wire.c: protobuf <-> engine conversions, with no
+ * socket.  Round trips (tensors of every dtype, every sample network as a
+ * spec, entries, feeds, optimizers with every decay rule, optimizer
+ * state) must be exact, and hostile messages (unknown enums, lengths off
+ * by one, extents that overflow, rank 9, forward operand references,
+ * unknown ops, permutes without a perm, blob references where none are
+ * allowed) must give the right error code and a message naming the field,
+ * never a crash.  Each message also goes through pack/unpack, so the
+ * conversions are checked on what protobuf-c really produces.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sample_nets.h"
+#include "testutil.h"
+#include "topos.h"
+#include "wire.h"
+
+/* Packs m and unpacks it again as the descriptor's type (new message). */
+static ProtobufCMessage *repack(const ProtobufCMessage *m) {
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  topos_error err = {0};
+  ck_assert_int_eq(wire_pack(m, &bytes, &len, &err), TOPOS_OK);
+  ProtobufCMessage *u =
+      protobuf_c_message_unpack(m->descriptor, NULL, len, bytes);
+  free(bytes);
+  ck_assert_ptr_nonnull(u);
+  return u;
+}
+
+static topos_tensor *tensor_roundtrip(const topos_tensor *t) {
+  topos_error err = {0};
+  Topos__V1__Tensor m = TOPOS__V1__TENSOR__INIT;
+  ck_assert_int_eq(wire_tensor_to_proto(t, &m, &err), TOPOS_OK);
+  Topos__V1__Tensor *u = (Topos__V1__Tensor *)repack(&m.base);
+  wire_tensor_clear(&m);
+  topos_tensor *back = wire_tensor_from_proto(u, NULL, "t", &err);
+  ck_assert_msg(back != NULL, "%s", err.message);
+  wire_message_free(&u->base);
+  return back;
+}
+
+START_TEST(test_tensor_roundtrip_every_dtype) {
+  const topos_dtype dts[4] = {TOPOS_F32, TOPOS_F64, TOPOS_BF16, TOPOS_I32};
+  for (int d = 0; d < 4; d++) {
+    topos_tensor *t = tt_random(dts[d], 3, SN_S(2, 3, 4), 7 + d, -100, 100);
+    topos_tensor *back = tensor_roundtrip(t);
+    ck_assert_msg(topos_tensor_bitwise_equal(t, back), "dtype %d", d);
+    topos_tensor_release(back);
+    topos_tensor_release(t);
+  }
+  /* Scalars, empty tensors, rank 8, a non-contiguous view. */
+  topos_tensor *s = topos_tensor_scalar(TOPOS_F64, -0.0, NULL);
+  topos_tensor *sb = tensor_roundtrip(s);
+  ck_assert(topos_tensor_bitwise_equal(s, sb));
+  ck_assert_int_eq(topos_tensor_rank(sb), 0);
+  topos_tensor *z = topos_tensor_zeros(TOPOS_F32, 2, SN_S(0, 5), NULL);
+  topos_tensor *zb = tensor_roundtrip(z);
+  ck_assert(topos_tensor_bitwise_equal(z, zb));
+  topos_tensor *r8 =
+      tt_random(TOPOS_F32, 8, SN_S(1, 2, 1, 2, 1, 2, 1, 2), 3, -1, 1);
+  topos_tensor *r8b = tensor_roundtrip(r8);
+  ck_assert(topos_tensor_bitwise_equal(r8, r8b));
+  topos_tensor *base = tt_random(TOPOS_F64, 2, SN_S(3, 4), 4, -1, 1);
+  topos_tensor *view = topos_tensor_transpose(base, NULL);
+  topos_tensor *vb = tensor_roundtrip(view);
+  ck_assert(topos_tensor_bitwise_equal(view, vb));
+  ck_assert(topos_tensor_is_contiguous(vb));
+  /* NaN payloads survive (bits, not values). */
+  const double nan_bits[2] = {NAN, -INFINITY};
+  topos_tensor *n = topos_tensor_from(TOPOS_F64, 1, SN_S(2), nan_bits, NULL);
+  topos_tensor *nb = tensor_roundtrip(n);
+  ck_assert(topos_tensor_bitwise_equal(n, nb));
+  topos_tensor *all[] = {s, sb, z, zb, r8, r8b, base, view, vb, n, nb};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    topos_tensor_release(all[i]);
+}
+END_TEST
+
+START_TEST(test_tensor_little_endian_bytes) {
+  const float v[2] = {1.0f, -2.5f};
+  topos_tensor *t = topos_tensor_from(TOPOS_F32, 1, SN_S(2), v, NULL);
+  Topos__V1__Tensor m = TOPOS__V1__TENSOR__INIT;
+  ck_assert_int_eq(wire_tensor_to_proto(t, &m, NULL), TOPOS_OK);
+  ck_assert_int_eq(m.dtype, TOPOS__V1__DTYPE__F32);
+  ck_assert_uint_eq(m.n_shape, 1);
+  ck_assert_int_eq(m.shape[0], 2);
+  ck_assert_uint_eq(m.data.len, 8);
+  const uint8_t want[8] = {0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x20, 0xc0};
+  ck_assert(memcmp(m.data.data, want, 8) == 0);
+  wire_tensor_clear(&m);
+  ck_assert_ptr_null(m.data.data);
+  ck_assert_ptr_null(m.shape);
+  topos_tensor_release(t);
+}
+END_TEST
+
+/* Expects wire_tensor_from_proto to fail with `code` and a message that
+ * contains `needle`. */
+static void expect_tensor_error(const Topos__V1__Tensor *m,
+                                const wire_resolver *res, int code,
+                                const char *needle) {
+  topos_error err = {0};
+  topos_tensor *t = wire_tensor_from_proto(m, res, "feeds[0].tensor", &err);
+  ck_assert_msg(t == NULL, "accepted a hostile tensor (%s)", needle);
+  ck_assert_msg(err.code == code, "code %d want %d: %s", err.code, code,
+                err.message);
+  ck_assert_msg(strstr(err.message, needle) != NULL, "'%s' lacks '%s'",
+                err.message, needle);
+  ck_assert_msg(strstr(err.message, "feeds[0].tensor") != NULL,
+                "'%s' does not name the field", err.message);
+}
+
+START_TEST(test_tensor_hostile) {
+  uint8_t data[17] = {0};
+  int64_t shape[9] = {2, 2, 1, 1, 1, 1, 1, 1, 1};
+  Topos__V1__Tensor m = TOPOS__V1__TENSOR__INIT;
+  m.shape = shape;
+  m.n_shape = 2;
+  m.data.data = data;
+
+  m.dtype = 7; /* unknown dtype */
+  m.data.len = 16;
+  expect_tensor_error(&m, NULL, TOPOS_ERR_DTYPE, "unknown dtype 7");
+  m.dtype = -1;
+  expect_tensor_error(&m, NULL, TOPOS_ERR_DTYPE, "unknown dtype -1");
+
+  m.dtype = TOPOS__V1__DTYPE__F32; /* f32[2,2] needs 16 bytes */
+  m.data.len = 15;
+  expect_tensor_error(&m, NULL, TOPOS_ERR_ARGUMENT, "holds 15 bytes");
+  m.data.len = 17;
+  expect_tensor_error(&m, NULL, TOPOS_ERR_ARGUMENT, "holds 17 bytes");
+  m.data.len = 16;
+  topos_tensor *ok = wire_tensor_from_proto(&m, NULL, NULL, NULL);
+  ck_assert_ptr_nonnull(ok);
+  topos_tensor_release(ok);
+
+  m.n_shape = 9; /* rank 9 */
+  expect_tensor_error(&m, NULL, TOPOS_ERR_SHAPE, "rank 9");
+
+  int64_t huge[3] = {(int64_t)1 << 62, (int64_t)1 << 62, 4};
+  m.shape = huge;
+  m.n_shape = 2; /* 2^124 elements */
+  expect_tensor_error(&m, NULL, TOPOS_ERR_SHAPE, "more elements");
+  m.n_shape = 1; /* 2^62 f32 elements: 2^64 bytes */
+  expect_tensor_error(&m, NULL, TOPOS_ERR_SHAPE, "more bytes");
+  int64_t big[2] = {(int64_t)1 << 40, 1}; /* fits, but no such data */
+  m.shape = big;
+  m.n_shape = 2;
+  expect_tensor_error(&m, NULL, TOPOS_ERR_ARGUMENT, "holds 16 bytes");
+  /* A zero extent beside huge ones: the strides would overflow. */
+  int64_t zero_huge[3] = {(int64_t)1 << 62, 0, (int64_t)1 << 62};
+  m.shape = zero_huge;
+  m.n_shape = 3;
+  m.data.len = 0; /* even when empty, strides must fit int64 */
+  expect_tensor_error(&m, NULL, TOPOS_ERR_SHAPE, "more elements");
+  zero_huge[0] = (int64_t)1 << 40;
+  zero_huge[2] = (int64_t)1 << 20;
+  topos_tensor *empty = wire_tensor_from_proto(&m, NULL, NULL, NULL);
+  ck_assert_ptr_nonnull(empty);
+  ck_assert_int_eq(topos_tensor_count(empty), 0);
+  topos_tensor_release(empty);
+  m.data.len = 16;
+  expect_tensor_error(&m, NULL, TOPOS_ERR_ARGUMENT, "needs 0");
+
+  int64_t neg[2] = {2, -2};
+  m.shape = neg;
+  m.n_shape = 2;
+  expect_tensor_error(&m, NULL, TOPOS_ERR_SHAPE, "negative");
+
+  expect_tensor_error(NULL, NULL, TOPOS_ERR_ARGUMENT, "missing");
+}
+END_TEST
+
+/* A resolver over one fixed parameter set, counting its calls. */
+typedef struct blob_ctx {
+  const char *id;
+  topos_params *p;
+  int calls;
+} blob_ctx;
+
+static topos_tensor *resolve_blob(void *ctx, const char *id, int index,
+                                  topos_error *err) {
+  blob_ctx *b = ctx;
+  b->calls++;
+  if (strcmp(id, b->id) != 0) {
+    err->code = TOPOS_ERR_NOT_FOUND;
+    snprintf(err->message, sizeof err->message, "blob %.8s is not stored", id);
+    return NULL;
+  }
+  if (index >= topos_params_count(b->p)) {
+    err->code = TOPOS_ERR_RANGE;
+    snprintf(err->message, sizeof err->message, "blob has no tensor %d", index);
+    return NULL;
+  }
+  return topos_tensor_retain(topos_params_get(b->p, index));
+}
+
+START_TEST(test_tensor_blob_refs) {
+  static const char id[] =
+      "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+  topos_tensor *a = tt_random(TOPOS_F32, 1, SN_S(3), 1, -1, 1);
+  topos_tensor *b = tt_random(TOPOS_F64, 2, SN_S(2, 2), 2, -1, 1);
+  topos_params *p = topos_params_new(2, (topos_tensor *[]){a, b}, NULL);
+  blob_ctx ctx = {id, p, 0};
+  wire_resolver res = {resolve_blob, &ctx};
+  topos_error err = {0};
+
+  Topos__V1__Tensor **refs = NULL;
+  size_t n = 0;
+  ck_assert_int_eq(wire_tensor_refs(id, 2, &refs, &n, &err), TOPOS_OK);
+  ck_assert_uint_eq(n, 2);
+  /* Through the wire: what the daemon would unpack. */
+  Topos__V1__ForwardRequest req = TOPOS__V1__FORWARD_REQUEST__INIT;
+  req.parameters = refs;
+  req.n_parameters = n;
+  Topos__V1__ForwardRequest *u = (Topos__V1__ForwardRequest *)repack(&req.base);
+  wire_tensors_free(refs, n);
+  topos_params *got = NULL;
+  ck_assert_int_eq(wire_params_from_proto(u->parameters, u->n_parameters, &res,
+                                          "parameters", &got, &err),
+                   TOPOS_OK);
+  ck_assert(topos_params_bitwise_equal(got, p));
+  ck_assert_int_eq(ctx.calls, 2);
+  topos_params_free(got);
+
+  /* Without a resolver a reference is an error. */
+  ck_assert_int_eq(wire_params_from_proto(u->parameters, u->n_parameters, NULL,
+                                          "parameters", &got, &err),
+                   TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_null(got);
+  ck_assert_msg(strstr(err.message, "parameters[0]") &&
+                    strstr(err.message, "blob reference"),
+                "%s", err.message);
+  wire_message_free(&u->base);
+
+  /* A bad id never reaches the resolver; an unknown one is NOT_FOUND; an
+   * index past the end is the resolver's RANGE. */
+  Topos__V1__BlobRef ref = TOPOS__V1__BLOB_REF__INIT;
+  Topos__V1__Tensor m = TOPOS__V1__TENSOR__INIT;
+  m.blob = &ref;
+  ref.id = "ABC";
+  ctx.calls = 0;
+  expect_tensor_error(&m, &res, TOPOS_ERR_ARGUMENT, "64 lowercase hex");
+  ref.id = "0123456789ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef";
+  expect_tensor_error(&m, &res, TOPOS_ERR_ARGUMENT, "64 lowercase hex");
+  ref.id = (char *)id;
+  ref.index = -1;
+  expect_tensor_error(&m, &res, TOPOS_ERR_RANGE, "negative");
+  ck_assert_int_eq(ctx.calls, 0);
+  ref.index = 2;
+  expect_tensor_error(&m, &res, TOPOS_ERR_RANGE, "no tensor 2");
+  ref.id = "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff";
+  ref.index = 0;
+  expect_tensor_error(&m, &res, TOPOS_ERR_NOT_FOUND, "not stored");
+
+  ck_assert(wire_id_valid(id));
+  ck_assert(!wire_id_valid(NULL));
+  ck_assert(!wire_id_valid(""));
+  ck_assert(!wire_tensor_new_ref("abc", 0, NULL));
+  topos_params_free(p);
+  topos_tensor_release(a);
+  topos_tensor_release(b);
+}
+END_TEST
+
+/* net -> Spec -> bytes -> Spec -> network. */
+static topos_network *spec_roundtrip(const topos_network *net) {
+  topos_error err = {0};
+  Topos__V1__Spec spec = TOPOS__V1__SPEC__INIT;
+  ck_assert_msg(wire_spec_from_network(net, &spec, &err) == TOPOS_OK, "%s",
+                err.message);
+  ck_assert_int_eq((int)spec.n_nodes, topos_network_node_count(net));
+  Topos__V1__Spec *u = (Topos__V1__Spec *)repack(&spec.base);
+  wire_message_clear(&spec.base);
+  ck_assert_uint_eq(spec.n_nodes, 0);
+  topos_network *back = wire_spec_to_network(u, &err);
+  ck_assert_msg(back != NULL, "%s", err.message);
+  wire_message_free(&u->base);
+  return back;
+}
+
+START_TEST(test_spec_roundtrip_samples) {
+  for (int s = 0; s < SN_NSAMPLES; s++) {
+    topos_network *net = sn_samples[s].build();
+    ck_assert_ptr_nonnull(net);
+    topos_network *once = spec_roundtrip(net);
+    topos_network *twice = spec_roundtrip(once);
+    char a[65], b[65], c[65];
+    ck_assert_int_eq(topos_network_id(net, a, NULL), TOPOS_OK);
+    ck_assert_int_eq(topos_network_id(once, b, NULL), TOPOS_OK);
+    ck_assert_int_eq(topos_network_id(twice, c, NULL), TOPOS_OK);
+    ck_assert_msg(strcmp(a, b) == 0, "%s: id changed", sn_samples[s].name);
+    ck_assert_str_eq(b, c);
+    /* Names and parameter initials came across too. */
+    ck_assert_int_eq(topos_network_parameter_count(once),
+                     topos_network_parameter_count(net));
+    topos_params *p0 = topos_network_parameters(net);
+    topos_params *p1 = topos_network_parameters(once);
+    ck_assert(topos_params_bitwise_equal(p0, p1));
+    topos_params_free(p0);
+    topos_params_free(p1);
+    topos_network_release(twice);
+    topos_network_release(once);
+    topos_network_release(net);
+  }
+}
+END_TEST
+
+START_TEST(test_spec_only_read_attributes) {
+  /* An add with stray attributes replays as the same network as a clean
+   * one: attributes an op does not read are dropped. */
+  topos_network *net = sn_gradient_descent();
+  Topos__V1__Spec spec = TOPOS__V1__SPEC__INIT;
+  ck_assert_int_eq(wire_spec_from_network(net, &spec, NULL), TOPOS_OK);
+  ck_assert_int_eq(spec.dtype, TOPOS__V1__DTYPE__F64);
+  ck_assert_str_eq(spec.nodes[0]->name, "w");
+  ck_assert_int_eq(spec.nodes[3]->op, TOPOS__V1__OP__MUL);
+  spec.nodes[3]->axis = 5;
+  spec.nodes[3]->p = 2.5;
+  topos_network *back = wire_spec_to_network(&spec, NULL);
+  ck_assert_ptr_nonnull(back);
+  char a[65], b[65];
+  topos_network_id(net, a, NULL);
+  topos_network_id(back, b, NULL);
+  ck_assert_str_eq(a, b);
+  topos_node_info ni;
+  ck_assert_int_eq(topos_network_node(back, 3, &ni, NULL), TOPOS_OK);
+  ck_assert_int_eq(ni.axis, 0);
+  ck_assert(ni.p == 0);
+  topos_network_release(back);
+  wire_message_clear(&spec.base);
+  topos_network_release(net);
+}
+END_TEST
+
+/* Expects the spec to be refused with `code` and `needle` in the message. */
+static void expect_spec_error(const Topos__V1__Spec *spec, int code,
+                              const char *needle) {
+  topos_error err = {0};
+  topos_network *net = wire_spec_to_network(spec, &err);
+  ck_assert_msg(net == NULL, "accepted a hostile spec (%s)", needle);
+  ck_assert_msg(err.code == code, "code %d want %d: %s", err.code, code,
+                err.message);
+  ck_assert_msg(strstr(err.message, needle) != NULL, "'%s' lacks '%s'",
+                err.message, needle);
+}
+
+START_TEST(test_spec_hostile) {
+  topos_network *net = sn_every_op();
+  Topos__V1__Spec spec = TOPOS__V1__SPEC__INIT;
+  ck_assert_int_eq(wire_spec_from_network(net, &spec, NULL), TOPOS_OK);
+  /* Find a binary node, a permute, a reshape and a parameter. */
+  int bin = -1, perm = -1, reshape = -1;
+  for (size_t i = 0; i < spec.n_nodes; i++) {
+    int op = spec.nodes[i]->op;
+    if (bin < 0 && op == TOPOS__V1__OP__ADD) bin = (int)i;
+    if (op == TOPOS__V1__OP__PERMUTE) perm = (int)i;
+    if (op == TOPOS__V1__OP__RESHAPE) reshape = (int)i;
+  }
+  ck_assert(bin > 0 && perm > 0 && reshape > 0);
+  Topos__V1__Node *nb = spec.nodes[bin];
+
+  /* Operand index == node index, > node index, negative. */
+  int32_t keep = nb->operands[1];
+  nb->operands[1] = bin;
+  expect_spec_error(&spec, TOPOS_ERR_ARGUMENT, "not an earlier node");
+  nb->operands[1] = 1 << 30;
+  expect_spec_error(&spec, TOPOS_ERR_ARGUMENT, "not an earlier node");
+  nb->operands[1] = -1;
+  expect_spec_error(&spec, TOPOS_ERR_ARGUMENT, "not an earlier node");
+  nb->operands[1] = keep;
+
+  /* Unknown op 99 and -3. */
+  nb->op = 99;
+  expect_spec_error(&spec, TOPOS_ERR_ARGUMENT, "unknown op 99");
+  nb->op = -3;
+  expect_spec_error(&spec, TOPOS_ERR_ARGUMENT, "unknown op -3");
+  nb->op = TOPOS__V1__OP__ADD;
+
+  /* Wrong arity: the engine's own check. */
+  nb->n_operands = 1;
+  expect_spec_error(&spec, TOPOS_ERR_ARGUMENT, "");
+  nb->n_operands = 2;
+
+  /* Permute without a perm, with a short perm, with a non-permutation. */
+  Topos__V1__Node *np = spec.nodes[perm];
+  size_t nperm = np->n_perm;
+  ck_assert_uint_eq(nperm, 2);
+  np->n_perm = 0;
+  expect_spec_error(&spec, TOPOS_ERR_ARGUMENT, "perm has 0 entries");
+  np->n_perm = 1;
+  expect_spec_error(&spec, TOPOS_ERR_ARGUMENT, "perm has 1 entries");
+  np->n_perm = 2;
+  int32_t p0 = np->perm[0];
+  np->perm[0] = np->perm[1];
+  expect_spec_error(&spec, TOPOS_ERR_ARGUMENT, "permutation");
+  np->perm[0] = p0;
+
+  /* A reshape target of rank 9, and one with the wrong count. */
+  Topos__V1__Node *nr = spec.nodes[reshape];
+  int64_t *target = nr->shape;
+  size_t ntarget = nr->n_shape;
+  int64_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 6};
+  nr->shape = nine;
+  nr->n_shape = 9;
+  expect_spec_error(&spec, TOPOS_ERR_ARGUMENT, "target shape has 9");
+  nine[8] = 7;
+  nr->n_shape = 1;
+  nr->shape = nine + 8;
+  expect_spec_error(&spec, TOPOS_ERR_SHAPE, "element counts differ");
+  nr->shape = target;
+  nr->n_shape = ntarget;
+
+  /* A leaf without a tensor; a leaf with a bad tensor; a blob reference in
+   * a spec. */
+  Topos__V1__Tensor *t0 = spec.nodes[0]->tensor;
+  spec.nodes[0]->tensor = NULL;
+  expect_spec_error(&spec, TOPOS_ERR_ARGUMENT, "needs a tensor");
+  Topos__V1__Tensor bad = TOPOS__V1__TENSOR__INIT;
+  bad.dtype = 9;
+  spec.nodes[0]->tensor = &bad;
+  expect_spec_error(&spec, TOPOS_ERR_DTYPE, "node 0");
+  Topos__V1__BlobRef ref = TOPOS__V1__BLOB_REF__INIT;
+  ref.id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+  bad.blob = &ref;
+  expect_spec_error(&spec, TOPOS_ERR_ARGUMENT, "blob reference");
+  spec.nodes[0]->tensor = t0;
+
+  /* Duplicate names, an over-long name. */
+  char *n1 = spec.nodes[1]->name;
+  spec.nodes[1]->name = spec.nodes[0]->name;
+  expect_spec_error(&spec, TOPOS_ERR_ARGUMENT, "already names");
+  char longname[300];
+  memset(longname, 'a', sizeof longname - 1);
+  longname[sizeof longname - 1] = '\0';
+  spec.nodes[1]->name = longname;
+  expect_spec_error(&spec, TOPOS_ERR_ARGUMENT, "1 to 255 bytes");
+  spec.nodes[1]->name = n1;
+
+  /* Tape dtype I32 or unknown. */
+  spec.dtype = TOPOS__V1__DTYPE__I32;
+  expect_spec_error(&spec, TOPOS_ERR_DTYPE, "tape dtype 3");
+  spec.dtype = 42;
+  expect_spec_error(&spec, TOPOS_ERR_DTYPE, "tape dtype 42");
+  spec.dtype = TOPOS__V1__DTYPE__F32;
+
+  /* A missing node. */
+  Topos__V1__Node *n5 = spec.nodes[5];
+  spec.nodes[5] = NULL;
+  expect_spec_error(&spec, TOPOS_ERR_ARGUMENT, "node 5");
+  spec.nodes[5] = n5;
+
+  /* After all that, the spec still replays to the same network. */
+  topos_network *back = wire_spec_to_network(&spec, NULL);
+  ck_assert_ptr_nonnull(back);
+  char a[65], b[65];
+  topos_network_id(net, a, NULL);
+  topos_network_id(back, b, NULL);
+  ck_assert_str_eq(a, b);
+  topos_network_release(back);
+  wire_message_clear(&spec.base);
+  topos_network_release(net);
+
+  expect_spec_error(NULL, TOPOS_ERR_ARGUMENT, "NULL");
+}
+END_TEST
+
+START_TEST(test_spec_random_bytes) {
+  /* Random bytes that happen to unpack as a Spec never crash the replay. */
+  uint64_t s = 99;
+  int unpacked = 0;
+  for (int round = 0; round < 3000; round++) {
+    uint8_t buf[96];
+    size_t len = 1 + (size_t)(tt_uniform(&s, 0, sizeof buf));
+    for (size_t i = 0; i < len; i++) buf[i] = (uint8_t)tt_uniform(&s, 0, 256);
+    Topos__V1__Spec *m = topos__v1__spec__unpack(NULL, len, buf);
+    if (!m) continue;
+    unpacked++;
+    topos_error err = {0};
+    topos_network *net = wire_spec_to_network(m, &err);
+    if (!net) ck_assert_msg(err.message[0] != '\0', "an empty message");
+    topos_network_release(net);
+    topos__v1__spec__free_unpacked(m, NULL);
+  }
+  ck_assert_int_gt(unpacked, 0);
+}
+END_TEST
+
+START_TEST(test_values_and_entries) {
+  topos_network *net = sn_mlp();
+  topos_error err = {0};
+  topos_value v;
+  Topos__V1__Value *byname = wire_value_new_name("loss");
+  ck_assert_int_eq(wire_value_resolve(net, byname, "loss", &v, &err), TOPOS_OK);
+  ck_assert_int_eq(v.index, topos_network_find(net, "loss").index);
+  ck_assert_int_eq(v.tape, topos_network_find(net, "loss").tape);
+  Topos__V1__Value *byidx = wire_value_new_index(2);
+  ck_assert_int_eq(wire_value_resolve(net, byidx, "x", &v, &err), TOPOS_OK);
+  ck_assert_int_eq(v.index, 2);
+  ck_assert_ptr_nonnull(topos_network_value_shape(net, v, NULL));
+  byidx->index = topos_network_node_count(net);
+  ck_assert_int_eq(wire_value_resolve(net, byidx, "loss", &v, &err),
+                   TOPOS_ERR_RANGE);
+  ck_assert_ptr_nonnull(strstr(err.message, "loss"));
+  byidx->index = -1;
+  ck_assert_int_eq(wire_value_resolve(net, byidx, "loss", &v, &err),
+                   TOPOS_ERR_RANGE);
+  Topos__V1__Value *nobody = wire_value_new_name("nobody");
+  ck_assert_int_eq(wire_value_resolve(net, nobody, "loss", &v, &err),
+                   TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(err.message, "nobody"));
+  Topos__V1__Value unset = TOPOS__V1__VALUE__INIT;
+  ck_assert_int_eq(wire_value_resolve(net, &unset, "loss", &v, &err),
+                   TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(err.message, "loss is missing"));
+  ck_assert_int_eq(wire_value_resolve(net, NULL, "loss", &v, &err),
+                   TOPOS_ERR_ARGUMENT);
+
+  /* Entry out (indices) and back in, through the wire. */
+  topos_value loss = topos_network_find(net, "loss");
+  topos_value w1 = topos_network_find(net, "w1");
+  topos_value roots[1] = {loss};
+  topos_value obs[2] = {w1, topos_network_input(net, 0)};
+  topos_entry e = {
+      roots, 1, obs, 2, TOPOS_POSTURE_TRAINING, TOPOS_NUMERICS_FAST};
+  Topos__V1__Entry *em = wire_entry_new(&e, "cpu", &err);
+  ck_assert_ptr_nonnull(em);
+  Topos__V1__Entry *eu = (Topos__V1__Entry *)repack(&em->base);
+  wire_message_free(&em->base);
+  wire_entry we;
+  ck_assert_int_eq(wire_entry_from_proto(net, eu, &we, &err), TOPOS_OK);
+  ck_assert_int_eq(we.entry.nroots, 1);
+  ck_assert_int_eq(we.entry.nobserves, 2);
+  ck_assert_int_eq(we.entry.roots[0].index, loss.index);
+  ck_assert_int_eq(we.entry.observes[1].index, obs[1].index);
+  ck_assert_int_eq(we.entry.posture, TOPOS_POSTURE_TRAINING);
+  ck_assert_int_eq(we.entry.numerics, TOPOS_NUMERICS_FAST);
+  ck_assert_str_eq(we.backend, "cpu");
+  char *k1 = wire_entry_key(&e), *k2 = wire_entry_key(&we.entry);
+  ck_assert_str_eq(k1, k2);
+  e.posture = TOPOS_POSTURE_FORWARD;
+  char *k3 = wire_entry_key(&e);
+  ck_assert_str_ne(k1, k3);
+  free(k1);
+  free(k2);
+  free(k3);
+  /* The engine accepts what came across. */
+  topos_plan *plan = topos_network_lower(net, &we.entry, &err);
+  ck_assert_msg(plan != NULL, "%s", err.message);
+  topos_plan_free(plan);
+  wire_entry_clear(&we);
+  ck_assert_ptr_null(we.values);
+
+  /* Hostile entries. */
+  eu->posture = 7;
+  ck_assert_int_eq(wire_entry_from_proto(net, eu, &we, &err),
+                   TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(err.message, "posture 7"));
+  eu->posture = 1;
+  eu->numerics = -2;
+  ck_assert_int_eq(wire_entry_from_proto(net, eu, &we, &err),
+                   TOPOS_ERR_ARGUMENT);
+  eu->numerics = 0;
+  eu->roots[0]->index = 1000;
+  ck_assert_int_eq(wire_entry_from_proto(net, eu, &we, &err), TOPOS_ERR_RANGE);
+  ck_assert_ptr_nonnull(strstr(err.message, "entry.roots[0]"));
+  ck_assert_ptr_null(we.values);
+  ck_assert_int_eq(wire_entry_from_proto(net, NULL, &we, &err),
+                   TOPOS_ERR_ARGUMENT);
+  wire_message_free(&eu->base);
+  wire_message_free(&byname->base);
+  wire_message_free(&byidx->base);
+  wire_message_free(&nobody->base);
+  topos_network_release(net);
+}
+END_TEST
+
+START_TEST(test_feeds) {
+  topos_network *net = sn_gradient_descent();
+  topos_value x = topos_network_find(net, "x"),
+              y = topos_network_find(net, "y");
+  topos_tensor *xt = topos_tensor_scalar(TOPOS_F64, 3, NULL);
+  topos_tensor *yt = topos_tensor_scalar(TOPOS_F64, 6, NULL);
+  topos_feed feeds[2] = {{x, xt}, {y, yt}};
+  topos_error err = {0};
+  Topos__V1__Feed **fm = NULL;
+  size_t n = 0;
+  ck_assert_int_eq(wire_feeds_to_proto(feeds, 2, &fm, &n, &err), TOPOS_OK);
+  Topos__V1__BackwardRequest req = TOPOS__V1__BACKWARD_REQUEST__INIT;
+  req.feeds = fm;
+  req.n_feeds = n;
+  Topos__V1__BackwardRequest *u =
+      (Topos__V1__BackwardRequest *)repack(&req.base);
+  wire_feeds_free_proto(fm, n);
+  topos_feed *back = NULL;
+  ck_assert_int_eq(
+      wire_feeds_from_proto(net, u->feeds, u->n_feeds, NULL, &back, &err),
+      TOPOS_OK);
+  ck_assert_int_eq(back[0].input.index, x.index);
+  ck_assert(topos_tensor_bitwise_equal(back[1].tensor, yt));
+  /* Same forward result in-process with either set of feeds. */
+  topos_run *r1 = topos_forward(net, NULL, feeds, 2, &err);
+  topos_run *r2 = topos_forward(net, NULL, back, 2, &err);
+  topos_value loss = topos_network_find(net, "loss");
+  ck_assert(topos_run_scalar(r1, loss, NULL) ==
+            topos_run_scalar(r2, loss, NULL));
+  topos_run_free(r1);
+  topos_run_free(r2);
+  wire_feeds_free(back, 2);
+
+  /* A feed into a non-input, a feed without input, a bad tensor. */
+  u->feeds[0]->input->index = loss.index;
+  ck_assert_int_eq(
+      wire_feeds_from_proto(net, u->feeds, u->n_feeds, NULL, &back, &err),
+      TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(err.message, "not an input"));
+  ck_assert_ptr_null(back);
+  u->feeds[0]->input->index = x.index;
+  u->feeds[1]->tensor->data.len--;
+  ck_assert_int_eq(
+      wire_feeds_from_proto(net, u->feeds, u->n_feeds, NULL, &back, &err),
+      TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(err.message, "feeds[1].tensor"));
+  u->feeds[1]->tensor->data.len++;
+  Topos__V1__Value *in = u->feeds[1]->input;
+  u->feeds[1]->input = NULL;
+  ck_assert_int_eq(
+      wire_feeds_from_proto(net, u->feeds, u->n_feeds, NULL, &back, &err),
+      TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(err.message, "feeds[1].input is missing"));
+  u->feeds[1]->input = in;
+  wire_message_free(&u->base);
+  topos_tensor_release(xt);
+  topos_tensor_release(yt);
+  topos_network_release(net);
+}
+END_TEST
+
+static bool decay_first(int slot, const topos_tensor *param, void *ctx) {
+  return slot == *(int *)ctx;
+}
+
+/* One in-process step with opt vs one with the optimizer after a trip
+ * through the wire: bit-identical parameters and state. */
+static void check_optimizer_trip(const topos_optimizer *opt) {
+  topos_network *net = sn_mlp();
+  topos_error err = {0};
+  topos_params *params = topos_network_parameters(net);
+  topos_run *run = topos_forward(net, params, NULL, 0, &err);
+  topos_field *g = topos_backward(run, topos_network_find(net, "loss"), &err);
+  topos_params *grads = topos_parameters_of(g, &err);
+  topos_opt_state *s0 = topos_opt_state_new(opt, params, &err);
+  ck_assert_msg(s0 != NULL, "%s", err.message);
+
+  Topos__V1__Optimizer om = TOPOS__V1__OPTIMIZER__INIT;
+  ck_assert_int_eq(wire_optimizer_to_proto(opt, params, &om, &err), TOPOS_OK);
+  Topos__V1__Optimizer *ou = (Topos__V1__Optimizer *)repack(&om.base);
+  wire_message_clear(&om.base);
+  wire_optimizer wo;
+  ck_assert_int_eq(wire_optimizer_from_proto(ou, &wo, &err), TOPOS_OK);
+
+  topos_params *pa = NULL, *pb = NULL;
+  topos_opt_state *sa = NULL, *sb = NULL;
+  ck_assert_int_eq(topos_optimizer_step(opt, params, grads, s0, &pa, &sa, &err),
+                   TOPOS_OK);
+  /* The state crosses the wire too. */
+  Topos__V1__OptimizerState *sm = wire_state_new(s0, &err);
+  Topos__V1__OptimizerState *su =
+      (Topos__V1__OptimizerState *)repack(&sm->base);
+  wire_message_free(&sm->base);
+  topos_opt_state *s1 = NULL;
+  ck_assert_int_eq(wire_state_from_proto(su, NULL, &s1, &err), TOPOS_OK);
+  ck_assert_msg(topos_optimizer_step(&wo.opt, params, grads, s1, &pb, &sb,
+                                     &err) == TOPOS_OK,
+                "%s", err.message);
+  ck_assert(topos_params_bitwise_equal(pa, pb));
+  ck_assert_int_eq(topos_opt_state_step(sa), topos_opt_state_step(sb));
+  for (int k = 0; k < 2; k++) {
+    const topos_params *ma = topos_opt_state_moment(sa, k);
+    const topos_params *mb = topos_opt_state_moment(sb, k);
+    ck_assert((ma == NULL) == (mb == NULL));
+    if (ma) ck_assert(topos_params_bitwise_equal(ma, mb));
+  }
+  /* And the resulting state round-trips exactly. */
+  Topos__V1__OptimizerState st = TOPOS__V1__OPTIMIZER_STATE__INIT;
+  ck_assert_int_eq(wire_state_to_proto(sb, &st, &err), TOPOS_OK);
+  topos_opt_state *sc = NULL;
+  ck_assert_int_eq(wire_state_from_proto(&st, NULL, &sc, &err), TOPOS_OK);
+  ck_assert_int_eq(topos_opt_state_step(sc), topos_opt_state_step(sb));
+  wire_message_clear(&st.base);
+
+  topos_opt_state_free(sc);
+  wire_message_free(&su->base);
+  wire_message_free(&ou->base);
+  wire_optimizer_clear(&wo);
+  topos_params_free(pa);
+  topos_params_free(pb);
+  topos_opt_state_free(sa);
+  topos_opt_state_free(sb);
+  topos_opt_state_free(s0);
+  topos_opt_state_free(s1);
+  topos_params_free(grads);
+  topos_field_free(g);
+  topos_run_free(run);
+  topos_params_free(params);
+  topos_network_release(net);
+}
+
+START_TEST(test_optimizers) {
+  topos_optimizer sgd = topos_sgd(0.1, 0.0);
+  check_optimizer_trip(&sgd);
+  topos_optimizer mom = topos_sgd(0.05, 0.9);
+  mom.weight_decay = 1e-3;
+  check_optimizer_trip(&mom);
+  topos_optimizer adam = topos_adam(1e-3, 0.9, 0.999, 1e-8);
+  check_optimizer_trip(&adam);
+  topos_optimizer adamw = topos_adamw(1e-3, 0.9, 0.999, 1e-8, 0.1);
+  check_optimizer_trip(&adamw);
+  int first = 1;
+  topos_optimizer custom = topos_adamw(1e-2, 0.8, 0.99, 1e-6, 0.5);
+  custom.decay = decay_first;
+  custom.decay_ctx = &first;
+  check_optimizer_trip(&custom);
+
+  /* A custom predicate goes out as its slots. */
+  topos_network *net = sn_mlp();
+  topos_params *p = topos_network_parameters(net);
+  Topos__V1__Optimizer om = TOPOS__V1__OPTIMIZER__INIT;
+  ck_assert_int_eq(wire_optimizer_to_proto(&custom, p, &om, NULL), TOPOS_OK);
+  ck_assert_int_eq(om.decay, TOPOS__V1__DECAY_RULE__LISTED_SLOTS);
+  ck_assert_uint_eq(om.n_decay_slots, 1);
+  ck_assert_int_eq(om.decay_slots[0], 1);
+  wire_message_clear(&om.base);
+  ck_assert_int_eq(wire_optimizer_to_proto(&custom, NULL, &om, NULL),
+                   TOPOS_ERR_ARGUMENT);
+  wire_message_clear(&om.base);
+
+  /* ALL_SLOTS decays everything. */
+  om.kind = TOPOS__V1__OPTIMIZER_KIND__ADAMW;
+  om.decay = TOPOS__V1__DECAY_RULE__ALL_SLOTS;
+  wire_optimizer wo;
+  ck_assert_int_eq(wire_optimizer_from_proto(&om, &wo, NULL), TOPOS_OK);
+  ck_assert_ptr_nonnull(wo.opt.decay);
+  for (int s = 0; s < topos_params_count(p); s++)
+    ck_assert(wo.opt.decay(s, topos_params_get(p, s), wo.opt.decay_ctx));
+  wire_optimizer_clear(&wo);
+
+  /* Hostile optimizers. */
+  topos_error err = {0};
+  om.kind = 3;
+  ck_assert_int_eq(wire_optimizer_from_proto(&om, &wo, &err),
+                   TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(err.message, "unknown kind 3"));
+  om.kind = TOPOS__V1__OPTIMIZER_KIND__ADAM;
+  om.decay = 9;
+  ck_assert_int_eq(wire_optimizer_from_proto(&om, &wo, &err),
+                   TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(err.message, "decay rule 9"));
+  om.decay = TOPOS__V1__DECAY_RULE__LISTED_SLOTS;
+  int32_t slots[2] = {0, -4};
+  om.decay_slots = slots;
+  om.n_decay_slots = 2;
+  ck_assert_int_eq(wire_optimizer_from_proto(&om, &wo, &err),
+                   TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(err.message, "negative"));
+  ck_assert_int_eq(wire_optimizer_from_proto(NULL, &wo, &err),
+                   TOPOS_ERR_ARGUMENT);
+
+  /* Hostile state: negative step, mismatched moments. */
+  Topos__V1__OptimizerState st = TOPOS__V1__OPTIMIZER_STATE__INIT;
+  topos_opt_state *s = NULL;
+  ck_assert_int_eq(wire_state_from_proto(NULL, NULL, &s, &err), TOPOS_OK);
+  ck_assert_ptr_null(s);
+  st.step = -1;
+  ck_assert_int_eq(wire_state_from_proto(&st, NULL, &s, &err),
+                   TOPOS_ERR_ARGUMENT);
+  st.step = 3;
+  topos_params *half = topos_params_new(
+      1, (topos_tensor *[]){(topos_tensor *)topos_params_get(p, 0)}, NULL);
+  ck_assert_int_eq(wire_tensors_from_params(p, &st.m, &st.n_m, NULL), TOPOS_OK);
+  ck_assert_int_eq(wire_tensors_from_params(half, &st.v, &st.n_v, NULL),
+                   TOPOS_OK);
+  ck_assert_int_ne(wire_state_from_proto(&st, NULL, &s, &err), TOPOS_OK);
+  ck_assert_ptr_null(s);
+  ck_assert_ptr_nonnull(strstr(err.message, "state"));
+  wire_message_clear(&st.base);
+  topos_params_free(half);
+  topos_params_free(p);
+  topos_network_release(net);
+}
+END_TEST
+
+START_TEST(test_status_mapping) {
+  ck_assert_int_eq(wire_grpc_status_of(TOPOS_OK), 0);
+  ck_assert_int_eq(wire_grpc_status_of(TOPOS_ERR_SHAPE), 3);
+  ck_assert_int_eq(wire_grpc_status_of(TOPOS_ERR_DTYPE), 3);
+  ck_assert_int_eq(wire_grpc_status_of(TOPOS_ERR_NOT_FOUND), 5);
+  ck_assert_int_eq(wire_grpc_status_of(TOPOS_ERR_MEMORY), 8);
+  ck_assert_int_eq(wire_grpc_status_of(TOPOS_ERR_CORRUPT), 15);
+  ck_assert_int_eq(wire_grpc_status_of(WIRE_GRPC_BASE + 14), 14);
+  ck_assert_int_eq(wire_grpc_status_of(77), 13);
+  for (int s = 0; s <= 16; s++) {
+    int c = wire_topos_code_of(s);
+    ck_assert_int_eq(wire_grpc_status_of(c), s);
+  }
+  ck_assert_int_eq(wire_topos_code_of(5), TOPOS_ERR_NOT_FOUND);
+  ck_assert_int_eq(wire_topos_code_of(3), TOPOS_ERR_ARGUMENT);
+  ck_assert_int_eq(wire_topos_code_of(4), WIRE_GRPC_BASE + 4);
+  ck_assert_str_eq(wire_grpc_status_name(4), "DEADLINE_EXCEEDED");
+  ck_assert_str_eq(wire_grpc_status_name(99), "UNKNOWN_STATUS");
+}
+END_TEST
+
+START_TEST(test_message_clear_unpacked) {
+  /* Clearing a protobuf-c-unpacked message frees every part: run under
+   * ASan/valgrind this checks that the walker and protobuf-c agree. */
+  topos_network *net = sn_every_op();
+  Topos__V1__Spec spec = TOPOS__V1__SPEC__INIT;
+  ck_assert_int_eq(wire_spec_from_network(net, &spec, NULL), TOPOS_OK);
+  Topos__V1__Spec *u = (Topos__V1__Spec *)repack(&spec.base);
+  Topos__V1__Spec copy = *u;
+  free(u);
+  wire_message_clear(&copy.base);
+  ck_assert_uint_eq(copy.n_nodes, 0);
+  ck_assert_ptr_null(copy.nodes);
+  wire_message_clear(&spec.base);
+  wire_message_clear(NULL);
+  wire_message_free(NULL);
+  Topos__V1__Value *v = wire_value_new_name("abc");
+  Topos__V1__Value vc = *v;
+  free(v);
+  wire_message_clear(&vc.base);
+  ck_assert_int_eq(vc.ref_case, TOPOS__V1__VALUE__REF__NOT_SET);
+  topos_network_release(net);
+}
+END_TEST
+
+Suite *wire_suite(void) {
+  Suite *s = suite_create("wire");
+  TCase *t = tcase_create("tensors");
+  tcase_add_test(t, test_tensor_roundtrip_every_dtype);
+  tcase_add_test(t, test_tensor_little_endian_bytes);
+  tcase_add_test(t, test_tensor_hostile);
+  tcase_add_test(t, test_tensor_blob_refs);
+  suite_add_tcase(s, t);
+  TCase *sp = tcase_create("specs");
+  tcase_add_test(sp, test_spec_roundtrip_samples);
+  tcase_add_test(sp, test_spec_only_read_attributes);
+  tcase_add_test(sp, test_spec_hostile);
+  tcase_add_test(sp, test_spec_random_bytes);
+  suite_add_tcase(s, sp);
+  TCase *v = tcase_create("requests");
+  tcase_add_test(v, test_values_and_entries);
+  tcase_add_test(v, test_feeds);
+  tcase_add_test(v, test_optimizers);
+  tcase_add_test(v, test_status_mapping);
+  tcase_add_test(v, test_message_clear_unpacked);
+  suite_add_tcase(s, v);
+  return s;
+}

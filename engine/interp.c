@@ -124,7 +124,15 @@ int run_eval_node(topos_run *run, int i, const topos_params *params,
   topos_tensor **in =
       n->nin <= 4 ? stack_in : malloc(sizeof(topos_tensor *) * (size_t)n->nin);
   if (!in) return error_set(err, TOPOS_ERR_MEMORY, "forward: out of memory");
-  for (int j = 0; j < n->nin; j++) in[j] = run->vals[n->in[j]];
+  for (int j = 0; j < n->nin; j++) {
+    in[j] = run->vals[n->in[j]];
+    if (!in[j]) { /* only a planner bug can get here; fail, never crash */
+      if (in != stack_in) free(in);
+      return error_set(err, TOPOS_ERR_STATE,
+                       "%s (node %d): operand node %d has no value",
+                       op_table[n->op].name, i, n->in[j]);
+    }
+  }
   topos_error e = {0};
   run->vals[i] = op_eval(n->op, &n->at, n->nin, in, &n->meta, &e);
   if (in != stack_in) free(in);

@@ -479,6 +479,11 @@ topos_run *topos_plan_forward(const topos_plan *plan,
     int g = plan->group_of[i];
     if (g >= 0) {
       const plan_group *grp = &plan->groups[g];
+      if (!run->vals[grp->x] || (grp->weight >= 0 && !run->vals[grp->weight])) {
+        error_set(err, TOPOS_ERR_STATE,
+                  "fused group %d (node %d): an input has no value", g, i);
+        goto fail;
+      }
       topos_error e = {0};
       run->vals[i] =
           group_eval(grp, &net->nodes[i].meta, run->vals[grp->x],

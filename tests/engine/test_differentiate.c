@@ -1124,6 +1124,9 @@ START_TEST(grads_in_place) {
     topos_tape_free(t);
     ck_abort_msg("in-place differentiate: %d %s", rc, msg);
   }
+  /* and shifted by one: grads_out overlaps the wrt still to be read */
+  topos_value u[3] = {a, b, TOPOS_NONE};
+  ck_assert_int_eq(topos_tape_differentiate(t, loss, u, 2, u + 1), TOPOS_OK);
   topos_error err = {0};
   topos_network *net = topos_tape_seal(t, &err);
   ck_assert_ptr_nonnull(net);
@@ -1131,6 +1134,9 @@ START_TEST(grads_in_place) {
   ck_assert_ptr_nonnull(run);
   tt_assert_values(topos_run_of(run, v[0], &err), bv, 3);
   tt_assert_values(topos_run_of(run, v[1], &err), av, 3);
+  ck_assert_int_eq(u[0].index, a.index);
+  tt_assert_values(topos_run_of(run, u[1], &err), bv, 3);
+  tt_assert_values(topos_run_of(run, u[2], &err), av, 3);
   topos_run_free(run);
   topos_network_release(net);
 }
@@ -1230,8 +1236,10 @@ START_TEST(errors) {
   ck_assert_ptr_nonnull(first);
   char copy[512];
   snprintf(copy, sizeof copy, "%s", first);
+  g[0] = s.p;
   int rc = topos_tape_differentiate(s.t, s.loss, &s.p, 1, g);
   ck_assert_int_eq(rc, TOPOS_ERR_SHAPE);
+  ck_assert(!topos_value_ok(g[0]));
   ck_assert_str_eq(topos_tape_error(s.t), copy);
   topos_tape_free(s.t);
 

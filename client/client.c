@@ -161,12 +161,12 @@ static int status_code(grpc_status_code status, const grpc_metadata_array *md) {
   return wire_topos_code_of((int)status);
 }
 
-/* Runs one unary call: sends `request` (consumed) to registered method
+/* Runs one unary call: sends `send` (consumed) to registered method
  * `method`, or to `path` when method < 0, and on OK returns the reply in
  * *reply (a slice the caller unrefs).  *status_out (may be NULL) gets the
  * gRPC status. */
 static int invoke(topos_client *c, int method, const char *path,
-                  grpc_slice request, double deadline_s, grpc_slice *reply,
+                  grpc_byte_buffer *send, double deadline_s, grpc_slice *reply,
                   int *status_out, topos_error *err) {
   const char *name = method >= 0 ? method_names[method] : path;
   int64_t ms = deadline_s > 0 ? (int64_t)(deadline_s * 1e3)
@@ -186,8 +186,6 @@ static int invoke(topos_client *c, int method, const char *path,
                                     cq, ps, NULL, deadline, NULL);
     grpc_slice_unref(ps);
   }
-  grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&request, 1);
-  grpc_slice_unref(request);
 
   grpc_metadata_array initial_md, trailing_md;
   grpc_metadata_array_init(&initial_md);
@@ -267,24 +265,160 @@ static int invoke(topos_client *c, int method, const char *path,
   return rc;
 }
 
+/* ------------------------------------------------------------ packing */
+
+/* Requests are packed into a list of slices without copying large tensor
+ * bytes twice: the tensor data buffers the request owns (filled once from
+ * the engine's tensors by wire.c) are handed to gRPC as slices of their
+ * own, and freed by gRPC when it is done with them; only the small parts
+ * in between are copied.  First touch of fresh memory is the expensive
+ * part of a large upload here (platform-notes.md), so every copy saved
+ * counts. */
+#define BIG_BYTES ((size_t)64 << 10)
+
+typedef struct sink {
+  ProtobufCBuffer base;
+  grpc_slice *slices;
+  size_t n, cap;
+  uint8_t *pending; /* small pieces, collected until a big one or 1 MiB */
+  size_t plen, pcap;
+  ProtobufCBinaryData **big; /* the request's large bytes fields */
+  size_t nbig, bigcap;
+  bool oom;
+} sink;
+
+static void sink_push(sink *s, grpc_slice slice) {
+  if (s->n == s->cap) {
+    size_t cap = s->cap ? s->cap * 2 : 8;
+    grpc_slice *v = realloc(s->slices, sizeof *v * cap);
+    if (!v) {
+      grpc_slice_unref(slice);
+      s->oom = true;
+      return;
+    }
+    s->slices = v;
+    s->cap = cap;
+  }
+  s->slices[s->n++] = slice;
+}
+
+static void sink_flush(sink *s) {
+  if (s->plen == 0) return;
+  sink_push(s, grpc_slice_new(s->pending, s->plen, free));
+  s->pending = NULL;
+  s->plen = s->pcap = 0;
+}
+
+static void sink_append(ProtobufCBuffer *b, size_t len, const uint8_t *data) {
+  sink *s = (sink *)b;
+  if (s->oom || len == 0) return;
+  if (len >= BIG_BYTES) {
+    for (size_t i = 0; i < s->nbig; i++) {
+      ProtobufCBinaryData *f = s->big[i];
+      if (f->data != data || f->len != len) continue;
+      /* The request gives this buffer up: gRPC frees it. */
+      sink_flush(s);
+      sink_push(s, grpc_slice_new(f->data, len, free));
+      f->data = NULL;
+      return;
+    }
+  }
+  if (s->plen + len > s->pcap) {
+    if (s->plen >= (1u << 20)) sink_flush(s);
+    size_t cap = s->pcap ? s->pcap : 4096;
+    while (cap < s->plen + len) cap *= 2;
+    uint8_t *p = realloc(s->pending, cap);
+    if (!p) {
+      s->oom = true;
+      return;
+    }
+    s->pending = p;
+    s->pcap = cap;
+  }
+  memcpy(s->pending + s->plen, data, len);
+  s->plen += len;
+}
+
+/* Finds the large bytes fields of m and its sub-messages. */
+static void collect_big(sink *s, ProtobufCMessage *m) {
+  const ProtobufCMessageDescriptor *d = m->descriptor;
+  char *base = (char *)m;
+  for (unsigned i = 0; i < d->n_fields && !s->oom; i++) {
+    const ProtobufCFieldDescriptor *f = &d->fields[i];
+    if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+        *(uint32_t *)(base + f->quantifier_offset) != f->id)
+      continue;
+    if (f->type == PROTOBUF_C_TYPE_BYTES &&
+        f->label != PROTOBUF_C_LABEL_REPEATED) {
+      ProtobufCBinaryData *bd = (ProtobufCBinaryData *)(base + f->offset);
+      if (bd->len < BIG_BYTES || !bd->data) continue;
+      if (s->nbig == s->bigcap) {
+        size_t cap = s->bigcap ? s->bigcap * 2 : 8;
+        ProtobufCBinaryData **v = realloc(s->big, sizeof *v * cap);
+        if (!v) {
+          s->oom = true;
+          return;
+        }
+        s->big = v;
+        s->bigcap = cap;
+      }
+      s->big[s->nbig++] = bd;
+    } else if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+      if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+        size_t n = *(size_t *)(base + f->quantifier_offset);
+        ProtobufCMessage **v = *(ProtobufCMessage ***)(base + f->offset);
+        for (size_t k = 0; k < n && v; k++)
+          if (v[k]) collect_big(s, v[k]);
+      } else {
+        ProtobufCMessage *sub = *(ProtobufCMessage **)(base + f->offset);
+        if (sub) collect_big(s, sub);
+      }
+    }
+  }
+}
+
+/* Packs req into a new byte buffer.  req's large bytes fields are moved
+ * into the buffer (their data pointers become NULL), so req must be
+ * cleared afterwards as usual but not packed again. */
+static int pack_request(ProtobufCMessage *req, const char *name,
+                        grpc_byte_buffer **out, topos_error *err) {
+  sink s;
+  memset(&s, 0, sizeof s);
+  s.base.append = sink_append;
+  collect_big(&s, req);
+  size_t want = protobuf_c_message_get_packed_size(req);
+  size_t got = s.oom ? 0 : protobuf_c_message_pack_to_buffer(req, &s.base);
+  sink_flush(&s);
+  if (s.n == 0 && !s.oom) sink_push(&s, grpc_empty_slice());
+  int rc = TOPOS_OK;
+  if (s.oom) {
+    rc = fail(err, TOPOS_ERR_MEMORY, "%s: out of memory packing the request",
+              name);
+  } else if (got != want) {
+    rc = fail(err, TOPOS_ERR_ARGUMENT, "%s: the request did not pack", name);
+  } else {
+    *out = grpc_raw_byte_buffer_create(s.slices, s.n);
+  }
+  for (size_t i = 0; i < s.n; i++) grpc_slice_unref(s.slices[i]);
+  free(s.slices);
+  free(s.pending);
+  free(s.big);
+  return rc;
+}
+
 /* Packs req, calls `method`, unpacks the reply as reply_desc (new message,
  * free with wire_message_free). */
-static int unary(topos_client *c, int method, const ProtobufCMessage *req,
+static int unary(topos_client *c, int method, ProtobufCMessage *req,
                  const ProtobufCMessageDescriptor *reply_desc,
                  ProtobufCMessage **reply, double deadline_s,
                  topos_error *err) {
   *reply = NULL;
   if (!c) return fail(err, TOPOS_ERR_ARGUMENT, "client is NULL");
-  size_t len = protobuf_c_message_get_packed_size(req);
-  grpc_slice s = grpc_slice_malloc(len);
-  size_t packed = protobuf_c_message_pack(req, GRPC_SLICE_START_PTR(s));
-  if (packed != len) {
-    grpc_slice_unref(s);
-    return fail(err, TOPOS_ERR_ARGUMENT, "%s: the request did not pack",
-                method_names[method]);
-  }
+  grpc_byte_buffer *send = NULL;
+  int rc = pack_request(req, method_names[method], &send, err);
+  if (rc != TOPOS_OK) return rc;
   grpc_slice r = grpc_empty_slice();
-  int rc = invoke(c, method, NULL, s, deadline_s, &r, NULL, err);
+  rc = invoke(c, method, NULL, send, deadline_s, &r, NULL, err);
   if (rc != TOPOS_OK) {
     grpc_slice_unref(r);
     return rc;
@@ -320,8 +454,10 @@ int topos_client_call_raw(topos_client *c, const char *method,
                 method);
   grpc_slice s =
       grpc_slice_from_copied_buffer((const char *)request, request_len);
+  grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&s, 1);
+  grpc_slice_unref(s);
   grpc_slice r = grpc_empty_slice();
-  int rc = invoke(c, m, method, s, deadline_s, &r, status, err);
+  int rc = invoke(c, m, method, send, deadline_s, &r, status, err);
   if (rc == TOPOS_OK && reply) {
     size_t n = GRPC_SLICE_LENGTH(r);
     *reply = malloc(n ? n : 1);

@@ -183,8 +183,10 @@ int topos_client_conformance(topos_client *c, const char *id,
 
 /* --------------------------------------------------------------- blobs */
 
-/* PutBlob: uploads a parameter set once; its id (SHA-256 of the tensors'
- * canonical bytes, 64 hex digits) goes to id.  bytes may be NULL.
+/* PutBlob: uploads a parameter set once; its id (64 hex digits: the
+ * SHA-256 the daemon takes of the canonically packed tensors, so the same
+ * tensors give the same id) goes to id, the stored size to *bytes (may be
+ * NULL).
  * Later calls pass it as topos_client_args.params_blob. */
 int topos_client_put_blob(topos_client *c, const topos_params *p, char id[65],
                           int64_t *bytes, topos_error *err);

@@ -338,12 +338,9 @@ static cJSON *json_attrs(json_out *o, const node *n) {
 static char *describe_json(const topos_network *net, topos_error *err) {
   bool *used = consumed(net);
   cJSON *root = cJSON_CreateObject();
+  json_out o = {!used || !root};
   cJSON *nodes = cJSON_CreateArray();
-  json_out o = {!used || !root || !nodes};
-  if (root && nodes && !cJSON_AddItemToObject(root, "nodes", nodes)) {
-    cJSON_Delete(nodes);
-    o.failed = true;
-  }
+  json_add(&o, root, "nodes", nodes);
   for (int i = 0; !o.failed && i < net->n; i++) {
     const node *n = &net->nodes[i];
     cJSON *j = cJSON_CreateObject();
@@ -377,9 +374,9 @@ static char *describe_json(const topos_network *net, topos_error *err) {
     error_set(err, TOPOS_ERR_MEMORY, "describe: out of memory");
     return NULL;
   }
-  /* cJSON allocates with malloc unless hooks say otherwise, and none are
-   * installed here, so the string is freed by topos_free like the rest;
-   * a copy keeps that true even if an application installs hooks. */
+  /* Callers free the result with topos_free (free), while cJSON's string
+   * comes from whatever allocator an application hooked into cJSON: hand
+   * back a copy. */
   char *s = strdup(printed);
   cJSON_free(printed);
   if (!s) error_set(err, TOPOS_ERR_MEMORY, "describe: out of memory");

@@ -221,6 +221,10 @@ struct topos_tape {
   int nparams, ninputs;
   int error_code;
   char *error; /* first error, NULL when none */
+  /* Name index: open addressing over node index + 1 (0 empty, -1 a
+   * removed entry), so naming stays O(1) however many names a spec has. */
+  int32_t *names;
+  int name_cap, name_used;
 };
 
 struct topos_network {

@@ -163,10 +163,10 @@ static void copy_strided(const topos_tensor *src, char *dst,
 }
 
 static void row_major_strides(int rank, const int64_t *shape, int64_t *stride) {
-  int64_t s = 1;
+  int64_t s = 1; /* saturates: see tensor.c's row_major_strides */
   for (int a = rank - 1; a >= 0; a--) {
     stride[a] = s;
-    s *= shape[a];
+    if (__builtin_mul_overflow(s, shape[a], &s)) s = INT64_MAX;
   }
 }
 

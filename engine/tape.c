@@ -439,6 +439,7 @@ void topos_tape_free(topos_tape *tape) {
   for (int i = 0; i < tape->n; i++) node_clear(&tape->nodes[i]);
   free(tape->nodes);
   free(tape->error);
+  free(tape->names);
   free(tape);
 }
 
@@ -779,6 +780,65 @@ topos_value topos_scatter(topos_tape *tape, topos_value rows, topos_value idx,
   return tape_record(tape, OP_SCATTER, in, 2, &at);
 }
 
+/* ------------------------------------------------------------ name index */
+
+static uint64_t name_hash(const char *s) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+static int name_lookup(const topos_tape *t, const char *name) {
+  if (t->name_cap == 0) return -1;
+  size_t mask = (size_t)t->name_cap - 1;
+  for (size_t k = name_hash(name) & mask;; k = (k + 1) & mask) {
+    int32_t e = t->names[k];
+    if (e == 0) return -1;
+    if (e > 0 && strcmp(t->nodes[e - 1].name, name) == 0) return e - 1;
+  }
+}
+
+static void name_place(int32_t *slots, int cap, const char *name,
+                       int32_t entry) {
+  size_t mask = (size_t)cap - 1;
+  size_t k = name_hash(name) & mask;
+  while (slots[k] > 0) k = (k + 1) & mask;
+  slots[k] = entry;
+}
+
+/* Adds node i (already named) to the index, growing it at half load. */
+static int name_insert(topos_tape *t, int32_t i) {
+  if (2 * (t->name_used + 1) > t->name_cap) {
+    int cap = t->name_cap ? t->name_cap * 2 : 64;
+    int32_t *slots = calloc((size_t)cap, sizeof(int32_t));
+    if (!slots) return -1;
+    int used = 0;
+    for (int k = 0; k < t->name_cap; k++)
+      if (t->names[k] > 0) {
+        name_place(slots, cap, t->nodes[t->names[k] - 1].name, t->names[k]);
+        used++;
+      }
+    free(t->names);
+    t->names = slots;
+    t->name_cap = cap;
+    t->name_used = used;
+  }
+  name_place(t->names, t->name_cap, t->nodes[i].name, i + 1);
+  t->name_used++;
+  return 0;
+}
+
+/* Removes node i's current name; the slot becomes a tombstone. */
+static void name_remove(topos_tape *t, int32_t i) {
+  size_t mask = (size_t)t->name_cap - 1;
+  for (size_t k = name_hash(t->nodes[i].name) & mask; t->names[k] != 0;
+       k = (k + 1) & mask)
+    if (t->names[k] == i + 1) {
+      t->names[k] = -1;
+      return;
+    }
+}
+
 topos_value topos_name(topos_tape *tape, topos_value value, const char *name) {
   if (!tape || tape->error) return TOPOS_NONE;
   if (tape_index(tape, "name", value, 0) < 0) return TOPOS_NONE;
@@ -788,22 +848,25 @@ topos_value topos_name(topos_tape *tape, topos_value value, const char *name) {
               "name (node %d): a name must have 1 to 255 bytes", value.index);
     return TOPOS_NONE;
   }
-  for (int i = 0; i < tape->n; i++) {
-    if (i != value.index && tape->nodes[i].name &&
-        strcmp(tape->nodes[i].name, name) == 0) {
-      tape_fail(tape, TOPOS_ERR_ARGUMENT,
-                "name (node %d): \"%s\" already names node %d", value.index,
-                name, i);
-      return TOPOS_NONE;
-    }
+  int other = name_lookup(tape, name);
+  if (other >= 0 && other != value.index) {
+    tape_fail(tape, TOPOS_ERR_ARGUMENT,
+              "name (node %d): \"%s\" already names node %d", value.index, name,
+              other);
+    return TOPOS_NONE;
   }
   char *copy = strdup(name);
   if (!copy) {
     tape_fail(tape, TOPOS_ERR_MEMORY, "name: out of memory");
     return TOPOS_NONE;
   }
+  if (tape->nodes[value.index].name) name_remove(tape, value.index);
   free(tape->nodes[value.index].name);
   tape->nodes[value.index].name = copy;
+  if (name_insert(tape, value.index) != 0) {
+    tape_fail(tape, TOPOS_ERR_MEMORY, "name: out of memory");
+    return TOPOS_NONE;
+  }
   return value;
 }
 
@@ -871,6 +934,7 @@ topos_network *topos_tape_seal(topos_tape *tape, topos_error *err) {
     if (net->nodes[i].op == OP_INPUT) in[net->nodes[i].at.slot] = i;
   }
   free(tape->error);
+  free(tape->names);
   free(tape);
   return net;
 }
@@ -904,6 +968,15 @@ int network_index(const topos_network *net, topos_value v, topos_error *err) {
 int topos_network_node_count(const topos_network *net) {
   return net ? net->n : 0;
 }
+topos_dtype topos_network_dtype(const topos_network *net) {
+  return net ? net->dtype : TOPOS_F32;
+}
+
+topos_value topos_network_value(const topos_network *net, int index) {
+  if (!net || index < 0 || index >= net->n) return TOPOS_NONE;
+  return (topos_value){net->id, index};
+}
+
 int topos_network_parameter_count(const topos_network *net) {
   return net ? net->nparams : 0;
 }

@@ -248,10 +248,14 @@ static topos_tensor *tensor_wrap(tensor_buffer *buf, topos_dtype dtype,
 }
 
 static void row_major_strides(int rank, const int64_t *shape, int64_t *stride) {
+  /* Only an empty tensor can have extents whose product overflows (a zero
+   * extent elsewhere); its strides are never used to address anything,
+   * so they saturate instead of overflowing. */
   int64_t s = 1;
   for (int i = rank - 1; i >= 0; i--) {
     stride[i] = s;
-    s *= shape[i] > 0 ? shape[i] : 1;
+    if (__builtin_mul_overflow(s, shape[i] > 0 ? shape[i] : 1, &s))
+      s = INT64_MAX;
   }
 }
 

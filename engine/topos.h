@@ -287,6 +287,10 @@ topos_network *topos_network_retain(const topos_network *net);
 void topos_network_release(topos_network *net);
 
 int topos_network_node_count(const topos_network *net);
+/* The tape dtype the network was recorded with (f32 for NULL). */
+topos_dtype topos_network_dtype(const topos_network *net);
+/* The value of node `index`, or TOPOS_NONE when out of range. */
+topos_value topos_network_value(const topos_network *net, int index);
 int topos_network_parameter_count(const topos_network *net);
 int topos_network_input_count(const topos_network *net);
 topos_value topos_network_parameter(const topos_network *net, int slot);

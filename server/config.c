@@ -41,6 +41,9 @@ const char config_usage[] =
     "                           (default 60000)\n"
     "  --log-format text|json   request log format on stderr (default text)\n"
     "  --blob-cap-bytes N       bytes of uploaded blobs kept (default 1G)\n"
+    "  --blob-pending-bytes N   uploaded bytes that may wait to be written\n"
+    "                           to the store; 0 = PutBlob writes before it\n"
+    "                           answers (default 1G)\n"
     "  --cache-entries N        cached networks, plans and blobs (default\n"
     "                           256)\n"
     "  --cache-bytes N          bytes of decoded blobs cached (default 1G)\n"
@@ -62,6 +65,7 @@ void config_defaults(toposd_config *cfg) {
   cfg->deadline_ms = 60000;
   cfg->log_format = LOG_TEXT;
   cfg->blob_cap_bytes = STORE_DEFAULT_BLOB_CAP;
+  cfg->blob_pending_bytes = (int64_t)1 << 30;
   cfg->cache_entries = 256;
   cfg->cache_bytes = (int64_t)1 << 30;
   cfg->grace_ms = 5000;
@@ -157,6 +161,10 @@ static int apply(toposd_config *cfg, const char *key, const char *value,
     if (!parse_int64(value, true, &v) || v < 1)
       return fail(msg, msglen, "blob-cap-bytes: '%s' is not a size", value);
     cfg->blob_cap_bytes = v;
+  } else if (strcmp(name, "blob-pending-bytes") == 0) {
+    if (!parse_int64(value, true, &v))
+      return fail(msg, msglen, "blob-pending-bytes: '%s' is not a size", value);
+    cfg->blob_pending_bytes = v;
   } else if (strcmp(name, "cache-entries") == 0) {
     if (!parse_int64(value, false, &v) || v < 1 || v > 1000000)
       return fail(msg, msglen, "cache-entries: '%s' is not in 1..1000000",

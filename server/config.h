@@ -19,10 +19,11 @@ typedef struct toposd_config {
   int queue;                 /* job queue capacity */
   int64_t deadline_ms;       /* applied when a client sets none; 0 = none */
   log_format log_format;
-  int64_t blob_cap_bytes; /* the store's blob cap */
-  int cache_entries;      /* networks, plans and decoded blobs */
-  int64_t cache_bytes;    /* tensor bytes of the decoded blobs cached */
-  int64_t grace_ms;       /* shutdown: in-flight work gets this long */
+  int64_t blob_cap_bytes;     /* the store's blob cap */
+  int64_t blob_pending_bytes; /* uploads not yet in the store; 0 = sync */
+  int cache_entries;          /* networks, plans and decoded blobs */
+  int64_t cache_bytes;        /* tensor bytes of the decoded blobs cached */
+  int64_t grace_ms;           /* shutdown: in-flight work gets this long */
 } toposd_config;
 
 /* Fills *cfg with the defaults. */

@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "blobs.h"
 #include "cache.h"
 #include "config.h"
 #include "store.h"
@@ -18,6 +19,7 @@ typedef struct daemon_state {
   const toposd_config *cfg;
   topos_store *store;
   cache *cache;
+  blob_writer *blobs; /* uploaded blobs on their way into the store */
   /* Set once SIGTERM/SIGINT arrived: Health says "draining". */
   _Atomic int draining;
   /* Set when the grace period ran out: workers abandon their jobs at the

@@ -166,6 +166,10 @@ void log_request(const log_request_line *r) {
   put_fmt(&b, "%lld", (long long)r->queue_us);
   put_key(&b, "us", json, false);
   put_fmt(&b, "%lld", (long long)r->duration_us);
+  if (r->cpu_us >= 0) {
+    put_key(&b, "cpu_us", json, false);
+    put_fmt(&b, "%lld", (long long)r->cpu_us);
+  }
   if (r->message != NULL && r->message[0] != '\0') {
     put_key(&b, "msg", json, false);
     put_string(&b, r->message, json);

@@ -22,6 +22,7 @@ typedef struct log_request_line {
   int64_t bytes_out;   /* reply message bytes */
   int64_t queue_us;    /* from arrival to a worker picking it up */
   int64_t duration_us; /* from arrival to the reply being sent */
+  int64_t cpu_us;      /* the worker's CPU time on it; -1: none */
 } log_request_line;
 
 void log_set_format(log_format format);

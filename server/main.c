@@ -98,11 +98,20 @@ int main(int argc, char **argv) {
     store_close(store);
     return 1;
   }
+  blob_writer *blobs = blob_writer_start(cfg.store, cfg.blob_cap_bytes,
+                                         cfg.blob_pending_bytes, &err);
+  if (blobs == NULL) {
+    fprintf(stderr, "toposd: store %s: %s\n", cfg.store, err.message);
+    cache_free(c);
+    store_close(store);
+    return 1;
+  }
   daemon_state d;
   memset(&d, 0, sizeof d);
   d.cfg = &cfg;
   d.store = store;
   d.cache = c;
+  d.blobs = blobs;
 
   grpc_init();
   char bound[300];
@@ -111,6 +120,7 @@ int main(int argc, char **argv) {
   if (server == NULL) {
     fprintf(stderr, "toposd: %s\n", msg);
     grpc_shutdown();
+    blob_writer_stop(blobs);
     cache_free(c);
     store_close(store);
     return 1;
@@ -133,6 +143,7 @@ int main(int argc, char **argv) {
   }
   rpc_server_destroy(server);
   grpc_shutdown();
+  blob_writer_stop(blobs); /* writes what is pending */
   cache_free(c);
   store_close(store);
   log_event("stop", "drained; store closed");

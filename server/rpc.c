@@ -334,10 +334,17 @@ static int64_t micros_between(int64_t from_ns, int64_t to_ns) {
   return (to_ns - from_ns) / 1000;
 }
 
+static int64_t thread_cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 static void worker_run_job(worker *w, job *j) {
   rpc_server *s = w->server;
   daemon_state *d = s->d;
   int64_t picked_ns = daemon_now_ns();
+  int64_t cpu_start_ns = thread_cpu_ns();
   const method_def *m = &handler_methods[j->method];
   call_ctx cx;
   memset(&cx, 0, sizeof cx);
@@ -390,6 +397,7 @@ static void worker_run_job(worker *w, job *j) {
       .bytes_out = (int64_t)cx.out_len,
       .queue_us = micros_between(j->arrival_ns, picked_ns),
       .duration_us = micros_between(j->arrival_ns, done_ns),
+      .cpu_us = micros_between(cpu_start_ns, thread_cpu_ns()),
   };
   log_request(&line);
   gpr_free(peer);
@@ -451,6 +459,7 @@ static void reject(rpc_server *s, job *j, int status, const char *message,
       .bytes_out = 0,
       .queue_us = 0,
       .duration_us = micros_between(j->arrival_ns, daemon_now_ns()),
+      .cpu_us = -1,
   };
   log_request(&line);
   gpr_free(peer);

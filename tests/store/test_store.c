@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1215,6 +1216,8 @@ START_TEST(test_crash_sigkill) {
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
+      /* Should this test die first, the child must not write on. */
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
       close(fds[0]);
       crash_child(fds[1], seed + (uint64_t)round);
     }

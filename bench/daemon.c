@@ -1,0 +1,762 @@
+/*
+ * daemon.c - toposd's benchmark (issue 4, item 9): one table of figures,
+ * each printed beside its target (docs/daemon.md explains every row).
+ *
+ *  1. Forward round trip on the gradient-descent spec, one call in flight:
+ *     p50 and p99 latency (target p50 <= 200 µs on loopback).
+ *  2. Step throughput on the same spec with 16 concurrent clients, each
+ *     with its own connection and one call in flight (target >= 10,000
+ *     calls/s on 2 cores, clients and daemon sharing them).
+ *  3. Upload of a 100 MB parameter set with PutBlob (25 f32 tensors of
+ *     4 MB; target >= 500 MB/s, MB = 10^6 bytes).
+ *  4. A remote makemore MLP training step (client encodes parameters and
+ *     batch, Step, client decodes parameters and state) over the
+ *     in-process step of examples/makemore (forward + backward + SGD),
+ *     target <= 1.5x; the parameters of both paths are checked to be
+ *     bit-identical afterwards.
+ *
+ * It starts its own toposd ($TOPOS_BUILD/bin/toposd, default build/) on
+ * 127.0.0.1:0 with a temporary store, talks raw gRPC C core with
+ * protobuf-c messages built by proto/wire.c (what libtoposclient does),
+ * and stops the daemon with SIGTERM at the end.  The daemon runs with
+ * GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (transparent huge pages for
+ * malloc), which platform-notes.md measured to cut the first-touch cost
+ * of large messages.  Times are medians after warm-up unless the row says
+ * otherwise.  Exits 1 when a call fails or a bit check fails; a missed
+ * target is reported, not an error.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "topos.h"
+#include "topos.pb-c.h"
+#include "wire.h"
+
+/* ------------------------------------------------------------- utilities */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The q-quantile (0..1) of n values (sorts v). */
+static double quantile(double *v, int n, double q) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  int i = (int)(q * (n - 1) + 0.5);
+  return v[i < 0 ? 0 : (i >= n ? n - 1 : i)];
+}
+
+static void die(const char *what, const char *detail) {
+  fprintf(stderr, "bench/daemon: %s: %s\n", what, detail ? detail : "failed");
+  exit(1);
+}
+
+static uint64_t splitmix64(uint64_t *state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* ------------------------------------------------------------ the daemon */
+
+static pid_t daemon_pid;
+static char tmp_dir[256];
+
+static int daemon_start(void) {
+  const char *build = getenv("TOPOS_BUILD");
+  char bin[512], store[400], log[400];
+  snprintf(bin, sizeof bin, "%s/bin/toposd", build && *build ? build : "build");
+  const char *tmp = getenv("TMPDIR");
+  snprintf(tmp_dir, sizeof tmp_dir, "%s/toposd-bench-XXXXXX",
+           tmp && *tmp ? tmp : "/tmp");
+  if (mkdtemp(tmp_dir) == NULL) die("mkdtemp", strerror(errno));
+  snprintf(store, sizeof store, "%s/topos.db", tmp_dir);
+  snprintf(log, sizeof log, "%s/toposd.log", tmp_dir);
+  int fds[2];
+  if (pipe(fds) != 0) die("pipe", strerror(errno));
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) die("fork", strerror(errno));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) dup2(fd, STDERR_FILENO);
+    setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1", 1);
+    execl(bin, bin, "--listen", "127.0.0.1:0", "--store", store,
+          "--blob-cap-bytes", "2G", (char *)NULL);
+    _exit(127);
+  }
+  close(fds[1]);
+  daemon_pid = pid;
+  char line[256] = {0};
+  size_t len = 0;
+  double until = now_s() + 60;
+  while (len < sizeof line - 1 && !strchr(line, '\n') && now_s() < until) {
+    struct pollfd p = {fds[0], POLLIN, 0};
+    if (poll(&p, 1, 200) <= 0) continue;
+    ssize_t n = read(fds[0], line + len, sizeof line - 1 - len);
+    if (n <= 0) break;
+    len += (size_t)n;
+  }
+  close(fds[0]);
+  int port = 0;
+  if (sscanf(line, "toposd listening on 127.0.0.1:%d", &port) != 1)
+    die("starting toposd", bin);
+  return port;
+}
+
+static void daemon_stop(void) {
+  if (daemon_pid <= 0) return;
+  kill(daemon_pid, SIGTERM);
+  int status = 0;
+  waitpid(daemon_pid, &status, 0);
+  daemon_pid = 0;
+  if (getenv("TOPOS_BENCH_KEEP")) {
+    fprintf(stderr, "bench/daemon: daemon log and store kept in %s\n", tmp_dir);
+    return;
+  }
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "bench/daemon: could not remove %s\n", tmp_dir);
+}
+
+/* ------------------------------------------------------------ the client */
+
+typedef struct client {
+  grpc_channel *ch;
+  grpc_completion_queue *cq;
+  void *methods[16];
+} client;
+
+static const char *const method_names[] = {"Record", "Forward", "Step",
+                                           "PutBlob"};
+enum { M_RECORD, M_FORWARD, M_STEP, M_PUTBLOB };
+
+static void client_open(client *c, int port) {
+  char target[64];
+  snprintf(target, sizeof target, "127.0.0.1:%d", port);
+  grpc_arg args[2];
+  memset(args, 0, sizeof args);
+  args[0].type = GRPC_ARG_INTEGER;
+  args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+  args[0].value.integer = -1;
+  args[1].type = GRPC_ARG_INTEGER;
+  args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+  args[1].value.integer = -1;
+  grpc_channel_args chargs = {2, args};
+  grpc_channel_credentials *cr = grpc_insecure_credentials_create();
+  c->ch = grpc_channel_create(target, cr, &chargs);
+  grpc_channel_credentials_release(cr);
+  c->cq = grpc_completion_queue_create_for_pluck(NULL);
+  for (int i = 0; i < 4; i++) {
+    char path[64];
+    snprintf(path, sizeof path, "/topos.v1.Topos/%s", method_names[i]);
+    c->methods[i] = grpc_channel_register_call(c->ch, path, NULL, NULL);
+  }
+}
+
+static void client_close(client *c) {
+  grpc_channel_destroy(c->ch);
+  grpc_completion_queue_shutdown(c->cq);
+  while (grpc_completion_queue_pluck(c->cq, NULL,
+                                     gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
+             .type != GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(c->cq);
+}
+
+static void no_free(void *p) {
+  (void)p;
+}
+
+/* One unary call; the request bytes are sent without a copy.  Returns the
+ * status; *out (malloc'd, may be NULL) and *out_len get the reply. */
+static int call(client *c, int method, const uint8_t *msg, size_t len,
+                uint8_t **out, size_t *out_len, char *details,
+                size_t details_len) {
+  grpc_call *call = grpc_channel_create_registered_call(
+      c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq, c->methods[method],
+      gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                   gpr_time_from_seconds(120, GPR_TIMESPAN)),
+      NULL);
+  grpc_slice s =
+      grpc_slice_new_with_user_data((void *)msg, len, no_free, (void *)msg);
+  grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&s, 1);
+  grpc_slice_unref(s);
+  grpc_metadata_array initial, trailing;
+  grpc_metadata_array_init(&initial);
+  grpc_metadata_array_init(&trailing);
+  grpc_byte_buffer *recv = NULL;
+  grpc_status_code status = GRPC_STATUS_UNKNOWN;
+  grpc_slice det = grpc_empty_slice();
+  grpc_op ops[6];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = send;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial;
+  ops[4].op = GRPC_OP_RECV_MESSAGE;
+  ops[4].data.recv_message.recv_message = &recv;
+  ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[5].data.recv_status_on_client.trailing_metadata = &trailing;
+  ops[5].data.recv_status_on_client.status = &status;
+  ops[5].data.recv_status_on_client.status_details = &det;
+  int tag = 0;
+  if (grpc_call_start_batch(call, ops, 6, &tag, NULL) != GRPC_CALL_OK)
+    die("grpc", "start_batch");
+  grpc_completion_queue_pluck(c->cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME),
+                              NULL);
+  if (out) *out = NULL;
+  if (out_len) *out_len = 0;
+  if (recv != NULL) {
+    if (out) {
+      grpc_byte_buffer_reader rd;
+      grpc_byte_buffer_reader_init(&rd, recv);
+      grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
+      *out_len = GRPC_SLICE_LENGTH(all);
+      *out = malloc(*out_len ? *out_len : 1);
+      memcpy(*out, GRPC_SLICE_START_PTR(all), *out_len);
+      grpc_slice_unref(all);
+      grpc_byte_buffer_reader_destroy(&rd);
+    }
+    grpc_byte_buffer_destroy(recv);
+  }
+  if (details) {
+    char *text = grpc_slice_to_c_string(det);
+    snprintf(details, details_len, "%s", text);
+    gpr_free(text);
+  }
+  grpc_byte_buffer_destroy(send);
+  grpc_slice_unref(det);
+  grpc_metadata_array_destroy(&initial);
+  grpc_metadata_array_destroy(&trailing);
+  grpc_call_unref(call);
+  return (int)status;
+}
+
+static uint8_t *pack(const ProtobufCMessage *m, size_t *len) {
+  *len = protobuf_c_message_get_packed_size(m);
+  uint8_t *buf = malloc(*len ? *len : 1);
+  if (buf == NULL) die("pack", "out of memory");
+  protobuf_c_message_pack(m, buf);
+  return buf;
+}
+
+/* Calls and unpacks; dies on any status but OK. */
+static void *call_msg(client *c, int method, const ProtobufCMessage *m,
+                      const ProtobufCMessageDescriptor *desc) {
+  size_t len = 0;
+  uint8_t *bytes = pack(m, &len);
+  uint8_t *out = NULL;
+  size_t out_len = 0;
+  char details[512];
+  int status =
+      call(c, method, bytes, len, &out, &out_len, details, sizeof details);
+  free(bytes);
+  if (status != GRPC_STATUS_OK) die(method_names[method], details);
+  void *r = protobuf_c_message_unpack(desc, NULL, out_len, out);
+  free(out);
+  if (r == NULL) die(method_names[method], "reply does not parse");
+  return r;
+}
+
+static void record(client *c, const topos_network *net, char id[65]) {
+  topos_error err = {0};
+  Topos__V1__Spec spec = TOPOS__V1__SPEC__INIT;
+  if (wire_spec_from_network(net, &spec, &err) != TOPOS_OK)
+    die("spec", err.message);
+  Topos__V1__RecordReply *r =
+      call_msg(c, M_RECORD, &spec.base, &topos__v1__record_reply__descriptor);
+  memcpy(id, r->id, 65);
+  wire_message_free(&r->base);
+  wire_message_clear(&spec.base);
+}
+
+/* ------------------------------------------------- gradient-descent spec */
+
+typedef struct gd_net {
+  topos_network *net;
+  topos_value w, x, y, loss;
+} gd_net;
+
+static gd_net gd_network(void) {
+  topos_error err = {0};
+  gd_net g;
+  topos_tape *tape = topos_tape_new(TOPOS_F64);
+  topos_tensor *zero = topos_tensor_scalar(TOPOS_F64, 0.0, &err);
+  g.w = topos_name(tape, topos_parameter(tape, zero), "w");
+  g.x = topos_name(tape, topos_input(tape, zero), "x");
+  g.y = topos_name(tape, topos_input(tape, zero), "y");
+  topos_tensor_release(zero);
+  topos_value r = topos_sub(tape, topos_mul(tape, g.w, g.x), g.y);
+  g.loss = topos_name(tape, topos_mul(tape, r, r), "loss");
+  g.net = topos_tape_seal(tape, &err);
+  if (g.net == NULL) die("gd network", err.message);
+  return g;
+}
+
+/* A Step (or Forward) request of the GD spec with w, x, y as given. */
+static uint8_t *gd_request(const gd_net *g, const char *id, bool step, double w,
+                           double x, double y, size_t *len) {
+  topos_error err = {0};
+  topos_tensor *wt = topos_tensor_scalar(TOPOS_F64, w, &err);
+  topos_tensor *xt = topos_tensor_scalar(TOPOS_F64, x, &err);
+  topos_tensor *yt = topos_tensor_scalar(TOPOS_F64, y, &err);
+  topos_feed feeds[2] = {{g->x, xt}, {g->y, yt}};
+  topos_params *p = topos_params_new(1, &wt, &err);
+  Topos__V1__Tensor **pm = NULL;
+  Topos__V1__Feed **fm = NULL;
+  size_t np = 0, nf = 0;
+  if (wire_tensors_from_params(p, &pm, &np, &err) != TOPOS_OK ||
+      wire_feeds_to_proto(feeds, 2, &fm, &nf, &err) != TOPOS_OK)
+    die("request", err.message);
+  uint8_t *bytes;
+  if (step) {
+    Topos__V1__StepRequest sr = TOPOS__V1__STEP_REQUEST__INIT;
+    sr.id = (char *)id;
+    sr.loss = wire_value_new_index(g->loss.index);
+    topos_optimizer sgd = topos_sgd(0.02, 0.0);
+    Topos__V1__Optimizer om = TOPOS__V1__OPTIMIZER__INIT;
+    wire_optimizer_to_proto(&sgd, p, &om, &err);
+    sr.optimizer = &om;
+    sr.parameters = pm;
+    sr.n_parameters = np;
+    sr.feeds = fm;
+    sr.n_feeds = nf;
+    bytes = pack(&sr.base, len);
+    wire_message_clear(&om.base);
+    wire_message_free(&sr.loss->base);
+  } else {
+    topos_value roots[1] = {g->loss};
+    topos_entry e = {
+        roots, 1, NULL, 0, TOPOS_POSTURE_FORWARD, TOPOS_NUMERICS_EXACT};
+    Topos__V1__ForwardRequest fr = TOPOS__V1__FORWARD_REQUEST__INIT;
+    fr.id = (char *)id;
+    fr.entry = wire_entry_new(&e, NULL, &err);
+    fr.parameters = pm;
+    fr.n_parameters = np;
+    fr.feeds = fm;
+    fr.n_feeds = nf;
+    bytes = pack(&fr.base, len);
+    wire_message_free(&fr.entry->base);
+  }
+  wire_tensors_free(pm, np);
+  wire_feeds_free_proto(fm, nf);
+  topos_params_free(p);
+  topos_tensor_release(wt);
+  topos_tensor_release(xt);
+  topos_tensor_release(yt);
+  return bytes;
+}
+
+/* ----------------------------------------------------- 1. Forward latency */
+
+static void bench_forward_latency(int port, const gd_net *g, const char *id,
+                                  double *p50, double *p99) {
+  client c;
+  client_open(&c, port);
+  size_t len = 0;
+  uint8_t *req = gd_request(g, id, false, 1.5, 2, 4, &len);
+  enum { WARM = 1000, TIMED = 10000 };
+  double *t = malloc(sizeof(double) * TIMED);
+  char details[256];
+  for (int i = 0; i < WARM + TIMED; i++) {
+    double t0 = now_s();
+    uint8_t *out = NULL;
+    size_t out_len = 0;
+    int status =
+        call(&c, M_FORWARD, req, len, &out, &out_len, details, sizeof details);
+    double dt = now_s() - t0;
+    if (status != GRPC_STATUS_OK) die("Forward", details);
+    free(out);
+    if (i >= WARM) t[i - WARM] = dt * 1e6;
+  }
+  *p50 = quantile(t, TIMED, 0.50);
+  *p99 = quantile(t, TIMED, 0.99);
+  free(t);
+  free(req);
+  client_close(&c);
+}
+
+/* ---------------------------------------------------- 2. Step throughput */
+
+typedef struct step_worker {
+  int port;
+  const gd_net *g;
+  const char *id;
+  int index;
+  _Atomic int *phase; /* 0 warm-up, 1 timed, 2 stop */
+  long timed_calls;
+  int failures;
+} step_worker;
+
+static void *step_thread(void *arg) {
+  step_worker *w = arg;
+  client c;
+  client_open(&c, w->port);
+  size_t len = 0;
+  uint8_t *req = gd_request(w->g, w->id, true, 0.1 * w->index, 1 + w->index % 3,
+                            2 + 2 * (w->index % 3), &len);
+  int phase;
+  while ((phase = atomic_load(w->phase)) < 2) {
+    uint8_t *out = NULL;
+    size_t out_len = 0;
+    int status = call(&c, M_STEP, req, len, &out, &out_len, NULL, 0);
+    if (status != GRPC_STATUS_OK || out_len == 0) w->failures++;
+    free(out);
+    if (phase == 1 && atomic_load(w->phase) == 1) w->timed_calls++;
+  }
+  free(req);
+  client_close(&c);
+  return NULL;
+}
+
+static double bench_step_throughput(int port, const gd_net *g, const char *id) {
+  enum { N = 16 };
+  step_worker w[N];
+  pthread_t th[N];
+  _Atomic int phase = 0;
+  for (int i = 0; i < N; i++) {
+    w[i] = (step_worker){port, g, id, i, &phase, 0, 0};
+    pthread_create(&th[i], NULL, step_thread, &w[i]);
+  }
+  usleep(1000000);
+  atomic_store(&phase, 1);
+  double t0 = now_s();
+  usleep(4000000);
+  atomic_store(&phase, 2);
+  double dt = now_s() - t0;
+  long calls = 0;
+  int failures = 0;
+  for (int i = 0; i < N; i++) {
+    pthread_join(th[i], NULL);
+    calls += w[i].timed_calls;
+    failures += w[i].failures;
+  }
+  if (failures) die("Step", "calls failed under load");
+  return (double)calls / dt;
+}
+
+/* --------------------------------------------------------- 3. Upload */
+
+/* Uploads 100 MB ROUNDS times after WARM untimed rounds.  With `idle`,
+ * the daemon's store writer has finished the previous blob when the next
+ * upload starts (one upload, as a client uploads a parameter set once);
+ * without, uploads follow each other and share the cores with the store
+ * writing the previous ones. */
+static double bench_upload(int port, bool idle, double *best) {
+  client c;
+  client_open(&c, port);
+  enum { TENSORS = 25, ELEMENTS = 1000000, WARM = 2, ROUNDS = 5 };
+  float *data = malloc(sizeof(float) * (size_t)ELEMENTS * TENSORS);
+  uint64_t seed = 7;
+  for (size_t i = 0; i < (size_t)ELEMENTS * TENSORS; i++)
+    data[i] = (float)(splitmix64(&seed) >> 40) * 0x1p-24f;
+  Topos__V1__Tensor t[TENSORS];
+  Topos__V1__Tensor *ptrs[TENSORS];
+  int64_t shape[1] = {ELEMENTS};
+  for (int i = 0; i < TENSORS; i++) {
+    topos__v1__tensor__init(&t[i]);
+    t[i].dtype = TOPOS__V1__DTYPE__F32;
+    t[i].n_shape = 1;
+    t[i].shape = shape;
+    t[i].data.len = sizeof(float) * ELEMENTS;
+    t[i].data.data = (uint8_t *)(data + (size_t)i * ELEMENTS);
+    ptrs[i] = &t[i];
+  }
+  Topos__V1__PutBlobRequest pb = TOPOS__V1__PUT_BLOB_REQUEST__INIT;
+  pb.tensors = ptrs;
+  pb.n_tensors = TENSORS;
+  size_t len = protobuf_c_message_get_packed_size(&pb.base);
+  uint8_t *msg = malloc(len);
+  double rates[ROUNDS];
+  char details[512];
+  for (int round = -WARM; round < ROUNDS; round++) {
+    data[0] = (float)round + (idle ? 0.5f : 0.0f); /* a new blob each time */
+    protobuf_c_message_pack(&pb.base, msg);
+    if (idle) usleep(1500000);
+    double t0 = now_s();
+    uint8_t *out = NULL;
+    size_t out_len = 0;
+    int status =
+        call(&c, M_PUTBLOB, msg, len, &out, &out_len, details, sizeof details);
+    double dt = now_s() - t0;
+    if (status != GRPC_STATUS_OK) die("PutBlob", details);
+    free(out);
+    if (round >= 0) /* the first rounds warm the daemon's buffers up */
+      rates[round] =
+          (double)((size_t)ELEMENTS * TENSORS * sizeof(float)) / dt / 1e6;
+  }
+  *best = rates[0];
+  for (int i = 1; i < ROUNDS; i++)
+    if (rates[i] > *best) *best = rates[i];
+  double median = quantile(rates, ROUNDS, 0.5);
+  free(msg);
+  free(data);
+  client_close(&c);
+  return median;
+}
+
+/* ------------------------------------------------------- 4. makemore step */
+
+enum { VOCAB = 27, CONTEXT = 3, EMBED = 10, HIDDEN = 100, BATCH = 64 };
+
+typedef struct mm_model {
+  topos_network *net;
+  topos_value x, y, loss;
+} mm_model;
+
+/* The network of examples/makemore/makemore_mlp.c, same initialisation. */
+static mm_model mm_build(void) {
+  topos_error err = {0};
+  const topos_dtype dt = TOPOS_F32;
+  int64_t c_shape[2] = {VOCAB, EMBED};
+  int64_t w1_shape[2] = {CONTEXT * EMBED, HIDDEN};
+  int64_t b1_shape[1] = {HIDDEN};
+  int64_t w2_shape[2] = {HIDDEN, VOCAB};
+  int64_t b2_shape[1] = {VOCAB};
+  int64_t x_shape[2] = {BATCH, CONTEXT};
+  int64_t y_shape[1] = {BATCH};
+  topos_tensor *init[7] = {
+      topos_init_normal(dt, 2, c_shape, 0.0, 1.0, 1, &err),
+      topos_init_kaiming(dt, 2, w1_shape, CONTEXT * EMBED, 2, &err),
+      topos_tensor_zeros(dt, 1, b1_shape, &err),
+      topos_init_normal(dt, 2, w2_shape, 0.0, 0.01, 3, &err),
+      topos_tensor_zeros(dt, 1, b2_shape, &err),
+      topos_tensor_zeros(TOPOS_I32, 2, x_shape, &err),
+      topos_tensor_zeros(TOPOS_I32, 1, y_shape, &err),
+  };
+  mm_model m;
+  topos_tape *tape = topos_tape_new(dt);
+  topos_value c = topos_name(tape, topos_parameter(tape, init[0]), "C");
+  topos_value w1 = topos_name(tape, topos_parameter(tape, init[1]), "W1");
+  topos_value b1 = topos_name(tape, topos_parameter(tape, init[2]), "b1");
+  topos_value w2 = topos_name(tape, topos_parameter(tape, init[3]), "W2");
+  topos_value b2 = topos_name(tape, topos_parameter(tape, init[4]), "b2");
+  m.x = topos_name(tape, topos_input(tape, init[5]), "x");
+  m.y = topos_name(tape, topos_input(tape, init[6]), "y");
+  int64_t flat[2] = {BATCH, CONTEXT * EMBED};
+  topos_value emb = topos_reshape(tape, topos_embedding(tape, c, m.x), 2, flat);
+  topos_value h = topos_tanh(tape, topos_linear(tape, emb, w1, b1));
+  topos_value logits = topos_linear(tape, h, w2, b2);
+  m.loss = topos_name(tape, topos_cross_entropy(tape, logits, m.y), "loss");
+  m.net = topos_tape_seal(tape, &err);
+  if (m.net == NULL) die("makemore network", err.message);
+  for (int i = 0; i < 7; i++) topos_tensor_release(init[i]);
+  return m;
+}
+
+typedef struct mm_batch {
+  topos_tensor *x, *y;
+} mm_batch;
+
+static mm_batch mm_batch_make(uint64_t *seed) {
+  int32_t x[BATCH * CONTEXT], y[BATCH];
+  for (int i = 0; i < BATCH * CONTEXT; i++)
+    x[i] = (int32_t)(splitmix64(seed) % VOCAB);
+  for (int i = 0; i < BATCH; i++) y[i] = (int32_t)(splitmix64(seed) % VOCAB);
+  int64_t xs[2] = {BATCH, CONTEXT}, ys[1] = {BATCH};
+  topos_error err = {0};
+  mm_batch b = {topos_tensor_from(TOPOS_I32, 2, xs, x, &err),
+                topos_tensor_from(TOPOS_I32, 1, ys, y, &err)};
+  if (!b.x || !b.y) die("batch", err.message);
+  return b;
+}
+
+/* The in-process step of examples/makemore. */
+static void mm_local_step(const mm_model *m, const topos_optimizer *opt,
+                          topos_params **params, topos_opt_state **state,
+                          const mm_batch *b) {
+  topos_error err = {0};
+  topos_feed feeds[2] = {{m->x, b->x}, {m->y, b->y}};
+  topos_run *run = topos_forward(m->net, *params, feeds, 2, &err);
+  topos_field *grad = run ? topos_backward(run, m->loss, &err) : NULL;
+  topos_params *g = grad ? topos_parameters_of(grad, &err) : NULL;
+  topos_params *next = NULL;
+  topos_opt_state *next_state = NULL;
+  if (g == NULL || topos_optimizer_step(opt, *params, g, *state, &next,
+                                        &next_state, &err) != TOPOS_OK)
+    die("in-process step", err.message);
+  topos_params_free(g);
+  topos_field_free(grad);
+  topos_run_free(run);
+  topos_params_free(*params);
+  topos_opt_state_free(*state);
+  *params = next;
+  *state = next_state;
+}
+
+/* The same step through the daemon, with everything a remote client does:
+ * encode parameters, state and batch, call, decode parameters and state. */
+static void mm_remote_step(client *c, const char *id, const mm_model *m,
+                           const topos_optimizer *opt, topos_params **params,
+                           topos_opt_state **state, const mm_batch *b) {
+  topos_error err = {0};
+  topos_feed feeds[2] = {{m->x, b->x}, {m->y, b->y}};
+  Topos__V1__StepRequest sr = TOPOS__V1__STEP_REQUEST__INIT;
+  sr.id = (char *)id;
+  Topos__V1__Value loss = TOPOS__V1__VALUE__INIT;
+  loss.ref_case = TOPOS__V1__VALUE__REF_INDEX;
+  loss.index = m->loss.index;
+  sr.loss = &loss;
+  Topos__V1__Optimizer om = TOPOS__V1__OPTIMIZER__INIT;
+  if (wire_optimizer_to_proto(opt, *params, &om, &err) != TOPOS_OK ||
+      wire_tensors_from_params(*params, &sr.parameters, &sr.n_parameters,
+                               &err) != TOPOS_OK ||
+      wire_feeds_to_proto(feeds, 2, &sr.feeds, &sr.n_feeds, &err) != TOPOS_OK)
+    die("encoding a step", err.message);
+  sr.optimizer = &om;
+  if (*state) sr.state = wire_state_new(*state, &err);
+  Topos__V1__StepReply *r =
+      call_msg(c, M_STEP, &sr.base, &topos__v1__step_reply__descriptor);
+  topos_params *next = NULL;
+  topos_opt_state *next_state = NULL;
+  if (wire_params_from_proto(r->parameters, r->n_parameters, NULL, "parameters",
+                             &next, &err) != TOPOS_OK ||
+      wire_state_from_proto(r->state, NULL, &next_state, &err) != TOPOS_OK)
+    die("decoding a step", err.message);
+  wire_message_free(&r->base);
+  if (sr.state) wire_message_free(&sr.state->base);
+  wire_tensors_free(sr.parameters, sr.n_parameters);
+  wire_feeds_free_proto(sr.feeds, sr.n_feeds);
+  wire_message_clear(&om.base);
+  topos_params_free(*params);
+  topos_opt_state_free(*state);
+  *params = next;
+  *state = next_state;
+}
+
+static double bench_makemore(int port, double *local_us, double *remote_us) {
+  client c;
+  client_open(&c, port);
+  topos_error err = {0};
+  mm_model m = mm_build();
+  char id[65];
+  record(&c, m.net, id);
+  enum { NB = 32, WARM_BLOCKS = 6, BLOCKS = 40, STEPS = 10 };
+  mm_batch batches[NB];
+  uint64_t seed = 42;
+  for (int i = 0; i < NB; i++) batches[i] = mm_batch_make(&seed);
+  topos_optimizer opt = topos_sgd(0.1, 0.0);
+  topos_params *lp = topos_network_parameters(m.net);
+  topos_params *rp = topos_network_parameters(m.net);
+  topos_opt_state *ls = topos_opt_state_new(&opt, lp, &err);
+  topos_opt_state *rs = topos_opt_state_new(&opt, rp, &err);
+  double lt[BLOCKS], rt[BLOCKS];
+  int step_l = 0, step_r = 0;
+  for (int blk = 0; blk < WARM_BLOCKS + BLOCKS; blk++) {
+    for (int order = 0; order < 2; order++) {
+      bool local = (order == 0) == (blk % 2 == 0);
+      double t0 = now_s();
+      for (int s = 0; s < STEPS; s++) {
+        if (local)
+          mm_local_step(&m, &opt, &lp, &ls, &batches[step_l++ % NB]);
+        else
+          mm_remote_step(&c, id, &m, &opt, &rp, &rs, &batches[step_r++ % NB]);
+      }
+      double per = (now_s() - t0) / STEPS * 1e6;
+      if (blk >= WARM_BLOCKS) (local ? lt : rt)[blk - WARM_BLOCKS] = per;
+    }
+  }
+  if (!topos_params_bitwise_equal(lp, rp))
+    die("makemore", "remote and in-process parameters differ");
+  *local_us = quantile(lt, BLOCKS, 0.5);
+  *remote_us = quantile(rt, BLOCKS, 0.5);
+  for (int i = 0; i < NB; i++) {
+    topos_tensor_release(batches[i].x);
+    topos_tensor_release(batches[i].y);
+  }
+  topos_params_free(lp);
+  topos_params_free(rp);
+  topos_opt_state_free(ls);
+  topos_opt_state_free(rs);
+  topos_network_release(m.net);
+  client_close(&c);
+  return *remote_us / *local_us;
+}
+
+/* ------------------------------------------------------------------ main */
+
+int main(void) {
+  int port = daemon_start();
+  grpc_init();
+  client c;
+  client_open(&c, port);
+  gd_net g = gd_network();
+  char id[65];
+  record(&c, g.net, id);
+  client_close(&c);
+
+  /* TOPOS_BENCH_ONLY=forward,step,upload,makemore runs a subset. */
+  const char *only = getenv("TOPOS_BENCH_ONLY");
+#define WANT(name) (only == NULL || strstr(only, name) != NULL)
+  double p50 = 0, p99 = 0;
+  if (WANT("forward")) bench_forward_latency(port, &g, id, &p50, &p99);
+  double rate = WANT("step") ? bench_step_throughput(port, &g, id) : 0;
+  double best_upload = 0, best_stream = 0;
+  double upload = WANT("upload") ? bench_upload(port, true, &best_upload) : 0;
+  double stream = WANT("upload") ? bench_upload(port, false, &best_stream) : 0;
+  double local_us = 0, remote_us = 0;
+  double ratio =
+      WANT("makemore") ? bench_makemore(port, &local_us, &remote_us) : 0;
+
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  printf("toposd (loopback, %ld cores shared by the clients and the daemon)\n",
+         cores);
+  printf("%-44s %-22s %-14s %s\n", "figure", "measured", "target", "");
+  char m[64];
+  snprintf(m, sizeof m, "%.0f us", p50);
+  printf("%-44s %-22s %-14s %s\n", "Forward round trip p50 (GD spec)", m,
+         "<= 200 us", p50 <= 200 ? "met" : "MISSED");
+  snprintf(m, sizeof m, "%.0f us", p99);
+  printf("%-44s %-22s %-14s\n", "Forward round trip p99", m, "-");
+  snprintf(m, sizeof m, "%.0f calls/s", rate);
+  printf("%-44s %-22s %-14s %s\n", "Step throughput, 16 clients (GD spec)", m,
+         ">= 10000/s", rate >= 10000 ? "met" : "MISSED");
+  snprintf(m, sizeof m, "%.0f MB/s (best %.0f)", upload, best_upload);
+  printf("%-44s %-22s %-14s %s\n", "PutBlob upload, 100 MB (median of 5)", m,
+         ">= 500 MB/s", upload >= 500 ? "met" : "MISSED");
+  snprintf(m, sizeof m, "%.0f MB/s (best %.0f)", stream, best_stream);
+  printf("%-44s %-22s %-14s\n", "PutBlob, 5 x 100 MB back to back", m, "-");
+  snprintf(m, sizeof m, "%.2fx (%.0f / %.0f us)", ratio, remote_us, local_us);
+  printf("%-44s %-22s %-14s %s\n", "makemore step, remote / in-process", m,
+         "<= 1.5x", ratio <= 1.5 ? "met" : "MISSED");
+  fflush(stdout);
+
+  topos_network_release(g.net);
+  grpc_shutdown();
+  daemon_stop();
+  return 0;
+}

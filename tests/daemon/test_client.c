@@ -1,0 +1,1243 @@
+/*
+ * test_client.c - libtoposclient, the topos CLI and the remote examples
+ * against a real toposd.
+ *
+ * Each test case starts $TOPOS_BUILD/bin/toposd (default build/) on an
+ * ephemeral loopback port with a temporary SQLite store, once, in the
+ * runner (an unchecked fixture), and every test talks to it through the
+ * C client: every RPC is driven and its results compared bit for bit with
+ * the in-process engine (describe text, plan text and peak bytes, emitted
+ * modules, forward values, gradients, optimizer steps and state), errors
+ * are checked for their code and status, one client is shared by 16
+ * threads, both examples run in-process and remote with bit-identical
+ * final parameters, the CLI runs every command, and a Python client
+ * generated from proto/topos.proto (tests/python/test_client.py, run with
+ * /usr/bin/python3) records and steps a spec and must reproduce the C
+ * client's numbers.  Tests run from the repository root (make test).
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sample_nets.h"
+#include "testutil.h"
+#include "topos.h"
+#include "topos_client.h"
+
+/* ------------------------------------------------------------ the daemon */
+
+static struct {
+  pid_t pid;
+  char dir[256];
+  char log[320];
+  char address[64];
+} daemon_;
+
+static const char *build_dir(void) {
+  const char *b = getenv("TOPOS_BUILD");
+  return b && *b ? b : "build";
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void daemon_up(void) {
+  const char *tmp = getenv("TMPDIR");
+  snprintf(daemon_.dir, sizeof daemon_.dir, "%s/topos-client-XXXXXX",
+           tmp && *tmp ? tmp : "/tmp");
+  ck_assert_ptr_nonnull(mkdtemp(daemon_.dir));
+  char store[320], bin[512];
+  snprintf(store, sizeof store, "%s/topos.db", daemon_.dir);
+  snprintf(daemon_.log, sizeof daemon_.log, "%s/toposd.log", daemon_.dir);
+  snprintf(bin, sizeof bin, "%s/bin/toposd", build_dir());
+  ck_assert_msg(access(bin, X_OK) == 0, "%s is not built", bin);
+  int fds[2];
+  ck_assert_int_eq(pipe(fds), 0);
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    int log = open(daemon_.log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (log >= 0) dup2(log, STDERR_FILENO);
+    execl(bin, bin, "--listen", "127.0.0.1:0", "--store", store, (char *)NULL);
+    _exit(127);
+  }
+  close(fds[1]);
+  daemon_.pid = pid;
+  char line[256] = {0};
+  size_t len = 0;
+  double until = now_s() + 60;
+  while (len < sizeof line - 1 && !strchr(line, '\n') && now_s() < until) {
+    struct pollfd p = {fds[0], POLLIN, 0};
+    if (poll(&p, 1, 200) <= 0) continue;
+    ssize_t n = read(fds[0], line + len, sizeof line - 1 - len);
+    if (n <= 0) break;
+    len += (size_t)n;
+  }
+  close(fds[0]);
+  const char *prefix = "toposd listening on ";
+  ck_assert_msg(strncmp(line, prefix, strlen(prefix)) == 0,
+                "toposd did not start (stdout '%s', log %s)", line,
+                daemon_.log);
+  snprintf(daemon_.address, sizeof daemon_.address, "%.*s",
+           (int)strcspn(line + strlen(prefix), "\r\n"), line + strlen(prefix));
+}
+
+static void daemon_down(void) {
+  if (daemon_.pid > 0) {
+    kill(daemon_.pid, SIGTERM);
+    int status = 0;
+    double until = now_s() + 30;
+    while (waitpid(daemon_.pid, &status, WNOHANG) == 0) {
+      if (now_s() > until) {
+        kill(daemon_.pid, SIGKILL);
+        waitpid(daemon_.pid, &status, 0);
+        break;
+      }
+      usleep(10000);
+    }
+    daemon_.pid = 0;
+  }
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", daemon_.dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "test_client: cannot remove %s\n", daemon_.dir);
+}
+
+static topos_client *connect_daemon(void) {
+  topos_error err = {0};
+  topos_client *c = topos_client_connect(daemon_.address, &err);
+  ck_assert_msg(c != NULL, "connect %s: %s", daemon_.address, err.message);
+  return c;
+}
+
+static void record(topos_client *c, const topos_network *net, char id[65]) {
+  topos_error err = {0};
+  ck_assert_msg(topos_client_record(c, net, id, &err) == TOPOS_OK, "record: %s",
+                err.message);
+}
+
+/* ------------------------------------------------------------ commands */
+
+/* Runs a shell command; returns its stdout (new) and exit status, and its
+ * stderr in *errout when not NULL (new). */
+static char *run_cmd(const char *cmd, int *status, char **errout) {
+  char errpath[320], full[4096];
+  snprintf(errpath, sizeof errpath, "%s/stderr.txt", daemon_.dir);
+  snprintf(full, sizeof full, "%s 2>'%s'", cmd, errpath);
+  FILE *p = popen(full, "r");
+  ck_assert_msg(p != NULL, "cannot run %s", cmd);
+  size_t len = 0, cap = 1 << 14;
+  char *out = malloc(cap);
+  size_t got;
+  while ((got = fread(out + len, 1, cap - len - 1, p)) > 0) {
+    len += got;
+    if (cap - len < 4096) out = realloc(out, cap *= 2);
+  }
+  out[len] = '\0';
+  int rc = pclose(p);
+  *status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  if (errout) {
+    FILE *f = fopen(errpath, "r");
+    char *e = calloc(1, 1 << 14);
+    if (f) {
+      size_t n = fread(e, 1, (1 << 14) - 1, f);
+      e[n] = '\0';
+      fclose(f);
+    }
+    *errout = e;
+  }
+  return out;
+}
+
+static bool files_equal(const char *a, const char *b, long *size) {
+  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+  bool same = fa && fb;
+  long n = 0;
+  while (same) {
+    int ca = fgetc(fa), cb = fgetc(fb);
+    if (ca != cb) same = false;
+    if (ca == EOF || cb == EOF) break;
+    n++;
+  }
+  if (fa) fclose(fa);
+  if (fb) fclose(fb);
+  *size = n;
+  return same;
+}
+
+/* ------------------------------------------------------------ health */
+
+START_TEST(test_health_and_stats) {
+  topos_client *c = connect_daemon();
+  topos_error err = {0};
+  char status[32], version[64];
+  ck_assert_msg(topos_client_health(c, status, version, &err) == TOPOS_OK, "%s",
+                err.message);
+  ck_assert_str_eq(status, "serving");
+  ck_assert_msg(version[0] != '\0', "no version");
+  topos_client_stats_info a, b;
+  ck_assert_int_eq(topos_client_stats(c, &a, &err), TOPOS_OK);
+  ck_assert_int_ge(a.workers, 1);
+  ck_assert_int_ge(a.queue_capacity, 1);
+  ck_assert_int_ge(a.queue_depth, 0);
+  ck_assert_int_eq(topos_client_health(c, NULL, NULL, &err), TOPOS_OK);
+  ck_assert_int_eq(topos_client_stats(c, &b, &err), TOPOS_OK);
+  ck_assert_int_ge(b.requests, a.requests + 1);
+  topos_client_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------ specs */
+
+START_TEST(test_record_and_describe) {
+  topos_client *c = connect_daemon();
+  topos_error err = {0};
+  topos_client_stats_info before, after;
+  ck_assert_int_eq(topos_client_stats(c, &before, &err), TOPOS_OK);
+  for (int s = 0; s < SN_NSAMPLES; s++) {
+    topos_network *net = sn_samples[s].build();
+    char id[65], again[65], local[65];
+    record(c, net, id);
+    ck_assert_int_eq(topos_network_id(net, local, NULL), TOPOS_OK);
+    ck_assert_msg(strcmp(id, local) == 0, "%s: daemon id %s, local %s",
+                  sn_samples[s].name, id, local);
+    record(c, net, again); /* idempotent */
+    ck_assert_str_eq(id, again);
+    for (int f = TOPOS_FORMAT_TEXT; f <= TOPOS_FORMAT_DOT; f++) {
+      char *remote = NULL;
+      ck_assert_msg(topos_client_describe(c, id, (topos_format)f, &remote,
+                                          &err) == TOPOS_OK,
+                    "describe: %s", err.message);
+      char *mine = topos_network_describe(net, (topos_format)f, NULL);
+      ck_assert_msg(strcmp(remote, mine) == 0, "%s format %d differs",
+                    sn_samples[s].name, f);
+      topos_free(remote);
+      topos_free(mine);
+    }
+    topos_network_release(net);
+  }
+  ck_assert_int_eq(topos_client_stats(c, &after, &err), TOPOS_OK);
+  ck_assert_int_ge(after.specs, SN_NSAMPLES);
+  ck_assert_int_ge(after.spec_bytes, before.spec_bytes);
+  topos_client_close(c);
+}
+END_TEST
+
+/* The value the samples end in: "loss", or "total" for every_op. */
+static topos_value sample_root(const topos_network *net) {
+  topos_value v = topos_network_find(net, "loss");
+  return topos_value_ok(v) ? v : topos_network_find(net, "total");
+}
+
+START_TEST(test_lower_and_emit) {
+  topos_client *c = connect_daemon();
+  topos_error err = {0};
+  for (int s = 0; s < SN_NSAMPLES; s++) {
+    topos_network *net = sn_samples[s].build();
+    char id[65];
+    record(c, net, id);
+    topos_value roots[1] = {sample_root(net)};
+    topos_value obs[1] = {topos_network_parameter(net, 0)};
+    for (int posture = 0; posture < 2; posture++) {
+      topos_entry e = {
+          roots, 1, obs, 1, (topos_posture)posture, TOPOS_NUMERICS_EXACT};
+      topos_plan *plan = topos_network_lower(net, &e, &err);
+      ck_assert_msg(plan != NULL, "%s", err.message);
+      char *text = NULL;
+      int64_t peak = -1;
+      int groups = -1;
+      ck_assert_msg(topos_client_lower(c, id, &e, &text, &peak, &groups,
+                                       &err) == TOPOS_OK,
+                    "lower %s: %s", sn_samples[s].name, err.message);
+      char *mine = topos_plan_describe(plan, NULL);
+      ck_assert_msg(strcmp(text, mine) == 0, "%s: plan text differs",
+                    sn_samples[s].name);
+      ck_assert_int_eq(peak, (int64_t)topos_plan_peak_bytes(plan));
+      ck_assert_int_eq(groups, topos_plan_group_count(plan));
+      topos_free(text);
+      topos_free(mine);
+      for (int form = 0; form < 2; form++) {
+        char *module = NULL;
+        ck_assert_msg(topos_client_emit(c, id, &e, (topos_emit_form)form,
+                                        &module, &err) == TOPOS_OK,
+                      "emit %s: %s", sn_samples[s].name, err.message);
+        char *local =
+            topos_plan_emit_stablehlo(plan, (topos_emit_form)form, NULL);
+        ck_assert_ptr_nonnull(local);
+        ck_assert_msg(strcmp(module, local) == 0, "%s: module differs",
+                      sn_samples[s].name);
+        ck_assert_ptr_nonnull(strstr(module, "func.func @main"));
+        topos_free(module);
+        topos_free(local);
+      }
+      topos_plan_free(plan);
+    }
+    topos_network_release(net);
+  }
+  /* The conv sample fuses: the plan says so remotely too. */
+  topos_network *conv = sn_conv();
+  char id[65];
+  record(c, conv, id);
+  topos_value root[1] = {topos_network_find(conv, "loss")};
+  topos_entry e = {
+      root, 1, NULL, 0, TOPOS_POSTURE_FORWARD, TOPOS_NUMERICS_EXACT};
+  int groups = 0;
+  ck_assert_int_eq(topos_client_lower(c, id, &e, NULL, NULL, &groups, &err),
+                   TOPOS_OK);
+  ck_assert_int_gt(groups, 0);
+  topos_network_release(conv);
+  topos_client_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------ execution */
+
+/* Parameters equal to the initials perturbed by a seeded amount. */
+static topos_params *perturbed(const topos_network *net, uint64_t seed) {
+  topos_params *p = topos_network_parameters(net);
+  for (int s = 0; s < topos_params_count(p); s++) {
+    const topos_tensor *t = topos_params_get(p, s);
+    topos_tensor *r = tt_random(topos_tensor_dtype(t), topos_tensor_rank(t),
+                                topos_tensor_shape(t), seed + s, -0.5, 0.5);
+    topos_params *q = topos_params_with(p, s, r, NULL);
+    topos_tensor_release(r);
+    topos_params_free(p);
+    p = q;
+  }
+  return p;
+}
+
+/* Feeds for every float input: a seeded tensor of the default's shape. */
+static int float_feeds(const topos_network *net, uint64_t seed,
+                       topos_feed *feeds, int cap) {
+  int n = 0;
+  for (int i = 0; i < topos_network_input_count(net) && n < cap; i++) {
+    topos_value v = topos_network_input(net, i);
+    topos_dtype dt = topos_network_value_dtype(net, v);
+    if (dt == TOPOS_I32) continue;
+    int rank = 0;
+    const int64_t *shape = topos_network_value_shape(net, v, &rank);
+    feeds[n].input = v;
+    feeds[n].tensor = tt_random(dt, rank, shape, seed + i, -1, 1);
+    n++;
+  }
+  return n;
+}
+
+static void free_feeds(topos_feed *feeds, int n) {
+  for (int i = 0; i < n; i++)
+    topos_tensor_release((topos_tensor *)feeds[i].tensor);
+}
+
+START_TEST(test_forward_bits) {
+  topos_client *c = connect_daemon();
+  topos_error err = {0};
+  for (int s = 0; s < SN_NSAMPLES; s++) {
+    topos_network *net = sn_samples[s].build();
+    char id[65];
+    record(c, net, id);
+    topos_value roots[2] = {sample_root(net), topos_network_parameter(net, 0)};
+    int n = topos_network_node_count(net);
+    topos_value obs[2] = {topos_network_input(net, 0), roots[0]};
+    obs[1].index = n / 2; /* some interior node */
+    topos_entry e = {
+        roots, 2, obs, 2, TOPOS_POSTURE_FORWARD, TOPOS_NUMERICS_EXACT};
+    for (int variant = 0; variant < 2; variant++) {
+      topos_params *p = variant ? perturbed(net, 40 + s) : NULL;
+      topos_feed feeds[4];
+      int nf = variant ? float_feeds(net, 50 + s, feeds, 4) : 0;
+      topos_tensor **rr = NULL, **oo = NULL;
+      ck_assert_msg(topos_client_forward(c, id, &e, p, feeds, nf, &rr, &oo,
+                                         &err) == TOPOS_OK,
+                    "forward %s: %s", sn_samples[s].name, err.message);
+      topos_run *run = topos_forward(net, p, feeds, nf, &err);
+      ck_assert_msg(run != NULL, "%s", err.message);
+      for (int k = 0; k < 2; k++) {
+        ck_assert_msg(topos_tensor_bitwise_equal(
+                          rr[k], topos_run_of(run, roots[k], NULL)),
+                      "%s variant %d root %d differs", sn_samples[s].name,
+                      variant, k);
+        ck_assert_msg(
+            topos_tensor_bitwise_equal(oo[k], topos_run_of(run, obs[k], NULL)),
+            "%s variant %d observe %d differs", sn_samples[s].name, variant, k);
+      }
+      topos_client_tensors_free(rr, 2);
+      topos_client_tensors_free(oo, 2);
+      topos_run_free(run);
+      free_feeds(feeds, nf);
+      topos_params_free(p);
+    }
+    topos_network_release(net);
+  }
+  topos_client_close(c);
+}
+END_TEST
+
+START_TEST(test_backward_bits) {
+  topos_client *c = connect_daemon();
+  topos_error err = {0};
+  for (int s = 0; s < SN_NSAMPLES; s++) {
+    topos_network *net = sn_samples[s].build();
+    char id[65];
+    record(c, net, id);
+    topos_value loss = sample_root(net);
+    topos_params *p = perturbed(net, 7 + s);
+    topos_feed feeds[4];
+    int nf = float_feeds(net, 9 + s, feeds, 4);
+    double rl = NAN;
+    topos_params *rg = NULL;
+    ck_assert_msg(topos_client_backward(c, id, loss, p, feeds, nf, &rl, &rg,
+                                        &err) == TOPOS_OK,
+                  "backward %s: %s", sn_samples[s].name, err.message);
+    topos_run *run = topos_forward(net, p, feeds, nf, &err);
+    topos_field *f = topos_backward(run, loss, &err);
+    topos_params *g = topos_parameters_of(f, &err);
+    double l = topos_run_scalar(run, loss, &err);
+    ck_assert_msg(memcmp(&l, &rl, sizeof l) == 0, "%s: loss %.17g vs %.17g",
+                  sn_samples[s].name, rl, l);
+    ck_assert_msg(topos_params_bitwise_equal(g, rg), "%s: gradients differ",
+                  sn_samples[s].name);
+    topos_params_free(g);
+    topos_params_free(rg);
+    topos_field_free(f);
+    topos_run_free(run);
+    free_feeds(feeds, nf);
+    topos_params_free(p);
+    topos_network_release(net);
+  }
+  topos_client_close(c);
+}
+END_TEST
+
+static bool decay_even(int slot, const topos_tensor *param, void *ctx) {
+  return slot % 2 == 0;
+}
+
+/* Runs `steps` remote and in-process steps side by side and asserts the
+ * parameters, the state and the loss stay bit-identical. */
+static void check_steps(topos_client *c, const topos_optimizer *opt,
+                        int steps) {
+  topos_error err = {0};
+  topos_network *net = sn_mlp();
+  char id[65];
+  record(c, net, id);
+  topos_value loss = topos_network_find(net, "loss");
+  topos_params *pl = topos_network_parameters(net);
+  topos_params *pr = topos_network_parameters(net);
+  topos_opt_state *sl = topos_opt_state_new(opt, pl, &err);
+  topos_opt_state *sr = NULL; /* the first remote step: a fresh state */
+  ck_assert_ptr_nonnull(sl);
+  for (int k = 0; k < steps; k++) {
+    topos_feed feeds[2];
+    int nf = float_feeds(net, 100 + k, feeds, 2);
+    /* In-process. */
+    topos_run *run = topos_forward(net, pl, feeds, nf, &err);
+    topos_field *f = topos_backward(run, loss, &err);
+    topos_params *g = topos_parameters_of(f, &err);
+    double ll = topos_run_scalar(run, loss, &err);
+    topos_params *pl2 = NULL;
+    topos_opt_state *sl2 = NULL;
+    ck_assert_msg(
+        topos_optimizer_step(opt, pl, g, sl, &pl2, &sl2, &err) == TOPOS_OK,
+        "%s", err.message);
+    /* Remote. */
+    topos_params *pr2 = NULL;
+    topos_opt_state *sr2 = NULL;
+    double lr = NAN;
+    ck_assert_msg(topos_client_step(c, id, loss, pr, feeds, nf, opt, sr, &pr2,
+                                    &sr2, &lr, &err) == TOPOS_OK,
+                  "step %d: %s", k, err.message);
+    ck_assert_msg(memcmp(&ll, &lr, sizeof ll) == 0,
+                  "kind %d step %d: loss %.17g vs %.17g", opt->kind, k, lr, ll);
+    ck_assert_msg(topos_params_bitwise_equal(pl2, pr2),
+                  "kind %d step %d: parameters differ", opt->kind, k);
+    ck_assert_int_eq(topos_opt_state_step(sl2), topos_opt_state_step(sr2));
+    for (int m = 0; m < 2; m++) {
+      const topos_params *a = topos_opt_state_moment(sl2, m);
+      const topos_params *b = topos_opt_state_moment(sr2, m);
+      ck_assert_msg((a == NULL) == (b == NULL), "moment %d presence", m);
+      if (a)
+        ck_assert_msg(topos_params_bitwise_equal(a, b),
+                      "kind %d step %d: moment %d differs", opt->kind, k, m);
+    }
+    topos_params_free(pl);
+    topos_params_free(pr);
+    topos_opt_state_free(sl);
+    topos_opt_state_free(sr);
+    pl = pl2;
+    pr = pr2;
+    sl = sl2;
+    sr = sr2;
+    topos_params_free(g);
+    topos_field_free(f);
+    topos_run_free(run);
+    free_feeds(feeds, nf);
+  }
+  topos_params_free(pl);
+  topos_params_free(pr);
+  topos_opt_state_free(sl);
+  topos_opt_state_free(sr);
+  topos_network_release(net);
+}
+
+START_TEST(test_step_bits) {
+  topos_client *c = connect_daemon();
+  topos_optimizer sgd = topos_sgd(0.1, 0.0);
+  check_steps(c, &sgd, 5);
+  topos_optimizer momentum = topos_sgd(0.05, 0.9);
+  momentum.weight_decay = 1e-3;
+  check_steps(c, &momentum, 5);
+  topos_optimizer adam = topos_adam(1e-2, 0.9, 0.999, 1e-8);
+  check_steps(c, &adam, 5);
+  topos_optimizer adamw = topos_adamw(1e-2, 0.9, 0.999, 1e-8, 0.1);
+  check_steps(c, &adamw, 5);
+  topos_optimizer custom = topos_adamw(1e-2, 0.8, 0.99, 1e-6, 0.3);
+  custom.decay = decay_even;
+  check_steps(c, &custom, 4);
+  topos_client_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------ blobs */
+
+START_TEST(test_blobs) {
+  topos_client *c = connect_daemon();
+  topos_error err = {0};
+  topos_network *net = sn_mlp();
+  char id[65], blob[65], again[65];
+  record(c, net, id);
+  topos_params *p = perturbed(net, 77);
+  int64_t bytes = 0;
+  ck_assert_msg(topos_client_put_blob(c, p, blob, &bytes, &err) == TOPOS_OK,
+                "%s", err.message);
+  ck_assert_int_gt(bytes, 0);
+  ck_assert_int_eq(topos_client_put_blob(c, p, again, NULL, &err), TOPOS_OK);
+  ck_assert_str_eq(blob, again); /* content-addressed */
+  bool present = false;
+  int64_t size = 0;
+  ck_assert_int_eq(topos_client_stat_blob(c, blob, &present, &size, &err),
+                   TOPOS_OK);
+  ck_assert(present);
+  ck_assert_int_eq(size, bytes);
+  char unknown[65];
+  memset(unknown, 'e', 64);
+  unknown[64] = '\0';
+  ck_assert_int_eq(topos_client_stat_blob(c, unknown, &present, &size, &err),
+                   TOPOS_OK);
+  ck_assert(!present);
+
+  /* Referencing the blob gives what sending the tensors gives. */
+  topos_value loss = topos_network_find(net, "loss");
+  int n = topos_params_count(p);
+  topos_client_args by_ref = {.params_blob = blob, .nparams_blob = n};
+  double l1 = NAN, l2 = NAN;
+  topos_params *g1 = NULL, *g2 = NULL;
+  ck_assert_msg(topos_client_backward_with(c, id, loss, &by_ref, &l1, &g1,
+                                           &err) == TOPOS_OK,
+                "%s", err.message);
+  ck_assert_int_eq(
+      topos_client_backward(c, id, loss, p, NULL, 0, &l2, &g2, &err), TOPOS_OK);
+  ck_assert(memcmp(&l1, &l2, sizeof l1) == 0);
+  ck_assert(topos_params_bitwise_equal(g1, g2));
+  topos_params_free(g1);
+  topos_params_free(g2);
+  topos_value roots[1] = {loss};
+  topos_entry e = {
+      roots, 1, NULL, 0, TOPOS_POSTURE_FORWARD, TOPOS_NUMERICS_EXACT};
+  topos_tensor **rr = NULL;
+  ck_assert_int_eq(
+      topos_client_forward_with(c, id, &e, &by_ref, &rr, NULL, &err), TOPOS_OK);
+  ck_assert(topos_tensor_get(rr[0], NULL, NULL) == l1);
+  topos_client_tensors_free(rr, 1);
+  topos_opt_state *st = NULL;
+  topos_params *stepped = NULL;
+  topos_optimizer sgd = topos_sgd(0.1, 0);
+  ck_assert_int_eq(topos_client_step_with(c, id, loss, &by_ref, &sgd, NULL,
+                                          &stepped, &st, NULL, &err),
+                   TOPOS_OK);
+  ck_assert_int_eq(topos_params_count(stepped), n);
+  topos_params_free(stepped);
+  topos_opt_state_free(st);
+  topos_conformance_result *res = NULL;
+  int nres = 0;
+  ck_assert_int_eq(
+      topos_client_conformance(c, id, &e, &by_ref, &res, &nres, &err),
+      TOPOS_OK);
+  ck_assert_int_gt(nres, 0);
+  topos_free(res);
+
+  /* An unknown blob is NOT_FOUND; an index past the blob's end and both
+   * params and a blob are argument errors. */
+  topos_client_args missing = {.params_blob = unknown, .nparams_blob = n};
+  ck_assert_int_eq(
+      topos_client_backward_with(c, id, loss, &missing, NULL, NULL, &err),
+      TOPOS_ERR_NOT_FOUND);
+  topos_client_args past = {.params_blob = blob, .nparams_blob = n + 1};
+  ck_assert_int_ne(
+      topos_client_backward_with(c, id, loss, &past, NULL, NULL, &err),
+      TOPOS_OK);
+  ck_assert_int_eq(topos_client_grpc_status(err.code), 3);
+  topos_client_args both = {
+      .params = p, .params_blob = blob, .nparams_blob = n};
+  ck_assert_int_eq(
+      topos_client_backward_with(c, id, loss, &both, NULL, NULL, &err),
+      TOPOS_ERR_ARGUMENT);
+  topos_params_free(p);
+  topos_network_release(net);
+  topos_client_close(c);
+}
+END_TEST
+
+START_TEST(test_large_tensors) {
+  /* Tensors past the packer's 64 KiB threshold travel as slices of their
+   * own: inline parameters, a large feed, large gradients and a blob. */
+  topos_client *c = connect_daemon();
+  topos_error err = {0};
+  topos_tape *tape = topos_tape_new(TOPOS_F32);
+  topos_tensor *w0 = tt_random(TOPOS_F32, 2, SN_S(256, 256), 5, -1, 1);
+  topos_tensor *b0 = tt_random(TOPOS_F32, 1, SN_S(256), 6, -1, 1);
+  topos_tensor *x0 = tt_random(TOPOS_F32, 2, SN_S(128, 256), 7, -1, 1);
+  topos_value w = topos_parameter(tape, w0);
+  topos_value b = topos_parameter(tape, b0);
+  topos_value x = topos_input(tape, x0);
+  topos_value y = topos_tanh(tape, topos_linear(tape, x, w, b));
+  topos_value loss =
+      topos_name(tape, topos_sum(tape, topos_mul(tape, y, y)), "loss");
+  topos_network *net = topos_tape_seal(tape, &err);
+  ck_assert_msg(net != NULL, "%s", err.message);
+  char id[65], blob[65];
+  record(c, net, id);
+  topos_params *p = perturbed(net, 3);
+  topos_tensor *xf = tt_random(TOPOS_F32, 2, SN_S(128, 256), 8, -1, 1);
+  topos_feed feeds[1] = {{x, xf}};
+
+  topos_run *run = topos_forward(net, p, feeds, 1, &err);
+  topos_field *f = topos_backward(run, loss, &err);
+  topos_params *g = topos_parameters_of(f, &err);
+  double l = topos_run_scalar(run, loss, &err);
+  double rl = NAN;
+  topos_params *rg = NULL;
+  ck_assert_msg(topos_client_backward(c, id, loss, p, feeds, 1, &rl, &rg,
+                                      &err) == TOPOS_OK,
+                "%s", err.message);
+  ck_assert(memcmp(&l, &rl, sizeof l) == 0);
+  ck_assert(topos_params_bitwise_equal(g, rg));
+  topos_params_free(rg);
+  rg = NULL;
+  ck_assert_int_eq(topos_client_put_blob(c, p, blob, NULL, &err), TOPOS_OK);
+  topos_client_args by_ref = {
+      .params_blob = blob, .nparams_blob = 2, .feeds = feeds, .nfeeds = 1};
+  ck_assert_int_eq(
+      topos_client_backward_with(c, id, loss, &by_ref, &rl, &rg, &err),
+      TOPOS_OK);
+  ck_assert(memcmp(&l, &rl, sizeof l) == 0);
+  ck_assert(topos_params_bitwise_equal(g, rg));
+  topos_params_free(rg);
+
+  topos_optimizer adam = topos_adam(1e-3, 0.9, 0.999, 1e-8);
+  topos_opt_state *s0 = topos_opt_state_new(&adam, p, &err);
+  topos_params *pl = NULL, *pr = NULL;
+  topos_opt_state *sl = NULL, *sr = NULL;
+  ck_assert_int_eq(topos_optimizer_step(&adam, p, g, s0, &pl, &sl, &err),
+                   TOPOS_OK);
+  ck_assert_int_eq(topos_client_step(c, id, loss, p, feeds, 1, &adam, s0, &pr,
+                                     &sr, NULL, &err),
+                   TOPOS_OK);
+  ck_assert(topos_params_bitwise_equal(pl, pr));
+  ck_assert(topos_params_bitwise_equal(topos_opt_state_moment(sl, 1),
+                                       topos_opt_state_moment(sr, 1)));
+  topos_params_free(pl);
+  topos_params_free(pr);
+  topos_opt_state_free(sl);
+  topos_opt_state_free(sr);
+  topos_opt_state_free(s0);
+  topos_params_free(g);
+  topos_field_free(f);
+  topos_run_free(run);
+  topos_tensor_release(xf);
+  topos_params_free(p);
+  topos_tensor_release(w0);
+  topos_tensor_release(b0);
+  topos_tensor_release(x0);
+  topos_network_release(net);
+  topos_client_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------ conformance */
+
+START_TEST(test_conformance) {
+  topos_client *c = connect_daemon();
+  topos_error err = {0};
+  for (int s = 0; s < SN_NSAMPLES; s++) {
+    topos_network *net = sn_samples[s].build();
+    char id[65];
+    record(c, net, id);
+    topos_value roots[1] = {sample_root(net)};
+    for (int posture = 0; posture < 2; posture++) {
+      topos_entry e = {
+          roots, 1, NULL, 0, (topos_posture)posture, TOPOS_NUMERICS_EXACT};
+      topos_conformance_result *res = NULL;
+      int n = 0;
+      ck_assert_msg(
+          topos_client_conformance(c, id, &e, NULL, &res, &n, &err) == TOPOS_OK,
+          "%s", err.message);
+      ck_assert_int_gt(n, 0);
+      for (int i = 0; i < n; i++) {
+        ck_assert_msg(res[i].backend[0] != '\0', "a backend without a name");
+        ck_assert_msg(res[i].bit_identical, "%s on %s: max ulp %g (%s)",
+                      sn_samples[s].name, res[i].backend, res[i].max_ulp,
+                      res[i].note);
+      }
+      topos_free(res);
+    }
+    topos_network_release(net);
+  }
+  topos_client_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------ errors */
+
+START_TEST(test_errors) {
+  topos_client *c = connect_daemon();
+  topos_error err = {0};
+  topos_network *net = sn_gradient_descent();
+  char id[65];
+  record(c, net, id);
+  char unknown[65];
+  memset(unknown, '0', 64);
+  unknown[64] = '\0';
+  char *text = NULL;
+
+  /* Unknown id: NOT_FOUND with the daemon's message. */
+  ck_assert_int_eq(
+      topos_client_describe(c, unknown, TOPOS_FORMAT_TEXT, &text, &err),
+      TOPOS_ERR_NOT_FOUND);
+  ck_assert_ptr_null(text);
+  ck_assert_int_eq(topos_client_grpc_status(err.code), 5);
+  ck_assert_msg(strncmp(err.message, "NOT_FOUND: ", 11) == 0, "%s",
+                err.message);
+  /* A malformed id never leaves the client. */
+  ck_assert_int_eq(
+      topos_client_describe(c, "xyz", TOPOS_FORMAT_TEXT, &text, &err),
+      TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(err.message, "64 lowercase hex"));
+
+  /* A feed of the wrong shape: the engine's exact code and message. */
+  topos_value loss = topos_network_find(net, "loss");
+  topos_tensor *bad = topos_tensor_zeros(TOPOS_F64, 1, SN_S(3), NULL);
+  topos_feed feeds[1] = {{topos_network_find(net, "x"), bad}};
+  ck_assert_int_ne(
+      topos_client_backward(c, id, loss, NULL, feeds, 1, NULL, NULL, &err),
+      TOPOS_OK);
+  ck_assert_msg(err.code > TOPOS_OK && err.code < TOPOS_CLIENT_GRPC_BASE,
+                "code %d: %s", err.code, err.message);
+  ck_assert_int_eq(topos_client_grpc_status(err.code), 3);
+  ck_assert_msg(strncmp(err.message, "INVALID_ARGUMENT: ", 18) == 0, "%s",
+                err.message);
+  topos_tensor_release(bad);
+  /* A loss that is not a node of the spec. */
+  topos_value nowhere = loss;
+  nowhere.index = 1000;
+  ck_assert_int_ne(
+      topos_client_backward(c, id, nowhere, NULL, NULL, 0, NULL, NULL, &err),
+      TOPOS_OK);
+  ck_assert_int_eq(topos_client_grpc_status(err.code), 3);
+  /* An optimizer the engine refuses (negative learning rate). */
+  topos_optimizer neg = topos_sgd(-1, 0);
+  ck_assert_int_ne(topos_client_step(c, id, loss, NULL, NULL, 0, &neg, NULL,
+                                     NULL, NULL, NULL, &err),
+                   TOPOS_OK);
+  ck_assert_int_eq(topos_client_grpc_status(err.code), 3);
+  /* A custom decay predicate needs parameters to be evaluated on. */
+  topos_optimizer custom = topos_adamw(1e-3, 0.9, 0.999, 1e-8, 0.1);
+  custom.decay = decay_even;
+  ck_assert_int_eq(topos_client_step(c, id, loss, NULL, NULL, 0, &custom, NULL,
+                                     NULL, NULL, NULL, &err),
+                   TOPOS_ERR_ARGUMENT);
+
+  /* Raw calls: an unknown method is UNIMPLEMENTED, garbage INVALID_ARGUMENT,
+   * and the daemon keeps serving. */
+  int status = -1;
+  uint8_t *reply = NULL;
+  size_t rlen = 0;
+  ck_assert_int_eq(
+      topos_client_call_raw(c, "/topos.v1.Topos/Nope", (const uint8_t *)"", 0,
+                            0, &reply, &rlen, &status, &err),
+      TOPOS_CLIENT_GRPC_BASE + 12);
+  ck_assert_int_eq(status, 12);
+  ck_assert_int_eq(topos_client_grpc_status(err.code), 12);
+  const uint8_t garbage[6] = {0xff, 0xff, 0xff, 0xff, 0x0f, 0x01};
+  ck_assert_int_ne(topos_client_call_raw(c, "Forward", garbage, sizeof garbage,
+                                         0, &reply, &rlen, &status, &err),
+                   TOPOS_OK);
+  ck_assert_int_eq(status, 3);
+  ck_assert_int_eq(topos_client_call_raw(c, "Nope", garbage, 1, 0, &reply,
+                                         &rlen, &status, &err),
+                   TOPOS_ERR_ARGUMENT);
+  ck_assert_int_eq(topos_client_call_raw(c, "Health", NULL, 0, 0, &reply, &rlen,
+                                         &status, &err),
+                   TOPOS_OK);
+  ck_assert_int_eq(status, 0);
+  free(reply);
+
+  /* A deadline shorter than the work: DEADLINE_EXCEEDED, a client code. */
+  topos_tape *tape = topos_tape_new(TOPOS_F64);
+  topos_tensor *ones = topos_tensor_ones(TOPOS_F64, 2, SN_S(400, 400), NULL);
+  topos_value m = topos_parameter(tape, ones);
+  topos_tensor_release(ones);
+  m = topos_sum(tape, topos_matmul(tape, topos_matmul(tape, m, m), m));
+  topos_network *slow = topos_tape_seal(tape, NULL);
+  char slow_id[65];
+  record(c, slow, slow_id);
+  topos_value roots[1] = {m};
+  topos_entry e = {
+      roots, 1, NULL, 0, TOPOS_POSTURE_FORWARD, TOPOS_NUMERICS_EXACT};
+  topos_client_args quick = {.deadline_s = 0.001};
+  topos_tensor **rr = NULL;
+  ck_assert_int_eq(
+      topos_client_forward_with(c, slow_id, &e, &quick, &rr, NULL, &err),
+      TOPOS_CLIENT_GRPC_BASE + 4);
+  ck_assert_ptr_null(rr);
+  ck_assert_ptr_nonnull(strstr(err.message, "DEADLINE_EXCEEDED"));
+  topos_network_release(slow);
+
+  /* Nothing listening: UNAVAILABLE, kept as a client code. */
+  topos_client *dead = topos_client_connect("127.0.0.1:1", &err);
+  ck_assert_ptr_nonnull(dead);
+  ck_assert_int_eq(topos_client_health(dead, NULL, NULL, &err),
+                   TOPOS_CLIENT_GRPC_BASE + 14);
+  ck_assert_ptr_nonnull(strstr(err.message, "UNAVAILABLE"));
+  topos_client_close(dead);
+  ck_assert_ptr_null(topos_client_connect("", &err));
+  ck_assert_int_eq(err.code, TOPOS_ERR_ARGUMENT);
+  topos_network_release(net);
+  topos_client_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------ threads */
+
+enum { THREADS = 16, THREAD_STEPS = 40 };
+
+static const double gd_samples[3][2] = {{1, 2}, {2, 4}, {3, 6}};
+
+typedef struct thread_job {
+  topos_client *c;
+  const char *id;
+  const topos_network *net;
+  int offset;
+  const double *expect; /* THREAD_STEPS values of w */
+  int failures;
+  char message[256];
+} thread_job;
+
+/* Gradient descent from w = 0, samples from `offset`; returns w per step
+ * (in-process), THREAD_STEPS of them into w. */
+static void gd_expect(const topos_network *net, int offset, double *w) {
+  topos_optimizer opt = topos_sgd(0.02, 0);
+  topos_params *p = topos_network_parameters(net);
+  topos_opt_state *s = topos_opt_state_new(&opt, p, NULL);
+  topos_value loss = topos_network_find(net, "loss");
+  for (int k = 0; k < THREAD_STEPS; k++) {
+    const double *smp = gd_samples[(offset + k) % 3];
+    topos_tensor *x = topos_tensor_scalar(TOPOS_F64, smp[0], NULL);
+    topos_tensor *y = topos_tensor_scalar(TOPOS_F64, smp[1], NULL);
+    topos_feed f[2] = {{topos_network_find(net, "x"), x},
+                       {topos_network_find(net, "y"), y}};
+    topos_run *run = topos_forward(net, p, f, 2, NULL);
+    topos_field *g = topos_backward(run, loss, NULL);
+    topos_params *gp = topos_parameters_of(g, NULL);
+    topos_params *np = NULL;
+    topos_opt_state *ns = NULL;
+    topos_optimizer_step(&opt, p, gp, s, &np, &ns, NULL);
+    topos_params_free(p);
+    topos_opt_state_free(s);
+    p = np;
+    s = ns;
+    w[k] = topos_tensor_get(topos_params_get(p, 0), NULL, NULL);
+    topos_params_free(gp);
+    topos_field_free(g);
+    topos_run_free(run);
+    topos_tensor_release(x);
+    topos_tensor_release(y);
+  }
+  topos_params_free(p);
+  topos_opt_state_free(s);
+}
+
+static void *thread_main(void *arg) {
+  thread_job *j = arg;
+  topos_optimizer opt = topos_sgd(0.02, 0);
+  topos_params *p = topos_network_parameters(j->net);
+  topos_opt_state *s = NULL;
+  topos_value loss = topos_network_find(j->net, "loss");
+  for (int k = 0; k < THREAD_STEPS && j->failures == 0; k++) {
+    const double *smp = gd_samples[(j->offset + k) % 3];
+    topos_tensor *x = topos_tensor_scalar(TOPOS_F64, smp[0], NULL);
+    topos_tensor *y = topos_tensor_scalar(TOPOS_F64, smp[1], NULL);
+    topos_feed f[2] = {{topos_network_find(j->net, "x"), x},
+                       {topos_network_find(j->net, "y"), y}};
+    topos_params *np = NULL;
+    topos_opt_state *ns = NULL;
+    topos_error err = {0};
+    if (topos_client_step(j->c, j->id, loss, p, f, 2, &opt, s, &np, &ns, NULL,
+                          &err) != TOPOS_OK) {
+      j->failures++;
+      snprintf(j->message, sizeof j->message, "step %d: %.200s", k,
+               err.message);
+    } else {
+      double w = topos_tensor_get(topos_params_get(np, 0), NULL, NULL);
+      if (memcmp(&w, &j->expect[k], sizeof w) != 0) {
+        j->failures++;
+        snprintf(j->message, sizeof j->message, "step %d: w %.17g want %.17g",
+                 k, w, j->expect[k]);
+      }
+      topos_params_free(p);
+      topos_opt_state_free(s);
+      p = np;
+      s = ns;
+    }
+    topos_tensor_release(x);
+    topos_tensor_release(y);
+  }
+  topos_params_free(p);
+  topos_opt_state_free(s);
+  return NULL;
+}
+
+START_TEST(test_one_client_many_threads) {
+  topos_client *c = connect_daemon();
+  topos_network *net = sn_gradient_descent();
+  char id[65];
+  record(c, net, id);
+  double expect[3][THREAD_STEPS];
+  for (int o = 0; o < 3; o++) gd_expect(net, o, expect[o]);
+  thread_job jobs[THREADS];
+  pthread_t threads[THREADS];
+  for (int t = 0; t < THREADS; t++) {
+    jobs[t] = (thread_job){c, id, net, t % 3, expect[t % 3], 0, ""};
+    ck_assert_int_eq(pthread_create(&threads[t], NULL, thread_main, &jobs[t]),
+                     0);
+  }
+  for (int t = 0; t < THREADS; t++) pthread_join(threads[t], NULL);
+  for (int t = 0; t < THREADS; t++)
+    ck_assert_msg(jobs[t].failures == 0, "thread %d: %s", t, jobs[t].message);
+  topos_network_release(net);
+  topos_client_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------ examples */
+
+/* Runs an example in-process and against the daemon with --dump and
+ * asserts the two dumps are byte-identical and non-empty. */
+static void check_example(const char *name, const char *args) {
+  char a[400], b[400], cmd[1400];
+  snprintf(a, sizeof a, "%s/%s-local.bin", daemon_.dir, name);
+  snprintf(b, sizeof b, "%s/%s-remote.bin", daemon_.dir, name);
+  int st = -1;
+  char *err = NULL;
+  snprintf(cmd, sizeof cmd, "'%s/examples/%s' %s --dump '%s'", build_dir(),
+           name, args, a);
+  char *out1 = run_cmd(cmd, &st, &err);
+  ck_assert_msg(st == 0, "%s exited %d: %s", cmd, st, err);
+  free(err);
+  snprintf(cmd, sizeof cmd, "'%s/examples/%s' %s --server %s --dump '%s'",
+           build_dir(), name, args, daemon_.address, b);
+  char *out2 = run_cmd(cmd, &st, &err);
+  ck_assert_msg(st == 0, "%s exited %d: %s", cmd, st, err);
+  free(err);
+  long size = 0;
+  ck_assert_msg(files_equal(a, b, &size), "%s: final parameters differ", name);
+  ck_assert_int_gt(size, 0);
+  /* What they print is the same too. */
+  ck_assert_msg(strcmp(out1, out2) == 0, "%s prints:\n%s\nremote:\n%s", name,
+                out1, out2);
+  free(out1);
+  free(out2);
+}
+
+START_TEST(test_gradient_descent_remote) {
+  check_example("gradient_descent", "");
+}
+END_TEST
+
+START_TEST(test_makemore_remote) {
+  if (getenv("TOPOS_SKIP_SLOW")) {
+    fprintf(stderr, "client: makemore remote skipped (TOPOS_SKIP_SLOW)\n");
+    return;
+  }
+  check_example("makemore_mlp", "--steps 1000");
+}
+END_TEST
+
+/* ------------------------------------------------------------ the CLI */
+
+static char *cli(const char *args, int *status, char **err) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "'%s/bin/topos' --server %s %s", build_dir(),
+           daemon_.address, args);
+  return run_cmd(cmd, status, err);
+}
+
+START_TEST(test_cli) {
+  topos_network *net = sn_mlp();
+  char local[65], path[400], args[1200];
+  topos_network_id(net, local, NULL);
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  ck_assert_int_eq(topos_network_encode(net, &bytes, &len, NULL), TOPOS_OK);
+  snprintf(path, sizeof path, "%s/mlp.tpos", daemon_.dir);
+  FILE *f = fopen(path, "wb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(bytes, 1, len, f), len);
+  fclose(f);
+  topos_free(bytes);
+  int st = -1;
+  char *err = NULL, *out = NULL;
+
+  /* record prints the id; --summary the counts. */
+  snprintf(args, sizeof args, "record '%s'", path);
+  out = cli(args, &st, &err);
+  ck_assert_msg(st == 0, "record: %d %s", st, err);
+  ck_assert_msg(strncmp(out, local, 64) == 0 && out[64] == '\n', "'%s'", out);
+  free(out);
+  free(err);
+  snprintf(args, sizeof args, "record --summary '%s'", path);
+  out = cli(args, &st, &err);
+  ck_assert_int_eq(st, 0);
+  ck_assert_ptr_nonnull(strstr(out, "parameters 4"));
+  free(out);
+  free(err);
+
+  /* describe in each format equals the local describe. */
+  const char *formats[3] = {"text", "json", "dot"};
+  for (int k = 0; k < 3; k++) {
+    snprintf(args, sizeof args, "describe %s --format %s", local, formats[k]);
+    out = cli(args, &st, &err);
+    ck_assert_msg(st == 0, "describe: %s", err);
+    char *mine = topos_network_describe(net, (topos_format)k, NULL);
+    ck_assert_msg(strncmp(out, mine, strlen(mine)) == 0, "%s differs",
+                  formats[k]);
+    topos_free(mine);
+    free(out);
+    free(err);
+  }
+
+  /* lower / emit / conformance with names, indices and defaults. */
+  snprintf(args, sizeof args,
+           "lower %s --roots loss --observes w1,2 --training", local);
+  out = cli(args, &st, &err);
+  ck_assert_msg(st == 0, "lower: %s", err);
+  ck_assert_ptr_nonnull(strstr(out, "peak bytes"));
+  free(out);
+  free(err);
+  snprintf(args, sizeof args, "emit %s --generic", local);
+  out = cli(args, &st, &err);
+  ck_assert_msg(st == 0, "emit: %s", err);
+  ck_assert_ptr_nonnull(strstr(out, "\"stablehlo."));
+  free(out);
+  free(err);
+  snprintf(args, sizeof args, "conformance %s --roots loss --training", local);
+  out = cli(args, &st, &err);
+  ck_assert_msg(st == 0, "conformance: %d %s %s", st, out, err);
+  ck_assert_ptr_nonnull(strstr(out, "bit-identical"));
+  ck_assert_ptr_null(strstr(out, "MISMATCH"));
+  free(out);
+  free(err);
+  snprintf(args, sizeof args, "conformance %s", local);
+  out = cli(args, &st, &err);
+  ck_assert_msg(st == 0, "conformance (default roots): %s", err);
+  free(out);
+  free(err);
+
+  out = cli("health", &st, &err);
+  ck_assert_int_eq(st, 0);
+  ck_assert_ptr_nonnull(strstr(out, "serving"));
+  free(out);
+  free(err);
+  out = cli("stats", &st, &err);
+  ck_assert_int_eq(st, 0);
+  ck_assert_ptr_nonnull(strstr(out, "workers "));
+  ck_assert_ptr_nonnull(strstr(out, "specs "));
+  free(out);
+  free(err);
+
+  /* Errors: stderr and a non-zero status. */
+  char unknown[65];
+  memset(unknown, 'a', 64);
+  unknown[64] = '\0';
+  snprintf(args, sizeof args, "describe %s", unknown);
+  out = cli(args, &st, &err);
+  ck_assert_int_eq(st, 1);
+  ck_assert_ptr_nonnull(strstr(err, "NOT_FOUND"));
+  ck_assert_str_eq(out, "");
+  free(out);
+  free(err);
+  snprintf(args, sizeof args, "lower %s --roots nosuch", local);
+  out = cli(args, &st, &err);
+  ck_assert_int_eq(st, 1);
+  ck_assert_ptr_nonnull(strstr(err, "nosuch"));
+  free(out);
+  free(err);
+  const char *usage_errors[] = {
+      "describe notanid", "bogus",
+      "describe",         "health --generic",
+      "stats extra",      "describe --format xml " /* id follows */};
+  for (size_t k = 0; k < sizeof usage_errors / sizeof usage_errors[0]; k++) {
+    snprintf(args, sizeof args, "%s%s", usage_errors[k], k == 5 ? local : "");
+    out = cli(args, &st, &err);
+    ck_assert_msg(st == 2, "'%s' exited %d", args, st);
+    ck_assert_msg(err[0] != '\0', "'%s' printed no error", args);
+    free(out);
+    free(err);
+  }
+  snprintf(args, sizeof args, "record '%s/nonexistent.tpos'", daemon_.dir);
+  out = cli(args, &st, &err);
+  ck_assert_int_eq(st, 1);
+  free(out);
+  free(err);
+  /* Hostile bytes as a spec file: the daemon refuses them. */
+  snprintf(path, sizeof path, "%s/junk.bin", daemon_.dir);
+  f = fopen(path, "wb");
+  fputs("\x0a\x05\x10\x63\x1a\x01\x00 junk", f);
+  fclose(f);
+  snprintf(args, sizeof args, "record '%s'", path);
+  out = cli(args, &st, &err);
+  ck_assert_int_eq(st, 1);
+  ck_assert_ptr_nonnull(strstr(err, "INVALID_ARGUMENT"));
+  free(out);
+  free(err);
+
+  /* --help everywhere. */
+  const char *helps[] = {"--help",        "record --help", "describe --help",
+                         "lower --help",  "emit --help",   "conformance --help",
+                         "health --help", "stats --help",  "help"};
+  for (size_t k = 0; k < sizeof helps / sizeof helps[0]; k++) {
+    out = cli(helps[k], &st, &err);
+    ck_assert_msg(st == 0, "'%s' exited %d", helps[k], st);
+    ck_assert_msg(strstr(out, "usage: topos") != NULL, "'%s': %s", helps[k],
+                  out);
+    free(out);
+    free(err);
+  }
+  /* Nothing listening: exit status 1. */
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "'%s/bin/topos' --server 127.0.0.1:1 health",
+           build_dir());
+  out = run_cmd(cmd, &st, &err);
+  ck_assert_int_eq(st, 1);
+  ck_assert_ptr_nonnull(strstr(err, "UNAVAILABLE"));
+  free(out);
+  free(err);
+  topos_network_release(net);
+}
+END_TEST
+
+/* ------------------------------------------------------------ Python */
+
+START_TEST(test_python_client) {
+  /* The C client's numbers: gradient descent, 6 steps. */
+  topos_client *c = connect_daemon();
+  topos_network *net = sn_gradient_descent();
+  char id[65];
+  record(c, net, id);
+  topos_value loss = topos_network_find(net, "loss");
+  topos_optimizer opt = topos_sgd(0.02, 0);
+  topos_params *p = topos_network_parameters(net);
+  topos_opt_state *s = NULL;
+  char ws[1024] = "", losses[1024] = "";
+  for (int k = 0; k < 6; k++) {
+    const double *smp = gd_samples[k % 3];
+    topos_tensor *x = topos_tensor_scalar(TOPOS_F64, smp[0], NULL);
+    topos_tensor *y = topos_tensor_scalar(TOPOS_F64, smp[1], NULL);
+    topos_feed f[2] = {{topos_network_find(net, "x"), x},
+                       {topos_network_find(net, "y"), y}};
+    topos_params *np = NULL;
+    topos_opt_state *ns = NULL;
+    double l = NAN;
+    topos_error err = {0};
+    ck_assert_msg(topos_client_step(c, id, loss, p, f, 2, &opt, s, &np, &ns, &l,
+                                    &err) == TOPOS_OK,
+                  "%s", err.message);
+    double w = topos_tensor_get(topos_params_get(np, 0), NULL, NULL);
+    size_t u = strlen(ws), v = strlen(losses);
+    snprintf(ws + u, sizeof ws - u, "%s%a", k ? "," : "", w);
+    snprintf(losses + v, sizeof losses - v, "%s%a", k ? "," : "", l);
+    topos_params_free(p);
+    topos_opt_state_free(s);
+    p = np;
+    s = ns;
+    topos_tensor_release(x);
+    topos_tensor_release(y);
+  }
+  topos_params_free(p);
+  topos_opt_state_free(s);
+  topos_network_release(net);
+  topos_client_close(c);
+
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd,
+           "/usr/bin/python3 tests/python/test_client.py --server %s "
+           "--proto proto/topos.proto --id %s --w %s --loss %s",
+           daemon_.address, id, ws, losses);
+  int st = -1;
+  char *err = NULL;
+  char *out = run_cmd(cmd, &st, &err);
+  ck_assert_msg(st == 0, "python client exited %d:\n%s\n%s", st, out, err);
+  ck_assert_msg(strstr(out, "python client: ok") != NULL, "%s", out);
+  free(out);
+  free(err);
+}
+END_TEST
+
+Suite *client_suite(void) {
+  Suite *s = suite_create("client");
+  TCase *rpc = tcase_create("rpcs");
+  tcase_add_unchecked_fixture(rpc, daemon_up, daemon_down);
+  tcase_set_timeout(rpc, 180);
+  tcase_add_test(rpc, test_health_and_stats);
+  tcase_add_test(rpc, test_record_and_describe);
+  tcase_add_test(rpc, test_lower_and_emit);
+  tcase_add_test(rpc, test_forward_bits);
+  tcase_add_test(rpc, test_backward_bits);
+  tcase_add_test(rpc, test_step_bits);
+  tcase_add_test(rpc, test_blobs);
+  tcase_add_test(rpc, test_large_tensors);
+  tcase_add_test(rpc, test_conformance);
+  tcase_add_test(rpc, test_errors);
+  tcase_add_test(rpc, test_one_client_many_threads);
+  suite_add_tcase(s, rpc);
+  TCase *tools = tcase_create("tools");
+  tcase_add_unchecked_fixture(tools, daemon_up, daemon_down);
+  tcase_set_timeout(tools, 600);
+  tcase_add_test(tools, test_gradient_descent_remote);
+  tcase_add_test(tools, test_makemore_remote);
+  tcase_add_test(tools, test_cli);
+  tcase_add_test(tools, test_python_client);
+  suite_add_tcase(s, tools);
+  return s;
+}

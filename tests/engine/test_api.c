@@ -6,6 +6,7 @@
  * so a crash fails the test rather than the suite.
  */
 #include <math.h>
+#include <stdio.h>
 
 #include "testutil.h"
 
@@ -291,6 +292,40 @@ START_TEST(tape_fail_sticks) {
 }
 END_TEST
 
+START_TEST(network_accessors_and_many_names) {
+  /* 20000 uniquely named nodes record in linear time (a hostile spec with
+   * many names must not make replay quadratic), and the index still
+   * catches a duplicate and follows a rename. */
+  topos_tape *t = topos_tape_new(TOPOS_F64);
+  topos_value x = topos_scalar(t, 1);
+  char name[32];
+  for (int i = 0; i < 20000; i++) {
+    snprintf(name, sizeof name, "n%d", i);
+    x = topos_name(t, topos_neg(t, x), name);
+    ck_assert(topos_value_ok(x));
+  }
+  ck_assert(topos_value_ok(topos_name(t, x, "renamed")));
+  topos_value y = topos_neg(t, x);
+  ck_assert(topos_value_ok(topos_name(t, y, "n19999"))); /* freed by rename */
+  ck_assert(!topos_value_ok(topos_name(t, topos_neg(t, y), "n5")));
+  ck_assert_ptr_nonnull(strstr(topos_tape_error(t), "already names node 6"));
+  topos_tape_free(t);
+
+  t = topos_tape_new(TOPOS_BF16);
+  x = topos_scalar(t, 2);
+  topos_name(t, x, "x");
+  topos_network *n = topos_tape_seal(t, &err);
+  ck_assert_ptr_nonnull(n);
+  ck_assert_int_eq(topos_network_dtype(n), TOPOS_BF16);
+  ck_assert_int_eq(topos_network_value(n, 0).index, 0);
+  ck_assert(!topos_value_ok(topos_network_value(n, 1)));
+  ck_assert(!topos_value_ok(topos_network_value(n, -1)));
+  ck_assert(!topos_value_ok(topos_network_value(NULL, 0)));
+  ck_assert_str_eq(topos_network_name_of(n, topos_network_value(n, 0)), "x");
+  topos_network_release(n);
+}
+END_TEST
+
 Suite *api_suite(void) {
   Suite *s = suite_create("api");
   TCase *tc = tcase_create("hostile");
@@ -299,6 +334,7 @@ Suite *api_suite(void) {
   tcase_add_test(tc, wrong_dtypes);
   tcase_add_test(tc, nan_and_huge_sizes);
   tcase_add_test(tc, tape_fail_sticks);
+  tcase_add_test(tc, network_accessors_and_many_names);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -173,12 +173,16 @@ fuzz:
 	$(FUZZ_DIR)/fuzz_decode -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
 	  -max_len=65536 $(FUZZ_DIR)/corpus
 
+C_FILES = $(wildcard engine/*.[ch] store/*.[ch] proto/*.[ch] client/*.[ch] \
+            server/*.[ch] tests/*.c tests/*/*.[ch] examples/*.c examples/*/*.c bench/*.c)
+
 format:
-	clang-format -i engine/*.c engine/*.h tests/*.c tests/engine/*.c tests/engine/*.h examples/*.c examples/*/*.c
+	clang-format -i $(C_FILES)
 
 lint:
-	clang-format --dry-run -Werror engine/*.c engine/*.h tests/*.c tests/engine/*.c examples/*.c examples/*/*.c
-	cppcheck --quiet --error-exitcode=1 --enable=warning --std=c11 -Iengine engine
+	clang-format --dry-run -Werror $(C_FILES)
+	cppcheck --quiet --error-exitcode=1 --enable=warning --std=c11 \
+	  -Iengine -Istore -Iproto -Iclient engine store proto client server
 
 clean:
 	rm -rf build

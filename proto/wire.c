@@ -373,6 +373,8 @@ topos_tensor *wire_tensor_from_proto(const Topos__V1__Tensor *m,
            rerr.message[0] ? rerr.message : "the blob reference is unresolved");
       return NULL;
     }
+    /* t is the resolver's new tensor, not a pointer into rerr. */
+    // cppcheck-suppress returnDanglingLifetime
     return t;
   }
   topos_dtype dtype;

@@ -488,7 +488,7 @@ static void bench_cnn(void) {
 
   /* Forward only, with the network's initial parameters. */
   topos_params *params = must(topos_network_parameters(m.net), "params", NULL);
-  enum { WARM = 2, REPS = 21 };
+  enum { WARM = 2, REPS = 31 };
   double ti[REPS], tf[REPS], tu[REPS];
   bool identical = true;
   for (int rep = 0; rep < WARM + REPS; rep++) {

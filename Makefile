@@ -155,6 +155,10 @@ BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 $(BUILD)/bench/%: bench/%.c $(LIB_A) $(LIB_STORE)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(LIB_STORE) $(LIB_A) $(STORE_LIBS) $(LDLIBS)
+# The daemon bench talks gRPC and starts its own toposd.
+$(BUILD)/bench/daemon: bench/daemon.c $(LIB_CLIENT) $(LIB_A) $(TOPOSD)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(LIB_CLIENT) $(LIB_A) $(GRPC_LIBS) $(LDLIBS)
 bench: $(BENCH_BIN)
 	@for b in $(BENCH_BIN); do $$b || exit 1; done
 

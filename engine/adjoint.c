@@ -330,6 +330,10 @@ int backward_scan(builder *b, int target, int32_t *grads, topos_error *err) {
     const node copy = *b->node_at(b, i);
     const node *n = &copy;
     if (!ancestor[i] || grads[i] < 0 || op_table[n->op].arity == 0) continue;
+    if (run_cancelled(err)) {
+      rc = TOPOS_ERR_CANCELLED;
+      break;
+    }
     unsigned reads = op_table[n->op].reads;
     int32_t x[n->nin > 0 ? n->nin : 1], dx[n->nin > 0 ? n->nin : 1];
     int32_t y = b->value(b, i, reads & READS_OUTPUT);

@@ -383,19 +383,13 @@ static topos_tensor *get_tensor(reader *r) {
   if (!get_shape(r, "tensor shape", &rank, shape)) return NULL;
   int64_t count = shape_count(rank, shape);
   size_t es = topos_dtype_size(dtype);
-  /* A tensor with no elements still gets row-major strides, the products
-   * of its non-zero extents, which must not overflow either. */
-  int64_t span = 1;
-  for (int i = 0; i < rank && count >= 0; i++)
-    if (__builtin_mul_overflow(span, shape[i] ? shape[i] : 1, &span))
-      count = -1;
   if (count < 0 || (uint64_t)count > r->left / es) {
     char st[SHAPE_TEXT];
     shape_text(st, rank, shape);
     if (count < 0)
       decode_fail(r, TOPOS_ERR_CORRUPT,
-                  "tensor %s%s at offset %zu is too large: its extents "
-                  "multiply past int64",
+                  "tensor %s%s at offset %zu has more elements than int64 "
+                  "can count",
                   topos_dtype_name(dtype), st, r->offset);
     else
       decode_fail(r, TOPOS_ERR_CORRUPT,

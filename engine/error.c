@@ -87,6 +87,8 @@ const char *topos_status_name(int code) {
       return "corrupt";
     case TOPOS_ERR_IO:
       return "io";
+    case TOPOS_ERR_CANCELLED:
+      return "cancelled";
     default:
       return "unknown";
   }

@@ -329,6 +329,9 @@ struct topos_plan {
   size_t peak_bytes;
 };
 
+/* True when the calling thread's cancel check asks to stop; sets err. */
+bool run_cancelled(topos_error *err);
+
 /* Interpreter pieces plans reuse (interp.c). */
 topos_run *run_alloc(const topos_network *net, topos_error *err);
 /* Checks params and feeds; fed[slot] gets each input's feed or NULL. */

@@ -14,6 +14,24 @@
 
 #include "internal.h"
 
+/* ---------------------------------------------------------- cancellation */
+
+/* Per thread: a daemon worker installs its job's check, and the runs it
+ * starts on that thread see it without any signature changing. */
+static _Thread_local topos_cancel_fn cancel_fn;
+static _Thread_local void *cancel_ctx;
+
+void topos_set_cancel_check(topos_cancel_fn fn, void *ctx) {
+  cancel_fn = fn;
+  cancel_ctx = fn ? ctx : NULL;
+}
+
+bool run_cancelled(topos_error *err) {
+  if (!cancel_fn || !cancel_fn(cancel_ctx)) return false;
+  error_set(err, TOPOS_ERR_CANCELLED, "cancelled at a node boundary");
+  return true;
+}
+
 /* --------------------------------------------------------------- forward */
 
 static int check_tensor_fits(const topos_tensor *t, const node *n,
@@ -157,7 +175,8 @@ static topos_run *run_network(const topos_network *net,
   if (run_prepare(net, params, feeds, nfeeds, fed, err)) goto fail;
   for (int i = 0; i < net->n; i++) {
     if (want && !want[i]) continue;
-    if (run_eval_node(run, i, params, fed, err)) goto fail;
+    if (run_cancelled(err) || run_eval_node(run, i, params, fed, err))
+      goto fail;
   }
   free(fed);
   return run;

@@ -477,6 +477,7 @@ topos_run *topos_plan_forward(const topos_plan *plan,
   for (int s = 0; s < plan->nschedule; s++) {
     int32_t i = plan->schedule[s];
     int g = plan->group_of[i];
+    if (run_cancelled(err)) goto fail;
     if (g >= 0) {
       const plan_group *grp = &plan->groups[g];
       if (!run->vals[grp->x] || (grp->weight >= 0 && !run->vals[grp->weight])) {

@@ -44,7 +44,8 @@ typedef enum topos_status {
   TOPOS_ERR_STATE = 6,     /* e.g. reading a value a run did not evaluate */
   TOPOS_ERR_NOT_FOUND = 7, /* an unknown spec or blob id */
   TOPOS_ERR_CORRUPT = 8,   /* stored bytes no longer match their id */
-  TOPOS_ERR_IO = 9         /* the store's file could not be used */
+  TOPOS_ERR_IO = 9,        /* the store's file could not be used */
+  TOPOS_ERR_CANCELLED = 10 /* the thread's cancel check said stop */
 } topos_status;
 
 typedef struct topos_error {
@@ -54,6 +55,13 @@ typedef struct topos_error {
 
 /* A static, human-readable name for a status code ("shape", "range", ...). */
 const char *topos_status_name(int code);
+
+/* Cancellation.  While a check is installed on the calling thread, every
+ * run on that thread (forward, plan forward, backward) asks it at each
+ * node boundary; when it returns true the run stops, releases what it
+ * built and fails with TOPOS_ERR_CANCELLED.  fn NULL removes the check. */
+typedef bool (*topos_cancel_fn)(void *ctx);
+void topos_set_cancel_check(topos_cancel_fn fn, void *ctx);
 
 /* Frees strings returned by topos (describe output). */
 void topos_free(void *p);

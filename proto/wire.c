@@ -58,6 +58,8 @@ int wire_grpc_status_of(int code) {
       return WIRE_GRPC_DATA_LOSS;
     case TOPOS_ERR_IO:
       return WIRE_GRPC_UNAVAILABLE;
+    case TOPOS_ERR_CANCELLED:
+      return WIRE_GRPC_CANCELLED;
     default:
       if (code > WIRE_GRPC_BASE && code <= WIRE_GRPC_BASE + 16)
         return code - WIRE_GRPC_BASE;

@@ -97,8 +97,8 @@ int reuse_buf_reserve(reuse_buf *b, size_t need) {
   if (need <= b->cap) return 0;
   size_t cap = b->cap ? b->cap : 4096;
   while (cap < need) cap = cap > SIZE_MAX / 2 ? need : cap * 2;
-  /* Fresh memory rather than realloc: the old bytes are not needed when
-   * growing happens before a message is written. */
+  /* malloc + copy of what is held, like realloc, but never in place:
+   * the size doubles, so this happens a few times per worker at most. */
   unsigned char *data = malloc(cap);
   if (data == NULL) return -1;
   if (b->len) memcpy(data, b->data, b->len);

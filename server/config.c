@@ -71,10 +71,10 @@ void config_defaults(toposd_config *cfg) {
   cfg->grace_ms = 5000;
 }
 
-static int fail(char *msg, size_t msglen, const char *fmt, ...)
+static int config_error(char *msg, size_t msglen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-static int fail(char *msg, size_t msglen, const char *fmt, ...) {
+static int config_error(char *msg, size_t msglen, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, msglen, fmt, ap);
@@ -120,34 +120,39 @@ static int apply(toposd_config *cfg, const char *key, const char *value,
                  char *msg, size_t msglen) {
   char name[64];
   size_t n = strlen(key);
-  if (n >= sizeof name) return fail(msg, msglen, "unknown setting '%s'", key);
+  if (n >= sizeof name)
+    return config_error(msg, msglen, "unknown setting '%s'", key);
   for (size_t i = 0; i <= n; i++) name[i] = key[i] == '_' ? '-' : key[i];
   int64_t v = 0;
   if (strcmp(name, "listen") == 0) {
     if (value[0] == '\0' || strlen(value) >= sizeof cfg->listen ||
         strrchr(value, ':') == NULL)
-      return fail(msg, msglen, "listen: '%s' is not HOST:PORT", value);
+      return config_error(msg, msglen, "listen: '%s' is not HOST:PORT", value);
     snprintf(cfg->listen, sizeof cfg->listen, "%s", value);
   } else if (strcmp(name, "store") == 0) {
     if (value[0] == '\0' || strlen(value) >= sizeof cfg->store)
-      return fail(msg, msglen, "store: bad path '%s'", value);
+      return config_error(msg, msglen, "store: bad path '%s'", value);
     snprintf(cfg->store, sizeof cfg->store, "%s", value);
   } else if (strcmp(name, "workers") == 0) {
     if (!parse_int64(value, false, &v) || v < 1 || v > 1024)
-      return fail(msg, msglen, "workers: '%s' is not in 1..1024", value);
+      return config_error(msg, msglen, "workers: '%s' is not in 1..1024",
+                          value);
     cfg->workers = (int)v;
   } else if (strcmp(name, "max-message-bytes") == 0) {
     if (!parse_int64(value, true, &v) || v < 1024 || v > INT32_MAX)
-      return fail(msg, msglen,
-                  "max-message-bytes: '%s' is not in 1K..2147483647", value);
+      return config_error(msg, msglen,
+                          "max-message-bytes: '%s' is not in 1K..2147483647",
+                          value);
     cfg->max_message_bytes = v;
   } else if (strcmp(name, "queue") == 0) {
     if (!parse_int64(value, false, &v) || v < 1 || v > 1000000)
-      return fail(msg, msglen, "queue: '%s' is not in 1..1000000", value);
+      return config_error(msg, msglen, "queue: '%s' is not in 1..1000000",
+                          value);
     cfg->queue = (int)v;
   } else if (strcmp(name, "deadline-ms") == 0) {
     if (!parse_int64(value, false, &v) || v > (int64_t)1 << 40)
-      return fail(msg, msglen, "deadline-ms: '%s' is not a duration", value);
+      return config_error(msg, msglen, "deadline-ms: '%s' is not a duration",
+                          value);
     cfg->deadline_ms = v;
   } else if (strcmp(name, "log-format") == 0) {
     if (strcmp(value, "text") == 0) {
@@ -155,31 +160,36 @@ static int apply(toposd_config *cfg, const char *key, const char *value,
     } else if (strcmp(value, "json") == 0) {
       cfg->log_format = LOG_JSON;
     } else {
-      return fail(msg, msglen, "log-format: '%s' is not text or json", value);
+      return config_error(msg, msglen, "log-format: '%s' is not text or json",
+                          value);
     }
   } else if (strcmp(name, "blob-cap-bytes") == 0) {
     if (!parse_int64(value, true, &v) || v < 1)
-      return fail(msg, msglen, "blob-cap-bytes: '%s' is not a size", value);
+      return config_error(msg, msglen, "blob-cap-bytes: '%s' is not a size",
+                          value);
     cfg->blob_cap_bytes = v;
   } else if (strcmp(name, "blob-pending-bytes") == 0) {
     if (!parse_int64(value, true, &v))
-      return fail(msg, msglen, "blob-pending-bytes: '%s' is not a size", value);
+      return config_error(msg, msglen, "blob-pending-bytes: '%s' is not a size",
+                          value);
     cfg->blob_pending_bytes = v;
   } else if (strcmp(name, "cache-entries") == 0) {
     if (!parse_int64(value, false, &v) || v < 1 || v > 1000000)
-      return fail(msg, msglen, "cache-entries: '%s' is not in 1..1000000",
-                  value);
+      return config_error(msg, msglen,
+                          "cache-entries: '%s' is not in 1..1000000", value);
     cfg->cache_entries = (int)v;
   } else if (strcmp(name, "cache-bytes") == 0) {
     if (!parse_int64(value, true, &v))
-      return fail(msg, msglen, "cache-bytes: '%s' is not a size", value);
+      return config_error(msg, msglen, "cache-bytes: '%s' is not a size",
+                          value);
     cfg->cache_bytes = v;
   } else if (strcmp(name, "grace-ms") == 0) {
     if (!parse_int64(value, false, &v) || v > 3600000)
-      return fail(msg, msglen, "grace-ms: '%s' is not in 0..3600000", value);
+      return config_error(msg, msglen, "grace-ms: '%s' is not in 0..3600000",
+                          value);
     cfg->grace_ms = v;
   } else {
-    return fail(msg, msglen, "unknown setting '%s'", key);
+    return config_error(msg, msglen, "unknown setting '%s'", key);
   }
   return 0;
 }
@@ -188,7 +198,7 @@ int config_load_json(toposd_config *cfg, const char *path, char *msg,
                      size_t msglen) {
   FILE *f = fopen(path, "rb");
   if (f == NULL)
-    return fail(msg, msglen, "config %s: %s", path, strerror(errno));
+    return config_error(msg, msglen, "config %s: %s", path, strerror(errno));
   char *text = NULL;
   size_t len = 0, cap = 0;
   int rc = 0;
@@ -196,12 +206,12 @@ int config_load_json(toposd_config *cfg, const char *path, char *msg,
     if (len + 4096 + 1 > cap) {
       cap = cap ? cap * 2 : 8192;
       if (cap > ((size_t)16 << 20)) {
-        rc = fail(msg, msglen, "config %s: larger than 16 MiB", path);
+        rc = config_error(msg, msglen, "config %s: larger than 16 MiB", path);
         break;
       }
       char *grown = realloc(text, cap);
       if (grown == NULL) {
-        rc = fail(msg, msglen, "config %s: out of memory", path);
+        rc = config_error(msg, msglen, "config %s: out of memory", path);
         break;
       }
       text = grown;
@@ -211,7 +221,7 @@ int config_load_json(toposd_config *cfg, const char *path, char *msg,
     if (got == 0) break;
   }
   if (rc == 0 && ferror(f))
-    rc = fail(msg, msglen, "config %s: read error", path);
+    rc = config_error(msg, msglen, "config %s: read error", path);
   fclose(f);
   if (rc != 0) {
     free(text);
@@ -222,7 +232,7 @@ int config_load_json(toposd_config *cfg, const char *path, char *msg,
   free(text);
   if (root == NULL || !cJSON_IsObject(root)) {
     cJSON_Delete(root);
-    return fail(msg, msglen, "config %s: not a JSON object", path);
+    return config_error(msg, msglen, "config %s: not a JSON object", path);
   }
   for (cJSON *it = root->child; it != NULL && rc == 0; it = it->next) {
     char value[4096];
@@ -231,23 +241,24 @@ int config_load_json(toposd_config *cfg, const char *path, char *msg,
     } else if (cJSON_IsNumber(it)) {
       double d = it->valuedouble;
       if (!(d >= 0 && d <= 9.2e18) || d != (double)(int64_t)d) {
-        rc = fail(msg, msglen, "config %s: %s must be a whole number", path,
-                  it->string);
+        rc = config_error(msg, msglen, "config %s: %s must be a whole number",
+                          path, it->string);
         break;
       }
       snprintf(value, sizeof value, "%lld", (long long)d);
     } else {
-      rc = fail(msg, msglen, "config %s: %s must be a string or a number", path,
-                it->string ? it->string : "?");
+      rc = config_error(msg, msglen,
+                        "config %s: %s must be a string or a number", path,
+                        it->string ? it->string : "?");
       break;
     }
     if (strcmp(it->string, "config") == 0) {
-      rc = fail(msg, msglen, "config %s: 'config' cannot nest", path);
+      rc = config_error(msg, msglen, "config %s: 'config' cannot nest", path);
       break;
     }
     char inner[512];
     if (apply(cfg, it->string, value, inner, sizeof inner) != 0)
-      rc = fail(msg, msglen, "config %s: %s", path, inner);
+      rc = config_error(msg, msglen, "config %s: %s", path, inner);
   }
   cJSON_Delete(root);
   return rc;
@@ -272,34 +283,35 @@ int config_parse(toposd_config *cfg, int argc, char **argv, char *msg,
     const char *eq = strncmp(arg, "--config", 8) == 0 ? arg + 8 : NULL;
     if (eq == NULL || (*eq != '\0' && *eq != '=')) continue;
     const char *path = *eq == '=' ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-    if (path == NULL) return fail(msg, msglen, "--config needs a FILE");
+    if (path == NULL) return config_error(msg, msglen, "--config needs a FILE");
     if (config_load_json(cfg, path, msg, msglen) != 0) return -1;
   }
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     if (strncmp(arg, "--", 2) != 0)
-      return fail(msg, msglen, "unexpected argument '%s' (see --help)", arg);
+      return config_error(msg, msglen, "unexpected argument '%s' (see --help)",
+                          arg);
     char key[64];
     const char *value = NULL;
     const char *eq = strchr(arg, '=');
     size_t klen = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
     if (klen == 0 || klen >= sizeof key)
-      return fail(msg, msglen, "unknown option '%s' (see --help)", arg);
+      return config_error(msg, msglen, "unknown option '%s' (see --help)", arg);
     memcpy(key, arg + 2, klen);
     key[klen] = '\0';
     if (strchr(key, '_') != NULL)
-      return fail(msg, msglen, "unknown option '%s' (see --help)", arg);
+      return config_error(msg, msglen, "unknown option '%s' (see --help)", arg);
     if (eq != NULL) {
       value = eq + 1;
     } else if (i + 1 < argc) {
       value = argv[++i];
     } else {
-      return fail(msg, msglen, "--%s needs a value", key);
+      return config_error(msg, msglen, "--%s needs a value", key);
     }
     if (strcmp(key, "config") == 0) continue;
     char inner[512];
     if (apply(cfg, key, value, inner, sizeof inner) != 0)
-      return fail(msg, msglen, "--%s", inner);
+      return config_error(msg, msglen, "--%s", inner);
   }
   return 0;
 }

@@ -56,12 +56,22 @@ static void fail_status(call_ctx *cx, int status, int topos_code,
 /* An engine error: its code picks the status, its message is the text. */
 static void fail_err(call_ctx *cx, const topos_error *err, const char *what) {
   int code = err->code;
+  /* A run stopped by call_should_stop: report why (deadline, cancel,
+   * drain) rather than the engine's generic "cancelled". */
+  if (code == TOPOS_ERR_CANCELLED && !call_continue(cx)) return;
   if (code == TOPOS_OK) {
     fail_status(cx, WIRE_GRPC_INTERNAL, 0, "%s failed without a message", what);
     return;
   }
   fail_status(cx, wire_grpc_status_of(code), code, "%s",
               err->message[0] ? err->message : topos_status_name(code));
+}
+
+bool call_should_stop(void *ctx) {
+  call_ctx *cx = ctx;
+  return atomic_load(&cx->d->cancel_all) ||
+         daemon_now_ns() >= cx->deadline_ns ||
+         (cx->cancelled != NULL && atomic_load(cx->cancelled));
 }
 
 bool call_continue(call_ctx *cx) {

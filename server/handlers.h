@@ -57,5 +57,9 @@ extern const int handler_method_count;
  * (DEADLINE_EXCEEDED, CANCELLED) and returns false.  Handlers call it
  * before starting work and after every engine call. */
 bool call_continue(call_ctx *cx);
+/* The engine's cancel check for a call (ctx is the call_ctx): true once the
+ * call is cancelled, past its deadline, or the daemon is cancelling all.
+ * It only reads; call_continue then sets the matching status. */
+bool call_should_stop(void *ctx);
 
 #endif /* TOPOSD_HANDLERS_H */

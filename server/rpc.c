@@ -366,7 +366,12 @@ static void worker_run_job(worker *w, job *j) {
     cx.has_message = true;
     bytes_in = cx.in_len;
   }
+  /* The engine asks call_should_stop at every node boundary, so a
+   * cancelled call, an expired deadline or a drain stops the job mid-run
+   * and its buffers are released. */
+  topos_set_cancel_check(call_should_stop, &cx);
   if (cx.status == GRPC_STATUS_OK && call_continue(&cx)) m->handler(&cx);
+  topos_set_cancel_check(NULL, NULL);
   grpc_slice_unref(hold);
   if (j->payload) {
     grpc_byte_buffer_destroy(j->payload);
@@ -575,6 +580,11 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
   rpc_server *s = calloc(1, sizeof *s);
   if (s == NULL) {
     snprintf(msg, msglen, "out of memory");
+    return NULL;
+  }
+  if (handler_method_count > (int)(sizeof s->methods / sizeof s->methods[0])) {
+    snprintf(msg, msglen, "too many methods for the method table");
+    free(s);
     return NULL;
   }
   s->d = d;

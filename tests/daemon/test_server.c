@@ -1406,6 +1406,53 @@ START_TEST(test_deadlines) {
 }
 END_TEST
 
+/* A job past its deadline stops at the next node boundary: the only
+ * worker is free again long before the whole run could have finished. */
+START_TEST(test_deadline_stops_mid_run) {
+  memset(&D, 0, sizeof D);
+  daemon_dir(&D);
+  const char *extra[] = {"--workers", "1", NULL};
+  daemon_start(&D, extra);
+  grpc_init();
+  client_open(&C, D.port);
+  /* A network whose whole run takes at least ~1.5 s here, in-process. */
+  topos_value out;
+  topos_network *net = NULL;
+  double full = 0, t0;
+  for (int n = 100; full < 1.5; n *= 2) {
+    topos_network_release(net);
+    net = slow_network(n, &out);
+    topos_error err = {0};
+    t0 = now_s();
+    topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+    full = now_s() - t0;
+    ck_assert_ptr_nonnull(run);
+    topos_run_free(run);
+  }
+  char id[65];
+  record(&C, net, id);
+  uint8_t *bytes;
+  size_t len;
+  slow_forward_request(net, out, id, &bytes, &len);
+  reply r;
+  t0 = now_s();
+  call_raw(&C, "Forward", bytes, len, 50, &r);
+  ck_assert_int_eq(r.status, GRPC_STATUS_DEADLINE_EXCEEDED);
+  reply_clear(&r);
+  assert_serving(&C); /* needs the single worker back */
+  double busy = now_s() - t0;
+  ck_assert_msg(busy < 0.5 * full,
+                "the worker was busy %.3f s; the whole run takes %.3f s", busy,
+                full);
+  client_close(&C);
+  grpc_shutdown();
+  assert_clean_exit(daemon_stop(&D, SIGTERM, 20), 20);
+  daemon_cleanup(&D);
+  free(bytes);
+  topos_network_release(net);
+}
+END_TEST
+
 typedef struct flood_arg {
   int port;
   const uint8_t *bytes;
@@ -1435,7 +1482,7 @@ START_TEST(test_queue_full) {
   grpc_init();
   client_open(&C, D.port);
   topos_value out;
-  topos_network *net = slow_network(20, &out);
+  topos_network *net = slow_network(60, &out);
   char id[65];
   record(&C, net, id);
   uint8_t *bytes;
@@ -1711,7 +1758,7 @@ START_TEST(test_sigterm_in_flight) {
     grpc_init();
     client_open(&C, D.port);
     topos_value out;
-    topos_network *net = slow_network(40, &out);
+    topos_network *net = slow_network(200, &out);
     char id[65];
     record(&C, net, id);
     uint8_t *bytes;
@@ -1720,7 +1767,7 @@ START_TEST(test_sigterm_in_flight) {
     flood_arg a = {D.port, bytes, len, -1};
     pthread_t th;
     pthread_create(&th, NULL, flood_one, &a);
-    usleep(250000); /* the call is running (it takes ~1 s) */
+    usleep(300000); /* the call is running (it takes over 1 s) */
     double t0 = now_s();
     int status = daemon_stop(&D, SIGTERM, 30);
     pthread_join(th, NULL);
@@ -1823,6 +1870,240 @@ START_TEST(test_config) {
 }
 END_TEST
 
+/* ------------------------------------------------- blob write-behind */
+
+static void put_one_blob(client *c, double v, char id[65]) {
+  topos_error err = {0};
+  int64_t shape[1] = {4096};
+  topos_tensor *t = topos_tensor_filled(TOPOS_F32, 1, shape, v, &err);
+  Topos__V1__PutBlobRequest pb = TOPOS__V1__PUT_BLOB_REQUEST__INIT;
+  Topos__V1__Tensor *one[1] = {wire_tensor_new(t, &err)};
+  pb.tensors = one;
+  pb.n_tensors = 1;
+  Topos__V1__PutBlobReply *put = NULL;
+  CALL_OK(c, "PutBlob", &pb, &topos__v1__put_blob_reply__descriptor, &put);
+  memcpy(id, put->id, 65);
+  wire_message_free(&put->base);
+  wire_message_free(&one[0]->base);
+  topos_tensor_release(t);
+}
+
+static bool blob_present(client *c, const char *id) {
+  Topos__V1__StatBlobRequest sb = TOPOS__V1__STAT_BLOB_REQUEST__INIT;
+  sb.id = (char *)id;
+  Topos__V1__StatBlobReply *stat = NULL;
+  CALL_OK(c, "StatBlob", &sb, &topos__v1__stat_blob_reply__descriptor, &stat);
+  bool present = stat->present;
+  wire_message_free(&stat->base);
+  return present;
+}
+
+/* Blobs written behind are flushed by a SIGTERM; with a pending bound of
+ * 0 a PutBlob is durable when it answers, even across kill -9. */
+START_TEST(test_blob_durability) {
+  memset(&D, 0, sizeof D);
+  daemon_dir(&D);
+  daemon_start(&D, NULL);
+  grpc_init();
+  client_open(&C, D.port);
+  char ids[8][65];
+  for (int i = 0; i < 8; i++) put_one_blob(&C, i, ids[i]);
+  for (int i = 0; i < 8; i++) ck_assert(blob_present(&C, ids[i]));
+  client_close(&C);
+  assert_clean_exit(daemon_stop(&D, SIGTERM, 20), 20);
+  daemon_start(&D, NULL);
+  client_open(&C, D.port);
+  for (int i = 0; i < 8; i++) ck_assert(blob_present(&C, ids[i]));
+  client_close(&C);
+  assert_clean_exit(daemon_stop(&D, SIGTERM, 20), 20);
+
+  const char *sync[] = {"--blob-pending-bytes", "0", NULL};
+  daemon_start(&D, sync);
+  client_open(&C, D.port);
+  char id[65];
+  put_one_blob(&C, 100, id);
+  client_close(&C);
+  int status = daemon_stop(&D, SIGKILL, 10);
+  ck_assert(WIFSIGNALED(status));
+  daemon_start(&D, NULL);
+  client_open(&C, D.port);
+  ck_assert(blob_present(&C, id));
+  /* A blob over the cap is refused before anything is stored. */
+  client_close(&C);
+  assert_clean_exit(daemon_stop(&D, SIGTERM, 20), 20);
+  const char *small_cap[] = {"--blob-cap-bytes", "1K", NULL};
+  daemon_start(&D, small_cap);
+  client_open(&C, D.port);
+  topos_error err = {0};
+  int64_t shape[1] = {1024};
+  topos_tensor *t = topos_tensor_zeros(TOPOS_F32, 1, shape, &err);
+  Topos__V1__PutBlobRequest pb = TOPOS__V1__PUT_BLOB_REQUEST__INIT;
+  Topos__V1__Tensor *one[1] = {wire_tensor_new(t, &err)};
+  pb.tensors = one;
+  pb.n_tensors = 1;
+  expect_msg(&C, "PutBlob", &pb.base, GRPC_STATUS_RESOURCE_EXHAUSTED,
+             "blob over the cap");
+  wire_message_free(&one[0]->base);
+  topos_tensor_release(t);
+  assert_serving(&C);
+  client_close(&C);
+  grpc_shutdown();
+  assert_clean_exit(daemon_stop(&D, SIGTERM, 20), 20);
+  daemon_cleanup(&D);
+}
+END_TEST
+
+/* ------------------------------------------------------- unit tests */
+
+/* The daemon's small containers and its configuration are tested here
+ * directly, compiled into this file (the runner links no daemon
+ * objects). */
+#include "../../server/cache.c"
+#include "../../server/config.c"
+
+static int destroyed;
+static void count_destroy(void *v) {
+  destroyed++;
+  free(v);
+}
+
+static int *boxed(int v) {
+  int *p = malloc(sizeof *p);
+  *p = v;
+  return p;
+}
+
+START_TEST(test_cache_lru) {
+  destroyed = 0;
+  cache *c = cache_new(3, 100);
+  cache_entry *r[8];
+  for (int i = 0; i < 3; i++) {
+    char key[16];
+    snprintf(key, sizeof key, "k%d", i);
+    cache_put(c, key, boxed(i), count_destroy, 10, &r[i]);
+    cache_release(c, r[i]);
+  }
+  /* k0 is used, so k1 is the least recent and goes first. */
+  int *v = cache_get(c, "k0", &r[0]);
+  ck_assert_int_eq(*v, 0);
+  cache_release(c, r[0]);
+  cache_put(c, "k3", boxed(3), count_destroy, 10, &r[3]);
+  cache_release(c, r[3]);
+  ck_assert_ptr_null(cache_get(c, "k1", &r[1]));
+  ck_assert_ptr_nonnull(cache_get(c, "k0", &r[0]));
+  cache_release(c, r[0]);
+  ck_assert_int_eq(destroyed, 1);
+  /* A held value survives its eviction until released. */
+  v = cache_get(c, "k2", &r[2]);
+  cache_put(c, "big", boxed(9), count_destroy, 95, &r[4]);
+  ck_assert_int_eq(*v, 2);
+  ck_assert_ptr_null(cache_get(c, "k2", &r[5]));
+  int before = destroyed;
+  cache_release(c, r[2]);
+  ck_assert_int_eq(destroyed, before + 1);
+  cache_release(c, r[4]);
+  /* Over the byte bound: handed back, never kept. */
+  v = cache_put(c, "huge", boxed(7), count_destroy, 101, &r[6]);
+  ck_assert_int_eq(*v, 7);
+  ck_assert_ptr_null(cache_get(c, "huge", &r[7]));
+  before = destroyed;
+  cache_release(c, r[6]);
+  ck_assert_int_eq(destroyed, before + 1);
+  /* A second put of a key keeps the first value. */
+  cache_put(c, "dup", boxed(1), count_destroy, 1, &r[0]);
+  v = cache_put(c, "dup", boxed(2), count_destroy, 1, &r[1]);
+  ck_assert_int_eq(*v, 1);
+  cache_release(c, r[0]);
+  cache_release(c, r[1]);
+  cache_counters cc;
+  cache_stats(c, &cc);
+  ck_assert_int_le(cc.entries, 3);
+  ck_assert_int_le(cc.bytes, 100);
+  ck_assert_int_ge(cc.hits, 2);
+  ck_assert_int_ge(cc.misses, 3);
+  cache_free(c);
+}
+END_TEST
+
+START_TEST(test_config_parse) {
+  toposd_config cfg;
+  char msg[512];
+  config_defaults(&cfg);
+  ck_assert_str_eq(cfg.listen, "127.0.0.1:50051");
+  ck_assert_str_eq(cfg.store, "./var/topos.db");
+  ck_assert_int_eq(cfg.max_message_bytes, (int64_t)512 << 20);
+  ck_assert_int_ge(cfg.workers, 1);
+  char *ok[] = {"toposd",
+                "--listen=0.0.0.0:7000",
+                "--workers",
+                "3",
+                "--max-message-bytes",
+                "64M",
+                "--log-format",
+                "json",
+                "--blob-cap-bytes",
+                "2G",
+                "--deadline-ms",
+                "0",
+                NULL};
+  ck_assert_int_eq(config_parse(&cfg, 12, ok, msg, sizeof msg), 0);
+  ck_assert_str_eq(cfg.listen, "0.0.0.0:7000");
+  ck_assert_int_eq(cfg.workers, 3);
+  ck_assert_int_eq(cfg.max_message_bytes, (int64_t)64 << 20);
+  ck_assert_int_eq(cfg.log_format, LOG_JSON);
+  ck_assert_int_eq(cfg.blob_cap_bytes, (int64_t)2 << 30);
+  ck_assert_int_eq(cfg.deadline_ms, 0);
+  const char *bad[][3] = {{"--workers", "0", ""},
+                          {"--workers", "x", ""},
+                          {"--max-message-bytes", "4G", ""},
+                          {"--queue", "-1", ""},
+                          {"--listen", "nocolon", ""},
+                          {"--log-format", "xml", ""},
+                          {"--grace-ms", "1h", ""},
+                          {"--nope", "1", ""}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    config_defaults(&cfg);
+    char *argv[] = {"toposd", (char *)bad[i][0], (char *)bad[i][1], NULL};
+    ck_assert_msg(config_parse(&cfg, 3, argv, msg, sizeof msg) == -1,
+                  "%s %s accepted", bad[i][0], bad[i][1]);
+    ck_assert(msg[0] != '\0');
+  }
+  char *missing[] = {"toposd", "--store", NULL};
+  ck_assert_int_eq(config_parse(&cfg, 2, missing, msg, sizeof msg), -1);
+  char *stray[] = {"toposd", "serve", NULL};
+  ck_assert_int_eq(config_parse(&cfg, 2, stray, msg, sizeof msg), -1);
+
+  /* JSON: numbers and strings; flags win over the file wherever they
+   * appear; unknown keys and non-objects are refused. */
+  const char *tmp = getenv("TMPDIR");
+  char path[512];
+  snprintf(path, sizeof path, "%s/toposd-config-%d.json",
+           tmp && *tmp ? tmp : "/tmp", (int)getpid());
+  FILE *f = fopen(path, "w");
+  fprintf(f, "{\"workers\": 5, \"queue\": 9, \"cache_bytes\": \"3M\"}");
+  fclose(f);
+  config_defaults(&cfg);
+  char *with_file[] = {"toposd", "--workers", "2", "--config", path, NULL};
+  ck_assert_int_eq(config_parse(&cfg, 5, with_file, msg, sizeof msg), 0);
+  ck_assert_int_eq(cfg.workers, 2);
+  ck_assert_int_eq(cfg.queue, 9);
+  ck_assert_int_eq(cfg.cache_bytes, (int64_t)3 << 20);
+  const char *bad_files[] = {
+      "[1, 2]",           "{\"workers\": 1.5}",  "{\"workers\": true}",
+      "{\"wrokers\": 2}", "{\"config\": \"x\"}", "not json"};
+  for (size_t i = 0; i < sizeof bad_files / sizeof *bad_files; i++) {
+    f = fopen(path, "w");
+    fputs(bad_files[i], f);
+    fclose(f);
+    config_defaults(&cfg);
+    ck_assert_msg(config_load_json(&cfg, path, msg, sizeof msg) == -1,
+                  "%s accepted", bad_files[i]);
+  }
+  remove(path);
+  ck_assert_int_eq(config_load_json(&cfg, path, msg, sizeof msg), -1);
+}
+END_TEST
+
 Suite *server_suite(void) {
   Suite *s = suite_create("server");
   TCase *tc = tcase_create("rpc");
@@ -1832,7 +2113,12 @@ Suite *server_suite(void) {
   tcase_add_test(tc, test_step_bit_identical);
   tcase_add_test(tc, test_blobs);
   tcase_add_test(tc, test_conformance);
+  tcase_add_test(tc, test_blob_durability);
   suite_add_tcase(s, tc);
+  TCase *units = tcase_create("units");
+  tcase_add_test(units, test_cache_lru);
+  tcase_add_test(units, test_config_parse);
+  suite_add_tcase(s, units);
   TCase *hostile = tcase_create("hostile");
   tcase_set_timeout(hostile, 180);
   tcase_add_test(hostile, test_hostile_random_and_truncated);
@@ -1840,6 +2126,7 @@ Suite *server_suite(void) {
   tcase_add_test(hostile, test_message_limit_small);
   tcase_add_test(hostile, test_message_limit_512m);
   tcase_add_test(hostile, test_deadlines);
+  tcase_add_test(hostile, test_deadline_stops_mid_run);
   tcase_add_test(hostile, test_queue_full);
   suite_add_tcase(s, hostile);
   TCase *load = tcase_create("load");

@@ -326,6 +326,64 @@ START_TEST(network_accessors_and_many_names) {
 }
 END_TEST
 
+/* Says stop once it has been asked `limit` times. */
+static bool stop_after(void *ctx) {
+  int *left = ctx;
+  return (*left)-- <= 0;
+}
+
+START_TEST(cancel_at_node_boundaries) {
+  topos_tape *t = topos_tape_new(TOPOS_F64);
+  topos_tensor *init =
+      tt_tensor(TOPOS_F64, 1, (int64_t[]){4}, (double[]){1, 2, 3, 4});
+  topos_value p = topos_parameter(t, init);
+  topos_tensor_release(init);
+  topos_value x = p;
+  for (int i = 0; i < 50; i++) x = topos_tanh(t, x);
+  topos_value loss = topos_sum(t, x);
+  topos_network *net = topos_tape_seal(t, &err);
+  ck_assert_ptr_nonnull(net);
+
+  /* Forward: stops at the 11th node boundary with CANCELLED. */
+  int left = 10;
+  topos_set_cancel_check(stop_after, &left);
+  err = (topos_error){0};
+  ck_assert_ptr_null(topos_forward(net, NULL, NULL, 0, &err));
+  ck_assert_int_eq(err.code, TOPOS_ERR_CANCELLED);
+  ck_assert_int_eq(left, -1); /* asked exactly 11 times: it stopped there */
+
+  /* A plan run stops the same way. */
+  topos_entry e = {.roots = &loss, .nroots = 1};
+  topos_plan *plan = topos_network_lower(net, &e, &err);
+  ck_assert_ptr_nonnull(plan);
+  left = 3;
+  err = (topos_error){0};
+  ck_assert_ptr_null(topos_plan_forward(plan, NULL, NULL, 0, &err));
+  ck_assert_int_eq(err.code, TOPOS_ERR_CANCELLED);
+
+  /* Backward, from a complete run, stops mid-scan. */
+  topos_set_cancel_check(NULL, NULL);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  ck_assert_ptr_nonnull(run);
+  left = 5;
+  topos_set_cancel_check(stop_after, &left);
+  err = (topos_error){0};
+  ck_assert_ptr_null(topos_backward(run, loss, &err));
+  ck_assert_int_eq(err.code, TOPOS_ERR_CANCELLED);
+  ck_assert_str_eq(topos_status_name(err.code), "cancelled");
+
+  /* Without a check every run completes, and another thread never sees
+   * this thread's check. */
+  topos_set_cancel_check(NULL, NULL);
+  topos_field *g = topos_backward(run, loss, &err);
+  ck_assert_ptr_nonnull(g);
+  topos_field_free(g);
+  topos_run_free(run);
+  topos_plan_free(plan);
+  topos_network_release(net);
+}
+END_TEST
+
 Suite *api_suite(void) {
   Suite *s = suite_create("api");
   TCase *tc = tcase_create("hostile");
@@ -335,6 +393,7 @@ Suite *api_suite(void) {
   tcase_add_test(tc, nan_and_huge_sizes);
   tcase_add_test(tc, tape_fail_sticks);
   tcase_add_test(tc, network_accessors_and_many_names);
+  tcase_add_test(tc, cancel_at_node_boundaries);
   suite_add_tcase(s, tc);
   return s;
 }

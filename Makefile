@@ -168,7 +168,8 @@ FUZZ_DIR := build/fuzz
 fuzz:
 	@mkdir -p $(FUZZ_DIR)/corpus
 	clang -std=c17 -g -O1 -D_GNU_SOURCE -Iengine $(CJSON_CFLAGS) -ffp-contract=off \
-	  -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_decode.c $(ENGINE_SRC) \
+	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+	  tests/fuzz/fuzz_decode.c $(ENGINE_SRC) \
 	  -o $(FUZZ_DIR)/fuzz_decode -lcjson -lcrypto -lm -pthread
 	clang -std=c17 -g -O1 -D_GNU_SOURCE -Iengine $(CJSON_CFLAGS) -ffp-contract=off \
 	  tests/fuzz/make_corpus.c $(ENGINE_SRC) -o $(FUZZ_DIR)/make_corpus \

@@ -43,7 +43,8 @@ typedef enum topos_status {
   TOPOS_ERR_MEMORY = 5,    /* allocation failed or a size overflows */
   TOPOS_ERR_STATE = 6,     /* e.g. reading a value a run did not evaluate */
   TOPOS_ERR_NOT_FOUND = 7, /* an unknown spec or blob id */
-  TOPOS_ERR_CORRUPT = 8,   /* stored bytes no longer match their id */
+  TOPOS_ERR_CORRUPT = 8,   /* bytes that do not match their id, or are not
+                              a valid encoding */
   TOPOS_ERR_IO = 9,        /* the store's file could not be used */
   TOPOS_ERR_CANCELLED = 10 /* the thread's cancel check said stop */
 } topos_status;
@@ -313,8 +314,13 @@ const int64_t *topos_network_value_shape(const topos_network *net,
 
 typedef enum topos_format {
   TOPOS_FORMAT_TEXT = 0, /* one line per node */
-  TOPOS_FORMAT_JSON = 1, /* {"nodes": [...], ...} (cJSON) */
-  TOPOS_FORMAT_DOT = 2   /* Graphviz digraph */
+  /* {"nodes":[{"index","name"|null,"op","operands","dtype","shape",
+   * "role": parameter|input|constant|output|value,"slot","attrs"}],
+   * "parameters","inputs","dtype"}; integers exact, exponents round-trip */
+  TOPOS_FORMAT_JSON = 1,
+  /* digraph topos: a node per node, an edge per operand labelled with its
+   * position; names escaped */
+  TOPOS_FORMAT_DOT = 2
 } topos_format;
 
 /* Text: one line per node: index, name, op, operands, dtype, shape, role.
@@ -410,18 +416,24 @@ topos_field *topos_backward(const topos_run *run, topos_value target,
 /* The canonical byte form of a sealed network (docs/encoding.md): versioned,
  * little-endian, every node's op, attributes, operands, dtype, shape and
  * name, and the tensors of its leaves.  Equal networks give equal bytes.
- * *bytes is new (free with topos_free).  Returns a topos_status. */
+ * *bytes is new (free with topos_free); on failure *bytes is NULL and *len
+ * 0.  Returns a topos_status. */
 int topos_network_encode(const topos_network *net, uint8_t **bytes, size_t *len,
                          topos_error *err);
 /* Decodes by replaying every node through the recording API, so a decoded
  * network is checked exactly as a recorded one.  Hostile bytes give an
  * error, never a crash or an allocation larger than the input implies.
- * New network, or NULL with err. */
+ * New network, or NULL with err: TOPOS_ERR_CORRUPT for bytes that are not
+ * the encoding of a valid network (the message starts "decode: " and
+ * names the node), TOPOS_ERR_ARGUMENT for NULL bytes, TOPOS_ERR_MEMORY.
+ * A network that decodes re-encodes to exactly `bytes`. */
 topos_network *topos_network_decode(const uint8_t *bytes, size_t len,
                                     topos_error *err);
-/* Lowercase hex SHA-256 of the encoding, into out[65] (NUL-terminated). */
+/* Lowercase hex SHA-256 of the encoding, into out[65] (NUL-terminated;
+ * "" on failure).  Returns a topos_status. */
 int topos_network_id(const topos_network *net, char out[65], topos_error *err);
-/* The same hash of any bytes (store and blob ids). */
+/* The same hash of any bytes (store and blob ids); bytes may be NULL when
+ * len is 0. */
 void topos_sha256_hex(const void *bytes, size_t len, char out[65]);
 
 /* ----------------------------------------------------------- differentiate */

@@ -779,7 +779,12 @@ topos_network *wire_spec_to_network(const Topos__V1__Spec *spec,
   if (spec->n_nodes > (size_t)INT32_MAX - 2)
     return spec_fail(NULL, err, TOPOS_ERR_ARGUMENT, -1, -1, "%zu nodes",
                      spec->n_nodes);
-  if (spec->n_nodes && !spec->nodes)
+  /* An empty message parses as a spec with no nodes; recording one is
+   * always a mistake (an empty file, the wrong message), so say so. */
+  if (spec->n_nodes == 0)
+    return spec_fail(NULL, err, TOPOS_ERR_ARGUMENT, -1, -1,
+                     "the spec has no nodes");
+  if (!spec->nodes)
     return spec_fail(NULL, err, TOPOS_ERR_ARGUMENT, -1, -1, "nodes is NULL");
   topos_tape *tape = topos_tape_new((topos_dtype)d);
   if (!tape)

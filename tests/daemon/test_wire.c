@@ -841,6 +841,18 @@ START_TEST(test_message_clear_unpacked) {
 }
 END_TEST
 
+START_TEST(test_spec_empty_refused) {
+  /* An empty message parses as a spec with no nodes: refused by name. */
+  Topos__V1__Spec *spec = topos__v1__spec__unpack(NULL, 0, (const uint8_t *)"");
+  ck_assert_ptr_nonnull(spec);
+  topos_error err = {0};
+  ck_assert_ptr_null(wire_spec_to_network(spec, &err));
+  ck_assert_int_eq(err.code, TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(err.message, "no nodes"));
+  topos__v1__spec__free_unpacked(spec, NULL);
+}
+END_TEST
+
 Suite *wire_suite(void) {
   Suite *s = suite_create("wire");
   TCase *t = tcase_create("tensors");
@@ -854,6 +866,7 @@ Suite *wire_suite(void) {
   tcase_add_test(sp, test_spec_only_read_attributes);
   tcase_add_test(sp, test_spec_hostile);
   tcase_add_test(sp, test_spec_random_bytes);
+  tcase_add_test(sp, test_spec_empty_refused);
   suite_add_tcase(s, sp);
   TCase *v = tcase_create("requests");
   tcase_add_test(v, test_values_and_entries);

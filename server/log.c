@@ -7,6 +7,7 @@
  * messages) are escaped, so a hostile spec name cannot forge a log line.
  */
 #include "log.h"
+#include "wire.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -20,31 +21,6 @@ static _Atomic int current_format = LOG_TEXT;
 
 void log_set_format(log_format format) {
   atomic_store(&current_format, (int)format);
-}
-
-const char *log_status_name(int status) {
-  static const char *const names[] = {
-      "OK",
-      "CANCELLED",
-      "UNKNOWN",
-      "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED",
-      "NOT_FOUND",
-      "ALREADY_EXISTS",
-      "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED",
-      "FAILED_PRECONDITION",
-      "ABORTED",
-      "OUT_OF_RANGE",
-      "UNIMPLEMENTED",
-      "INTERNAL",
-      "UNAVAILABLE",
-      "DATA_LOSS",
-      "UNAUTHENTICATED",
-  };
-  if (status >= 0 && status < (int)(sizeof names / sizeof names[0]))
-    return names[status];
-  return "UNKNOWN";
 }
 
 /* A line being built; overlong content is cut, never overflowed. */
@@ -157,7 +133,7 @@ void log_request(const log_request_line *r) {
   put_key(&b, "peer", json, false);
   put_string(&b, r->peer && r->peer[0] ? r->peer : "-", json);
   put_key(&b, "status", json, false);
-  put_string(&b, log_status_name(r->status), json);
+  put_string(&b, wire_grpc_status_name(r->status), json);
   put_key(&b, "in", json, false);
   put_fmt(&b, "%lld", (long long)r->bytes_in);
   put_key(&b, "out", json, false);

@@ -31,7 +31,5 @@ void log_request(const log_request_line *line);
 /* Writes one event line: event=<event> msg=<printf text>. */
 void log_event(const char *event, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-/* gRPC's canonical name of a status code ("INVALID_ARGUMENT"). */
-const char *log_status_name(int status);
 
 #endif /* TOPOSD_LOG_H */

@@ -15,7 +15,7 @@ WARN    := -Wall -Wextra -Werror -Werror=implicit-function-declaration \
 # The reference kernels must never fuse a multiply and an add on their own:
 # numerics.md allows FMA only where it writes fma().
 CFLAGS  := -std=c17 $(OPT) -g $(WARN) -ffp-contract=off -fno-fast-math \
-           -fPIC -D_GNU_SOURCE -pthread -Iengine -Istore -Iproto -Iclient \
+           -fPIC -D_GNU_SOURCE -pthread -Iengine -Ibackends -Istore -Iproto -Iclient \
            -I$(BUILD)/gen $(CJSON_CFLAGS) \
            $(SAN) $(EXTRA_CFLAGS)
 # The engine hashes with OpenSSL's libcrypto and writes JSON with cJSON;
@@ -25,6 +25,15 @@ STORE_LIBS := -lsqlite3
 
 ENGINE_SRC := $(sort $(wildcard engine/*.c))
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
+# Execution backends (backends/): a library of their own; programs opt in
+# by calling topos_backends_register_defaults() (backends/backends.h).
+BACKEND_SRC := $(sort $(wildcard backends/*.c))
+BACKEND_OBJ := $(BACKEND_SRC:%.c=$(BUILD)/obj/%.o)
+LIB_BACKENDS := $(BUILD)/lib/libtopos_backends.a
+BACKEND_LIBS := $(if $(wildcard backends/blas.c),-lopenblas)
+# The backends plus the engine, for every program that links both.
+ENGINE_LINK = $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(LIB_A) $(BACKEND_LIBS)
+
 STORE_SRC  := $(sort $(wildcard store/*.c))
 STORE_OBJ  := $(STORE_SRC:%.c=$(BUILD)/obj/%.o)
 # The daemon side: generated protobuf-c code, the wire glue, the client
@@ -40,7 +49,7 @@ TOPOSD     := $(BUILD)/bin/toposd
 TOPOS_CLI  := $(BUILD)/bin/topos
 BINS       := $(if $(SERVER_SRC),$(TOPOSD)) $(if $(wildcard client/cli.c),$(TOPOS_CLI))
 
-TEST_SRC   := $(sort $(wildcard tests/engine/test_*.c tests/store/test_*.c tests/daemon/test_*.c))
+TEST_SRC   := $(sort $(wildcard tests/engine/test_*.c tests/backends/test_*.c tests/store/test_*.c tests/daemon/test_*.c))
 TEST_OBJ   := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 SUITES     := $(patsubst test_%.c,%,$(notdir $(TEST_SRC)))
 EXAMPLES   := $(BUILD)/examples/gradient_descent $(BUILD)/examples/makemore_mlp \
@@ -52,11 +61,11 @@ LIB_STORE := $(BUILD)/lib/libtopos_store.a
 RUNNER := $(BUILD)/tests/topos_tests
 
 .PHONY: all test asan test-valgrind deps clean format lint examples fuzz bench run
-all: $(LIB_A) $(LIB_SO) $(LIB_STORE) $(LIB_CLIENT) $(BINS) examples
+all: $(LIB_A) $(LIB_SO) $(LIB_STORE) $(LIB_CLIENT) $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(BINS) examples
 
 examples: $(EXAMPLES)
 
-$(BUILD)/obj/%.o: %.c $(wildcard engine/*.h store/*.h proto/*.h client/*.h server/*.h tests/engine/*.h) $(GEN_H)
+$(BUILD)/obj/%.o: %.c $(wildcard engine/*.h backends/*.h store/*.h proto/*.h client/*.h server/*.h tests/engine/*.h) $(GEN_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/engine -c $< -o $@
 
@@ -73,9 +82,9 @@ $(LIB_CLIENT): $(CLIENT_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(TOPOSD): $(SERVER_OBJ) $(LIB_CLIENT) $(LIB_STORE) $(LIB_A)
+$(TOPOSD): $(SERVER_OBJ) $(LIB_CLIENT) $(LIB_STORE) $(LIB_A) $(if $(BACKEND_SRC),$(LIB_BACKENDS))
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(SERVER_OBJ) -o $@ $(LIB_CLIENT) $(LIB_STORE) $(LIB_A) \
+	$(CC) $(CFLAGS) $(SERVER_OBJ) -o $@ $(LIB_CLIENT) $(LIB_STORE) $(ENGINE_LINK) \
 	  $(GRPC_LIBS) $(STORE_LIBS) $(LDLIBS)
 
 $(TOPOS_CLI): $(BUILD)/obj/client/cli.o $(LIB_CLIENT) $(LIB_A)
@@ -94,6 +103,10 @@ $(LIB_A): $(ENGINE_OBJ)
 $(LIB_SO): $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) -shared -o $@ $^ $(LDLIBS)
+
+$(LIB_BACKENDS): $(BACKEND_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
 
 $(LIB_STORE): $(STORE_OBJ)
 	@mkdir -p $(dir $@)
@@ -125,9 +138,9 @@ $(BUILD)/tests/suites.c: $(TEST_SRC) Makefile
 	   for s in $(SUITES); do echo "  srunner_add_suite(r, $${s}_suite());"; done; \
 	   echo '}'; } > $@
 
-$(RUNNER): $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c $(LIB_A) $(LIB_STORE) $(EXAMPLES) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(BINS)
+$(RUNNER): $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c $(LIB_A) $(LIB_STORE) $(EXAMPLES) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(BINS)
 	$(CC) $(CFLAGS) -Itests/engine $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c \
-	  -o $@ $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(LIB_STORE) $(LIB_A) $(PKG_CHECK) \
+	  -o $@ $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(LIB_STORE) $(ENGINE_LINK) $(PKG_CHECK) \
 	  $(if $(CLIENT_SRC),$(GRPC_LIBS)) $(STORE_LIBS) $(LDLIBS)
 
 test: $(RUNNER)
@@ -152,9 +165,9 @@ deps:
 # Benchmarks print tables of figures measured side by side in one run.
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
-$(BUILD)/bench/%: bench/%.c $(LIB_A) $(LIB_STORE)
+$(BUILD)/bench/%: bench/%.c $(LIB_A) $(LIB_STORE) $(if $(BACKEND_SRC),$(LIB_BACKENDS))
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< -o $@ $(LIB_STORE) $(LIB_A) $(STORE_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $< -o $@ $(LIB_STORE) $(ENGINE_LINK) $(STORE_LIBS) $(LDLIBS)
 # The daemon bench talks gRPC and starts its own toposd.
 $(BUILD)/bench/daemon: bench/daemon.c $(LIB_CLIENT) $(LIB_A) $(TOPOSD)
 	@mkdir -p $(dir $@)
@@ -178,7 +191,7 @@ fuzz:
 	$(FUZZ_DIR)/fuzz_decode -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
 	  -max_len=65536 $(FUZZ_DIR)/corpus
 
-C_FILES = $(wildcard engine/*.[ch] store/*.[ch] proto/*.[ch] client/*.[ch] \
+C_FILES = $(wildcard engine/*.[ch] backends/*.[ch] store/*.[ch] proto/*.[ch] client/*.[ch] \
             server/*.[ch] tests/*.c tests/*/*.[ch] examples/*.c examples/*/*.c bench/*.c)
 
 format:

@@ -278,11 +278,37 @@ static topos_tensor *eval_matmul(topos_tensor *const *in,
   if (mm_operand_of(b, &B, err)) goto fail_a;
   if (out_begin(&ob, out, err)) goto fail_b;
   size_t es = compute_size(out->dtype);
+  /* f32/f64 go down the backend chain first (bf16 stays here: its f32
+   * scratch is the reference's own). */
+  if (out->dtype == TOPOS_F32 || out->dtype == TOPOS_F64) {
+    topos_task task = {.kind = TOPOS_TASK_GEMM, .threads = backend_threads()};
+    task.u.gemm = (topos_gemm_task){
+        .dtype = out->dtype,
+        .batch = batch,
+        .m = m,
+        .n = n,
+        .k = k,
+        .a = A.data,
+        .a_row = A.s[1],
+        .a_col = A.s[2],
+        .a_batch = A.s[0],
+        .b = B.data,
+        .b_row = B.s[1],
+        .b_col = B.s[2],
+        .b_batch = B.s[0],
+        .c = ob.data,
+        .c_row = n,
+        .c_col = 1,
+        .c_batch = m * n,
+    };
+    if (backend_offer(&task, backend_numerics(), err) == 0) goto done;
+  }
   for (int64_t bi = 0; bi < batch; bi++) {
     DISPATCH(out->dtype, matmul, A.data + bi * A.s[0] * (int64_t)es, A.s[1],
              A.s[2], B.data + bi * B.s[0] * (int64_t)es, B.s[1], B.s[2],
              (char *)ob.data + bi * m * n * (int64_t)es, m, k, n);
   }
+done:
   compute_view_done(&A.view);
   compute_view_done(&B.view);
   return out_end(&ob);
@@ -304,7 +330,10 @@ static topos_tensor *eval_rows(op_code op, const node_attrs *at,
   scratch tmp = {0};
   if (compute_view_of(a, &v, err)) return NULL;
   if (out_begin(&ob, out, err)) goto fail_v;
-  if (!scratch_get(&tmp, L, compute_size(a->dtype), err)) goto fail_out;
+  /* Only the softmax rows need a row of exponentials. */
+  bool rows_of_exp = op == OP_LOGSUMEXP || op == OP_LOG_SOFTMAX;
+  if (rows_of_exp && !scratch_get(&tmp, L, compute_size(a->dtype), err))
+    goto fail_out;
   switch (op) {
     case OP_SUM:
     case OP_SUM_ALONG:

@@ -396,4 +396,26 @@ int32_t b_binary(builder *b, op_code op, int32_t a, int32_t c);
 /* A constant shaped like h (a scalar broadcast). */
 int32_t b_fill_like(builder *b, int32_t h, double value);
 
+/* ------------------------------------------------------------- backends */
+
+#include "backend.h"
+
+/* Offers a task down the chain (backend.c): backends of envelope fidelity
+ * only when numerics is FAST.  0 when a backend ran it; non-zero when the
+ * caller must run the reference kernel. */
+int backend_offer(const topos_task *t, topos_numerics numerics,
+                  topos_error *err);
+/* The numerics in force on this thread (EXACT unless a plan run set it);
+ * the setter returns the previous value so callers can restore it. */
+topos_numerics backend_numerics(void);
+topos_numerics backend_set_numerics(topos_numerics numerics);
+/* Threads a task may use: the setter's value when > 0, else TOPOS_THREADS
+ * (read once), else the online cores.  backend_set_threads(0) restores
+ * the default (tests sweep thread counts with it). */
+int backend_threads(void);
+void backend_set_threads(int threads);
+/* Tests: false makes every offer decline (the reference runs), true
+ * restores the chain. */
+void backend_chain_enable(bool on);
+
 #endif /* TOPOS_INTERNAL_H */

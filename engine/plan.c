@@ -461,6 +461,7 @@ topos_run *topos_plan_forward(const topos_plan *plan,
     return NULL;
   }
   const topos_network *net = plan->net;
+  topos_numerics numerics_saved = backend_numerics();
   const topos_tensor **fed = malloc(sizeof(*fed) * (size_t)(net->ninputs + 1));
   topos_run *run = fed ? run_alloc(net, err) : NULL;
   if (run) {
@@ -473,6 +474,8 @@ topos_run *topos_plan_forward(const topos_plan *plan,
     goto fail;
   }
   memcpy(run->readable, plan->keep, sizeof(bool) * (size_t)net->n);
+  /* The plan's numerics is in force for this run (backend.c). */
+  numerics_saved = backend_set_numerics(plan->numerics);
   if (run_prepare(net, params, feeds, nfeeds, fed, err)) goto fail;
   for (int s = 0; s < plan->nschedule; s++) {
     int32_t i = plan->schedule[s];
@@ -503,9 +506,11 @@ topos_run *topos_plan_forward(const topos_plan *plan,
       run->vals[v] = NULL;
     }
   }
+  backend_set_numerics(numerics_saved);
   free(fed);
   return run;
 fail:
+  backend_set_numerics(numerics_saved);
   free(fed);
   topos_run_free(run);
   return NULL;
@@ -529,7 +534,11 @@ topos_field *topos_plan_backward(const topos_plan *plan, const topos_run *run,
               "training posture");
     return NULL;
   }
-  return run_backward(run, plan->roots[0], err);
+  /* A fast plan's backward is fast too. */
+  topos_numerics saved = backend_set_numerics(plan->numerics);
+  topos_field *grad = run_backward(run, plan->roots[0], err);
+  backend_set_numerics(saved);
+  return grad;
 }
 
 /* ---------------------------------------------------------------- describe */

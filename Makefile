@@ -116,14 +116,14 @@ $(BUILD)/examples/inspect: examples/inspect.c $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(LIB_A) $(LDLIBS)
 
-EXAMPLE_LIBS := $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(LIB_A) \
+EXAMPLE_LIBS = $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(ENGINE_LINK) \
                 $(if $(CLIENT_SRC),$(GRPC_LIBS)) $(LDLIBS)
 
 $(BUILD)/examples/gradient_descent: examples/gradient_descent.c $(LIB_A) $(if $(CLIENT_SRC),$(LIB_CLIENT))
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(EXAMPLE_LIBS)
 
-$(BUILD)/examples/makemore_mlp: examples/makemore/makemore_mlp.c $(LIB_A) $(if $(CLIENT_SRC),$(LIB_CLIENT))
+$(BUILD)/examples/makemore_mlp: examples/makemore/makemore_mlp.c $(LIB_A) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(if $(BACKEND_SRC),$(LIB_BACKENDS))
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(EXAMPLE_LIBS)
 

@@ -31,6 +31,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backends.h"
 #include "topos.h"
 #include "topos_client.h"
 
@@ -199,6 +200,8 @@ static double learning_rate(int step, int steps) {
 }
 
 int main(int argc, char **argv) {
+  /* The exact CPU backend gives the reference's bits, only faster. */
+  topos_backends_register_defaults();
   const char *path = "examples/makemore/names.txt";
   const char *server = NULL, *dump = NULL;
   int steps = 5000;

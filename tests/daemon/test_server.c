@@ -42,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends.h"
 #include "topos.h"
 #include "topos.pb-c.h"
 #include "wire.h"
@@ -444,7 +445,12 @@ static topos_network *slow_network(int n, topos_value *out) {
   topos_tape *tape = topos_tape_new(TOPOS_F32);
   topos_value a = topos_name(tape, topos_parameter(tape, a0), "a");
   topos_value v = a;
-  for (int i = 0; i < n; i++) v = topos_tanh(tape, topos_matmul(tape, v, a));
+  /* Mostly elementwise work: it stays on the reference kernels, so the
+   * network is slow whichever GEMM backend the daemon has. */
+  for (int i = 0; i < n; i++) {
+    v = topos_tanh(tape, topos_matmul(tape, v, a));
+    for (int j = 0; j < 10; j++) v = topos_tanh(tape, v);
+  }
   *out = topos_name(tape, topos_sum(tape, v), "out");
   topos_network *net = topos_tape_seal(tape, &err);
   ck_assert_msg(net != NULL, "slow: %s", err.message);
@@ -1415,7 +1421,9 @@ START_TEST(test_deadline_stops_mid_run) {
   daemon_start(&D, extra);
   grpc_init();
   client_open(&C, D.port);
-  /* A network whose whole run takes at least ~1.5 s here, in-process. */
+  /* A network whose whole run takes at least ~1.5 s here, in-process,
+   * with the backends the daemon registers. */
+  topos_backends_register_defaults();
   topos_value out;
   topos_network *net = NULL;
   double full = 0, t0;

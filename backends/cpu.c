@@ -1,0 +1,742 @@
+/*
+ * cpu.c - the `cpu` backend: exact fidelity, fast GEMM on the host CPU.
+ *
+ * Every output C[i,j] is the reference's chain acc = fma(A[i,k], B[k,j],
+ * acc) over k = 0..K-1 in order from +0.0 (numerics.md).  The kernels
+ * here only choose *which* chains run side by side, never the order
+ * inside one:
+ *
+ *  - a microkernel keeps an MR x NR tile of C in vector registers, and
+ *    for each k broadcasts A[i,k] for its MR rows and loads NR columns of
+ *    B[k, j..j+NR): one vector fma per (row, vector of columns), each
+ *    lane one output's own chain;
+ *  - k is blocked by KC: after a block the partial C is stored, and the
+ *    next block reloads it and continues the same chain (the first block
+ *    starts from +0.0);
+ *  - A and B are packed from whatever strides the task has (transposed,
+ *    narrowed, broadcast views) into contiguous panels, zero-padded to
+ *    whole tiles; padding lanes are computed and thrown away;
+ *  - threads split the *outputs* (tiles of rows x columns, batches),
+ *    never one output's k range, so the bits do not depend on the count.
+ *
+ * Microkernels: AVX-512 (MR 14, NR 32 f32 / 16 f64), AVX2+FMA (MR 6,
+ * NR 16 f32 / 8 f64), chosen once by __builtin_cpu_supports, and a
+ * portable C one (fma()/fmaf()).  Threads come from a persistent pool
+ * created on first use; the caller's thread works too.
+ */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "backends.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define CPU_X86 1
+#include <immintrin.h>
+#else
+#define CPU_X86 0
+#endif
+
+/* The smallest product (m·n·k per matrix) worth packing for. */
+#define CPU_MIN_WORK 4096
+/* The smallest product split across threads (smaller runs on the caller). */
+#define CPU_MIN_PARALLEL_WORK ((int64_t)128 * 128 * 64)
+
+#define MR_MAX 14
+#define NR_MAX 32
+
+typedef enum isa { ISA_C = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 } isa;
+
+/* kern(kc, a, b, c, ldc, first): C[0..mr) x [0..NR) (+)= a·b for one
+ * micro-panel pair; `first` starts every chain from +0.0 instead of
+ * loading C.  One function per row count mr = 1..MR. */
+typedef void (*kern_fn)(int64_t kc, const void *a, const void *b, void *c,
+                        int64_t ldc, int first);
+
+typedef struct gemm_impl {
+  int mr, nr, kc;
+  int64_t nc; /* columns per work item (a multiple of nr) */
+  kern_fn kern[MR_MAX + 1];
+} gemm_impl;
+
+/* ------------------------------------------------------- C microkernels */
+
+#define C_MR 4
+#define C_NR 8
+
+#define DEFINE_C_KERNEL(T, FMA, SUF)                                     \
+  static void kc_##SUF(int mr, int64_t kc, const T *a, const T *b, T *c, \
+                       int64_t ldc, int first) {                         \
+    T acc[C_MR][C_NR];                                                   \
+    for (int i = 0; i < mr; i++)                                         \
+      for (int j = 0; j < C_NR; j++)                                     \
+        acc[i][j] = first ? (T)0 : c[i * ldc + j];                       \
+    for (int64_t k = 0; k < kc; k++) {                                   \
+      for (int i = 0; i < mr; i++) {                                     \
+        T ai = a[k * C_MR + i];                                          \
+        for (int j = 0; j < C_NR; j++)                                   \
+          acc[i][j] = FMA(ai, b[k * C_NR + j], acc[i][j]);               \
+      }                                                                  \
+    }                                                                    \
+    for (int i = 0; i < mr; i++)                                         \
+      for (int j = 0; j < C_NR; j++) c[i * ldc + j] = acc[i][j];         \
+  }
+DEFINE_C_KERNEL(float, fmaf, f32)
+DEFINE_C_KERNEL(double, fma, f64)
+
+#define C_WRAP(SUF, T, MRV)                                              \
+  static void kc_##SUF##_##MRV(int64_t kc, const void *a, const void *b, \
+                               void *c, int64_t ldc, int first) {        \
+    kc_##SUF(MRV, kc, a, b, c, ldc, first);                              \
+  }
+C_WRAP(f32, float, 1)
+C_WRAP(f32, float, 2)
+C_WRAP(f32, float, 3)
+C_WRAP(f32, float, 4)
+C_WRAP(f64, double, 1)
+C_WRAP(f64, double, 2)
+C_WRAP(f64, double, 3)
+C_WRAP(f64, double, 4)
+
+static const gemm_impl impl_c_f32 = {
+    C_MR, C_NR, 256, 512, {NULL, kc_f32_1, kc_f32_2, kc_f32_3, kc_f32_4}};
+static const gemm_impl impl_c_f64 = {
+    C_MR, C_NR, 256, 512, {NULL, kc_f64_1, kc_f64_2, kc_f64_3, kc_f64_4}};
+
+/* ----------------------------------------------------- x86 microkernels */
+
+#if CPU_X86
+
+/* Rows 0..13 of a tile, each a macro call X(i). */
+#define ROWS(X) \
+  X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
+
+/*
+ * One body per ISA and dtype, instantiated per row count MRV (a
+ * compile-time constant, so rows >= MRV vanish and the accumulators stay
+ * in registers).  V: vector type; W: lanes; LD/ST: unaligned load/store;
+ * SET1: broadcast; FMADD(a, b, c) = a·b + c, fused.
+ */
+#define DEFINE_SIMD_KERNEL(NAME, TARGET, T, V, W, MR, ZERO, LD, ST, SET1,      \
+                           FMADD)                                              \
+  static inline __attribute__((always_inline, target(TARGET))) void NAME(      \
+      const int MRV, int64_t kc, const T *a, const T *b, T *c, int64_t ldc,    \
+      int first) {                                                             \
+    V acc0[MR_MAX], acc1[MR_MAX];                                              \
+    if (first) {                                                               \
+      _Pragma("GCC unroll 14") for (int i = 0; i < MR_MAX; i++) if (i < MRV) { \
+        acc0[i] = ZERO();                                                      \
+        acc1[i] = ZERO();                                                      \
+      }                                                                        \
+    } else {                                                                   \
+      _Pragma("GCC unroll 14") for (int i = 0; i < MR_MAX; i++) if (i < MRV) { \
+        acc0[i] = LD(c + i * ldc);                                             \
+        acc1[i] = LD(c + i * ldc + W);                                         \
+      }                                                                        \
+    }                                                                          \
+    for (int64_t k = 0; k < kc; k++) {                                         \
+      V b0 = LD(b), b1 = LD(b + W);                                            \
+      _Pragma("GCC unroll 14") for (int i = 0; i < MR_MAX; i++) if (i < MRV) { \
+        V ai = SET1(a[i]);                                                     \
+        acc0[i] = FMADD(ai, b0, acc0[i]);                                      \
+        acc1[i] = FMADD(ai, b1, acc1[i]);                                      \
+      }                                                                        \
+      a += MR;                                                                 \
+      b += 2 * W;                                                              \
+    }                                                                          \
+    _Pragma("GCC unroll 14") for (int i = 0; i < MR_MAX; i++) if (i < MRV) {   \
+      ST(c + i * ldc, acc0[i]);                                                \
+      ST(c + i * ldc + W, acc1[i]);                                            \
+    }                                                                          \
+  }
+
+DEFINE_SIMD_KERNEL(k512_f32, "avx512f", float, __m512, 16, 14,
+                   _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps,
+                   _mm512_set1_ps, _mm512_fmadd_ps)
+DEFINE_SIMD_KERNEL(k512_f64, "avx512f", double, __m512d, 8, 14,
+                   _mm512_setzero_pd, _mm512_loadu_pd, _mm512_storeu_pd,
+                   _mm512_set1_pd, _mm512_fmadd_pd)
+DEFINE_SIMD_KERNEL(k256_f32, "avx2,fma", float, __m256, 8, 6, _mm256_setzero_ps,
+                   _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps,
+                   _mm256_fmadd_ps)
+DEFINE_SIMD_KERNEL(k256_f64, "avx2,fma", double, __m256d, 4, 6,
+                   _mm256_setzero_pd, _mm256_loadu_pd, _mm256_storeu_pd,
+                   _mm256_set1_pd, _mm256_fmadd_pd)
+
+#define SIMD_WRAP(NAME, TARGET, T, MRV)                               \
+  static __attribute__((target(TARGET))) void NAME##_##MRV(           \
+      int64_t kc, const void *a, const void *b, void *c, int64_t ldc, \
+      int first) {                                                    \
+    NAME(MRV, kc, a, b, c, ldc, first);                               \
+  }
+#define SIMD_WRAP14(NAME, TARGET, T) \
+  SIMD_WRAP(NAME, TARGET, T, 1)      \
+  SIMD_WRAP(NAME, TARGET, T, 2)      \
+  SIMD_WRAP(NAME, TARGET, T, 3)      \
+  SIMD_WRAP(NAME, TARGET, T, 4)      \
+  SIMD_WRAP(NAME, TARGET, T, 5)      \
+  SIMD_WRAP(NAME, TARGET, T, 6)      \
+  SIMD_WRAP(NAME, TARGET, T, 7)      \
+  SIMD_WRAP(NAME, TARGET, T, 8)      \
+  SIMD_WRAP(NAME, TARGET, T, 9)      \
+  SIMD_WRAP(NAME, TARGET, T, 10)     \
+  SIMD_WRAP(NAME, TARGET, T, 11)     \
+  SIMD_WRAP(NAME, TARGET, T, 12)     \
+  SIMD_WRAP(NAME, TARGET, T, 13)     \
+  SIMD_WRAP(NAME, TARGET, T, 14)
+#define SIMD_WRAP6(NAME, TARGET, T) \
+  SIMD_WRAP(NAME, TARGET, T, 1)     \
+  SIMD_WRAP(NAME, TARGET, T, 2)     \
+  SIMD_WRAP(NAME, TARGET, T, 3)     \
+  SIMD_WRAP(NAME, TARGET, T, 4)     \
+  SIMD_WRAP(NAME, TARGET, T, 5)     \
+  SIMD_WRAP(NAME, TARGET, T, 6)
+
+SIMD_WRAP14(k512_f32, "avx512f", float)
+SIMD_WRAP14(k512_f64, "avx512f", double)
+SIMD_WRAP6(k256_f32, "avx2,fma", float)
+SIMD_WRAP6(k256_f64, "avx2,fma", double)
+
+#define LIST14(NAME)                                                   \
+  {                                                                    \
+    NULL, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6,  \
+        NAME##_7, NAME##_8, NAME##_9, NAME##_10, NAME##_11, NAME##_12, \
+        NAME##_13, NAME##_14                                           \
+  }
+#define LIST6(NAME) \
+  { NULL, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6 }
+
+static const gemm_impl impl_512_f32 = {14, 32, 512, 512, LIST14(k512_f32)};
+static const gemm_impl impl_512_f64 = {14, 16, 256, 512, LIST14(k512_f64)};
+static const gemm_impl impl_256_f32 = {6, 16, 256, 512, LIST6(k256_f32)};
+static const gemm_impl impl_256_f64 = {6, 8, 256, 256, LIST6(k256_f64)};
+
+#endif /* CPU_X86 */
+
+/* ------------------------------------------------------------- the ISA */
+
+static atomic_int chosen_isa = -1;
+
+static isa best_isa(void) {
+#if CPU_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return ISA_AVX512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return ISA_AVX2;
+#endif
+  return ISA_C;
+}
+
+static isa current_isa(void) {
+  int v = atomic_load_explicit(&chosen_isa, memory_order_relaxed);
+  if (v < 0) {
+    v = (int)best_isa();
+    atomic_store(&chosen_isa, v);
+  }
+  return (isa)v;
+}
+
+const char *topos_cpu_isa(void) {
+  switch (current_isa()) {
+    case ISA_AVX512:
+      return "avx512";
+    case ISA_AVX2:
+      return "avx2";
+    default:
+      return "c";
+  }
+}
+
+int topos_cpu_force_isa(const char *name) {
+  isa best = best_isa();
+  isa want = best;
+  if (name) {
+    if (strcmp(name, "avx512") == 0)
+      want = ISA_AVX512;
+    else if (strcmp(name, "avx2") == 0)
+      want = ISA_AVX2;
+    else if (strcmp(name, "c") == 0)
+      want = ISA_C;
+    else
+      return -1;
+  }
+  if (want > best) return -1;
+  atomic_store(&chosen_isa, (int)want);
+  return 0;
+}
+
+static const gemm_impl *impl_for(topos_dtype dtype) {
+  bool f64 = dtype == TOPOS_F64;
+  switch (current_isa()) {
+#if CPU_X86
+    case ISA_AVX512:
+      return f64 ? &impl_512_f64 : &impl_512_f32;
+    case ISA_AVX2:
+      return f64 ? &impl_256_f64 : &impl_256_f32;
+#endif
+    default:
+      return f64 ? &impl_c_f64 : &impl_c_f32;
+  }
+}
+
+/* --------------------------------------------------------------- packing */
+
+/*
+ * pack_a: rows [0, mr) x k [0, kc) of A (element strides rs, cs) into
+ * dst[k·MR + i], rows mr..MR zero.  pack_b: k [0, kc) x columns [0, nc) of
+ * B into NR-wide panels dst[(p·kc + k)·NR + j], columns past nc zero.
+ */
+#define DEFINE_PACK(T, SUF)                                                    \
+  static void pack_a_##SUF(const T *src, int64_t rs, int64_t cs, int64_t mr,   \
+                           int64_t kc, int MR, T *dst) {                       \
+    if (rs == 1) {                                                             \
+      for (int64_t k = 0; k < kc; k++) {                                       \
+        const T *s = src + k * cs;                                             \
+        T *d = dst + k * MR;                                                   \
+        int64_t i = 0;                                                         \
+        for (; i < mr; i++) d[i] = s[i];                                       \
+        for (; i < MR; i++) d[i] = (T)0;                                       \
+      }                                                                        \
+      return;                                                                  \
+    }                                                                          \
+    for (int64_t i = 0; i < mr; i++) {                                         \
+      const T *s = src + i * rs;                                               \
+      if (cs == 1)                                                             \
+        for (int64_t k = 0; k < kc; k++) dst[k * MR + i] = s[k];               \
+      else                                                                     \
+        for (int64_t k = 0; k < kc; k++) dst[k * MR + i] = s[k * cs];          \
+    }                                                                          \
+    for (int64_t i = mr; i < MR; i++)                                          \
+      for (int64_t k = 0; k < kc; k++) dst[k * MR + i] = (T)0;                 \
+  }                                                                            \
+  static void pack_b_##SUF(const T *src, int64_t rs, int64_t cs, int64_t kc,   \
+                           int64_t nc, int NR, T *dst) {                       \
+    for (int64_t j0 = 0; j0 < nc; j0 += NR) {                                  \
+      int64_t nr = nc - j0 < NR ? nc - j0 : NR;                                \
+      T *d = dst + j0 * kc;                                                    \
+      const T *s = src + j0 * cs;                                              \
+      if (cs == 1) {                                                           \
+        for (int64_t k = 0; k < kc; k++) {                                     \
+          memcpy(d + k * NR, s + k * rs, sizeof(T) * (size_t)nr);              \
+          for (int64_t j = nr; j < NR; j++) d[k * NR + j] = (T)0;              \
+        }                                                                      \
+      } else if (rs == 1) {                                                    \
+        for (int64_t j = 0; j < nr; j++)                                       \
+          for (int64_t k = 0; k < kc; k++) d[k * NR + j] = s[j * cs + k];      \
+        for (int64_t j = nr; j < NR; j++)                                      \
+          for (int64_t k = 0; k < kc; k++) d[k * NR + j] = (T)0;               \
+      } else {                                                                 \
+        for (int64_t k = 0; k < kc; k++) {                                     \
+          for (int64_t j = 0; j < nr; j++) d[k * NR + j] = s[k * rs + j * cs]; \
+          for (int64_t j = nr; j < NR; j++) d[k * NR + j] = (T)0;              \
+        }                                                                      \
+      }                                                                        \
+    }                                                                          \
+  }
+DEFINE_PACK(float, f32)
+DEFINE_PACK(double, f64)
+
+/* --------------------------------------------------- per-thread scratch */
+
+typedef struct scratch {
+  void *p;
+  size_t cap;
+} scratch;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *v) {
+  scratch *s = v;
+  if (s) free(s->p);
+  free(s);
+}
+
+static void scratch_init(void) {
+  pthread_key_create(&scratch_key, scratch_free);
+}
+
+/* The calling thread's packing buffer, at least `bytes` (64-byte aligned),
+ * kept for the thread's life so steps reuse the same pages. */
+static void *scratch_get(size_t bytes) {
+  pthread_once(&scratch_once, scratch_init);
+  scratch *s = pthread_getspecific(scratch_key);
+  if (!s) {
+    s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    if (pthread_setspecific(scratch_key, s)) {
+      free(s);
+      return NULL;
+    }
+  }
+  if (s->cap < bytes) {
+    void *p = NULL;
+    size_t cap = bytes + bytes / 4;
+    if (posix_memalign(&p, 64, cap)) return NULL;
+    free(s->p);
+    s->p = p;
+    s->cap = cap;
+  }
+  return s->p;
+}
+
+/* ----------------------------------------------------------- the driver */
+
+/*
+ * One job is one task run by T threads together.  For each matrix of the
+ * batch and each block of at most im->nc columns, k advances in blocks of
+ * KC: the threads pack the block's B panel together (each a share of its
+ * NR-wide panels) into one shared buffer, meet at a barrier, then split
+ * the outputs - units of (MR rows, a group of column panels), dealt round
+ * robin - each packing its own A micro-panel and running the microkernel
+ * over its panels, and meet again before the next k block overwrites B.
+ * Which thread computes an output never changes its chain.
+ */
+typedef struct gemm_job {
+  const topos_gemm_task *g;
+  const gemm_impl *im;
+  size_t es;
+  int T;           /* threads taking part */
+  int64_t nc;      /* columns per block (a multiple of nr) */
+  int64_t nblocks; /* column blocks per matrix */
+  char *bpack;     /* shared B panel: nc x KC */
+  char *abufs;     /* per thread: A micro-panel (MR x KC) + a C tile */
+  size_t abytes;   /* bytes per thread in abufs */
+  atomic_int bar_count, bar_sense;
+} gemm_job;
+
+static inline void cpu_relax(void) {
+#if CPU_X86
+  _mm_pause();
+#endif
+}
+
+/* Waiting: spin a little, then give the core away (the machine may have
+ * fewer free cores than the job has threads). */
+static inline void backoff(int spins) {
+  if (spins < 256)
+    cpu_relax();
+  else
+    sched_yield();
+}
+
+/* All T threads meet here (a sense-reversing spin barrier). */
+static void job_barrier(gemm_job *j, int *sense) {
+  if (j->T == 1) return;
+  int s = !*sense;
+  *sense = s;
+  if (atomic_fetch_add_explicit(&j->bar_count, 1, memory_order_acq_rel) ==
+      j->T - 1) {
+    atomic_store_explicit(&j->bar_count, 0, memory_order_relaxed);
+    atomic_store_explicit(&j->bar_sense, s, memory_order_release);
+  } else {
+    for (int spins = 0;
+         atomic_load_explicit(&j->bar_sense, memory_order_acquire) != s;
+         spins++)
+      backoff(spins);
+  }
+}
+
+static void pack_a(const gemm_job *j, const char *src, int64_t mr, int64_t kc,
+                   char *dst) {
+  const topos_gemm_task *g = j->g;
+  if (g->dtype == TOPOS_F64)
+    pack_a_f64((const double *)src, g->a_row, g->a_col, mr, kc, j->im->mr,
+               (double *)dst);
+  else
+    pack_a_f32((const float *)src, g->a_row, g->a_col, mr, kc, j->im->mr,
+               (float *)dst);
+}
+
+static void pack_b(const gemm_job *j, const char *src, int64_t kc, int64_t nc,
+                   char *dst) {
+  const topos_gemm_task *g = j->g;
+  if (g->dtype == TOPOS_F64)
+    pack_b_f64((const double *)src, g->b_row, g->b_col, kc, nc, j->im->nr,
+               (double *)dst);
+  else
+    pack_b_f32((const float *)src, g->b_row, g->b_col, kc, nc, j->im->nr,
+               (float *)dst);
+}
+
+static void job_work(gemm_job *j, int tid) {
+  const topos_gemm_task *g = j->g;
+  const gemm_impl *im = j->im;
+  const size_t es = j->es;
+  const int MR = im->mr, NR = im->nr, T = j->T;
+  const int64_t KC = im->kc;
+  char *apack = j->abufs + (size_t)tid * j->abytes;
+  char *tile = apack + (size_t)(MR * KC) * es;
+  int sense = 0;
+  int64_t rowpanels = (g->m + MR - 1) / MR;
+  for (int64_t bi = 0; bi < g->batch; bi++) {
+    const char *A = (const char *)g->a + (size_t)(bi * g->a_batch) * es;
+    const char *B = (const char *)g->b + (size_t)(bi * g->b_batch) * es;
+    char *C = (char *)g->c + (size_t)(bi * g->c_batch) * es;
+    for (int64_t jb = 0; jb < j->nblocks; jb++) {
+      int64_t j0 = jb * j->nc;
+      int64_t j1 = j0 + j->nc < g->n ? j0 + j->nc : g->n;
+      int64_t npan = (j1 - j0 + NR - 1) / NR;
+      /* Column groups: enough units for every thread to have two. */
+      int64_t groups = 1;
+      if (rowpanels < 2 * (int64_t)T)
+        groups = (2 * (int64_t)T + rowpanels - 1) / rowpanels;
+      if (groups > npan) groups = npan;
+      int64_t units = rowpanels * groups;
+      for (int64_t p0 = 0; p0 < g->k; p0 += KC) {
+        int64_t kc = g->k - p0 < KC ? g->k - p0 : KC;
+        int first = p0 == 0;
+        /* This thread's share of B's panels. */
+        int64_t pa = npan * tid / T, pb = npan * (tid + 1) / T;
+        if (pb > pa) {
+          int64_t c0 = j0 + pa * NR;
+          int64_t c1 = j0 + pb * NR < j1 ? j0 + pb * NR : j1;
+          pack_b(j, B + (size_t)(p0 * g->b_row + c0 * g->b_col) * es, kc,
+                 c1 - c0, j->bpack + (size_t)(pa * kc * NR) * es);
+        }
+        job_barrier(j, &sense);
+        for (int64_t u = tid; u < units; u += T) {
+          int64_t rp = u / groups, cg = u % groups;
+          int64_t ir = rp * MR;
+          int64_t mr = g->m - ir < MR ? g->m - ir : MR;
+          pack_a(j, A + (size_t)(ir * g->a_row + p0 * g->a_col) * es, mr, kc,
+                 apack);
+          kern_fn kern = im->kern[mr];
+          int64_t qa = npan * cg / groups, qb = npan * (cg + 1) / groups;
+          for (int64_t q = qa; q < qb; q++) {
+            int64_t jj = j0 + q * NR;
+            int64_t nr = j1 - jj < NR ? j1 - jj : NR;
+            const char *bp = j->bpack + (size_t)(q * kc * NR) * es;
+            char *cp = C + (size_t)(ir * g->c_row + jj * g->c_col) * es;
+            if (nr == NR && g->c_col == 1) {
+              kern(kc, apack, bp, cp, g->c_row, first);
+              continue;
+            }
+            /* A partial or strided tile goes through a contiguous one. */
+            if (!first)
+              for (int64_t i = 0; i < mr; i++)
+                for (int64_t jx = 0; jx < nr; jx++)
+                  memcpy(tile + (size_t)(i * NR + jx) * es,
+                         cp + (size_t)(i * g->c_row + jx * g->c_col) * es, es);
+            kern(kc, apack, bp, tile, NR, first);
+            for (int64_t i = 0; i < mr; i++)
+              for (int64_t jx = 0; jx < nr; jx++)
+                memcpy(cp + (size_t)(i * g->c_row + jx * g->c_col) * es,
+                       tile + (size_t)(i * NR + jx) * es, es);
+          }
+        }
+        job_barrier(j, &sense);
+      }
+    }
+  }
+}
+
+/* ------------------------------------------------------ the thread pool */
+
+/*
+ * Workers are created once (growing to the most threads ever asked for)
+ * and wait for a generation number to change.  One job runs at a time; a
+ * caller that finds the pool busy runs its task on its own thread (the
+ * bits are the same either way).  Workers spin briefly before sleeping so
+ * that back-to-back products of a training step do not pay a wake-up.
+ */
+#define POOL_MAX 64
+
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t pool_busy = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pool_cv = PTHREAD_COND_INITIALIZER;
+static int pool_workers;        /* threads created */
+static atomic_uint pool_gen;    /* bumped for each job */
+static gemm_job *pool_job;      /* the job of the current generation */
+static int pool_want;           /* workers [0, want) take part */
+static atomic_int pool_pending; /* workers still running the job */
+static unsigned pool_start_gen[POOL_MAX]; /* the generation a worker
+                                             started after */
+
+static void *pool_main(void *arg) {
+  int id = (int)(intptr_t)arg;
+  unsigned seen = pool_start_gen[id];
+  for (;;) {
+    unsigned gen;
+    int spins = 0;
+    while ((gen = atomic_load_explicit(&pool_gen, memory_order_acquire)) ==
+               seen &&
+           spins < 40000) {
+      cpu_relax();
+      spins++;
+    }
+    pthread_mutex_lock(&pool_mu);
+    while ((gen = atomic_load(&pool_gen)) == seen)
+      pthread_cond_wait(&pool_cv, &pool_mu);
+    gemm_job *job = pool_job;
+    bool mine = id < pool_want;
+    pthread_mutex_unlock(&pool_mu);
+    seen = gen;
+    if (!mine) continue;
+    job_work(job, id + 1);
+    atomic_fetch_sub_explicit(&pool_pending, 1, memory_order_release);
+  }
+  return NULL;
+}
+
+/* A forked child has none of the parent's workers: start over. */
+static void pool_after_fork(void) {
+  pthread_mutex_init(&pool_mu, NULL);
+  pthread_mutex_init(&pool_busy, NULL);
+  pthread_cond_init(&pool_cv, NULL);
+  pool_workers = 0;
+  pool_want = 0;
+  atomic_store(&pool_pending, 0);
+}
+
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+static void pool_init(void) {
+  pthread_atfork(NULL, NULL, pool_after_fork);
+}
+
+/* Makes sure `n` workers exist; returns how many do. */
+static int pool_grow(int n) {
+  pthread_once(&pool_once, pool_init);
+  if (n > POOL_MAX) n = POOL_MAX;
+  while (pool_workers < n) {
+    pthread_t t;
+    pthread_attr_t at;
+    pool_start_gen[pool_workers] = atomic_load(&pool_gen);
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &at, pool_main, (void *)(intptr_t)pool_workers);
+    pthread_attr_destroy(&at);
+    if (rc) break;
+    pool_workers++;
+  }
+  return pool_workers;
+}
+
+/* Runs the job on the caller plus up to threads-1 workers; the caller's
+ * scratch holds the shared B panel and every thread's A buffer. */
+static int run_job(gemm_job *job, int threads) {
+  bool pooled = threads > 1 && pthread_mutex_trylock(&pool_busy) == 0;
+  int helpers = 0;
+  if (pooled) {
+    helpers = pool_grow(threads - 1);
+    if (helpers > threads - 1) helpers = threads - 1;
+  }
+  job->T = 1 + helpers;
+  const gemm_impl *im = job->im;
+  job->abytes = (size_t)(im->mr * im->kc + im->mr * im->nr) * job->es;
+  job->abytes = (job->abytes + 63) / 64 * 64;
+  size_t bbytes = (size_t)((job->nc + im->nr) * im->kc) * job->es;
+  bbytes = (bbytes + 63) / 64 * 64;
+  char *buf = scratch_get(bbytes + job->abytes * (size_t)job->T);
+  if (!buf) {
+    if (pooled) pthread_mutex_unlock(&pool_busy);
+    return TOPOS_ERR_MEMORY;
+  }
+  job->bpack = buf;
+  job->abufs = buf + bbytes;
+  if (helpers == 0) {
+    job_work(job, 0);
+    if (pooled) pthread_mutex_unlock(&pool_busy);
+    return TOPOS_OK;
+  }
+  pthread_mutex_lock(&pool_mu);
+  pool_job = job;
+  pool_want = helpers;
+  atomic_store(&pool_pending, helpers);
+  atomic_fetch_add_explicit(&pool_gen, 1, memory_order_release);
+  pthread_cond_broadcast(&pool_cv);
+  pthread_mutex_unlock(&pool_mu);
+  job_work(job, 0);
+  for (int spins = 0;
+       atomic_load_explicit(&pool_pending, memory_order_acquire) > 0; spins++)
+    backoff(spins);
+  pthread_mutex_unlock(&pool_busy);
+  return TOPOS_OK;
+}
+
+/* -------------------------------------------------------------- backend */
+
+static atomic_ullong tasks_run;
+
+unsigned long long topos_cpu_tasks_run(void) {
+  return atomic_load(&tasks_run);
+}
+
+static bool cpu_supports(const topos_backend *self, const topos_task *task) {
+  (void)self;
+  if (!task || task->kind != TOPOS_TASK_GEMM) return false;
+  const topos_gemm_task *g = &task->u.gemm;
+  if (g->dtype != TOPOS_F32 && g->dtype != TOPOS_F64) return false;
+  if (g->batch < 1 || g->m < 1 || g->n < 1 || g->k < 1) return false;
+  int64_t mn;
+  if (__builtin_mul_overflow(g->m, g->n, &mn)) return true;
+  int64_t mnk;
+  if (__builtin_mul_overflow(mn, g->k, &mnk)) return true;
+  return mnk >= CPU_MIN_WORK;
+}
+
+static int cpu_run(const topos_backend *self, const topos_task *task,
+                   topos_error *err) {
+  (void)self;
+  (void)err;
+  const topos_gemm_task *g = &task->u.gemm;
+  if (g->dtype != TOPOS_F32 && g->dtype != TOPOS_F64) return TOPOS_ERR_DTYPE;
+  if (g->batch < 1 || g->m < 1 || g->n < 1) return TOPOS_OK;
+  if (g->k < 1) { /* every chain is empty: +0.0 */
+    for (int64_t b = 0; b < g->batch; b++)
+      for (int64_t i = 0; i < g->m; i++)
+        for (int64_t jx = 0; jx < g->n; jx++) {
+          int64_t at = b * g->c_batch + i * g->c_row + jx * g->c_col;
+          if (g->dtype == TOPOS_F64)
+            ((double *)g->c)[at] = 0.0;
+          else
+            ((float *)g->c)[at] = 0.0f;
+        }
+    return TOPOS_OK;
+  }
+  const gemm_impl *im = impl_for(g->dtype);
+  gemm_job job = {.g = g, .im = im};
+  job.es = g->dtype == TOPOS_F64 ? sizeof(double) : sizeof(float);
+  int threads = task->threads > 0 ? task->threads : 1;
+  double work = (double)g->m * (double)g->n * (double)g->k * (double)g->batch;
+  if (work < (double)CPU_MIN_PARALLEL_WORK) threads = 1;
+  /* Column blocks of at most im->nc, evened out, whole panels. */
+  int64_t nb = (g->n + im->nc - 1) / im->nc;
+  int64_t nc = (g->n + nb - 1) / nb;
+  nc = (nc + im->nr - 1) / im->nr * im->nr;
+  job.nc = nc;
+  job.nblocks = (g->n + nc - 1) / nc;
+  atomic_init(&job.bar_count, 0);
+  atomic_init(&job.bar_sense, 0);
+  int rc = run_job(&job, threads);
+  if (rc == TOPOS_OK)
+    atomic_fetch_add_explicit(&tasks_run, 1, memory_order_relaxed);
+  return rc;
+}
+
+static const topos_backend cpu_backend = {
+    .name = "cpu",
+    .fidelity = TOPOS_FIDELITY_EXACT,
+    .supports = cpu_supports,
+    .run = cpu_run,
+    .ctx = NULL,
+};
+
+const topos_backend *topos_cpu_backend(void) {
+  return &cpu_backend;
+}
+
+/* The blas backend (blas.c) when it is built into this library. */
+extern const topos_backend *topos_blas_backend(void) __attribute__((weak));
+
+void topos_backends_register_defaults(void) {
+  topos_backend_register(&cpu_backend);
+  if (topos_blas_backend) topos_backend_register(topos_blas_backend());
+}

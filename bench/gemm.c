@@ -1,0 +1,260 @@
+/*
+ * gemm.c - GEMM GFLOP/s: the reference matmul loop, the exact `cpu`
+ * backend and OpenBLAS (when the blas backend is built), measured side by
+ * side in one run.
+ *
+ *   build/bench/gemm [--n N] [--dtype f32|f64] [--threads T]
+ *
+ * prints one line per case:
+ *   gemm n=N dtype=D threads=T reference=X cpu_exact=Y openblas=Z gflops
+ * (reference is `-` above n = 512; openblas `-` when it is not built).
+ *
+ * OpenBLAS reads OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE when it loads, so
+ * the process re-executes itself with both unset before touching it
+ * (platform-notes.md: the environment may pin it to its AVX2 kernels).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backends.h"
+#include "internal.h"
+
+#if __has_include("blas.h") && __has_include(<cblas.h>)
+#define HAVE_OPENBLAS 1
+#include <cblas.h>
+/* OpenBLAS's own thread control (declared by its cblas.h on Debian, but
+ * not by every cblas.h). */
+void openblas_set_num_threads(int num_threads);
+#else
+#define HAVE_OPENBLAS 0
+#endif
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct bench_case {
+  int64_t n;
+  topos_dtype dtype;
+  int threads;
+  topos_tensor *a, *b;
+  void *c;
+} bench_case;
+
+/* The reference: the engine's matmul kernel with the backend chain off. */
+static void run_reference(bench_case *bc) {
+  backend_chain_enable(false);
+  topos_tensor *in[2] = {bc->a, bc->b};
+  tensor_meta out = {bc->dtype, 2, {bc->n, bc->n}};
+  topos_error err = {0};
+  topos_tensor *c = op_eval(OP_MATMUL, NULL, 2, in, &out, &err);
+  if (!c) {
+    fprintf(stderr, "gemm: reference failed: %s\n", err.message);
+    exit(1);
+  }
+  topos_tensor_release(c);
+  backend_chain_enable(true);
+}
+
+static void run_cpu(bench_case *bc) {
+  topos_task t = {.kind = TOPOS_TASK_GEMM, .threads = bc->threads};
+  t.u.gemm = (topos_gemm_task){.dtype = bc->dtype,
+                               .batch = 1,
+                               .m = bc->n,
+                               .n = bc->n,
+                               .k = bc->n,
+                               .a = tensor_data(bc->a),
+                               .a_row = bc->n,
+                               .a_col = 1,
+                               .b = tensor_data(bc->b),
+                               .b_row = bc->n,
+                               .b_col = 1,
+                               .c = bc->c,
+                               .c_row = bc->n,
+                               .c_col = 1};
+  const topos_backend *cpu = topos_cpu_backend();
+  topos_error err = {0};
+  if (cpu->run(cpu, &t, &err) != TOPOS_OK) {
+    fprintf(stderr, "gemm: cpu backend failed\n");
+    exit(1);
+  }
+}
+
+#if HAVE_OPENBLAS
+static void run_openblas(bench_case *bc) {
+  int n = (int)bc->n;
+  openblas_set_num_threads(bc->threads);
+  if (bc->dtype == TOPOS_F64)
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0,
+                tensor_data(bc->a), n, tensor_data(bc->b), n, 0.0, bc->c, n);
+  else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f,
+                tensor_data(bc->a), n, tensor_data(bc->b), n, 0.0f, bc->c, n);
+}
+#endif
+
+/* Best GFLOP/s over repetitions filling about `budget` seconds. */
+static double measure(void (*fn)(bench_case *), bench_case *bc, double budget) {
+  double flops = 2.0 * (double)bc->n * (double)bc->n * (double)bc->n;
+  fn(bc); /* warm: pages, pool workers, packing buffers */
+  double best = INFINITY, spent = 0;
+  int reps = 0;
+  while ((spent < budget && reps < 50) || reps < 2) {
+    double t0 = now_s();
+    fn(bc);
+    double dt = now_s() - t0;
+    spent += dt;
+    reps++;
+    if (dt < best) best = dt;
+  }
+  return flops / best * 1e-9;
+}
+
+static void fmt(char *buf, size_t len, double v) {
+  if (v < 0)
+    snprintf(buf, len, "-");
+  else
+    snprintf(buf, len, "%.1f", v);
+}
+
+static void run_case(int64_t n, topos_dtype dtype, int threads) {
+  bench_case bc = {.n = n, .dtype = dtype, .threads = threads};
+  int64_t shape[2] = {n, n};
+  size_t es = topos_dtype_size(dtype);
+  double *v = malloc(sizeof(double) * (size_t)(n * n));
+  uint64_t s = 0x9E3779B97F4A7C15ull + (uint64_t)n;
+  for (int64_t i = 0; i < n * n; i++) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    v[i] = (double)(s >> 11) / 9007199254740992.0 - 0.5;
+  }
+  void *buf = malloc(es * (size_t)(n * n));
+  for (int64_t i = 0; i < n * n; i++) {
+    if (dtype == TOPOS_F64)
+      ((double *)buf)[i] = v[i];
+    else
+      ((float *)buf)[i] = (float)v[i];
+  }
+  bc.a = topos_tensor_from(dtype, 2, shape, buf, NULL);
+  bc.b = topos_tensor_from(dtype, 2, shape, buf, NULL);
+  bc.c = malloc(es * (size_t)(n * n));
+  memset(bc.c, 0, es * (size_t)(n * n));
+  free(buf);
+  free(v);
+  double budget = n >= 2048 ? 0.6 : 0.25;
+  double ref = -1, cpu, blas = -1;
+  if (n <= 512) {
+    backend_set_threads(threads);
+    ref = measure(run_reference, &bc, n >= 512 ? 0.4 : budget);
+  }
+  cpu = measure(run_cpu, &bc, budget);
+#if HAVE_OPENBLAS
+  blas = measure(run_openblas, &bc, budget);
+#endif
+  char r[32], c[32], o[32];
+  fmt(r, sizeof r, ref);
+  fmt(c, sizeof c, cpu);
+  fmt(o, sizeof o, blas);
+  printf(
+      "gemm n=%lld dtype=%s threads=%d reference=%s cpu_exact=%s "
+      "openblas=%s gflops\n",
+      (long long)n, topos_dtype_name(dtype), threads, r, c, o);
+  fflush(stdout);
+  topos_tensor_release(bc.a);
+  topos_tensor_release(bc.b);
+  free(bc.c);
+}
+
+int main(int argc, char **argv) {
+#if HAVE_OPENBLAS
+  /* OpenBLAS reads these once, when it loads: re-execute without them.
+   * `--openblas-core NAME` instead pins its kernels (OpenBLAS 0.3.21 does
+   * not know every CPU and falls back to its SSE3 "Prescott" kernels). */
+  const char *core = NULL;
+  for (int i = 1; i + 1 < argc; i++)
+    if (strcmp(argv[i], "--openblas-core") == 0) core = argv[i + 1];
+  if (!getenv("TOPOS_GEMM_REEXEC") &&
+      (core || getenv("OPENBLAS_CORETYPE") || getenv("OPENBLAS_L2_SIZE"))) {
+    unsetenv("OPENBLAS_CORETYPE");
+    unsetenv("OPENBLAS_L2_SIZE");
+    if (core) setenv("OPENBLAS_CORETYPE", core, 1);
+    setenv("TOPOS_GEMM_REEXEC", "1", 1);
+    execv("/proc/self/exe", argv);
+    perror("gemm: re-exec");
+    return 1;
+  }
+#endif
+  int64_t only_n = 0;
+  int only_dtype = -1, only_threads = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--n") == 0 && i + 1 < argc) {
+      only_n = atoll(argv[++i]);
+    } else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
+      const char *d = argv[++i];
+      if (strcmp(d, "f32") == 0)
+        only_dtype = TOPOS_F32;
+      else if (strcmp(d, "f64") == 0)
+        only_dtype = TOPOS_F64;
+      else {
+        fprintf(stderr, "gemm: --dtype f32|f64\n");
+        return 2;
+      }
+    } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+      only_threads = atoi(argv[++i]);
+    } else if (strcmp(argv[i], "--openblas-core") == 0 && i + 1 < argc) {
+      i++; /* handled above */
+    } else {
+      fprintf(stderr,
+              "usage: %s [--n N] [--dtype f32|f64] [--threads T] "
+              "[--openblas-core NAME]\n",
+              argv[0]);
+      return 2;
+    }
+  }
+  topos_backends_register_defaults();
+  fprintf(stderr, "gemm: cpu backend microkernels: %s\n", topos_cpu_isa());
+  const int64_t sizes[] = {256, 512, 1024, 2048};
+  const topos_dtype dtypes[] = {TOPOS_F32, TOPOS_F64};
+  const int threads[] = {1, 2};
+  for (int si = 0; si < 4; si++) {
+    int64_t n = sizes[si];
+    if (only_n && n != only_n) continue;
+    for (int di = 0; di < 2; di++) {
+      if (only_dtype >= 0 && (int)dtypes[di] != only_dtype) continue;
+      for (int ti = 0; ti < 2; ti++) {
+        if (only_threads && threads[ti] != only_threads) continue;
+        run_case(n, dtypes[di], threads[ti]);
+      }
+    }
+  }
+  /* A size outside the default sweep. */
+  if (only_n && only_n != 256 && only_n != 512 && only_n != 1024 &&
+      only_n != 2048) {
+    for (int di = 0; di < 2; di++) {
+      if (only_dtype >= 0 && (int)dtypes[di] != only_dtype) continue;
+      for (int ti = 0; ti < 2; ti++) {
+        int t = only_threads ? only_threads : threads[ti];
+        if (only_threads && ti > 0) break;
+        run_case(only_n, dtypes[di], t);
+      }
+    }
+  } else if (only_threads && only_threads != 1 && only_threads != 2) {
+    for (int si = 0; si < 4; si++) {
+      if (only_n && sizes[si] != only_n) continue;
+      for (int di = 0; di < 2; di++) {
+        if (only_dtype >= 0 && (int)dtypes[di] != only_dtype) continue;
+        run_case(sizes[si], dtypes[di], only_threads);
+      }
+    }
+  }
+  backend_set_threads(0);
+  pool_trim();
+  return 0;
+}

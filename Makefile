@@ -119,7 +119,7 @@ $(BUILD)/examples/inspect: examples/inspect.c $(LIB_A)
 EXAMPLE_LIBS = $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(ENGINE_LINK) \
                 $(if $(CLIENT_SRC),$(GRPC_LIBS)) $(LDLIBS)
 
-$(BUILD)/examples/gradient_descent: examples/gradient_descent.c $(LIB_A) $(if $(CLIENT_SRC),$(LIB_CLIENT))
+$(BUILD)/examples/gradient_descent: examples/gradient_descent.c $(LIB_A) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(if $(BACKEND_SRC),$(LIB_BACKENDS))
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(EXAMPLE_LIBS)
 

@@ -36,6 +36,8 @@
 
 #include "backend.h"
 #include "backends.h"
+#include "cpu_reduce.h"
+#include "cpu_window.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define CPU_X86 1
@@ -410,6 +412,10 @@ typedef struct gemm_job {
   char *abufs;     /* per thread: A micro-panel (MR x KC) + a C tile */
   size_t abytes;   /* bytes per thread in abufs */
   atomic_int bar_count, bar_sense;
+  /* Other task kinds (cpu_window.c): when set, each thread runs
+   * fn(arg, tid, T) instead of the GEMM. */
+  void (*fn)(void *arg, int tid, int T);
+  void *arg;
 } gemm_job;
 
 static inline void cpu_relax(void) {
@@ -467,6 +473,10 @@ static void pack_b(const gemm_job *j, const char *src, int64_t kc, int64_t nc,
 }
 
 static void job_work(gemm_job *j, int tid) {
+  if (j->fn) {
+    j->fn(j->arg, tid, j->T);
+    return;
+  }
   const topos_gemm_task *g = j->g;
   const gemm_impl *im = j->im;
   const size_t es = j->es;
@@ -661,6 +671,46 @@ static int run_job(gemm_job *job, int threads) {
   return TOPOS_OK;
 }
 
+/* A parallel section on the pool for cpu_window.c (cpu_window.h). */
+void cpu_parallel(int threads, void (*fn)(void *arg, int tid, int T),
+                  void *arg) {
+  gemm_job job = {.fn = fn, .arg = arg};
+  bool pooled = threads > 1 && pthread_mutex_trylock(&pool_busy) == 0;
+  int helpers = 0;
+  if (pooled) {
+    helpers = pool_grow(threads - 1);
+    if (helpers > threads - 1) helpers = threads - 1;
+  }
+  job.T = 1 + helpers;
+  if (helpers == 0) {
+    fn(arg, 0, 1);
+    if (pooled) pthread_mutex_unlock(&pool_busy);
+    return;
+  }
+  pthread_mutex_lock(&pool_mu);
+  pool_job = &job;
+  pool_want = helpers;
+  atomic_store(&pool_pending, helpers);
+  atomic_fetch_add_explicit(&pool_gen, 1, memory_order_release);
+  pthread_cond_broadcast(&pool_cv);
+  pthread_mutex_unlock(&pool_mu);
+  fn(arg, 0, job.T);
+  for (int spins = 0;
+       atomic_load_explicit(&pool_pending, memory_order_acquire) > 0; spins++)
+    backoff(spins);
+  pthread_mutex_unlock(&pool_busy);
+}
+
+int cpu_gemm_kernels(topos_dtype dtype, cpu_kernels *out) {
+  const gemm_impl *im = impl_for(dtype);
+  out->mr = im->mr;
+  out->nr = im->nr;
+  out->kc = im->kc;
+  for (int i = 0; i <= MR_MAX; i++)
+    out->kern[i] = i <= im->mr ? im->kern[i] : NULL;
+  return 0;
+}
+
 /* -------------------------------------------------------------- backend */
 
 static atomic_ullong tasks_run;
@@ -671,6 +721,10 @@ unsigned long long topos_cpu_tasks_run(void) {
 
 static bool cpu_supports(const topos_backend *self, const topos_task *task) {
   (void)self;
+  if (task && task->kind == TOPOS_TASK_REDUCE) return cpu_reduce_supports(task);
+  if (task && task->kind == TOPOS_TASK_MAP) return cpu_map_supports(task);
+  if (task && task->kind == TOPOS_TASK_WINDOW)
+    return cpu_window_supports(&task->u.window);
   if (!task || task->kind != TOPOS_TASK_GEMM) return false;
   const topos_gemm_task *g = &task->u.gemm;
   if (g->dtype != TOPOS_F32 && g->dtype != TOPOS_F64) return false;
@@ -686,6 +740,14 @@ static int cpu_run(const topos_backend *self, const topos_task *task,
                    topos_error *err) {
   (void)self;
   (void)err;
+  if (task->kind == TOPOS_TASK_REDUCE) return cpu_reduce_run(task);
+  if (task->kind == TOPOS_TASK_MAP) return cpu_map_run(task);
+  if (task->kind == TOPOS_TASK_WINDOW) {
+    int wrc = cpu_window_run(&task->u.window, task->threads);
+    if (wrc == TOPOS_OK)
+      atomic_fetch_add_explicit(&tasks_run, 1, memory_order_relaxed);
+    return wrc;
+  }
   const topos_gemm_task *g = &task->u.gemm;
   if (g->dtype != TOPOS_F32 && g->dtype != TOPOS_F64) return TOPOS_ERR_DTYPE;
   if (g->batch < 1 || g->m < 1 || g->n < 1) return TOPOS_OK;

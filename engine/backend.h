@@ -25,7 +25,12 @@ typedef enum topos_fidelity {
   TOPOS_FIDELITY_ENVELOPE = 1 /* within numerics.md's fast-posture envelope */
 } topos_fidelity;
 
-typedef enum topos_task_kind { TOPOS_TASK_GEMM = 0 } topos_task_kind;
+typedef enum topos_task_kind {
+  TOPOS_TASK_GEMM = 0,
+  TOPOS_TASK_WINDOW, /* topos_window_task: the fused convolution */
+  TOPOS_TASK_REDUCE, /* topos_reduce_task: sums in the striped-16 order */
+  TOPOS_TASK_MAP,    /* topos_map_task: an elementwise map */
+} topos_task_kind;
 
 /*
  * C[b] = A[b]·B[b] for b < batch: A is m×k, B is k×n, C is m×n, each
@@ -45,11 +50,80 @@ typedef struct topos_gemm_task {
   int64_t c_row, c_col, c_batch;
 } topos_gemm_task;
 
+/*
+ * The fused convolution's direct windowed product: x is contiguous
+ * [n, c, h, w]; the weight is addressed by element strides (w_row over
+ * kk = (c, a, b) in that order, c·kh·kw of them; w_col over the o
+ * outputs); out is [n·oh·ow, o] row-major, written, never read.  Output
+ * (ni, oi, oj) reads x at row oi·stride_h + a·dil_h - pad_top, column
+ * oj·stride_w + b·dil_w - pad_left, 0 outside.  dtype is f32 or f64; the
+ * exact contract per output is the fma chain over kk in order from +0.0,
+ * padded positions included (as fma with 0).
+ */
+typedef struct topos_window_task {
+  topos_dtype dtype;
+  int64_t n, c, h, w;
+  const void *x;
+  int64_t o;
+  const void *weight;
+  int64_t w_row, w_col;
+  int64_t kh, kw, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left;
+  int64_t oh, ow;
+  void *out;
+} topos_window_task;
+
+/*
+ * y[o, i] = the striped-16 sum (numerics.md) of x[o, 0..L), i] for
+ * o < outer, i < inner: x is contiguous [outer, L, inner], y contiguous
+ * [outer, inner], written, never read.  dtype is f32 or f64.  L == 0
+ * gives +0.0.
+ */
+typedef struct topos_reduce_task {
+  topos_dtype dtype;
+  int64_t outer, L, inner;
+  const void *x;
+  void *y;
+} topos_reduce_task;
+
+/* The elementwise ops of a map task; each element's arithmetic is the
+ * reference's (numerics.md: libm once per element for exp, log, tanh,
+ * pow). */
+typedef enum topos_map_op {
+  TOPOS_MAP_NEG = 0,
+  TOPOS_MAP_EXP,
+  TOPOS_MAP_LOG,
+  TOPOS_MAP_SQRT,
+  TOPOS_MAP_TANH,
+  TOPOS_MAP_POW, /* x^p */
+  TOPOS_MAP_RELU,
+  TOPOS_MAP_ADD, /* binary from here on: y = a op b */
+  TOPOS_MAP_SUB,
+  TOPOS_MAP_MUL,
+  TOPOS_MAP_DIV,
+  TOPOS_MAP_MAXIMUM,
+  TOPOS_MAP_STEP,
+  TOPOS_MAP_COUNT
+} topos_map_op;
+
+/* y[i] = op(a[i]) (unary) or op(a[i], b[i]) (binary) for i < n; a, b and
+ * y contiguous arrays of dtype (f32 or f64), y written, never read. */
+typedef struct topos_map_task {
+  topos_dtype dtype;
+  topos_map_op op;
+  double p; /* the exponent of TOPOS_MAP_POW */
+  int64_t n;
+  const void *a, *b;
+  void *y;
+} topos_map_task;
+
 typedef struct topos_task {
   topos_task_kind kind;
   int threads; /* the most threads the task may use (>= 1) */
   union {
     topos_gemm_task gemm;
+    topos_window_task window;
+    topos_reduce_task reduce;
+    topos_map_task map;
   } u;
 } topos_task;
 

@@ -216,6 +216,40 @@ static topos_tensor *eval_int_add(topos_tensor *const *in,
   return t;
 }
 
+/* The map-task op of an elementwise op, or -1. */
+static int map_op_of(op_code op) {
+  switch (op) {
+    case OP_NEG:
+      return TOPOS_MAP_NEG;
+    case OP_EXP:
+      return TOPOS_MAP_EXP;
+    case OP_LOG:
+      return TOPOS_MAP_LOG;
+    case OP_SQRT:
+      return TOPOS_MAP_SQRT;
+    case OP_TANH:
+      return TOPOS_MAP_TANH;
+    case OP_POW:
+      return TOPOS_MAP_POW;
+    case OP_RELU:
+      return TOPOS_MAP_RELU;
+    case OP_ADD:
+      return TOPOS_MAP_ADD;
+    case OP_SUB:
+      return TOPOS_MAP_SUB;
+    case OP_MUL:
+      return TOPOS_MAP_MUL;
+    case OP_DIV:
+      return TOPOS_MAP_DIV;
+    case OP_MAXIMUM:
+      return TOPOS_MAP_MAXIMUM;
+    case OP_STEP:
+      return TOPOS_MAP_STEP;
+    default:
+      return -1;
+  }
+}
+
 static topos_tensor *eval_elementwise(op_code op, const node_attrs *at, int nin,
                                       topos_tensor *const *in,
                                       const tensor_meta *out,
@@ -229,10 +263,27 @@ static topos_tensor *eval_elementwise(op_code op, const node_attrs *at, int nin,
     if (compute_view_of(in[got], &v[got], err)) goto fail;
   if (out_begin(&ob, out, err)) goto fail;
   int64_t n = shape_count(out->rank, out->shape);
+  /* Large maps go down the chain first (bf16 as its f32 compute arrays). */
+  int mop = map_op_of(op);
+  if (mop >= 0 && (out->dtype == TOPOS_F32 || out->dtype == TOPOS_F64 ||
+                   out->dtype == TOPOS_BF16)) {
+    topos_task task = {.kind = TOPOS_TASK_MAP, .threads = backend_threads()};
+    task.u.map = (topos_map_task){
+        .dtype = out->dtype == TOPOS_F64 ? TOPOS_F64 : TOPOS_F32,
+        .op = (topos_map_op)mop,
+        .p = at->p,
+        .n = n,
+        .a = v[0].data,
+        .b = nin > 1 ? v[1].data : NULL,
+        .y = ob.data,
+    };
+    if (backend_offer(&task, backend_numerics(), err) == 0) goto mapped;
+  }
   if (nin == 1)
     DISPATCH(out->dtype, unary, op, at->p, v[0].data, ob.data, n);
   else
     DISPATCH(out->dtype, binary, op, v[0].data, v[1].data, ob.data, n);
+mapped:
   for (int i = 0; i < nin; i++) compute_view_done(&v[i]);
   return out_end(&ob);
 fail:
@@ -336,9 +387,25 @@ static topos_tensor *eval_rows(op_code op, const node_attrs *at,
     goto fail_out;
   switch (op) {
     case OP_SUM:
-    case OP_SUM_ALONG:
+    case OP_SUM_ALONG: {
+      /* Down the chain first (bf16 as its f32 compute arrays). */
+      if (a->dtype == TOPOS_F32 || a->dtype == TOPOS_F64 ||
+          a->dtype == TOPOS_BF16) {
+        topos_task task = {.kind = TOPOS_TASK_REDUCE,
+                           .threads = backend_threads()};
+        task.u.reduce = (topos_reduce_task){
+            .dtype = a->dtype == TOPOS_F64 ? TOPOS_F64 : TOPOS_F32,
+            .outer = outer,
+            .L = L,
+            .inner = inner,
+            .x = v.data,
+            .y = ob.data,
+        };
+        if (backend_offer(&task, backend_numerics(), err) == 0) break;
+      }
       DISPATCH(a->dtype, sum_rows, v.data, ob.data, outer, L, inner);
       break;
+    }
     case OP_MAX_ALONG:
       DISPATCH(a->dtype, max_rows, v.data, ob.data, outer, L, inner);
       break;
@@ -582,11 +649,42 @@ topos_tensor *group_eval(const plan_group *g, const tensor_meta *out,
   if (compute_view_of(x, &xv, err)) return NULL;
   if (g->kind == GROUP_CONV && mm_operand_of(weight, &W, err)) goto fail_x;
   if (out_begin(&ob, out, err)) goto fail_w;
+  /* f32/f64 convolutions go down the backend chain first (bf16 stays
+   * here: its f32 scratch is the reference's own). */
+  if (g->kind == GROUP_CONV &&
+      (out->dtype == TOPOS_F32 || out->dtype == TOPOS_F64)) {
+    topos_task task = {.kind = TOPOS_TASK_WINDOW, .threads = backend_threads()};
+    task.u.window = (topos_window_task){
+        .dtype = out->dtype,
+        .n = g->N,
+        .c = g->C,
+        .h = g->H,
+        .w = g->W,
+        .x = xv.data,
+        .o = g->nout,
+        .weight = W.data,
+        .w_row = W.s[1],
+        .w_col = W.s[2],
+        .kh = g->kh,
+        .kw = g->kw,
+        .stride_h = g->stride_h,
+        .stride_w = g->stride_w,
+        .dil_h = g->dil_h,
+        .dil_w = g->dil_w,
+        .pad_top = g->pad_top,
+        .pad_left = g->pad_left,
+        .oh = g->oh,
+        .ow = g->ow,
+        .out = ob.data,
+    };
+    if (backend_offer(&task, backend_numerics(), err) == 0) goto done;
+  }
   if (g->kind == GROUP_CONV)
     DISPATCH(out->dtype, conv_window, g, xv.data, W.data, W.s[1], W.s[2],
              ob.data);
   else
     DISPATCH(out->dtype, pool_window, g, xv.data, ob.data);
+done:
   compute_view_done(&W.view);
   compute_view_done(&xv);
   return out_end(&ob);

@@ -1,0 +1,266 @@
+/*
+ * cpu_window.c - the `cpu` backend's windowed product: the fused
+ * convolution of plans (TOPOS_TASK_WINDOW), exact fidelity.
+ *
+ * The reference (kernels_real.h, conv_window) computes each output
+ * out[r, o], r = (n, oi, oj), as one fma chain over kk = (c, a, b) in
+ * that order from +0.0: acc = fma(xval(r, kk), w[kk, o], acc), where
+ * xval is the input under the window or 0 at a padded position (still
+ * fma'd).  That is a GEMM whose A operand is the im2col matrix: row r,
+ * column kk.  So this file never materialises im2col; it builds A's
+ * micro-panels on the fly, MR rows x KC columns at a time, into the
+ * layout cpu.c's packed microkernels read ([k][MR], rows past the last
+ * zero), packs the weight once per task into NR-wide zero-padded panels,
+ * and runs cpu.c's microkernels over them: lane j of row i's accumulator
+ * is output (r_i, o_j)'s own chain.  k blocks of KC are stored and
+ * reloaded between blocks (the same chain, since a stored value is the
+ * register value); threads split the rows, never one output's chain.
+ * The bits therefore equal the reference's for every input, thread count
+ * and ISA.
+ */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cpu_window.h"
+
+/* The smallest product split across threads (smaller runs on the caller). */
+#define WIN_MIN_PARALLEL_WORK ((int64_t)128 * 128 * 64)
+/* The largest packed weight taken (bytes); bigger goes to the reference. */
+#define WIN_MAX_WEIGHT_BYTES ((int64_t)1 << 28)
+
+typedef struct win_job {
+  const topos_window_task *t;
+  cpu_kernels k;
+  size_t es;
+  int64_t K;     /* c·kh·kw */
+  int64_t rows;  /* n·oh·ow */
+  int64_t npan;  /* NR-wide panels over o */
+  int64_t units; /* MR-row panels over rows */
+  char *bpack;   /* the weight: per k block at p0, panel q: [kc][NR] */
+  int64_t *koff; /* per kk: offset of x[c, a·dil_h, b·dil_w] from x[0,0,0] */
+  int64_t *kdh;  /* per kk: a·dil_h */
+  int64_t *kdw;  /* per kk: b·dil_w */
+  char *abufs;   /* per thread: an A micro-panel (MR x KC) and a C tile */
+  size_t abytes; /* bytes per thread in abufs */
+} win_job;
+
+/* Packs rows [ir, ir + mr) x kk [p0, p0 + kc) of the im2col matrix into
+ * dst[k·MR + i]; rows mr..MR are zero. */
+#define DEFINE_PACK_A(T, SUF)                                                  \
+  static void pack_a_##SUF(const win_job *j, int64_t ir, int64_t mr,           \
+                           int64_t p0, int64_t kc, T *dst) {                   \
+    const topos_window_task *t = j->t;                                         \
+    const int MR = j->k.mr;                                                    \
+    const T *x = t->x;                                                         \
+    const int64_t ohw = t->oh * t->ow, chw = t->c * t->h * t->w;               \
+    const int64_t *koff = j->koff + p0, *kdh = j->kdh + p0,                    \
+                  *kdw = j->kdw + p0;                                          \
+    const int64_t W = t->w, sw = t->stride_w;                                  \
+    /* Runs of rows in one output row (same n, oi): consecutive oj, so         \
+     * for each kk their inputs lie on one strided line of x. */               \
+    int64_t rs[16], re[16], rbase[16], rh0[16], rv0[16];                       \
+    int nruns = 0;                                                             \
+    for (int64_t i = 0; i < mr;) {                                             \
+      int64_t r = ir + i, n = r / ohw, rem = r % ohw;                          \
+      int64_t oi = rem / t->ow, oj = rem % t->ow;                              \
+      int64_t len = t->ow - oj < mr - i ? t->ow - oj : mr - i;                 \
+      rs[nruns] = i;                                                           \
+      re[nruns] = i + len;                                                     \
+      rh0[nruns] = oi * t->stride_h - t->pad_top;                              \
+      rv0[nruns] = oj * sw - t->pad_left;                                      \
+      rbase[nruns] = n * chw + rh0[nruns] * W + rv0[nruns];                    \
+      nruns++;                                                                 \
+      i += len;                                                                \
+    }                                                                          \
+    for (int64_t k = 0; k < kc; k++) {                                         \
+      T *d = dst + k * MR;                                                     \
+      for (int q = 0; q < nruns; q++) {                                        \
+        int64_t len = re[q] - rs[q];                                           \
+        T *dq = d + rs[q];                                                     \
+        int64_t h = rh0[q] + kdh[k];                                           \
+        if ((uint64_t)h >= (uint64_t)t->h) {                                   \
+          for (int64_t u = 0; u < len; u++) dq[u] = (T)0;                      \
+          continue;                                                            \
+        }                                                                      \
+        /* Row u reads column v + u·sw: valid for lo <= u < hi. */            \
+        int64_t v = rv0[q] + kdw[k];                                           \
+        int64_t lo, hi;                                                        \
+        if (sw == 1) {                                                         \
+          lo = v >= 0 ? 0 : -v;                                                \
+          hi = W - v;                                                          \
+        } else {                                                               \
+          lo = v >= 0 ? 0 : (-v + sw - 1) / sw;                                \
+          hi = v < W ? (W - 1 - v) / sw + 1 : 0;                               \
+        }                                                                      \
+        if (hi > len) hi = len;                                                \
+        if (lo > hi) lo = hi;                                                  \
+        int64_t s0 = rbase[q] + koff[k];                                       \
+        int64_t u = 0;                                                         \
+        for (; u < lo; u++) dq[u] = (T)0;                                      \
+        if (sw == 1)                                                           \
+          for (; u < hi; u++) dq[u] = x[s0 + u];                               \
+        else                                                                   \
+          for (; u < hi; u++) dq[u] = x[s0 + u * sw];                          \
+        for (; u < len; u++) dq[u] = (T)0;                                     \
+      }                                                                        \
+    }                                                                          \
+    for (int64_t i = mr; i < MR; i++)                                          \
+      for (int64_t k = 0; k < kc; k++) dst[k * MR + i] = (T)0;                 \
+  }                                                                            \
+  /* The weight's rows [p0, p0 + kc) into NR-wide panels, columns past o       \
+   * zero. */                                                                  \
+  static void pack_w_##SUF(const win_job *j, int64_t p0, int64_t kc, T *dst) { \
+    const topos_window_task *t = j->t;                                         \
+    const int NR = j->k.nr;                                                    \
+    const T *w = t->weight;                                                    \
+    for (int64_t q = 0; q < j->npan; q++) {                                    \
+      int64_t c0 = q * NR;                                                     \
+      int64_t nr = t->o - c0 < NR ? t->o - c0 : NR;                            \
+      T *d = dst + q * kc * NR;                                                \
+      for (int64_t k = 0; k < kc; k++) {                                       \
+        const T *s = w + (p0 + k) * t->w_row + c0 * t->w_col;                  \
+        int64_t jx = 0;                                                        \
+        for (; jx < nr; jx++) d[k * NR + jx] = s[jx * t->w_col];               \
+        for (; jx < NR; jx++) d[k * NR + jx] = (T)0;                           \
+      }                                                                        \
+    }                                                                          \
+  }
+DEFINE_PACK_A(float, f32)
+DEFINE_PACK_A(double, f64)
+
+static void win_work(void *arg, int tid, int T) {
+  win_job *j = arg;
+  const topos_window_task *t = j->t;
+  const size_t es = j->es;
+  const int MR = j->k.mr, NR = j->k.nr;
+  const int64_t KC = j->k.kc, O = t->o;
+  char *apack = j->abufs + (size_t)tid * j->abytes;
+  char *tile = apack + (size_t)(MR * KC) * es;
+  char *out = t->out;
+  /* A contiguous share of the row panels: neighbouring rows read
+   * neighbouring input. */
+  int64_t ua = j->units * tid / T, ub = j->units * (tid + 1) / T;
+  for (int64_t u = ua; u < ub; u++) {
+    int64_t ir = u * MR;
+    int64_t mr = j->rows - ir < MR ? j->rows - ir : MR;
+    cpu_kern_fn kern = j->k.kern[mr];
+    for (int64_t p0 = 0; p0 < j->K; p0 += KC) {
+      int64_t kc = j->K - p0 < KC ? j->K - p0 : KC;
+      int first = p0 == 0;
+      if (t->dtype == TOPOS_F64)
+        pack_a_f64(j, ir, mr, p0, kc, (double *)apack);
+      else
+        pack_a_f32(j, ir, mr, p0, kc, (float *)apack);
+      const char *bblock = j->bpack + (size_t)(p0 * j->npan * NR) * es;
+      for (int64_t q = 0; q < j->npan; q++) {
+        int64_t jj = q * NR;
+        int64_t nr = O - jj < NR ? O - jj : NR;
+        const char *bp = bblock + (size_t)(q * kc * NR) * es;
+        char *cp = out + (size_t)(ir * O + jj) * es;
+        if (nr == NR) {
+          kern(kc, apack, bp, cp, O, first);
+          continue;
+        }
+        /* A partial tile goes through a contiguous one. */
+        if (!first)
+          for (int64_t i = 0; i < mr; i++)
+            memcpy(tile + (size_t)(i * NR) * es, cp + (size_t)(i * O) * es,
+                   (size_t)nr * es);
+        kern(kc, apack, bp, tile, NR, first);
+        for (int64_t i = 0; i < mr; i++)
+          memcpy(cp + (size_t)(i * O) * es, tile + (size_t)(i * NR) * es,
+                 (size_t)nr * es);
+      }
+    }
+  }
+}
+
+/* Sizes that fit: every extent positive, products within int64, the
+ * packed weight within WIN_MAX_WEIGHT_BYTES. */
+static bool win_sizes(const topos_window_task *t, int64_t *rows, int64_t *K,
+                      int64_t *work) {
+  if (t->n < 1 || t->c < 1 || t->h < 1 || t->w < 1 || t->o < 1 || t->kh < 1 ||
+      t->kw < 1 || t->oh < 1 || t->ow < 1 || t->stride_h < 1 ||
+      t->stride_w < 1 || t->dil_h < 1 || t->dil_w < 1)
+    return false;
+  if (!t->x || !t->weight || !t->out) return false;
+  int64_t a, b, chw;
+  if (__builtin_mul_overflow(t->n, t->oh, &a) ||
+      __builtin_mul_overflow(a, t->ow, rows))
+    return false;
+  if (__builtin_mul_overflow(t->c, t->kh, &a) ||
+      __builtin_mul_overflow(a, t->kw, K))
+    return false;
+  if (__builtin_mul_overflow(t->c, t->h, &a) ||
+      __builtin_mul_overflow(a, t->w, &chw) ||
+      __builtin_mul_overflow(chw, t->n, &b))
+    return false;
+  if (__builtin_mul_overflow(*rows, *K, &a) ||
+      __builtin_mul_overflow(a, t->o, work) ||
+      __builtin_mul_overflow(*rows, t->o, &b))
+    return false;
+  int64_t wbytes;
+  if (__builtin_mul_overflow(*K, t->o + 64, &a) ||
+      __builtin_mul_overflow(a, (int64_t)sizeof(double), &wbytes) ||
+      wbytes > WIN_MAX_WEIGHT_BYTES)
+    return false;
+  return true;
+}
+
+bool cpu_window_supports(const topos_window_task *t) {
+  if (t->dtype != TOPOS_F32 && t->dtype != TOPOS_F64) return false;
+  int64_t rows, K, work;
+  return win_sizes(t, &rows, &K, &work);
+}
+
+int cpu_window_run(const topos_window_task *t, int threads) {
+  if (t->dtype != TOPOS_F32 && t->dtype != TOPOS_F64) return TOPOS_ERR_DTYPE;
+  int64_t rows, K, work;
+  if (!win_sizes(t, &rows, &K, &work)) return TOPOS_ERR_ARGUMENT;
+  win_job j = {.t = t, .K = K, .rows = rows};
+  cpu_gemm_kernels(t->dtype, &j.k);
+  j.es = t->dtype == TOPOS_F64 ? sizeof(double) : sizeof(float);
+  const int MR = j.k.mr, NR = j.k.nr;
+  const int64_t KC = j.k.kc;
+  j.npan = (t->o + NR - 1) / NR;
+  j.units = (rows + MR - 1) / MR;
+  if (threads < 1 || work < WIN_MIN_PARALLEL_WORK) threads = 1;
+  if (threads > j.units) threads = (int)j.units;
+  size_t bbytes = (size_t)(K * j.npan * NR) * j.es;
+  bbytes = (bbytes + 63) / 64 * 64;
+  size_t tbytes = (size_t)(3 * K) * sizeof(int64_t);
+  tbytes = (tbytes + 63) / 64 * 64;
+  j.abytes = (size_t)(MR * KC + MR * NR) * j.es;
+  j.abytes = (j.abytes + 63) / 64 * 64;
+  void *buf = NULL;
+  if (posix_memalign(&buf, 64, bbytes + tbytes + j.abytes * (size_t)threads))
+    return TOPOS_ERR_MEMORY;
+  j.bpack = buf;
+  j.koff = (int64_t *)((char *)buf + bbytes);
+  j.kdh = j.koff + K;
+  j.kdw = j.kdh + K;
+  j.abufs = (char *)buf + bbytes + tbytes;
+  /* kk = (c, a, b) in the reference's order. */
+  int64_t kk = 0;
+  for (int64_t c = 0; c < t->c; c++)
+    for (int64_t a = 0; a < t->kh; a++)
+      for (int64_t b = 0; b < t->kw; b++, kk++) {
+        j.kdh[kk] = a * t->dil_h;
+        j.kdw[kk] = b * t->dil_w;
+        j.koff[kk] = (c * t->h + j.kdh[kk]) * t->w + j.kdw[kk];
+      }
+  for (int64_t p0 = 0; p0 < K; p0 += KC) {
+    int64_t kc = K - p0 < KC ? K - p0 : KC;
+    char *dst = j.bpack + (size_t)(p0 * j.npan * NR) * j.es;
+    if (t->dtype == TOPOS_F64)
+      pack_w_f64(&j, p0, kc, (double *)dst);
+    else
+      pack_w_f32(&j, p0, kc, (float *)dst);
+  }
+  cpu_parallel(threads, win_work, &j);
+  free(buf);
+  return TOPOS_OK;
+}

@@ -225,7 +225,10 @@ START_TEST(negative_zero_accumulators) {
       double corner = topos_tensor_get(got, S(24, 0), &err);
       double centre = topos_tensor_get(got, S(12, 1), &err);
       ck_assert(corner == 0.0 && !signbit(corner)); /* padding last: +0 */
-      ck_assert(centre == 0.0 && signbit(centre));  /* interior: -0 */
+      /* interior: -0, where fma rounds the tiny product once (not under
+       * valgrind's emulation, which gives +0 in both paths) */
+      ck_assert(centre == 0.0 &&
+                (signbit(centre) != 0) == tt_fma_rounds_once(dt));
       topos_tensor_release(got);
     }
     topos_tensor_release(x);

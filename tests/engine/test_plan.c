@@ -819,18 +819,6 @@ static bool has_negative_zero(const topos_tensor *t) {
   return found;
 }
 
-/* Whether this machine's fma rounds a product below the smallest
- * subnormal once, with its sign (valgrind's emulation rounds the product
- * first and adds +0 after, giving +0). */
-static bool fma_rounds_once(topos_dtype dt) {
-  if (dt != TOPOS_F64) {
-    volatile float a = -1e-30f, b = 1e-30f, c = 0.0f;
-    return signbit(fmaf(a, b, c));
-  }
-  volatile double a = -1e-200, b = 1e-200, c = 0.0;
-  return signbit(fma(a, b, c));
-}
-
 /* Fused vs blocked vs interpreter for a conv net on given x and w. */
 static void conv_edge(topos_dtype dt, const topos_tensor *xt,
                       const topos_tensor *wt, int stride, int pad, int dil,
@@ -841,7 +829,7 @@ static void conv_edge(topos_dtype dt, const topos_tensor *xt,
   topos_value y = topos_conv2d(t, x, w, TOPOS_NONE, stride, pad, dil);
   topos_network *net = seal(t);
   ck_assert_int_eq(check_fused_and_blocked(net, &y, 1, NULL, 0, what), 1);
-  if (want_neg_zero && fma_rounds_once(dt)) {
+  if (want_neg_zero && tt_fma_rounds_once(dt)) {
     topos_error err = {0};
     topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
     ck_assert(has_negative_zero(topos_run_of(run, y, &err)));

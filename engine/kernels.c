@@ -430,12 +430,17 @@ static topos_tensor *eval_fold(const node_attrs *at, const topos_tensor *a,
   int64_t inner = shape_count(a->rank - at->axis - 2, a->shape + at->axis + 2);
   compute_view v;
   out_buf ob;
-  scratch tmp = {0};
+  scratch tmp = {0}, src = {0};
   if (compute_view_of(a, &v, err)) return NULL;
   if (out_begin(&ob, out, err)) goto fail_v;
   if (!scratch_get(&tmp, count, compute_size(a->dtype), err)) goto fail_out;
+  if (!scratch_get(&src, count, sizeof(int64_t), err)) {
+    scratch_done(&tmp);
+    goto fail_out;
+  }
   DISPATCH(a->dtype, fold, v.data, ob.data, outer, count, size, inner,
-           at->extent, at->step, at->dilation, tmp.p);
+           at->extent, at->step, at->dilation, tmp.p, src.p);
+  scratch_done(&src);
   scratch_done(&tmp);
   compute_view_done(&v);
   return out_end(&ob);

@@ -177,23 +177,46 @@ static void K(lse_rows)(const void *xv, void *yv, int64_t outer, int64_t L,
 
 /* x is [outer, count, size, inner] -> y[outer, extent, inner]; window c's
  * element s lands at c·step + s·dilation.  Contributions to one output are
- * reduced in window order.  tmp holds count values. */
+ * reduced in window order.  For each output position the contributing
+ * windows are found once (c runs over a range, not over every window),
+ * and up to 16 of them are left-folded a whole inner row at a time, which
+ * is the same acc + x sequence per element as K(reduce).  tmp holds count
+ * values, src count offsets. */
 static void K(fold)(const void *xv, void *yv, int64_t outer, int64_t count,
                     int64_t size, int64_t inner, int64_t extent, int64_t step,
-                    int64_t dilation, R *tmp) {
+                    int64_t dilation, R *tmp, int64_t *src) {
   const R *x = xv;
   R *y = yv;
   for (int64_t o = 0; o < outer; o++)
-    for (int64_t e = 0; e < extent; e++)
-      for (int64_t i = 0; i < inner; i++) {
-        int64_t nt = 0;
-        for (int64_t c = 0; c < count && c * step <= e; c++) {
-          int64_t d = e - c * step;
-          if (d % dilation != 0 || d / dilation >= size) continue;
-          tmp[nt++] = x[((o * count + c) * size + d / dilation) * inner + i];
-        }
-        y[(o * extent + e) * inner + i] = K(reduce)(tmp, nt, 1);
+    for (int64_t e = 0; e < extent; e++) {
+      /* c·step <= e and e − c·step <= (size−1)·dilation. */
+      int64_t reach = (size - 1) * dilation;
+      int64_t c0 = e > reach ? (e - reach + step - 1) / step : 0;
+      int64_t c1 = e / step;
+      if (c1 > count - 1) c1 = count - 1;
+      int64_t nt = 0;
+      for (int64_t c = c0; c <= c1; c++) {
+        int64_t d = e - c * step;
+        if (d % dilation != 0) continue;
+        src[nt++] = ((o * count + c) * size + d / dilation) * inner;
       }
+      R *out = y + (o * extent + e) * inner;
+      if (nt == 0) {
+        for (int64_t i = 0; i < inner; i++) out[i] = (R)0;
+      } else if (nt <= 16) {
+        const R *first = x + src[0];
+        for (int64_t i = 0; i < inner; i++) out[i] = first[i];
+        for (int64_t t = 1; t < nt; t++) {
+          const R *xt = x + src[t];
+          for (int64_t i = 0; i < inner; i++) out[i] = out[i] + xt[i];
+        }
+      } else {
+        for (int64_t i = 0; i < inner; i++) {
+          for (int64_t t = 0; t < nt; t++) tmp[t] = x[src[t] + i];
+          out[i] = K(reduce)(tmp, nt, 1);
+        }
+      }
+    }
 }
 
 /* rows[n,d] scattered by idx into y[V,d]; `order` lists row numbers grouped

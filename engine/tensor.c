@@ -379,7 +379,44 @@ bool topos_tensor_is_contiguous(const topos_tensor *t) {
   return true;
 }
 
-/* Copies elements of size es from t, row-major, to dst. */
+/* t's layout with extent-1 axes dropped and neighbours that step through
+ * memory as one axis merged; returns the rank left (0: one element). */
+static int coalesce(const topos_tensor *t, int64_t *shape, int64_t *stride) {
+  int r = 0;
+  for (int a = 0; a < t->rank; a++) {
+    if (t->shape[a] == 1) continue;
+    if (r > 0 && stride[r - 1] == t->stride[a] * t->shape[a]) {
+      shape[r - 1] *= t->shape[a];
+      stride[r - 1] = t->stride[a];
+    } else {
+      shape[r] = t->shape[a];
+      stride[r] = t->stride[a];
+      r++;
+    }
+  }
+  return r;
+}
+
+/* dst[0 .. n1·n0) = the n1 x n0 block at src with strides s1, s0. */
+#define DEFINE_COPY_BLOCK(T)                                                  \
+  static T *copy_block_##T(T *dst, const T *src, int64_t n1, int64_t s1,     \
+                           int64_t n0, int64_t s0) {                         \
+    for (int64_t i1 = 0; i1 < n1; i1++, src += s1) {                         \
+      if (s0 == 1) {                                                         \
+        memcpy(dst, src, (size_t)n0 * sizeof(T));                            \
+        dst += n0;                                                           \
+      } else {                                                               \
+        for (int64_t i0 = 0; i0 < n0; i0++) *dst++ = src[i0 * s0];           \
+      }                                                                      \
+    }                                                                        \
+    return dst;                                                              \
+  }
+DEFINE_COPY_BLOCK(uint16_t)
+DEFINE_COPY_BLOCK(uint32_t)
+DEFINE_COPY_BLOCK(uint64_t)
+
+/* Copies elements of size es from t, row-major, to dst: the two innermost
+ * (coalesced) axes as a block, an odometer over the rest. */
 void tensor_copy_out(const topos_tensor *t, void *dst) {
   size_t es = topos_dtype_size(t->dtype);
   int64_t n = shape_count(t->rank, t->shape);
@@ -388,24 +425,43 @@ void tensor_copy_out(const topos_tensor *t, void *dst) {
     memcpy(dst, tensor_data(t), (size_t)n * es);
     return;
   }
+  int64_t shape[TOPOS_MAX_RANK], stride[TOPOS_MAX_RANK];
+  int r = coalesce(t, shape, stride);
+  /* Pad to two axes: the block copies n1 rows of n0. */
+  int64_t n0 = r >= 1 ? shape[r - 1] : 1, s0 = r >= 1 ? stride[r - 1] : 0;
+  int64_t n1 = r >= 2 ? shape[r - 2] : 1, s1 = r >= 2 ? stride[r - 2] : 0;
+  int outer_rank = r >= 2 ? r - 2 : 0;
+  int64_t idx[TOPOS_MAX_RANK] = {0};
+  int64_t pos = t->offset;
   const char *base = t->buf->data;
   char *out = dst;
-  walker w;
-  walker_init(&w, t);
-  switch (es) {
-    case 2:
-      for (int64_t i = 0; i < n; i++)
-        memcpy(out + i * 2, base + walker_next(&w) * 2, 2);
-      break;
-    case 4:
-      for (int64_t i = 0; i < n; i++)
-        memcpy(out + i * 4, base + walker_next(&w) * 4, 4);
-      break;
-    default:
-      assert(es == 8);
-      for (int64_t i = 0; i < n; i++)
-        memcpy(out + i * 8, base + walker_next(&w) * 8, 8);
-      break;
+  for (;;) {
+    switch (es) {
+      case 2:
+        out = (char *)copy_block_uint16_t((uint16_t *)out,
+                                          (const uint16_t *)base + pos, n1, s1,
+                                          n0, s0);
+        break;
+      case 4:
+        out = (char *)copy_block_uint32_t((uint32_t *)out,
+                                          (const uint32_t *)base + pos, n1, s1,
+                                          n0, s0);
+        break;
+      default:
+        assert(es == 8);
+        out = (char *)copy_block_uint64_t((uint64_t *)out,
+                                          (const uint64_t *)base + pos, n1, s1,
+                                          n0, s0);
+        break;
+    }
+    int a = outer_rank - 1;
+    for (; a >= 0; a--) {
+      pos += stride[a];
+      if (++idx[a] < shape[a]) break;
+      pos -= stride[a] * shape[a];
+      idx[a] = 0;
+    }
+    if (a < 0) break;
   }
 }
 

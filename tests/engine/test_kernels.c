@@ -1325,6 +1325,67 @@ START_TEST(fold_striped_bits) {
 }
 END_TEST
 
+/* The fold kernel finds each position's windows from a range and folds
+ * whole inner rows at a time; this checks it against the plain search
+ * over every window, per element, over steps, dilations, gaps (step >
+ * size), inner rows, outer blocks and overlaps past 16 (striped). */
+START_TEST(fold_matches_naive) {
+  static const int64_t cases[][6] = {
+      /* count, size, step, dilation, inner, extra extent */
+      {5, 3, 2, 1, 7, 1},  {6, 4, 1, 2, 3, 0}, {3, 5, 7, 1, 33, 6},
+      {25, 20, 1, 1, 5, 0}, {4, 2, 2, 3, 1, 1}, {1, 1, 1, 1, 17, 0},
+      {9, 5, 1, 1, 64, 0}, {7, 3, 3, 2, 2, 2},
+  };
+  const int64_t outer = 3;
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    int64_t count = cases[k][0], size = cases[k][1], step = cases[k][2];
+    int64_t dil = cases[k][3], inner = cases[k][4];
+    /* The extra tail must stay shorter than a step (no window fits). */
+    int64_t extra = cases[k][5] < step ? cases[k][5] : step - 1;
+    int64_t extent = (count - 1) * step + (size - 1) * dil + 1 + extra;
+    int64_t n = outer * count * size * inner, m = outer * extent * inner;
+    double *x = wide_array(n, 900 + k);
+    x[n / 2] = -0.0; /* -0 alone stays -0; a sum with it keeps the rule */
+    float *xf = to_f32(x, n);
+    double *want = malloc(sizeof(double) * (size_t)m);
+    float *wantf = malloc(sizeof(float) * (size_t)m);
+    double sel[64];
+    float self[64];
+    for (int64_t o = 0; o < outer; o++)
+      for (int64_t e = 0; e < extent; e++)
+        for (int64_t i = 0; i < inner; i++) {
+          int nt = 0;
+          for (int64_t c = 0; c < count; c++) {
+            int64_t d = e - c * step;
+            if (d < 0 || d % dil != 0 || d / dil >= size) continue;
+            int64_t at = ((o * count + c) * size + d / dil) * inner + i;
+            sel[nt] = x[at];
+            self[nt] = xf[at];
+            nt++;
+          }
+          want[(o * extent + e) * inner + i] = ref_sum64(sel, nt, 1);
+          wantf[(o * extent + e) * inner + i] = ref_sum32(self, nt, 1);
+        }
+    int64_t xs[4] = {outer, count, size, inner};
+    topos_tape *tp = topos_tape_new(TOPOS_F64);
+    topos_tensor *y = eval(
+        tp, topos_fold(tp, cst(tp, raw_tensor(TOPOS_F64, 4, xs, x)), 1, extent,
+                       size, step, dil));
+    expect_bits64(y, want, m, "fold f64");
+    topos_tensor_release(y);
+    tp = topos_tape_new(TOPOS_F32);
+    y = eval(tp, topos_fold(tp, cst(tp, raw_tensor(TOPOS_F32, 4, xs, xf)), 1,
+                            extent, size, step, dil));
+    expect_bits32(y, wantf, m, "fold f32");
+    topos_tensor_release(y);
+    free(x);
+    free(xf);
+    free(want);
+    free(wantf);
+  }
+}
+END_TEST
+
 START_TEST(layout_concat) {
   for (int k = 0; k < 2; k++) {
     topos_dtype d = float_dtypes[k];
@@ -1726,6 +1787,7 @@ Suite *kernels_suite(void) {
   tcase_add_test(tc, layout_narrow_pad);
   tcase_add_test(tc, layout_unfold);
   tcase_add_test(tc, layout_fold);
+  tcase_add_test(tc, fold_matches_naive);
   tcase_add_test(tc, fold_striped_bits);
   tcase_add_test(tc, layout_concat);
   tcase_add_test(tc, layout_broadcast);

@@ -51,6 +51,9 @@
 /* The smallest product split across threads (smaller runs on the caller). */
 #define CPU_MIN_PARALLEL_WORK ((int64_t)128 * 128 * 64)
 
+/* Products with at most this many NR-wide column panels read A in place. */
+#define CPU_DIRECT_A_PANELS 4
+
 #define MR_MAX 14
 #define NR_MAX 32
 
@@ -62,10 +65,17 @@ typedef enum isa { ISA_C = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 } isa;
 typedef void (*kern_fn)(int64_t kc, const void *a, const void *b, void *c,
                         int64_t ldc, int first);
 
+/* The same micro-tile reading A in place: element (i, k) at a[i·ars +
+ * k·acs].  For products with few column panels, where packing A would
+ * cost as much as the arithmetic it feeds. */
+typedef void (*kern_s_fn)(int64_t kc, const void *a, int64_t ars, int64_t acs,
+                          const void *b, void *c, int64_t ldc, int first);
+
 typedef struct gemm_impl {
   int mr, nr, kc;
   int64_t nc; /* columns per work item (a multiple of nr) */
   kern_fn kern[MR_MAX + 1];
+  kern_s_fn kern_s[MR_MAX + 1]; /* NULL: always pack A */
 } gemm_impl;
 
 /* ------------------------------------------------------- C microkernels */
@@ -129,8 +139,8 @@ static const gemm_impl impl_c_f64 = {
 #define DEFINE_SIMD_KERNEL(NAME, TARGET, T, V, W, MR, ZERO, LD, ST, SET1,      \
                            FMADD)                                              \
   static inline __attribute__((always_inline, target(TARGET))) void NAME(      \
-      const int MRV, int64_t kc, const T *a, const T *b, T *c, int64_t ldc,    \
-      int first) {                                                             \
+      const int MRV, int64_t kc, const T *a, const int64_t ars,                \
+      const int64_t acs, const T *b, T *c, int64_t ldc, int first) {           \
     V acc0[MR_MAX], acc1[MR_MAX];                                              \
     if (first) {                                                               \
       _Pragma("GCC unroll 14") for (int i = 0; i < MR_MAX; i++) if (i < MRV) { \
@@ -146,11 +156,11 @@ static const gemm_impl impl_c_f64 = {
     for (int64_t k = 0; k < kc; k++) {                                         \
       V b0 = LD(b), b1 = LD(b + W);                                            \
       _Pragma("GCC unroll 14") for (int i = 0; i < MR_MAX; i++) if (i < MRV) { \
-        V ai = SET1(a[i]);                                                     \
+        V ai = SET1(a[i * ars]);                                               \
         acc0[i] = FMADD(ai, b0, acc0[i]);                                      \
         acc1[i] = FMADD(ai, b1, acc1[i]);                                      \
       }                                                                        \
-      a += MR;                                                                 \
+      a += acs;                                                                \
       b += 2 * W;                                                              \
     }                                                                          \
     _Pragma("GCC unroll 14") for (int i = 0; i < MR_MAX; i++) if (i < MRV) {   \
@@ -172,11 +182,18 @@ DEFINE_SIMD_KERNEL(k256_f64, "avx2,fma", double, __m256d, 4, 6,
                    _mm256_setzero_pd, _mm256_loadu_pd, _mm256_storeu_pd,
                    _mm256_set1_pd, _mm256_fmadd_pd)
 
-#define SIMD_WRAP(NAME, TARGET, T, MRV)                               \
-  static __attribute__((target(TARGET))) void NAME##_##MRV(           \
-      int64_t kc, const void *a, const void *b, void *c, int64_t ldc, \
-      int first) {                                                    \
-    NAME(MRV, kc, a, b, c, ldc, first);                               \
+/* Packed A (ars 1, acs MR: constants, so the loop is the packed one), and
+ * A in place (runtime strides). */
+#define SIMD_WRAP(NAME, TARGET, T, MRV)                                   \
+  static __attribute__((target(TARGET))) void NAME##_##MRV(               \
+      int64_t kc, const void *a, const void *b, void *c, int64_t ldc,     \
+      int first) {                                                        \
+    NAME(MRV, kc, a, 1, NAME##_MR, b, c, ldc, first);                     \
+  }                                                                       \
+  static __attribute__((target(TARGET))) void NAME##_s##MRV(              \
+      int64_t kc, const void *a, int64_t ars, int64_t acs, const void *b, \
+      void *c, int64_t ldc, int first) {                                  \
+    NAME(MRV, kc, a, ars, acs, b, c, ldc, first);                         \
   }
 #define SIMD_WRAP14(NAME, TARGET, T) \
   SIMD_WRAP(NAME, TARGET, T, 1)      \
@@ -201,6 +218,7 @@ DEFINE_SIMD_KERNEL(k256_f64, "avx2,fma", double, __m256d, 4, 6,
   SIMD_WRAP(NAME, TARGET, T, 5)     \
   SIMD_WRAP(NAME, TARGET, T, 6)
 
+enum { k512_f32_MR = 14, k512_f64_MR = 14, k256_f32_MR = 6, k256_f64_MR = 6 };
 SIMD_WRAP14(k512_f32, "avx512f", float)
 SIMD_WRAP14(k512_f64, "avx512f", double)
 SIMD_WRAP6(k256_f32, "avx2,fma", float)
@@ -215,10 +233,23 @@ SIMD_WRAP6(k256_f64, "avx2,fma", double)
 #define LIST6(NAME) \
   { NULL, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6 }
 
-static const gemm_impl impl_512_f32 = {14, 32, 512, 512, LIST14(k512_f32)};
-static const gemm_impl impl_512_f64 = {14, 16, 256, 512, LIST14(k512_f64)};
-static const gemm_impl impl_256_f32 = {6, 16, 256, 512, LIST6(k256_f32)};
-static const gemm_impl impl_256_f64 = {6, 8, 256, 256, LIST6(k256_f64)};
+#define LIST14S(NAME)                                                        \
+  {                                                                          \
+    NULL, NAME##_s1, NAME##_s2, NAME##_s3, NAME##_s4, NAME##_s5, NAME##_s6,  \
+        NAME##_s7, NAME##_s8, NAME##_s9, NAME##_s10, NAME##_s11, NAME##_s12, \
+        NAME##_s13, NAME##_s14                                               \
+  }
+#define LIST6S(NAME) \
+  { NULL, NAME##_s1, NAME##_s2, NAME##_s3, NAME##_s4, NAME##_s5, NAME##_s6 }
+
+static const gemm_impl impl_512_f32 = {
+    14, 32, 512, 512, LIST14(k512_f32), LIST14S(k512_f32)};
+static const gemm_impl impl_512_f64 = {
+    14, 16, 256, 512, LIST14(k512_f64), LIST14S(k512_f64)};
+static const gemm_impl impl_256_f32 = {
+    6, 16, 256, 512, LIST6(k256_f32), LIST6S(k256_f32)};
+static const gemm_impl impl_256_f64 = {
+    6, 8, 256, 256, LIST6(k256_f64), LIST6S(k256_f64)};
 
 #endif /* CPU_X86 */
 
@@ -412,6 +443,7 @@ typedef struct gemm_job {
   char *abufs;     /* per thread: A micro-panel (MR x KC) + a C tile */
   size_t abytes;   /* bytes per thread in abufs */
   atomic_int bar_count, bar_sense;
+  bool direct_a; /* the kernels read A in place (kern_s), no packing */
   /* Other task kinds (cpu_window.c): when set, each thread runs
    * fn(arg, tid, T) instead of the GEMM. */
   void (*fn)(void *arg, int tid, int T);
@@ -472,6 +504,26 @@ static void pack_b(const gemm_job *j, const char *src, int64_t kc, int64_t nc,
                (float *)dst);
 }
 
+/* dst[i·drow + j·dcol] = src[i·srow + j·scol] for an mr x nr tile of
+ * es-byte elements (a copy: no arithmetic, so no bits change). */
+static void tile_copy(char *dst, int64_t drow, int64_t dcol, const char *src,
+                      int64_t srow, int64_t scol, int64_t mr, int64_t nr,
+                      size_t es) {
+  if (es == sizeof(double)) {
+    double *d = (double *)dst;
+    const double *s = (const double *)src;
+    for (int64_t i = 0; i < mr; i++)
+      for (int64_t x = 0; x < nr; x++)
+        d[i * drow + x * dcol] = s[i * srow + x * scol];
+  } else {
+    float *d = (float *)dst;
+    const float *s = (const float *)src;
+    for (int64_t i = 0; i < mr; i++)
+      for (int64_t x = 0; x < nr; x++)
+        d[i * drow + x * dcol] = s[i * srow + x * scol];
+  }
+}
+
 static void job_work(gemm_job *j, int tid) {
   if (j->fn) {
     j->fn(j->arg, tid, j->T);
@@ -516,9 +568,10 @@ static void job_work(gemm_job *j, int tid) {
           int64_t rp = u / groups, cg = u % groups;
           int64_t ir = rp * MR;
           int64_t mr = g->m - ir < MR ? g->m - ir : MR;
-          pack_a(j, A + (size_t)(ir * g->a_row + p0 * g->a_col) * es, mr, kc,
-                 apack);
+          const char *asrc = A + (size_t)(ir * g->a_row + p0 * g->a_col) * es;
           kern_fn kern = im->kern[mr];
+          kern_s_fn kern_s = j->direct_a ? im->kern_s[mr] : NULL;
+          if (!kern_s) pack_a(j, asrc, mr, kc, apack);
           int64_t qa = npan * cg / groups, qb = npan * (cg + 1) / groups;
           for (int64_t q = qa; q < qb; q++) {
             int64_t jj = j0 + q * NR;
@@ -526,20 +579,20 @@ static void job_work(gemm_job *j, int tid) {
             const char *bp = j->bpack + (size_t)(q * kc * NR) * es;
             char *cp = C + (size_t)(ir * g->c_row + jj * g->c_col) * es;
             if (nr == NR && g->c_col == 1) {
-              kern(kc, apack, bp, cp, g->c_row, first);
+              if (kern_s)
+                kern_s(kc, asrc, g->a_row, g->a_col, bp, cp, g->c_row, first);
+              else
+                kern(kc, apack, bp, cp, g->c_row, first);
               continue;
             }
             /* A partial or strided tile goes through a contiguous one. */
             if (!first)
-              for (int64_t i = 0; i < mr; i++)
-                for (int64_t jx = 0; jx < nr; jx++)
-                  memcpy(tile + (size_t)(i * NR + jx) * es,
-                         cp + (size_t)(i * g->c_row + jx * g->c_col) * es, es);
-            kern(kc, apack, bp, tile, NR, first);
-            for (int64_t i = 0; i < mr; i++)
-              for (int64_t jx = 0; jx < nr; jx++)
-                memcpy(cp + (size_t)(i * g->c_row + jx * g->c_col) * es,
-                       tile + (size_t)(i * NR + jx) * es, es);
+              tile_copy(tile, NR, 1, cp, g->c_row, g->c_col, mr, nr, es);
+            if (kern_s)
+              kern_s(kc, asrc, g->a_row, g->a_col, bp, tile, NR, first);
+            else
+              kern(kc, apack, bp, tile, NR, first);
+            tile_copy(cp, g->c_row, g->c_col, tile, NR, 1, mr, nr, es);
           }
         }
         job_barrier(j, &sense);
@@ -775,6 +828,9 @@ static int cpu_run(const topos_backend *self, const topos_task *task,
   nc = (nc + im->nr - 1) / im->nr * im->nr;
   job.nc = nc;
   job.nblocks = (g->n + nc - 1) / nc;
+  /* Packing A pays for itself across a row's column panels; with a few of
+   * them the kernel reads A in place (the same fmas in the same order). */
+  job.direct_a = job.nblocks == 1 && nc / im->nr <= CPU_DIRECT_A_PANELS;
   atomic_init(&job.bar_count, 0);
   atomic_init(&job.bar_sense, 0);
   int rc = run_job(&job, threads);

@@ -23,49 +23,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "topos.h"
+#include "models.h" /* timing, the training step, the makemore network */
 
 /* ------------------------------------------------------------- utilities */
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-/* Median of v[0..n) (sorts v). */
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof v[0], cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static void die(const char *what, const topos_error *err) {
-  fprintf(stderr, "bench/compiler: %s: %s\n", what,
-          err && err->message[0] ? err->message : "failed");
-  exit(1);
-}
-
-static void *must(void *p, const char *what, const topos_error *err) {
-  if (p == NULL) die(what, err);
-  return p;
-}
-
-static uint64_t splitmix64(uint64_t *state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-/* One table row: workload, measure, value, unit. */
 static void row(const char *workload, const char *measure, const char *value,
                 const char *unit) {
   printf("%-9s %-52s %12s%s%s\n", workload, measure, value, unit[0] ? " " : "",
@@ -88,36 +51,17 @@ static void rowi(const char *workload, const char *measure, long long value,
 }
 
 static void cpu_header(void) {
-  char model[256] = "unknown CPU";
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  if (f != NULL) {
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-      if (strncmp(line, "model name", 10) != 0) continue;
-      const char *colon = strchr(line, ':');
-      if (colon == NULL) continue;
-      colon++;
-      while (*colon == ' ' || *colon == '\t') colon++;
-      snprintf(model, sizeof model, "%.*s", (int)strcspn(colon, "\n"), colon);
-      break;
-    }
-    fclose(f);
-  }
+  char model[256];
+  cpu_model(model, sizeof model);
   printf(
       "topos compiler bench: %s, %ld threads online (this bench runs on 1)\n",
       model, sysconf(_SC_NPROCESSORS_ONLN));
   /* The machine's load when the run starts: a busy shared host slows
    * every figure, and the side-by-side ratios less than the times. */
-  double load = -1;
-  f = fopen("/proc/loadavg", "r");
-  if (f != NULL) {
-    if (fscanf(f, "%lf", &load) != 1) load = -1;
-    fclose(f);
-  }
   printf(
       "times: median of the repetitions after warm-up, CLOCK_MONOTONIC; "
       "1-min load average at start %.2f\n\n",
-      load);
+      load_average());
   printf("%-9s %-52s %12s %s\n", "workload", "measure", "value", "unit");
   printf("%-9s %-52s %12s %s\n", "--------",
          "----------------------------------------------------", "-----",
@@ -125,79 +69,6 @@ static void cpu_header(void) {
 }
 
 /* ------------------------------------------------------------- training */
-
-/* One path of training: the interpreter (plan NULL) or a training plan,
- * each with its own parameters and optimizer state. */
-typedef struct trainer {
-  const topos_network *net;
-  const topos_plan *plan;
-  topos_value loss;
-  topos_params *params;
-  topos_opt_state *state;
-  long steps;
-} trainer;
-
-static void trainer_init(trainer *t, const topos_network *net,
-                         const topos_plan *plan, topos_value loss,
-                         const topos_optimizer *opt) {
-  topos_error err = {0};
-  t->net = net;
-  t->plan = plan;
-  t->loss = loss;
-  t->steps = 0;
-  t->params = must(topos_network_parameters(net), "parameters", NULL);
-  t->state = must(topos_opt_state_new(opt, t->params, &err), "opt state", &err);
-}
-
-static void trainer_free(trainer *t) {
-  topos_params_free(t->params);
-  topos_opt_state_free(t->state);
-}
-
-/* A fixed batch: the two input tensors of a network. */
-typedef struct batch {
-  topos_tensor *x, *y;
-} batch;
-
-/* forward + backward + the parameters' gradients + one optimizer step. */
-static void train_step(trainer *t, const topos_optimizer *opt,
-                       const topos_feed *feeds, int nfeeds) {
-  topos_error err = {0};
-  topos_run *run =
-      t->plan ? topos_plan_forward(t->plan, t->params, feeds, nfeeds, &err)
-              : topos_forward(t->net, t->params, feeds, nfeeds, &err);
-  must(run, t->plan ? "plan forward" : "forward", &err);
-  topos_field *grad = t->plan ? topos_plan_backward(t->plan, run, &err)
-                              : topos_backward(run, t->loss, &err);
-  must(grad, t->plan ? "plan backward" : "backward", &err);
-  topos_params *g = must(topos_parameters_of(grad, &err), "grads", &err);
-  topos_params *next = NULL;
-  topos_opt_state *next_state = NULL;
-  if (topos_optimizer_step(opt, t->params, g, t->state, &next, &next_state,
-                           &err) != TOPOS_OK)
-    die("optimizer step", &err);
-  topos_params_free(t->params);
-  topos_opt_state_free(t->state);
-  t->params = next;
-  t->state = next_state;
-  topos_params_free(g);
-  topos_field_free(grad);
-  topos_run_free(run);
-  t->steps++;
-}
-
-/* Runs `steps` steps on the batches in order, returns seconds taken. */
-static double train_block(trainer *t, const topos_optimizer *opt,
-                          const batch *b, int nb, topos_value xv,
-                          topos_value yv, int steps) {
-  double t0 = now_s();
-  for (int k = 0; k < steps; k++) {
-    const batch *cur = &b[t->steps % nb];
-    topos_feed feeds[2] = {{xv, cur->x}, {yv, cur->y}};
-    train_step(t, opt, feeds, 2);
-  }
-  return now_s() - t0;
-}
 
 typedef struct train_result {
   double interp_ms, plan_ms;
@@ -245,15 +116,6 @@ static train_result compare_training(const topos_network *net,
   return res;
 }
 
-static topos_plan *lower(const topos_network *net, const topos_value *roots,
-                         int nroots, const topos_value *observes, int nobserves,
-                         topos_posture posture, const char *what) {
-  topos_error err = {0};
-  topos_entry entry = {roots,     nroots,  observes,
-                       nobserves, posture, TOPOS_NUMERICS_EXACT};
-  return must(topos_network_lower(net, &entry, &err), what, &err);
-}
-
 static void report_training(const char *workload, const train_result *r) {
   char label[96];
   rowf(workload, "train step, interpreter (fwd+bwd+SGD)", r->interp_ms, 3,
@@ -269,66 +131,6 @@ static void report_training(const char *workload, const train_result *r) {
 
 /* ------------------------------------------------------------- makemore */
 
-enum { VOCAB = 27, CONTEXT = 3, EMBED = 10, HIDDEN = 100, BATCH = 64 };
-
-typedef struct model {
-  topos_network *net;
-  topos_value x, y, logits, loss;
-} model;
-
-/* The network of examples/makemore/makemore_mlp.c, same initialisation. */
-static model makemore_build(void) {
-  const topos_dtype dt = TOPOS_F32;
-  topos_error err = {0};
-  int64_t c_shape[2] = {VOCAB, EMBED};
-  int64_t w1_shape[2] = {CONTEXT * EMBED, HIDDEN};
-  int64_t b1_shape[1] = {HIDDEN};
-  int64_t w2_shape[2] = {HIDDEN, VOCAB};
-  int64_t b2_shape[1] = {VOCAB};
-  int64_t x_shape[2] = {BATCH, CONTEXT};
-  int64_t y_shape[1] = {BATCH};
-  topos_tensor *init[7] = {
-      topos_init_normal(dt, 2, c_shape, 0.0, 1.0, 1, &err),
-      topos_init_kaiming(dt, 2, w1_shape, CONTEXT * EMBED, 2, &err),
-      topos_tensor_zeros(dt, 1, b1_shape, &err),
-      topos_init_normal(dt, 2, w2_shape, 0.0, 0.01, 3, &err),
-      topos_tensor_zeros(dt, 1, b2_shape, &err),
-      topos_tensor_zeros(TOPOS_I32, 2, x_shape, &err),
-      topos_tensor_zeros(TOPOS_I32, 1, y_shape, &err),
-  };
-  for (int i = 0; i < 7; i++) must(init[i], "makemore initials", &err);
-  topos_tape *tape = must(topos_tape_new(dt), "tape", NULL);
-  model m = {0};
-  topos_value c = topos_name(tape, topos_parameter(tape, init[0]), "C");
-  topos_value w1 = topos_name(tape, topos_parameter(tape, init[1]), "W1");
-  topos_value b1 = topos_name(tape, topos_parameter(tape, init[2]), "b1");
-  topos_value w2 = topos_name(tape, topos_parameter(tape, init[3]), "W2");
-  topos_value b2 = topos_name(tape, topos_parameter(tape, init[4]), "b2");
-  m.x = topos_name(tape, topos_input(tape, init[5]), "x");
-  m.y = topos_name(tape, topos_input(tape, init[6]), "y");
-  int64_t flat[2] = {BATCH, CONTEXT * EMBED};
-  topos_value emb = topos_reshape(tape, topos_embedding(tape, c, m.x), 2, flat);
-  topos_value h = topos_tanh(tape, topos_linear(tape, emb, w1, b1));
-  m.logits = topos_name(tape, topos_linear(tape, h, w2, b2), "logits");
-  m.loss = topos_name(tape, topos_cross_entropy(tape, m.logits, m.y), "loss");
-  m.net = must(topos_tape_seal(tape, &err), "makemore seal", &err);
-  for (int i = 0; i < 7; i++) topos_tensor_release(init[i]);
-  return m;
-}
-
-/* Random index tensor of `count` entries below `bound`. */
-static topos_tensor *random_indices(int rank, const int64_t *shape,
-                                    int64_t count, uint64_t bound,
-                                    uint64_t *rng) {
-  topos_error err = {0};
-  int32_t *v = malloc(sizeof(int32_t) * (size_t)count);
-  if (!v) die("index batch", NULL);
-  for (int64_t i = 0; i < count; i++) v[i] = (int32_t)(splitmix64(rng) % bound);
-  topos_tensor *t = topos_tensor_from(TOPOS_I32, rank, shape, v, &err);
-  free(v);
-  return must(t, "index batch", &err);
-}
-
 enum { MM_BATCHES = 16 };
 
 static void bench_makemore(void) {
@@ -341,10 +143,10 @@ static void bench_makemore(void) {
     b[i].x = random_indices(2, xs, BATCH * CONTEXT, VOCAB, &rng);
     b[i].y = random_indices(1, ys, BATCH, VOCAB, &rng);
   }
-  topos_plan *train =
-      lower(m.net, &m.loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING, "lower train");
-  topos_plan *fwd =
-      lower(m.net, &m.logits, 1, NULL, 0, TOPOS_POSTURE_FORWARD, "lower fwd");
+  topos_plan *train = lower(m.net, &m.loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING,
+                            TOPOS_NUMERICS_EXACT, "lower train");
+  topos_plan *fwd = lower(m.net, &m.logits, 1, NULL, 0, TOPOS_POSTURE_FORWARD,
+                          TOPOS_NUMERICS_EXACT, "lower fwd");
   topos_optimizer opt = topos_sgd(0.1, 0.0);
   train_result r = compare_training(m.net, train, m.loss, &opt, b, MM_BATCHES,
                                     m.x, m.y, 16, 84, 10);
@@ -471,12 +273,13 @@ static void bench_cnn(void) {
         "cnn batch", &err);
     b[i].y = random_indices(1, ys, CNN_BATCH, CNN_CLASSES, &rng);
   }
-  topos_plan *train =
-      lower(m.net, &m.loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING, "lower train");
-  topos_plan *fused =
-      lower(m.net, &m.logits, 1, NULL, 0, TOPOS_POSTURE_FORWARD, "lower fwd");
-  topos_plan *unfused = lower(m.net, &m.logits, 1, m.interior, 4,
-                              TOPOS_POSTURE_FORWARD, "lower fwd, observed");
+  topos_plan *train = lower(m.net, &m.loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING,
+                            TOPOS_NUMERICS_EXACT, "lower train");
+  topos_plan *fused = lower(m.net, &m.logits, 1, NULL, 0, TOPOS_POSTURE_FORWARD,
+                            TOPOS_NUMERICS_EXACT, "lower fwd");
+  topos_plan *unfused =
+      lower(m.net, &m.logits, 1, m.interior, 4, TOPOS_POSTURE_FORWARD,
+            TOPOS_NUMERICS_EXACT, "lower fwd, observed");
   if (topos_plan_group_count(unfused) != 0)
     die("cnn: observing the interior reshapes did not block fusion", NULL);
 
@@ -695,6 +498,7 @@ static void bench_spec(void) {
 }
 
 int main(void) {
+  bench_prog = "bench/compiler";
   cpu_header();
   bench_makemore();
   bench_cnn();

@@ -602,15 +602,13 @@ static void mm_local_step(const mm_model *m, const topos_optimizer *opt,
   topos_error err = {0};
   topos_feed feeds[2] = {{m->x, b->x}, {m->y, b->y}};
   topos_run *run = topos_forward(m->net, *params, feeds, 2, &err);
-  topos_field *grad = run ? topos_backward(run, m->loss, &err) : NULL;
-  topos_params *g = grad ? topos_parameters_of(grad, &err) : NULL;
+  topos_params *g = run ? topos_gradients(run, m->loss, &err) : NULL;
   topos_params *next = NULL;
   topos_opt_state *next_state = NULL;
   if (g == NULL || topos_optimizer_step(opt, *params, g, *state, &next,
                                         &next_state, &err) != TOPOS_OK)
     die("in-process step", err.message);
   topos_params_free(g);
-  topos_field_free(grad);
   topos_run_free(run);
   topos_params_free(*params);
   topos_opt_state_free(*state);

@@ -17,9 +17,11 @@
  *   stats
  *
  *   ENTRY: --roots V,V,... [--observes V,...] [--training] [--fast]
- *          [--backend NAME].  A value V is a node index (decimal) or a
- *          node name.  Without --roots the roots are the spec's outputs
- *          (the nodes nothing consumes, from its JSON describe).
+ *          [--backend NAME] [--threads N].  A value V is a node index
+ *          (decimal) or a node name.  Without --roots the roots are the
+ *          spec's outputs (the nodes nothing consumes, from its JSON
+ *          describe).  --threads N (0..1024, 0 = the daemon's default) is
+ *          the most threads each backend task of the entry's runs may use.
  *
  * --server defaults to $TOPOS_SERVER, then 127.0.0.1:50051.  Every command
  * takes --help.  Results go to stdout, errors to stderr; the exit status
@@ -41,6 +43,7 @@
 typedef struct options {
   const char *server;
   double deadline;
+  int threads; /* --threads; -1 when not given */
   const char *command;
   const char *id; /* or FILE for record */
   const char *format;
@@ -63,8 +66,9 @@ static const char *const usage_text =
     "  stats\n"
     "\n"
     "ENTRY: --roots V,... [--observes V,...] [--training] [--fast]\n"
-    "       [--backend NAME]; V is a node index or name; the default roots\n"
-    "       are the spec's outputs.\n"
+    "       [--backend NAME] [--threads N]; V is a node index or name; the\n"
+    "       default roots are the spec's outputs; N (0..1024) caps each\n"
+    "       task's threads, 0 = the daemon's default.\n"
     "--server defaults to $TOPOS_SERVER, then " TOPOS_CLIENT_DEFAULT_ADDRESS
     ".\n";
 
@@ -83,22 +87,25 @@ static const struct {
      "Prints the stored spec: one line per node (text), JSON, or Graphviz.\n"},
     {"lower",
      "usage: topos lower ID [--roots V,...] [--observes V,...] [--training]\n"
-     "                  [--fast] [--backend NAME]\n"
+     "                  [--fast] [--backend NAME] [--threads N]\n"
      "Prints the plan the daemon compiles for the entry: schedule, liveness,\n"
      "fused groups and peak bytes.  V is a node index or a node name; the\n"
-     "default roots are the spec's outputs.\n"},
+     "default roots are the spec's outputs.  --threads N (0..1024; 0 = the\n"
+     "daemon's default) is the most threads each backend task may use.\n"},
     {"emit",
      "usage: topos emit ID [--roots V,...] [--observes V,...] [--training]\n"
-     "                 [--fast] [--generic]\n"
+     "                 [--fast] [--threads N] [--generic]\n"
      "Prints the entry's plan as a StableHLO module (pretty, or the generic\n"
      "form mlir-opt parses with --generic).\n"},
     {"conformance",
      "usage: topos conformance ID [--roots V,...] [--observes V,...]\n"
-     "                        [--training] [--fast] [--allow-envelope]\n"
+     "                        [--training] [--fast] [--threads N]\n"
+     "                        [--allow-envelope]\n"
      "Runs the entry on every backend of the daemon's host and compares it\n"
      "with the reference interpreter.  Prints one line per backend; the\n"
      "exit status is 1 when any backend is not bit-identical (with\n"
-     "--allow-envelope, backends of \"envelope\" fidelity may differ).\n"},
+     "--allow-envelope, backends of \"envelope\" fidelity may differ).\n"
+     "--threads N (0..1024) runs the plans with that many threads.\n"},
     {"health",
      "usage: topos health\n"
      "Prints the daemon's status and version; exit status 1 unless it is\n"
@@ -133,6 +140,7 @@ static int parse(int argc, char **argv, options *o) {
   const char *env = getenv("TOPOS_SERVER");
   o->server = env && env[0] ? env : TOPOS_CLIENT_DEFAULT_ADDRESS;
   o->format = "text";
+  o->threads = -1;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     bool more = i + 1 < argc;
@@ -160,6 +168,15 @@ static int parse(int argc, char **argv, options *o) {
       VALUE(observes);
     } else if (strcmp(a, "--backend") == 0) {
       VALUE(backend);
+    } else if (strcmp(a, "--threads") == 0) {
+      if (!more) return usage_error("--threads needs a value");
+      const char *v = argv[++i];
+      char *end = NULL;
+      long n = strtol(v, &end, 10);
+      if (!end || end == v || *end || n < 0 || n > TOPOS_THREADS_MAX)
+        return usage_error("--threads needs a whole number 0..%d, not %s",
+                           TOPOS_THREADS_MAX, v);
+      o->threads = (int)n;
     } else if (strcmp(a, "--training") == 0) {
       o->training = true;
     } else if (strcmp(a, "--fast") == 0) {
@@ -310,6 +327,7 @@ static int build_entry(topos_client *c, const options *o,
       o->training ? TOPOS__V1__POSTURE__TRAINING : TOPOS__V1__POSTURE__FORWARD;
   e->numerics =
       o->fast ? TOPOS__V1__NUMERICS__FAST : TOPOS__V1__NUMERICS__EXACT;
+  e->threads = o->threads > 0 ? (uint32_t)o->threads : 0;
   if (rc < 0 && o->backend) {
     e->backend = strdup(o->backend);
     if (!e->backend) rc = usage_error("out of memory");
@@ -566,6 +584,7 @@ int main(int argc, char **argv) {
                       : (o.roots || o.observes) && !entry ? "--roots/--observes"
                       : (o.training || o.fast) && !entry  ? "--training/--fast"
                       : o.backend && !entry               ? "--backend"
+                      : o.threads >= 0 && !entry          ? "--threads"
                       : o.generic && k != 3               ? "--generic"
                       : o.allow_envelope && k != 4        ? "--allow-envelope"
                       : o.summary && k != 0               ? "--summary"

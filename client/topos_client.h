@@ -84,7 +84,12 @@ int topos_client_record(topos_client *c, const topos_network *net, char id[65],
  * on the daemon).  *text is new (topos_free). */
 int topos_client_describe(topos_client *c, const char *id, topos_format format,
                           char **text, topos_error *err);
-/* Lower: the plan the daemon compiles for `entry` (values are node indices
+/* Every call that takes an entry sends all of it: roots, observes,
+ * posture, numerics and threads (Entry.threads: 0 = the daemon's default;
+ * a negative count is TOPOS_ERR_ARGUMENT here, above TOPOS_THREADS_MAX the
+ * daemon's INVALID_ARGUMENT).
+ *
+ * Lower: the plan the daemon compiles for `entry` (values are node indices
  * of the recorded network), as topos_plan_describe text.  peak_bytes and
  * groups may be NULL.  *text is new (topos_free). */
 int topos_client_lower(topos_client *c, const char *id,

@@ -124,9 +124,10 @@ static int32_t max_along_adjoint(builder *b, const node *n, int32_t g,
 }
 
 int op_adjoint(builder *b, const node *n, int32_t g, int32_t y,
-               const int32_t *x, int32_t *dx) {
+               const int32_t *x, int32_t *dx, const bool *want) {
   const node_attrs *at = &n->at;
   for (int i = 0; i < n->nin; i++) dx[i] = -1;
+#define W(j) (want == NULL || want[j])
   /* Operand shapes, copied: builder storage may move while emitting. */
   tensor_meta a = n->nin > 0 ? *b->meta(b, x[0]) : n->meta;
   switch (n->op) {
@@ -136,21 +137,22 @@ int op_adjoint(builder *b, const node *n, int32_t g, int32_t y,
     case OP_STEP:
       return 0; /* leaves, and step is locally constant */
     case OP_ADD:
-      dx[0] = g;
-      dx[1] = g;
+      if (W(0)) dx[0] = g;
+      if (W(1)) dx[1] = g;
       break;
     case OP_SUB:
-      dx[0] = g;
-      dx[1] = b_unary(b, OP_NEG, g);
+      if (W(0)) dx[0] = g;
+      if (W(1)) dx[1] = b_unary(b, OP_NEG, g);
       break;
     case OP_MUL:
-      dx[0] = b_binary(b, OP_MUL, g, x[1]);
-      dx[1] = b_binary(b, OP_MUL, g, x[0]);
+      if (W(0)) dx[0] = b_binary(b, OP_MUL, g, x[1]);
+      if (W(1)) dx[1] = b_binary(b, OP_MUL, g, x[0]);
       break;
     case OP_DIV: /* g/b and -g·y/b */
-      dx[0] = b_binary(b, OP_DIV, g, x[1]);
-      dx[1] = b_unary(b, OP_NEG,
-                      b_binary(b, OP_DIV, b_binary(b, OP_MUL, g, y), x[1]));
+      if (W(0)) dx[0] = b_binary(b, OP_DIV, g, x[1]);
+      if (W(1))
+        dx[1] = b_unary(b, OP_NEG,
+                        b_binary(b, OP_DIV, b_binary(b, OP_MUL, g, y), x[1]));
       break;
     case OP_NEG:
       dx[0] = b_unary(b, OP_NEG, g);
@@ -180,9 +182,10 @@ int op_adjoint(builder *b, const node *n, int32_t g, int32_t y,
     }
     case OP_MAXIMUM: { /* ties go to a */
       int32_t m = b_binary(b, OP_STEP, x[0], x[1]);
-      dx[0] = b_binary(b, OP_MUL, g, m);
-      dx[1] = b_binary(b, OP_MUL, g,
-                       b_binary(b, OP_SUB, b_fill_like(b, m, 1.0), m));
+      if (W(0)) dx[0] = b_binary(b, OP_MUL, g, m);
+      if (W(1))
+        dx[1] = b_binary(b, OP_MUL, g,
+                         b_binary(b, OP_SUB, b_fill_like(b, m, 1.0), m));
       break;
     }
     case OP_RELU: /* g·step(a, 0): the subgradient at 0 is 1 */
@@ -190,8 +193,8 @@ int op_adjoint(builder *b, const node *n, int32_t g, int32_t y,
                        b_binary(b, OP_STEP, x[0], b_fill_like(b, x[0], 0.0)));
       break;
     case OP_MATMUL:
-      dx[0] = b_binary(b, OP_MATMUL, g, b_swap_last(b, x[1], a.rank));
-      dx[1] = b_binary(b, OP_MATMUL, b_swap_last(b, x[0], a.rank), g);
+      if (W(0)) dx[0] = b_binary(b, OP_MATMUL, g, b_swap_last(b, x[1], a.rank));
+      if (W(1)) dx[1] = b_binary(b, OP_MATMUL, b_swap_last(b, x[0], a.rank), g);
       break;
     case OP_TRANSPOSE:
       dx[0] = b_unary(b, OP_TRANSPOSE, g);
@@ -225,7 +228,7 @@ int op_adjoint(builder *b, const node *n, int32_t g, int32_t y,
       int64_t offset = 0;
       for (int i = 0; i < n->nin; i++) {
         int64_t len = b->meta(b, x[i])->shape[at->axis];
-        dx[i] = b_narrow(b, g, at->axis, offset, len);
+        if (W(i)) dx[i] = b_narrow(b, g, at->axis, offset, len);
         offset += len;
       }
       break;
@@ -278,11 +281,11 @@ int op_adjoint(builder *b, const node *n, int32_t g, int32_t y,
       node_attrs s = {0};
       s.extent = a.shape[0];
       int32_t in[2] = {g, x[1]};
-      dx[0] = emit(b, OP_SCATTER, in, 2, &s);
+      if (W(0)) dx[0] = emit(b, OP_SCATTER, in, 2, &s);
       break;
     }
     case OP_SCATTER:
-      dx[0] = b_binary(b, OP_GATHER, g, x[1]);
+      if (W(0)) dx[0] = b_binary(b, OP_GATHER, g, x[1]);
       break;
     case OP_COUNT:
       return -1;
@@ -295,8 +298,9 @@ int op_adjoint(builder *b, const node *n, int32_t g, int32_t y,
    * zero by having none); a missing one means an emitted op failed. */
   if (n->op == OP_POW && at->p == 0) return 0;
   for (int i = 0; i < n->nin; i++)
-    if (dx[i] < 0 && dtype_is_float(b->meta(b, x[i])->dtype)) return -1;
+    if (W(i) && dx[i] < 0 && dtype_is_float(b->meta(b, x[i])->dtype)) return -1;
   return 0;
+#undef W
 }
 
 /* ------------------------------------------------------------ the scan */
@@ -311,15 +315,33 @@ static int prefix_error(topos_error *err, const node *n, int index) {
                    index, inner);
 }
 
-int backward_scan(builder *b, int target, int32_t *grads, topos_error *err) {
+int backward_scan(builder *b, int target, int32_t *grads, bool params_only,
+                  topos_error *err) {
   bool *ancestor = calloc((size_t)target + 1, sizeof(bool));
-  if (!ancestor) return error_set(err, TOPOS_ERR_MEMORY, "out of memory");
+  /* params_only: wanted[i] says a parameter is node i or one of its
+   * ancestors; cotangents flow only into wanted nodes.  Every consumer of
+   * a wanted node is wanted, so a wanted node still receives every
+   * contribution, in the same order, and its bits are unchanged. */
+  bool *wanted = params_only ? calloc((size_t)target + 1, sizeof(bool)) : NULL;
+  if (!ancestor || (params_only && !wanted)) {
+    free(ancestor);
+    free(wanted);
+    return error_set(err, TOPOS_ERR_MEMORY, "out of memory");
+  }
   ancestor[target] = true;
   for (int i = target; i >= 0; i--) {
     grads[i] = -1;
     if (!ancestor[i]) continue;
     const node *n = b->node_at(b, i);
     for (int j = 0; j < n->nin; j++) ancestor[n->in[j]] = true;
+  }
+  if (wanted) {
+    for (int i = 0; i <= target; i++) {
+      const node *n = b->node_at(b, i);
+      bool w = n->op == OP_PARAMETER;
+      for (int j = 0; j < n->nin && !w; j++) w = wanted[n->in[j]];
+      wanted[i] = w;
+    }
   }
   int rc = 0;
   grads[target] = b->scalar(b, b->node_at(b, target)->meta.dtype, 1.0);
@@ -330,16 +352,20 @@ int backward_scan(builder *b, int target, int32_t *grads, topos_error *err) {
     const node copy = *b->node_at(b, i);
     const node *n = &copy;
     if (!ancestor[i] || grads[i] < 0 || op_table[n->op].arity == 0) continue;
+    if (wanted && !wanted[i]) continue;
     if (run_cancelled(err)) {
       rc = TOPOS_ERR_CANCELLED;
       break;
     }
     unsigned reads = op_table[n->op].reads;
     int32_t x[n->nin > 0 ? n->nin : 1], dx[n->nin > 0 ? n->nin : 1];
+    bool want[n->nin > 0 ? n->nin : 1];
     int32_t y = b->value(b, i, reads & READS_OUTPUT);
-    for (int j = 0; j < n->nin; j++)
+    for (int j = 0; j < n->nin; j++) {
       x[j] = b->value(b, n->in[j], reads & READS_OPERAND(j));
-    if (op_adjoint(b, n, grads[i], y, x, dx) != 0) {
+      want[j] = !wanted || wanted[n->in[j]];
+    }
+    if (op_adjoint(b, n, grads[i], y, x, dx, want) != 0) {
       rc = prefix_error(err, n, i);
       break;
     }
@@ -358,5 +384,6 @@ int backward_scan(builder *b, int target, int32_t *grads, topos_error *err) {
     b->settle(b, keep, nkeep);
   }
   free(ancestor);
+  free(wanted);
   return rc;
 }

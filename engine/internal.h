@@ -310,6 +310,7 @@ struct topos_plan {
   topos_network *net; /* retained */
   topos_posture posture;
   topos_numerics numerics;
+  int threads;               /* the entry's: 0 = the process default */
   int32_t *roots, *observes; /* node indices */
   int nroots, nobserves;
   int32_t *schedule; /* node indices in execution order (live nodes that
@@ -343,6 +344,8 @@ int run_eval_node(topos_run *run, int i, const topos_params *params,
                   const topos_tensor **fed, topos_error *err);
 /* The gradient of rank-0 node `target` w.r.t. every node (new field). */
 topos_field *run_backward(const topos_run *run, int target, topos_error *err);
+/* The parameters' gradients only (backward_scan with params_only). */
+topos_params *run_gradients(const topos_run *run, int target, topos_error *err);
 
 /* Runs one fused group: the head's value from x (and the weight). */
 topos_tensor *group_eval(const plan_group *g, const tensor_meta *out,
@@ -380,15 +383,20 @@ struct builder {
  * visits ancestors in decreasing index, runs each adjoint through b and
  * adds cotangents into grads (consumers in decreasing index order).
  * grads has target+1 entries; -1 marks a node no gradient reached.
+ * params_only: only nodes that have a parameter among their ancestors (or
+ * are one) receive cotangents, so branches that lead only to inputs and
+ * constants cost nothing; the wanted nodes' bits are the same either way.
  * Returns 0, or a status with err naming the node. */
-int backward_scan(builder *b, int target, int32_t *grads, topos_error *err);
+int backward_scan(builder *b, int target, int32_t *grads, bool params_only,
+                  topos_error *err);
 
 /* Emits node `n`'s adjoint.  g is the output cotangent, y the output, x the
  * operands (handles; an operand the op does not read may be a handle whose
  * value is absent).  Writes one cotangent per operand to dx, -1 where none
- * flows.  Returns 0, or -1 when an emitted op failed. */
+ * flows or where want (NULL: every operand) is false.  Returns 0, or -1
+ * when an emitted op failed. */
 int op_adjoint(builder *b, const node *n, int32_t g, int32_t y,
-               const int32_t *x, int32_t *dx);
+               const int32_t *x, int32_t *dx, const bool *want);
 
 /* Builder helpers used by adjoint rules and composites of the engine. */
 int32_t b_unary(builder *b, op_code op, int32_t a);
@@ -409,11 +417,22 @@ int backend_offer(const topos_task *t, topos_numerics numerics,
  * the setter returns the previous value so callers can restore it. */
 topos_numerics backend_numerics(void);
 topos_numerics backend_set_numerics(topos_numerics numerics);
-/* Threads a task may use: the setter's value when > 0, else TOPOS_THREADS
- * (read once), else the online cores.  backend_set_threads(0) restores
- * the default (tests sweep thread counts with it). */
+/* Threads a task may use: this thread's run value when > 0 (a plan run
+ * with an entry's threads), else the process default: the setter's value
+ * when > 0, else TOPOS_THREADS (read once), else the online cores.
+ * backend_set_threads(0) restores the default (tests sweep thread counts
+ * with it). */
 int backend_threads(void);
 void backend_set_threads(int threads);
+/* The calling thread's run value (0 = the process default); the setter
+ * returns the previous value so callers can restore it, like the
+ * numerics. */
+int backend_run_threads(void);
+int backend_set_run_threads(int threads);
+/* Tests: fn(task, ctx) is called with every task offered from now on (on
+ * the offering thread, before the chain sees it); NULL removes it. */
+void backend_set_offer_hook(void (*fn)(const topos_task *t, void *ctx),
+                            void *ctx);
 /* Tests: false makes every offer decline (the reference runs), true
  * restores the chain. */
 void backend_chain_enable(bool on);

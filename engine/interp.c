@@ -390,51 +390,113 @@ topos_field *topos_backward(const topos_run *run, topos_value target,
   return run_backward(run, target.index, err);
 }
 
-topos_field *run_backward(const topos_run *run, int ti, topos_error *err) {
+topos_params *topos_gradients(const topos_run *run, topos_value target,
+                              topos_error *err) {
   topos_error local = {0};
   if (!err) err = &local;
+  if (!topos_run_of(run, target, err)) return NULL;
+  if (run->plan && run->plan->posture != TOPOS_POSTURE_TRAINING) {
+    error_set(err, TOPOS_ERR_STATE,
+              "gradients: this run's plan is forward-only and freed what "
+              "backward reads; lower with the training posture");
+    return NULL;
+  }
+  return run_gradients(run, target.index, err);
+}
+
+/* The reverse scan on run's values: on success eb holds the emitted
+ * tensors and grads[0..ti] their handles (-1 where none reached); the
+ * caller frees both with backward_done. */
+static int backward_eval(const topos_run *run, int ti, bool params_only,
+                         eval_builder *eb, int32_t **grads, topos_error *err) {
   const topos_network *net = run->net;
   const topos_tensor *y = run->vals[ti];
-  if (!y) {
-    error_set(err, TOPOS_ERR_STATE, "backward: node %d was not evaluated", ti);
-    return NULL;
-  }
-  if (y->rank != 0 || !dtype_is_float(y->dtype)) {
-    char mt[SHAPE_TEXT + 8];
-    error_set(err, TOPOS_ERR_SHAPE,
-              "backward: the target (node %d) is %s; it must be a rank-0 "
-              "float value",
-              ti, meta_text(mt, &net->nodes[ti].meta));
-    return NULL;
-  }
-  eval_builder eb = {
+  *eb = (eval_builder){
       .base = {eb_emit, eb_scalar, eb_meta, eb_value, eb_settle, eb_node_at},
       .run = run,
       .err = err,
   };
-  int32_t *grads = malloc(sizeof(int32_t) * (size_t)(ti + 1));
-  topos_field *f = field_alloc(net);
-  if (!grads || !f) {
-    error_set(err, TOPOS_ERR_MEMORY, "backward: out of memory");
-    goto fail;
+  *grads = NULL;
+  if (!y)
+    return error_set(err, TOPOS_ERR_STATE,
+                     "backward: node %d was not evaluated", ti);
+  if (y->rank != 0 || !dtype_is_float(y->dtype)) {
+    char mt[SHAPE_TEXT + 8];
+    return error_set(err, TOPOS_ERR_SHAPE,
+                     "backward: the target (node %d) is %s; it must be a "
+                     "rank-0 float value",
+                     ti, meta_text(mt, &net->nodes[ti].meta));
   }
-  if (backward_scan(&eb.base, ti, grads, err)) goto fail;
+  *grads = malloc(sizeof(int32_t) * (size_t)(ti + 1));
+  if (!*grads)
+    return error_set(err, TOPOS_ERR_MEMORY, "backward: out of memory");
+  return backward_scan(&eb->base, ti, *grads, params_only, err);
+}
+
+static void backward_done(eval_builder *eb, int32_t *grads) {
+  for (int h = 0; h < eb->n; h++) topos_tensor_release(eb->t[h]);
+  free(eb->t);
+  free(eb->m);
+  free(grads);
+}
+
+topos_field *run_backward(const topos_run *run, int ti, topos_error *err) {
+  topos_error local = {0};
+  if (!err) err = &local;
+  const topos_network *net = run->net;
+  eval_builder eb;
+  int32_t *grads;
+  topos_field *f = NULL;
+  if (backward_eval(run, ti, false, &eb, &grads, err)) goto done;
+  f = field_alloc(net);
+  if (!f) {
+    error_set(err, TOPOS_ERR_MEMORY, "backward: out of memory");
+    goto done;
+  }
   for (int i = 0; i < net->n; i++) {
     if (i <= ti && grads[i] >= 0) {
       f->t[i] = topos_tensor_retain(eb.t[grads[i]]);
     } else {
       f->t[i] = tensor_zeros_like_meta(&net->nodes[i].meta, err);
-      if (!f->t[i]) goto fail;
+      if (!f->t[i]) {
+        topos_field_free(f);
+        f = NULL;
+        goto done;
+      }
     }
   }
-  goto done;
-fail:
-  topos_field_free(f);
-  f = NULL;
 done:
-  for (int h = 0; h < eb.n; h++) topos_tensor_release(eb.t[h]);
-  free(eb.t);
-  free(eb.m);
-  free(grads);
+  backward_done(&eb, grads);
   return f;
+}
+
+topos_params *run_gradients(const topos_run *run, int ti, topos_error *err) {
+  topos_error local = {0};
+  if (!err) err = &local;
+  const topos_network *net = run->net;
+  eval_builder eb;
+  int32_t *grads;
+  topos_params *p = NULL;
+  if (backward_eval(run, ti, true, &eb, &grads, err)) goto done;
+  p = params_alloc(net->nparams);
+  if (!p) {
+    error_set(err, TOPOS_ERR_MEMORY, "gradients: out of memory");
+    goto done;
+  }
+  for (int s = 0; s < net->nparams; s++) {
+    int i = net->param_nodes[s];
+    if (i <= ti && grads[i] >= 0) {
+      p->t[s] = topos_tensor_retain(eb.t[grads[i]]);
+    } else {
+      p->t[s] = tensor_zeros_like_meta(&net->nodes[i].meta, err);
+      if (!p->t[s]) {
+        topos_params_free(p);
+        p = NULL;
+        goto done;
+      }
+    }
+  }
+done:
+  backward_done(&eb, grads);
+  return p;
 }

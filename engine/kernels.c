@@ -250,12 +250,74 @@ static int map_op_of(op_code op) {
   }
 }
 
+/*
+ * A binary f32/f64 op whose operands are views (a broadcast, a narrow, a
+ * permute): the output's axes are walked with each operand's own strides,
+ * so nothing is copied contiguous first.  Axes of extent 1 are dropped
+ * and neighbours that both operands step through as one are merged; the
+ * innermost axis is a row for K(binary_strided).
+ */
+static topos_tensor *eval_binary_views(op_code op, topos_tensor *const *in,
+                                       const tensor_meta *out,
+                                       topos_error *err) {
+  int64_t shape[TOPOS_MAX_RANK], sa[TOPOS_MAX_RANK], sb[TOPOS_MAX_RANK];
+  int r = 0;
+  for (int d = 0; d < out->rank; d++) {
+    if (out->shape[d] == 1) continue;
+    int64_t a = in[0]->stride[d], b = in[1]->stride[d];
+    if (r > 0 && sa[r - 1] == a * out->shape[d] &&
+        sb[r - 1] == b * out->shape[d]) {
+      shape[r - 1] *= out->shape[d];
+      sa[r - 1] = a;
+      sb[r - 1] = b;
+    } else {
+      shape[r] = out->shape[d];
+      sa[r] = a;
+      sb[r] = b;
+      r++;
+    }
+  }
+  out_buf ob;
+  if (out_begin(&ob, out, err)) return NULL;
+  int64_t n0 = r ? shape[r - 1] : 1, a0 = r ? sa[r - 1] : 0,
+          b0 = r ? sb[r - 1] : 0;
+  int64_t idx[TOPOS_MAX_RANK] = {0}, pa = 0, pb = 0, py = 0;
+  bool f64 = out->dtype == TOPOS_F64;
+  const char *A = tensor_data(in[0]), *B = tensor_data(in[1]);
+  if (shape_count(out->rank, out->shape) > 0)
+    for (;;) {
+      if (f64)
+        binary_strided_f64(op, (const double *)A + pa, a0,
+                           (const double *)B + pb, b0, (double *)ob.data + py,
+                           n0);
+      else
+        binary_strided_f32(op, (const float *)A + pa, a0, (const float *)B + pb,
+                           b0, (float *)ob.data + py, n0);
+      py += n0;
+      int d = r - 2;
+      for (; d >= 0; d--) {
+        pa += sa[d];
+        pb += sb[d];
+        if (++idx[d] < shape[d]) break;
+        pa -= sa[d] * shape[d];
+        pb -= sb[d] * shape[d];
+        idx[d] = 0;
+      }
+      if (d < 0) break;
+    }
+  return out_end(&ob);
+}
+
 static topos_tensor *eval_elementwise(op_code op, const node_attrs *at, int nin,
                                       topos_tensor *const *in,
                                       const tensor_meta *out,
                                       topos_error *err) {
   if (op == OP_ADD && out->dtype == TOPOS_I32)
     return eval_int_add(in, out, err);
+  if (nin == 2 && (out->dtype == TOPOS_F32 || out->dtype == TOPOS_F64) &&
+      (!topos_tensor_is_contiguous(in[0]) ||
+       !topos_tensor_is_contiguous(in[1])))
+    return eval_binary_views(op, in, out, err);
   compute_view v[2];
   int got = 0;
   out_buf ob;
@@ -430,16 +492,20 @@ static topos_tensor *eval_fold(const node_attrs *at, const topos_tensor *a,
   int64_t inner = shape_count(a->rank - at->axis - 2, a->shape + at->axis + 2);
   compute_view v;
   out_buf ob;
-  scratch tmp = {0}, src = {0};
+  scratch tmp = {0}, src = {0}, seen = {0};
   if (compute_view_of(a, &v, err)) return NULL;
   if (out_begin(&ob, out, err)) goto fail_v;
-  if (!scratch_get(&tmp, count, compute_size(a->dtype), err)) goto fail_out;
-  if (!scratch_get(&src, count, sizeof(int64_t), err)) {
+  if (!scratch_get(&tmp, count, compute_size(a->dtype), err) ||
+      !scratch_get(&src, count, sizeof(int64_t), err) ||
+      !scratch_get(&seen, at->extent, 1, err)) {
+    scratch_done(&seen);
+    scratch_done(&src);
     scratch_done(&tmp);
     goto fail_out;
   }
   DISPATCH(a->dtype, fold, v.data, ob.data, outer, count, size, inner,
-           at->extent, at->step, at->dilation, tmp.p, src.p);
+           at->extent, at->step, at->dilation, tmp.p, src.p, seen.p);
+  scratch_done(&seen);
   scratch_done(&src);
   scratch_done(&tmp);
   compute_view_done(&v);

@@ -25,8 +25,14 @@ static R K(reduce)(const R *x, int64_t n, int64_t s) {
   return lane[0];
 }
 
-static void K(unary)(op_code op, double p, const void *xv, void *yv,
-                     int64_t n) {
+/* The elementwise loops also come in AVX2 and AVX-512 builds, chosen at
+ * load time: wider lanes, the same IEEE operation per element (nothing is
+ * contracted: -ffp-contract=off holds in every clone). */
+#define ELEMENTWISE_CLONES \
+  __attribute__((target_clones("avx512f", "avx2", "default")))
+
+ELEMENTWISE_CLONES static void K(unary)(op_code op, double p, const void *xv,
+                                        void *yv, int64_t n) {
   const R *x = xv;
   R *y = yv;
   R pr = (R)p;
@@ -59,8 +65,8 @@ static void K(unary)(op_code op, double p, const void *xv, void *yv,
   }
 }
 
-static void K(binary)(op_code op, const void *av, const void *bv, void *yv,
-                      int64_t n) {
+ELEMENTWISE_CLONES static void K(binary)(op_code op, const void *av,
+                                         const void *bv, void *yv, int64_t n) {
   const R *a = av, *b = bv;
   R *y = yv;
   switch (op) {
@@ -85,6 +91,42 @@ static void K(binary)(op_code op, const void *av, const void *bv, void *yv,
       break;
     case OP_STEP:
       for (int64_t i = 0; i < n; i++) y[i] = a[i] >= b[i] ? (R)1 : (R)0;
+      break;
+    default:
+      assert(!"not a binary op");
+  }
+}
+
+/* K(binary) on strided operands: y[i] = a[i·sa] op b[i·sb] (a stride 0
+ * repeats one element: a broadcast).  The same per-element arithmetic. */
+static void K(binary_strided)(op_code op, const R *a, int64_t sa, const R *b,
+                              int64_t sb, R *y, int64_t n) {
+  if (sa == 1 && sb == 1) {
+    K(binary)(op, a, b, y, n);
+    return;
+  }
+  switch (op) {
+    case OP_ADD:
+      for (int64_t i = 0; i < n; i++) y[i] = a[i * sa] + b[i * sb];
+      break;
+    case OP_SUB:
+      for (int64_t i = 0; i < n; i++) y[i] = a[i * sa] - b[i * sb];
+      break;
+    case OP_MUL:
+      for (int64_t i = 0; i < n; i++) y[i] = a[i * sa] * b[i * sb];
+      break;
+    case OP_DIV:
+      for (int64_t i = 0; i < n; i++) y[i] = a[i * sa] / b[i * sb];
+      break;
+    case OP_MAXIMUM:
+      for (int64_t i = 0; i < n; i++) {
+        R u = a[i * sa], v = b[i * sb];
+        y[i] = isnan(u) ? u : isnan(v) ? v : u >= v ? u : v;
+      }
+      break;
+    case OP_STEP:
+      for (int64_t i = 0; i < n; i++)
+        y[i] = a[i * sa] >= b[i * sb] ? (R)1 : (R)0;
       break;
     default:
       assert(!"not a binary op");
@@ -177,20 +219,44 @@ static void K(lse_rows)(const void *xv, void *yv, int64_t outer, int64_t L,
 
 /* x is [outer, count, size, inner] -> y[outer, extent, inner]; window c's
  * element s lands at c·step + s·dilation.  Contributions to one output are
- * reduced in window order.  For each output position the contributing
- * windows are found once (c runs over a range, not over every window),
- * and up to 16 of them are left-folded a whole inner row at a time, which
- * is the same acc + x sequence per element as K(reduce).  tmp holds count
- * values, src count offsets. */
+ * reduced in window order.  When no position is covered by more than 16
+ * windows that order is a left fold, and the kernel streams x once: window
+ * by window, the first contribution to a position is copied and the later
+ * ones added (each position sees them in increasing c, as the fold
+ * requires).  Otherwise each position gathers its windows (found from a
+ * range of c) and reduces them.  tmp holds count values, src count
+ * offsets, seen extent flags. */
 static void K(fold)(const void *xv, void *yv, int64_t outer, int64_t count,
                     int64_t size, int64_t inner, int64_t extent, int64_t step,
-                    int64_t dilation, R *tmp, int64_t *src) {
+                    int64_t dilation, R *tmp, int64_t *src, char *seen) {
   const R *x = xv;
   R *y = yv;
+  int64_t reach = (size - 1) * dilation;
+  if (reach / step + 1 <= 16) {
+    for (int64_t o = 0; o < outer; o++) {
+      R *yo = y + o * extent * inner;
+      memset(seen, 0, (size_t)extent);
+      for (int64_t c = 0; c < count; c++)
+        for (int64_t s = 0; s < size; s++) {
+          int64_t e = c * step + s * dilation;
+          const R *xs = x + ((o * count + c) * size + s) * inner;
+          R *ye = yo + e * inner;
+          if (!seen[e]) {
+            seen[e] = 1;
+            for (int64_t i = 0; i < inner; i++) ye[i] = xs[i];
+          } else {
+            for (int64_t i = 0; i < inner; i++) ye[i] = ye[i] + xs[i];
+          }
+        }
+      for (int64_t e = 0; e < extent; e++)
+        if (!seen[e])
+          for (int64_t i = 0; i < inner; i++) yo[e * inner + i] = (R)0;
+    }
+    return;
+  }
   for (int64_t o = 0; o < outer; o++)
     for (int64_t e = 0; e < extent; e++) {
       /* c·step <= e and e − c·step <= (size−1)·dilation. */
-      int64_t reach = (size - 1) * dilation;
       int64_t c0 = e > reach ? (e - reach + step - 1) / step : 0;
       int64_t c1 = e / step;
       if (c1 > count - 1) c1 = count - 1;
@@ -201,20 +267,9 @@ static void K(fold)(const void *xv, void *yv, int64_t outer, int64_t count,
         src[nt++] = ((o * count + c) * size + d / dilation) * inner;
       }
       R *out = y + (o * extent + e) * inner;
-      if (nt == 0) {
-        for (int64_t i = 0; i < inner; i++) out[i] = (R)0;
-      } else if (nt <= 16) {
-        const R *first = x + src[0];
-        for (int64_t i = 0; i < inner; i++) out[i] = first[i];
-        for (int64_t t = 1; t < nt; t++) {
-          const R *xt = x + src[t];
-          for (int64_t i = 0; i < inner; i++) out[i] = out[i] + xt[i];
-        }
-      } else {
-        for (int64_t i = 0; i < inner; i++) {
-          for (int64_t t = 0; t < nt; t++) tmp[t] = x[src[t] + i];
-          out[i] = K(reduce)(tmp, nt, 1);
-        }
+      for (int64_t i = 0; i < inner; i++) {
+        for (int64_t t = 0; t < nt; t++) tmp[t] = x[src[t] + i];
+        out[i] = K(reduce)(tmp, nt, 1);
       }
     }
 }

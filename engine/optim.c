@@ -332,6 +332,20 @@ typedef struct step_ctx {
   double bc1, bc2;
 } step_ctx;
 
+/* next = p − lr·g (g + wd·p with L2) in double, rounded once to T. */
+#define SGD_LOOP(T, P, G, D, n, l2, wd, lr)                         \
+  do {                                                              \
+    const T *p_ = (const T *)(P), *g_ = (const T *)(G);             \
+    T *d_ = (T *)(D);                                               \
+    if (l2)                                                         \
+      for (int64_t i = 0; i < (n); i++)                             \
+        d_[i] = (T)((double)p_[i] -                                 \
+                    (lr) * ((double)g_[i] + (wd) * (double)p_[i])); \
+    else                                                            \
+      for (int64_t i = 0; i < (n); i++)                             \
+        d_[i] = (T)((double)p_[i] - (lr) * (double)g_[i]);          \
+  } while (0)
+
 /* One slot: new parameter and moments into *po, *mo, *vo (mo/vo NULL
  * when the optimizer keeps no such moment).  Returns a status. */
 static int step_slot(const step_ctx *c, int slot, const topos_tensor *p,
@@ -363,6 +377,15 @@ static int step_slot(const step_ctx *c, int slot, const topos_tensor *p,
   void *dp = tensor_data(*po);
   void *dm = mo ? tensor_data(*mo) : NULL, *dv = vo ? tensor_data(*vo) : NULL;
   int64_t n = shape_count(p->rank, p->shape);
+  /* Plain SGD on f32/f64, the common training step: the same double
+   * arithmetic as the loop below, written so the compiler vectorises it. */
+  if (opt->kind == TOPOS_SGD && !mo && (pd == TOPOS_F32 || pd == TOPOS_F64)) {
+    if (pd == TOPOS_F32)
+      SGD_LOOP(float, vp.data, vg.data, dp, n, l2, wd, lr);
+    else
+      SGD_LOOP(double, vp.data, vg.data, dp, n, l2, wd, lr);
+    goto done;
+  }
   for (int64_t i = 0; i < n; i++) {
     double pv = view_at(&vp, pd, i), gv = view_at(&vg, pd, i);
     if (l2) gv = gv + wd * pv;

@@ -367,6 +367,13 @@ topos_plan *topos_network_lower(const topos_network *net,
               (int)entry->posture, (int)entry->numerics);
     return NULL;
   }
+  if (entry->threads < 0 || entry->threads > TOPOS_THREADS_MAX) {
+    error_set(err, TOPOS_ERR_ARGUMENT,
+              "lower: entry threads %d is out of range (0 = the process "
+              "default, else 1..%d)",
+              entry->threads, TOPOS_THREADS_MAX);
+    return NULL;
+  }
   topos_plan *p = calloc(1, sizeof *p);
   if (!p) {
     error_set(err, TOPOS_ERR_MEMORY, "lower: out of memory");
@@ -376,6 +383,7 @@ topos_plan *topos_network_lower(const topos_network *net,
   p->net = topos_network_retain(net);
   p->posture = entry->posture;
   p->numerics = entry->numerics;
+  p->threads = entry->threads;
   p->nroots = entry->nroots;
   p->nobserves = entry->nobserves;
   p->roots = entry_nodes(net, entry->roots, entry->nroots, "root", err);
@@ -450,6 +458,10 @@ int topos_plan_group_count(const topos_plan *plan) {
   return plan ? plan->ngroups : 0;
 }
 
+int topos_plan_threads(const topos_plan *plan) {
+  return plan ? plan->threads : 0;
+}
+
 /* ------------------------------------------------------------------ running */
 
 topos_run *topos_plan_forward(const topos_plan *plan,
@@ -462,6 +474,7 @@ topos_run *topos_plan_forward(const topos_plan *plan,
   }
   const topos_network *net = plan->net;
   topos_numerics numerics_saved = backend_numerics();
+  int threads_saved = backend_run_threads();
   const topos_tensor **fed = malloc(sizeof(*fed) * (size_t)(net->ninputs + 1));
   topos_run *run = fed ? run_alloc(net, err) : NULL;
   if (run) {
@@ -474,8 +487,10 @@ topos_run *topos_plan_forward(const topos_plan *plan,
     goto fail;
   }
   memcpy(run->readable, plan->keep, sizeof(bool) * (size_t)net->n);
-  /* The plan's numerics is in force for this run (backend.c). */
+  /* The plan's numerics and threads are in force for this run
+   * (backend.c); threads 0 is the process default. */
   numerics_saved = backend_set_numerics(plan->numerics);
+  threads_saved = backend_set_run_threads(plan->threads);
   if (run_prepare(net, params, feeds, nfeeds, fed, err)) goto fail;
   for (int s = 0; s < plan->nschedule; s++) {
     int32_t i = plan->schedule[s];
@@ -507,36 +522,58 @@ topos_run *topos_plan_forward(const topos_plan *plan,
     }
   }
   backend_set_numerics(numerics_saved);
+  backend_set_run_threads(threads_saved);
   free(fed);
   return run;
 fail:
   backend_set_numerics(numerics_saved);
+  backend_set_run_threads(threads_saved);
   free(fed);
   topos_run_free(run);
   return NULL;
 }
 
-topos_field *topos_plan_backward(const topos_plan *plan, const topos_run *run,
-                                 topos_error *err) {
+/* The checks both plan entry points to backward make. */
+static bool plan_backward_ok(const topos_plan *plan, const topos_run *run,
+                             const char *what, topos_error *err) {
   if (!plan || !run) {
-    error_set(err, TOPOS_ERR_ARGUMENT, "plan backward: %s is NULL",
+    error_set(err, TOPOS_ERR_ARGUMENT, "%s: %s is NULL", what,
               plan ? "run" : "plan");
-    return NULL;
+    return false;
   }
   if (run->plan != plan) {
-    error_set(err, TOPOS_ERR_ARGUMENT,
-              "plan backward: the run was not made by this plan");
-    return NULL;
+    error_set(err, TOPOS_ERR_ARGUMENT, "%s: the run was not made by this plan",
+              what);
+    return false;
   }
   if (plan->posture != TOPOS_POSTURE_TRAINING) {
     error_set(err, TOPOS_ERR_STATE,
-              "plan backward: the plan is forward-only; lower with the "
-              "training posture");
-    return NULL;
+              "%s: the plan is forward-only; lower with the training posture",
+              what);
+    return false;
   }
-  /* A fast plan's backward is fast too. */
+  return true;
+}
+
+topos_field *topos_plan_backward(const topos_plan *plan, const topos_run *run,
+                                 topos_error *err) {
+  if (!plan_backward_ok(plan, run, "plan backward", err)) return NULL;
+  /* A fast plan's backward is fast too, and uses the plan's threads. */
   topos_numerics saved = backend_set_numerics(plan->numerics);
+  int threads_saved = backend_set_run_threads(plan->threads);
   topos_field *grad = run_backward(run, plan->roots[0], err);
+  backend_set_run_threads(threads_saved);
+  backend_set_numerics(saved);
+  return grad;
+}
+
+topos_params *topos_plan_gradients(const topos_plan *plan,
+                                   const topos_run *run, topos_error *err) {
+  if (!plan_backward_ok(plan, run, "plan gradients", err)) return NULL;
+  topos_numerics saved = backend_set_numerics(plan->numerics);
+  int threads_saved = backend_set_run_threads(plan->threads);
+  topos_params *grad = run_gradients(run, plan->roots[0], err);
+  backend_set_run_threads(threads_saved);
   backend_set_numerics(saved);
   return grad;
 }
@@ -552,12 +589,15 @@ char *topos_plan_describe(const topos_plan *plan, topos_error *err) {
   int nlive = 0;
   for (int i = 0; i < net->n; i++) nlive += plan->live[i];
   text t = {0};
+  char threads[32] = "";
+  if (plan->threads)
+    snprintf(threads, sizeof threads, ", threads %d", plan->threads);
   text_add(&t,
-           "plan: posture %s, numerics %s; %d of %d nodes live, %d scheduled, "
-           "%d fused groups; peak %zu bytes\n",
+           "plan: posture %s, numerics %s%s; %d of %d nodes live, %d "
+           "scheduled, %d fused groups; peak %zu bytes\n",
            plan->posture == TOPOS_POSTURE_TRAINING ? "training" : "forward",
-           plan->numerics == TOPOS_NUMERICS_FAST ? "fast" : "exact", nlive,
-           net->n, plan->nschedule, plan->ngroups, plan->peak_bytes);
+           plan->numerics == TOPOS_NUMERICS_FAST ? "fast" : "exact", threads,
+           nlive, net->n, plan->nschedule, plan->ngroups, plan->peak_bytes);
   text_add(&t, "roots:");
   for (int k = 0; k < plan->nroots; k++) text_add(&t, " %%%d", plan->roots[k]);
   text_add(&t, "\nobserves:");

@@ -398,18 +398,18 @@ static int coalesce(const topos_tensor *t, int64_t *shape, int64_t *stride) {
 }
 
 /* dst[0 .. n1·n0) = the n1 x n0 block at src with strides s1, s0. */
-#define DEFINE_COPY_BLOCK(T)                                                  \
-  static T *copy_block_##T(T *dst, const T *src, int64_t n1, int64_t s1,     \
-                           int64_t n0, int64_t s0) {                         \
-    for (int64_t i1 = 0; i1 < n1; i1++, src += s1) {                         \
-      if (s0 == 1) {                                                         \
-        memcpy(dst, src, (size_t)n0 * sizeof(T));                            \
-        dst += n0;                                                           \
-      } else {                                                               \
-        for (int64_t i0 = 0; i0 < n0; i0++) *dst++ = src[i0 * s0];           \
-      }                                                                      \
-    }                                                                        \
-    return dst;                                                              \
+#define DEFINE_COPY_BLOCK(T)                                             \
+  static T *copy_block_##T(T *dst, const T *src, int64_t n1, int64_t s1, \
+                           int64_t n0, int64_t s0) {                     \
+    for (int64_t i1 = 0; i1 < n1; i1++, src += s1) {                     \
+      if (s0 == 1 && n0 >= 32) {                                         \
+        memcpy(dst, src, (size_t)n0 * sizeof(T));                        \
+        dst += n0;                                                       \
+      } else {                                                           \
+        for (int64_t i0 = 0; i0 < n0; i0++) *dst++ = src[i0 * s0];       \
+      }                                                                  \
+    }                                                                    \
+    return dst;                                                          \
   }
 DEFINE_COPY_BLOCK(uint16_t)
 DEFINE_COPY_BLOCK(uint32_t)
@@ -438,20 +438,17 @@ void tensor_copy_out(const topos_tensor *t, void *dst) {
   for (;;) {
     switch (es) {
       case 2:
-        out = (char *)copy_block_uint16_t((uint16_t *)out,
-                                          (const uint16_t *)base + pos, n1, s1,
-                                          n0, s0);
+        out = (char *)copy_block_uint16_t(
+            (uint16_t *)out, (const uint16_t *)base + pos, n1, s1, n0, s0);
         break;
       case 4:
-        out = (char *)copy_block_uint32_t((uint32_t *)out,
-                                          (const uint32_t *)base + pos, n1, s1,
-                                          n0, s0);
+        out = (char *)copy_block_uint32_t(
+            (uint32_t *)out, (const uint32_t *)base + pos, n1, s1, n0, s0);
         break;
       default:
         assert(es == 8);
-        out = (char *)copy_block_uint64_t((uint64_t *)out,
-                                          (const uint64_t *)base + pos, n1, s1,
-                                          n0, s0);
+        out = (char *)copy_block_uint64_t(
+            (uint64_t *)out, (const uint64_t *)base + pos, n1, s1, n0, s0);
         break;
     }
     int a = outer_rank - 1;

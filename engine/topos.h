@@ -411,6 +411,14 @@ double topos_run_scalar(const topos_run *run, topos_value v, topos_error *err);
 topos_field *topos_backward(const topos_run *run, topos_value target,
                             topos_error *err);
 
+/* The gradient of a rank-0 target with respect to the parameters only,
+ * as new params in slot order: the bits of
+ * topos_parameters_of(topos_backward(run, target)), but no cotangent flows
+ * into a branch that reaches no parameter (inputs, constants, index
+ * arithmetic), so a training step does only the work its update needs. */
+topos_params *topos_gradients(const topos_run *run, topos_value target,
+                              topos_error *err);
+
 /* ------------------------------------------- canonical encoding and the id */
 
 /* The canonical byte form of a sealed network (docs/encoding.md): versioned,
@@ -459,8 +467,13 @@ typedef enum topos_numerics {
   TOPOS_NUMERICS_FAST = 1   /* may use envelope backends (none yet) */
 } topos_numerics;
 
+/* The most threads an entry may ask for (and TOPOS_THREADS's cap). */
+#define TOPOS_THREADS_MAX 1024
+
 /* What to compile: the values the caller wants (roots), values it also
- * wants to read (observes), the posture and the numerics. */
+ * wants to read (observes), the posture, the numerics and the threads its
+ * runs may use.  `threads` is last so that positional initialisers that
+ * stop at `numerics` keep meaning 0. */
 typedef struct topos_entry {
   const topos_value *roots;
   int nroots;
@@ -468,6 +481,12 @@ typedef struct topos_entry {
   int nobserves;
   topos_posture posture;
   topos_numerics numerics;
+  /* The most threads each backend task of this plan's runs may use:
+   * 0 = the process default (TOPOS_THREADS, else the online cores);
+   * 1..TOPOS_THREADS_MAX = exactly that many asked for, above the default
+   * too (each backend still caps it at what its pool can give).  Results
+   * never depend on it. */
+  int threads;
 } topos_entry;
 
 typedef struct topos_plan topos_plan;
@@ -475,7 +494,8 @@ typedef struct topos_plan topos_plan;
 /* Compiles an entry: dead-node elimination, the keep-set (roots and
  * observes), liveness and free lists, static peak bytes, and pattern
  * groups (fused convolution and max-pool chains).  New plan
- * (topos_plan_free), or NULL with err.  The plan retains the network. */
+ * (topos_plan_free), or NULL with err (TOPOS_ERR_ARGUMENT for threads
+ * outside 0..TOPOS_THREADS_MAX).  The plan retains the network. */
 topos_plan *topos_network_lower(const topos_network *net,
                                 const topos_entry *entry, topos_error *err);
 void topos_plan_free(topos_plan *plan);
@@ -484,22 +504,30 @@ void topos_plan_free(topos_plan *plan);
 size_t topos_plan_peak_bytes(const topos_plan *plan);
 /* Number of fused pattern groups the plan elected. */
 int topos_plan_group_count(const topos_plan *plan);
+/* The entry's threads the plan runs with (0 = the process default). */
+int topos_plan_threads(const topos_plan *plan);
 /* The schedule, liveness spans, fused groups and peak bytes as text (new,
  * topos_free). */
 char *topos_plan_describe(const topos_plan *plan, topos_error *err);
 
 /* Runs the plan: bits identical to topos_forward.  Only roots and observes
  * can be read from the run (anything else is an error, even if its buffer
- * happens to survive). */
+ * happens to survive).  For the duration of the call the plan's numerics
+ * and threads are in force on the calling thread (and restored after). */
 topos_run *topos_plan_forward(const topos_plan *plan,
                               const topos_params *params,
                               const topos_feed *feeds, int nfeeds,
                               topos_error *err);
 /* Training posture: the gradient of the plan's first root (rank 0) with
  * respect to every node, from a run of this plan: bits identical to
- * topos_backward. */
+ * topos_backward.  Runs under the plan's numerics and threads. */
 topos_field *topos_plan_backward(const topos_plan *plan, const topos_run *run,
                                  topos_error *err);
+/* Training posture: the parameters' gradients of the plan's first root,
+ * the bits of topos_parameters_of(topos_plan_backward(...)), computing
+ * only what reaches a parameter (see topos_gradients). */
+topos_params *topos_plan_gradients(const topos_plan *plan,
+                                   const topos_run *run, topos_error *err);
 
 typedef enum topos_emit_form {
   TOPOS_EMIT_PRETTY = 0, /* the custom assembly people read */

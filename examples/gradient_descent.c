@@ -107,7 +107,6 @@ int main(int argc, char **argv) {
     topos_tensor *yt = topos_tensor_scalar(TOPOS_F64, s[1], &err);
     topos_feed feeds[2] = {{x, xt}, {y, yt}};
     topos_run *run = NULL;
-    topos_field *grad = NULL;
     topos_params *g = NULL;
     topos_params *next = NULL;
     topos_opt_state *next_state = NULL;
@@ -118,8 +117,7 @@ int main(int argc, char **argv) {
                                   state, &next, &next_state, NULL, &err);
     } else {
       run = topos_forward(net, params, feeds, 2, &err);
-      grad = run ? topos_backward(run, loss, &err) : NULL;
-      g = grad ? topos_parameters_of(grad, &err) : NULL;
+      g = run ? topos_gradients(run, loss, &err) : NULL;
       step_rc = g == NULL ? TOPOS_ERR_STATE
                           : topos_optimizer_step(&opt, params, g, state, &next,
                                                  &next_state, &err);
@@ -133,7 +131,6 @@ int main(int argc, char **argv) {
       state = next_state;
     }
     topos_params_free(g);
-    topos_field_free(grad);
     topos_run_free(run);
     topos_tensor_release(xt);
     topos_tensor_release(yt);

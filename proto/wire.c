@@ -1016,6 +1016,11 @@ int wire_entry_from_proto(const topos_network *net, const Topos__V1__Entry *m,
     return fail(err, TOPOS_ERR_ARGUMENT,
                 "entry: unknown numerics %d (EXACT 0, FAST 1)",
                 (int)m->numerics);
+  if (m->threads > TOPOS_THREADS_MAX)
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "entry: threads %u is out of range (0 = the daemon's default, "
+                "else 1..%d)",
+                (unsigned)m->threads, TOPOS_THREADS_MAX);
   const char *backend = m->backend ? m->backend : "";
   if (strlen(backend) >= sizeof out->backend)
     return fail(err, TOPOS_ERR_ARGUMENT,
@@ -1045,6 +1050,7 @@ int wire_entry_from_proto(const topos_network *net, const Topos__V1__Entry *m,
   out->entry.nobserves = (int)m->n_observes;
   out->entry.posture = (topos_posture)m->posture;
   out->entry.numerics = (topos_numerics)m->numerics;
+  out->entry.threads = (int)m->threads;
   snprintf(out->backend, sizeof out->backend, "%s", backend);
   return TOPOS_OK;
 }
@@ -1059,7 +1065,7 @@ char *wire_entry_key(const topos_entry *e) {
   if (!e) return NULL;
   int n =
       (e->nroots > 0 ? e->nroots : 0) + (e->nobserves > 0 ? e->nobserves : 0);
-  size_t cap = 32 + 12 * (size_t)n;
+  size_t cap = 64 + 12 * (size_t)n;
   char *s = malloc(cap);
   if (!s) return NULL;
   size_t used = (size_t)snprintf(s, cap, "r");
@@ -1070,7 +1076,10 @@ char *wire_entry_key(const topos_entry *e) {
   for (int i = 0; i < e->nobserves; i++)
     used += (size_t)snprintf(s + used, cap - used, "%s%d", i ? "," : "",
                              (int)e->observes[i].index);
-  snprintf(s + used, cap - used, ";p%d;n%d", (int)e->posture, (int)e->numerics);
+  used += (size_t)snprintf(s + used, cap - used, ";p%d;n%d", (int)e->posture,
+                           (int)e->numerics);
+  /* Plans remember their threads; 0 keeps the key it always had. */
+  if (e->threads) snprintf(s + used, cap - used, ";t%d", e->threads);
   return s;
 }
 
@@ -1108,6 +1117,11 @@ int wire_entry_to_proto(const topos_entry *e, const char *backend,
   if (!e || !out)
     return fail(err, TOPOS_ERR_ARGUMENT, "entry: %s is NULL",
                 e ? "out" : "entry");
+  /* Negative threads cannot be sent; the daemon judges the upper bound. */
+  if (e->threads < 0)
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "entry: threads %d is negative (0 = the daemon's default)",
+                e->threads);
   int rc = values_to_proto(e->roots, e->nroots, "roots", &out->roots,
                            &out->n_roots, err);
   if (rc == TOPOS_OK)
@@ -1123,6 +1137,7 @@ int wire_entry_to_proto(const topos_entry *e, const char *backend,
   }
   out->posture = (Topos__V1__Posture)e->posture;
   out->numerics = (Topos__V1__Numerics)e->numerics;
+  out->threads = (uint32_t)e->threads;
   return TOPOS_OK;
 }
 

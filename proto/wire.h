@@ -240,20 +240,23 @@ typedef struct wire_entry {
 } wire_entry;
 
 /* Resolves an Entry against net: every root and observe (as
- * wire_value_resolve), posture FORWARD/TRAINING, numerics EXACT/FAST, a
- * backend hint shorter than 64 bytes.  A NULL message is "entry is
- * missing".  On success fill *out (clear it with wire_entry_clear); on
- * failure *out is zeroed. */
+ * wire_value_resolve), posture FORWARD/TRAINING, numerics EXACT/FAST,
+ * threads 0..TOPOS_THREADS_MAX, a backend hint shorter than 64 bytes.  A NULL
+ * message is "entry is missing".  On success fill *out (clear it with
+ * wire_entry_clear); on failure *out is zeroed. */
 int wire_entry_from_proto(const topos_network *net, const Topos__V1__Entry *m,
                           wire_entry *out, topos_error *err);
 void wire_entry_clear(wire_entry *e);
-/* A canonical text key for an entry ("r1,4;o7;p1;n0"), for plan caches:
- * equal entries give equal keys.  New string (free()), NULL if out of
- * memory. */
+/* A canonical text key for an entry ("r1,4;o7;p1;n0", with ";t4" appended
+ * when threads is not 0), for plan caches: equal entries give equal keys,
+ * and entries whose plans differ (threads included) give different ones.  New
+ * string (free()), NULL if out of memory. */
 char *wire_entry_key(const topos_entry *e);
 
-/* Fills an init'ed Entry from an engine entry; values go out as indices.
- * `backend` may be NULL.  Clear with wire_message_clear(&out->base). */
+/* Fills an init'ed Entry from an engine entry; values go out as indices,
+ * threads as they are (negative is TOPOS_ERR_ARGUMENT; the daemon judges
+ * the upper bound).  `backend` may be NULL.  Clear with
+ * wire_message_clear(&out->base). */
 int wire_entry_to_proto(const topos_entry *e, const char *backend,
                         Topos__V1__Entry *out, topos_error *err);
 /* A new heap Entry (wire_message_free). */

@@ -7,7 +7,7 @@
  * plan for the request's entry (plans are bit-identical to the reference
  * interpreter, docs/numerics.md), on the request's parameters (empty =
  * the spec's initials), feeds and optimizer state, so a remote Step is
- * exactly topos_plan_forward + topos_plan_backward + topos_optimizer_step
+ * exactly topos_plan_forward + topos_plan_gradients + topos_optimizer_step
  * in-process.
  *
  * Decoded networks, compiled plans and decoded blobs are cached (cache.c)
@@ -197,7 +197,9 @@ static topos_network *get_network(call_ctx *cx, const char *id,
   return cache_put(cx->d->cache, key, net, destroy_network, (int64_t)len, ref);
 }
 
-/* The plan of `entry` over net (borrowed until *ref is released). */
+/* The plan of `entry` over net (borrowed until *ref is released).  The
+ * key holds everything a plan remembers of its entry, threads included,
+ * so entries that differ only in threads get plans of their own. */
 static topos_plan *get_plan(call_ctx *cx, const topos_network *net,
                             const topos_entry *entry, cache_entry **ref) {
   *ref = NULL;
@@ -694,14 +696,12 @@ static bool plan_training(call_ctx *cx, const char *id,
  * gradients in slot order (new). */
 typedef struct trained {
   topos_run *run;
-  topos_field *field;
   topos_params *grads;
   double loss;
 } trained;
 
 static void trained_clear(trained *t) {
   topos_params_free(t->grads);
-  topos_field_free(t->field);
   topos_run_free(t->run);
   memset(t, 0, sizeof *t);
 }
@@ -721,15 +721,11 @@ static bool train_pass(call_ctx *cx, const planned *p, const run_inputs *in,
     fail_err(cx, &err, "loss");
     return false;
   }
-  t->field = topos_plan_backward(p->plan, t->run, &err);
-  if (t->field == NULL) {
-    fail_err(cx, &err, "backward");
-    return false;
-  }
-  if (!call_continue(cx)) return false;
-  t->grads = topos_parameters_of(t->field, &err);
+  /* The parameters' gradients only (topos_plan_gradients skips the
+   * branches that reach no parameter; same bits). */
+  t->grads = topos_plan_gradients(p->plan, t->run, &err);
   if (t->grads == NULL) {
-    fail_err(cx, &err, "gradients");
+    fail_err(cx, &err, "backward");
     return false;
   }
   return true;

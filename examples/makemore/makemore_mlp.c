@@ -275,7 +275,6 @@ int main(int argc, char **argv) {
     topos_tensor *yt = topos_tensor_from(TOPOS_I32, 1, y_shape, by, &err);
     topos_feed feeds[2] = {{m.x, xt}, {m.y, yt}};
     topos_run *run = NULL;
-    topos_field *grad = NULL;
     topos_params *g = NULL;
     double loss = 0;
     topos_params *next = NULL;
@@ -296,8 +295,7 @@ int main(int argc, char **argv) {
                                        &next, &next_state, &loss, &err);
     } else if (client == NULL) {
       run = xt && yt ? topos_forward(m.net, params, feeds, 2, &err) : NULL;
-      grad = run ? topos_backward(run, m.loss, &err) : NULL;
-      g = grad ? topos_parameters_of(grad, &err) : NULL;
+      g = run ? topos_gradients(run, m.loss, &err) : NULL;
       loss = run ? topos_run_scalar(run, m.loss, &err) : 0;
       if (g != NULL)
         step_rc = topos_optimizer_step(&opt, params, g, state, &next,
@@ -312,7 +310,6 @@ int main(int argc, char **argv) {
       state = next_state;
     }
     topos_params_free(g);
-    topos_field_free(grad);
     topos_run_free(run);
     topos_tensor_release(xt);
     topos_tensor_release(yt);

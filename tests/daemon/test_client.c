@@ -720,6 +720,80 @@ END_TEST
 
 /* ------------------------------------------------------------ errors */
 
+/* topos_entry.threads through the client: the same Forward at 1 and 4
+ * threads gives the same bits (the engine's), Lower names the count, a
+ * negative count never leaves the client, 5000 is the daemon's
+ * INVALID_ARGUMENT and it keeps serving. */
+START_TEST(test_entry_threads) {
+  topos_client *c = connect_daemon();
+  topos_error err = {0};
+  topos_network *net = sn_mlp();
+  char id[65];
+  record(c, net, id);
+  topos_value roots[1] = {topos_network_find(net, "loss")};
+  topos_value obs[1] = {topos_network_parameter(net, 0)};
+  obs[0].index = topos_network_node_count(net) / 2;
+  topos_run *ref = topos_forward(net, NULL, NULL, 0, &err);
+  ck_assert_ptr_nonnull(ref);
+  topos_tensor **first[2] = {NULL, NULL};
+  const int counts[2] = {1, 4};
+  for (int i = 0; i < 2; i++) {
+    topos_entry e = {.roots = roots,
+                     .nroots = 1,
+                     .observes = obs,
+                     .nobserves = 1,
+                     .threads = counts[i]};
+    topos_tensor **rr = NULL, **oo = NULL;
+    ck_assert_msg(topos_client_forward(c, id, &e, NULL, NULL, 0, &rr, &oo,
+                                       &err) == TOPOS_OK,
+                  "threads %d: %s", counts[i], err.message);
+    ck_assert(
+        topos_tensor_bitwise_equal(rr[0], topos_run_of(ref, roots[0], NULL)));
+    ck_assert(
+        topos_tensor_bitwise_equal(oo[0], topos_run_of(ref, obs[0], NULL)));
+    if (i == 0) {
+      first[0] = rr;
+      first[1] = oo;
+    } else {
+      ck_assert(topos_tensor_bitwise_equal(rr[0], first[0][0]));
+      ck_assert(topos_tensor_bitwise_equal(oo[0], first[1][0]));
+      topos_client_tensors_free(rr, 1);
+      topos_client_tensors_free(oo, 1);
+    }
+    char *text = NULL;
+    ck_assert_int_eq(topos_client_lower(c, id, &e, &text, NULL, NULL, &err),
+                     TOPOS_OK);
+    char want[32];
+    snprintf(want, sizeof want, ", threads %d;", counts[i]);
+    ck_assert_msg(strstr(text, want) != NULL, "%s", text);
+    topos_free(text);
+  }
+  topos_client_tensors_free(first[0], 1);
+  topos_client_tensors_free(first[1], 1);
+  topos_entry e = {.roots = roots, .nroots = 1, .threads = -1};
+  char *text = NULL;
+  ck_assert_int_eq(topos_client_lower(c, id, &e, &text, NULL, NULL, &err),
+                   TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_null(text);
+  ck_assert_ptr_nonnull(strstr(err.message, "threads -1"));
+  e.threads = 5000;
+  topos_tensor **rr = NULL;
+  ck_assert_int_eq(
+      topos_client_forward(c, id, &e, NULL, NULL, 0, &rr, NULL, &err),
+      TOPOS_ERR_ARGUMENT);
+  ck_assert_int_eq(topos_client_grpc_status(err.code), 3);
+  ck_assert_msg(strstr(err.message, "INVALID_ARGUMENT") != NULL &&
+                    strstr(err.message, "threads 5000") != NULL,
+                "%s", err.message);
+  char status[32];
+  ck_assert_int_eq(topos_client_health(c, status, NULL, &err), TOPOS_OK);
+  ck_assert_str_eq(status, "serving");
+  topos_run_free(ref);
+  topos_network_release(net);
+  topos_client_close(c);
+}
+END_TEST
+
 START_TEST(test_errors) {
   topos_client *c = connect_daemon();
   topos_error err = {0};
@@ -1055,6 +1129,32 @@ START_TEST(test_cli) {
   ck_assert_ptr_nonnull(strstr(out, "peak bytes"));
   free(out);
   free(err);
+  /* --threads: the daemon's plan names it; bad counts are usage errors. */
+  snprintf(args, sizeof args, "lower %s --roots loss --threads 3", local);
+  out = cli(args, &st, &err);
+  ck_assert_msg(st == 0, "lower --threads: %s", err);
+  ck_assert_msg(strstr(out, ", threads 3;") != NULL, "%s", out);
+  free(out);
+  free(err);
+  snprintf(args, sizeof args, "conformance %s --roots loss --threads 2", local);
+  out = cli(args, &st, &err);
+  ck_assert_msg(st == 0, "conformance --threads: %d %s %s", st, out, err);
+  free(out);
+  free(err);
+  const char *bad_threads[] = {"-1", "1025", "x", "3x", ""};
+  for (size_t k = 0; k < sizeof bad_threads / sizeof bad_threads[0]; k++) {
+    snprintf(args, sizeof args, "lower %s --threads '%s'", local,
+             bad_threads[k]);
+    out = cli(args, &st, &err);
+    ck_assert_msg(st == 2, "'%s' exited %d", args, st);
+    ck_assert_msg(strstr(err, "--threads") != NULL, "'%s': %s", args, err);
+    free(out);
+    free(err);
+  }
+  out = cli("health --threads 2", &st, &err);
+  ck_assert_int_eq(st, 2);
+  free(out);
+  free(err);
   snprintf(args, sizeof args, "emit %s --generic", local);
   out = cli(args, &st, &err);
   ck_assert_msg(st == 0, "emit: %s", err);
@@ -1229,6 +1329,7 @@ Suite *client_suite(void) {
   tcase_add_test(rpc, test_large_tensors);
   tcase_add_test(rpc, test_conformance);
   tcase_add_test(rpc, test_errors);
+  tcase_add_test(rpc, test_entry_threads);
   tcase_add_test(rpc, test_one_client_many_threads);
   suite_add_tcase(s, rpc);
   TCase *tools = tcase_create("tools");

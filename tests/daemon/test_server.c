@@ -458,6 +458,29 @@ static topos_network *slow_network(int n, topos_value *out) {
   return net;
 }
 
+/* A slow network whose in-process forward, with the backends the daemon
+ * registers, takes at least `seconds` here: calibrated, so a faster kernel
+ * (the vectorised exact tanh, say) cannot make a timing test pass or fail
+ * by accident. */
+static topos_network *calibrated_slow_network(double seconds, topos_value *out,
+                                              double *took) {
+  topos_backends_register_defaults();
+  topos_network *net = NULL;
+  double full = 0;
+  for (int n = 25; full < seconds; n *= 2) {
+    topos_network_release(net);
+    net = slow_network(n, out);
+    topos_error err = {0};
+    double t0 = now_s();
+    topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+    full = now_s() - t0;
+    ck_assert_msg(run != NULL, "slow forward: %s", err.message);
+    topos_run_free(run);
+  }
+  if (took) *took = full;
+  return net;
+}
+
 /* Records net on the daemon and checks the id is the engine's. */
 static void record(client *c, const topos_network *net, char id[65]) {
   topos_error err = {0};
@@ -650,6 +673,161 @@ START_TEST(test_forward_backward_lower_emit) {
   wire_message_free(&params[0]->base);
   wire_message_free(&fr.entry->base);
   topos_network_release(g.net);
+  stop_default();
+}
+END_TEST
+
+/* Entry.threads: the same Forward at threads 0, 1 and 4 answers the same
+ * bytes (and the engine's bits) on a net the cpu backend splits (a
+ * 300x300x300 product; an exp and a sum over 2^20 elements); Lower names
+ * the count (each count is its own cached plan); above 1024 is
+ * INVALID_ARGUMENT naming the field, and the daemon keeps serving. */
+START_TEST(test_entry_threads) {
+  start_default();
+  topos_error err = {0};
+  int64_t ms[2] = {300, 300}, cs[2] = {1024, 1}, rs[2] = {1, 1024};
+  topos_tensor *a0 = topos_init_normal(TOPOS_F32, 2, ms, 0, 1, 41, &err);
+  topos_tensor *b0 = topos_init_normal(TOPOS_F32, 2, ms, 0, 0.1, 42, &err);
+  topos_tensor *c0 = topos_init_normal(TOPOS_F32, 2, cs, 0, 1, 43, &err);
+  topos_tensor *r0 = topos_init_normal(TOPOS_F32, 2, rs, 0, 1, 44, &err);
+  topos_tape *tape = topos_tape_new(TOPOS_F32);
+  topos_value a = topos_parameter(tape, a0);
+  topos_value b = topos_parameter(tape, b0);
+  topos_value col = topos_input(tape, c0);
+  topos_value row = topos_parameter(tape, r0);
+  topos_value y = topos_tanh(tape, topos_matmul(tape, a, b));
+  topos_value big = topos_exp(tape, topos_matmul(tape, col, row));
+  topos_value roots[2] = {topos_name(tape, topos_sum(tape, y), "loss"),
+                          topos_name(tape, topos_sum(tape, big), "big")};
+  topos_value obs[1] = {y};
+  topos_network *net = topos_tape_seal(tape, &err);
+  ck_assert_msg(net != NULL, "%s", err.message);
+  topos_tensor_release(a0);
+  topos_tensor_release(b0);
+  topos_tensor_release(c0);
+  topos_tensor_release(r0);
+  char id[65];
+  record(&C, net, id);
+  topos_run *ref = topos_forward(net, NULL, NULL, 0, &err);
+  ck_assert_ptr_nonnull(ref);
+
+  const int counts[3] = {1, 4, 0};
+  reply first = {0};
+  for (int i = 0; i < 3; i++) {
+    topos_entry e = {.roots = roots,
+                     .nroots = 2,
+                     .observes = obs,
+                     .nobserves = 1,
+                     .threads = counts[i]};
+    Topos__V1__ForwardRequest fr = TOPOS__V1__FORWARD_REQUEST__INIT;
+    fr.id = id;
+    fr.entry = wire_entry_new(&e, NULL, &err);
+    ck_assert_ptr_nonnull(fr.entry);
+    ck_assert_uint_eq(fr.entry->threads, (unsigned)counts[i]);
+    reply r;
+    Topos__V1__ForwardReply *fwd = NULL;
+    int st = call_msg(&C, "Forward", &fr.base,
+                      &topos__v1__forward_reply__descriptor, (void **)&fwd, &r);
+    ck_assert_msg(st == GRPC_STATUS_OK, "threads %d: %d %s", counts[i], st,
+                  r.details);
+    ck_assert_int_eq(fwd->n_roots, 2);
+    ck_assert_int_eq(fwd->n_observes, 1);
+    for (int k = 0; k < 3; k++) {
+      topos_tensor *got = tensor_of(k < 2 ? fwd->roots[k] : fwd->observes[0]);
+      ck_assert_msg(
+          topos_tensor_bitwise_equal(
+              got, topos_run_of(ref, k < 2 ? roots[k] : obs[0], &err)),
+          "threads %d: value %d differs from the engine's", counts[i], k);
+      topos_tensor_release(got);
+    }
+    if (i == 0) {
+      first = r;
+    } else {
+      ck_assert_uint_eq(r.len, first.len);
+      ck_assert_msg(memcmp(r.data, first.data, r.len) == 0,
+                    "threads %d: reply bytes differ from threads 1", counts[i]);
+      reply_clear(&r);
+    }
+    wire_message_free(&fwd->base);
+
+    /* Lower names the count; 4 then 1 shows the cache keeps them apart. */
+    Topos__V1__LowerRequest lr = TOPOS__V1__LOWER_REQUEST__INIT;
+    lr.id = id;
+    lr.entry = fr.entry;
+    Topos__V1__LowerReply *lw = NULL;
+    CALL_OK(&C, "Lower", &lr, &topos__v1__lower_reply__descriptor, &lw);
+    char want[32];
+    snprintf(want, sizeof want, ", threads %d;", counts[i]);
+    if (counts[i])
+      ck_assert_msg(strstr(lw->text, want) != NULL, "%s", lw->text);
+    else
+      ck_assert_msg(strstr(lw->text, "threads") == NULL, "%s", lw->text);
+    wire_message_free(&lw->base);
+    wire_message_free(&fr.entry->base);
+  }
+  reply_clear(&first);
+  /* Lower at 1 again after 4: still 1 (not the cached plan of 4). */
+  {
+    topos_entry e = {.roots = roots, .nroots = 2, .threads = 1};
+    Topos__V1__LowerRequest lr = TOPOS__V1__LOWER_REQUEST__INIT;
+    lr.id = id;
+    lr.entry = wire_entry_new(&e, NULL, &err);
+    Topos__V1__LowerReply *lw = NULL;
+    CALL_OK(&C, "Lower", &lr, &topos__v1__lower_reply__descriptor, &lw);
+    ck_assert_msg(strstr(lw->text, ", threads 1;") != NULL, "%s", lw->text);
+    wire_message_free(&lw->base);
+    wire_message_free(&lr.entry->base);
+  }
+
+  /* Too many: INVALID_ARGUMENT on every RPC that takes an entry. */
+  const char *methods[4] = {"Forward", "Lower", "Emit", "Conformance"};
+  const uint32_t bad[2] = {5000, 1025};
+  for (int m = 0; m < 4; m++) {
+    for (int j = 0; j < 2; j++) {
+      topos_entry e = {.roots = roots, .nroots = 2};
+      Topos__V1__Entry *em = wire_entry_new(&e, NULL, &err);
+      ck_assert_ptr_nonnull(em);
+      em->threads = bad[j];
+      Topos__V1__ForwardRequest fr = TOPOS__V1__FORWARD_REQUEST__INIT;
+      Topos__V1__LowerRequest lr = TOPOS__V1__LOWER_REQUEST__INIT;
+      Topos__V1__EmitRequest er = TOPOS__V1__EMIT_REQUEST__INIT;
+      Topos__V1__ConformanceRequest cr = TOPOS__V1__CONFORMANCE_REQUEST__INIT;
+      fr.id = lr.id = er.id = cr.id = id;
+      fr.entry = lr.entry = er.entry = cr.entry = em;
+      const ProtobufCMessage *msg = m == 0   ? &fr.base
+                                    : m == 1 ? &lr.base
+                                    : m == 2 ? &er.base
+                                             : &cr.base;
+      reply r;
+      int st = call_msg(&C, methods[m], msg, NULL, NULL, &r);
+      ck_assert_msg(st == GRPC_STATUS_INVALID_ARGUMENT, "%s %u: %d %s",
+                    methods[m], (unsigned)bad[j], st, r.details);
+      ck_assert_int_eq(r.topos_code, TOPOS_ERR_ARGUMENT);
+      char want[48];
+      snprintf(want, sizeof want, "threads %u", (unsigned)bad[j]);
+      ck_assert_msg(strstr(r.details, want) != NULL, "%s", r.details);
+      reply_clear(&r);
+      wire_message_free(&em->base);
+    }
+  }
+  assert_serving(&C);
+  /* ... and still computes. */
+  {
+    topos_entry e = {.roots = roots, .nroots = 2, .threads = 2};
+    Topos__V1__ForwardRequest fr = TOPOS__V1__FORWARD_REQUEST__INIT;
+    fr.id = id;
+    fr.entry = wire_entry_new(&e, NULL, &err);
+    Topos__V1__ForwardReply *fwd = NULL;
+    CALL_OK(&C, "Forward", &fr, &topos__v1__forward_reply__descriptor, &fwd);
+    topos_tensor *got = tensor_of(fwd->roots[0]);
+    ck_assert(
+        topos_tensor_bitwise_equal(got, topos_run_of(ref, roots[0], &err)));
+    topos_tensor_release(got);
+    wire_message_free(&fwd->base);
+    wire_message_free(&fr.entry->base);
+  }
+  topos_run_free(ref);
+  topos_network_release(net);
   stop_default();
 }
 END_TEST
@@ -1423,20 +1601,9 @@ START_TEST(test_deadline_stops_mid_run) {
   client_open(&C, D.port);
   /* A network whose whole run takes at least ~1.5 s here, in-process,
    * with the backends the daemon registers. */
-  topos_backends_register_defaults();
   topos_value out;
-  topos_network *net = NULL;
   double full = 0, t0;
-  for (int n = 100; full < 1.5; n *= 2) {
-    topos_network_release(net);
-    net = slow_network(n, &out);
-    topos_error err = {0};
-    t0 = now_s();
-    topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
-    full = now_s() - t0;
-    ck_assert_ptr_nonnull(run);
-    topos_run_free(run);
-  }
+  topos_network *net = calibrated_slow_network(1.5, &out, &full);
   char id[65];
   record(&C, net, id);
   uint8_t *bytes;
@@ -1490,7 +1657,7 @@ START_TEST(test_queue_full) {
   grpc_init();
   client_open(&C, D.port);
   topos_value out;
-  topos_network *net = slow_network(60, &out);
+  topos_network *net = calibrated_slow_network(0.3, &out, NULL);
   char id[65];
   record(&C, net, id);
   uint8_t *bytes;
@@ -1766,7 +1933,7 @@ START_TEST(test_sigterm_in_flight) {
     grpc_init();
     client_open(&C, D.port);
     topos_value out;
-    topos_network *net = slow_network(200, &out);
+    topos_network *net = calibrated_slow_network(1.5, &out, NULL);
     char id[65];
     record(&C, net, id);
     uint8_t *bytes;
@@ -2118,6 +2285,7 @@ Suite *server_suite(void) {
   tcase_set_timeout(tc, 180);
   tcase_add_test(tc, test_record_describe_idempotent);
   tcase_add_test(tc, test_forward_backward_lower_emit);
+  tcase_add_test(tc, test_entry_threads);
   tcase_add_test(tc, test_step_bit_identical);
   tcase_add_test(tc, test_blobs);
   tcase_add_test(tc, test_conformance);

@@ -581,6 +581,73 @@ START_TEST(test_values_and_entries) {
 }
 END_TEST
 
+/* Entry.threads: through the wire both ways, into the plan cache's key,
+ * and anything above TOPOS_THREADS_MAX refused with the field named. */
+START_TEST(test_entry_threads) {
+  topos_network *net = sn_gradient_descent();
+  topos_error err = {0};
+  topos_value roots[1] = {topos_network_find(net, "loss")};
+  topos_entry e = {.roots = roots, .nroots = 1};
+  const int counts[4] = {0, 1, 4, TOPOS_THREADS_MAX};
+  char *keys[4];
+  for (int i = 0; i < 4; i++) {
+    e.threads = counts[i];
+    Topos__V1__Entry *em = wire_entry_new(&e, NULL, &err);
+    ck_assert_ptr_nonnull(em);
+    ck_assert_uint_eq(em->threads, (unsigned)counts[i]);
+    Topos__V1__Entry *eu = (Topos__V1__Entry *)repack(&em->base);
+    wire_message_free(&em->base);
+    ck_assert_uint_eq(eu->threads, (unsigned)counts[i]);
+    wire_entry we;
+    ck_assert_int_eq(wire_entry_from_proto(net, eu, &we, &err), TOPOS_OK);
+    ck_assert_int_eq(we.entry.threads, counts[i]);
+    keys[i] = wire_entry_key(&we.entry);
+    ck_assert_ptr_nonnull(keys[i]);
+    for (int j = 0; j < i; j++) ck_assert_str_ne(keys[i], keys[j]);
+    topos_plan *plan = topos_network_lower(net, &we.entry, &err);
+    ck_assert_msg(plan != NULL, "%s", err.message);
+    ck_assert_int_eq(topos_plan_threads(plan), counts[i]);
+    topos_plan_free(plan);
+    wire_entry_clear(&we);
+    wire_message_free(&eu->base);
+  }
+  /* 0 keeps the key entries always had; others append ";t<n>". */
+  char want0[64], want4[64];
+  snprintf(want0, sizeof want0, "r%d;o;p0;n0", (int)roots[0].index);
+  snprintf(want4, sizeof want4, "r%d;o;p0;n0;t4", (int)roots[0].index);
+  ck_assert_str_eq(keys[0], want0);
+  ck_assert_str_eq(keys[2], want4);
+  for (int i = 0; i < 4; i++) free(keys[i]);
+
+  /* Above the limit: refused, naming the field and the value. */
+  const uint32_t bad[3] = {TOPOS_THREADS_MAX + 1, 5000, UINT32_MAX};
+  for (int i = 0; i < 3; i++) {
+    e.threads = 1;
+    Topos__V1__Entry *em = wire_entry_new(&e, NULL, &err);
+    ck_assert_ptr_nonnull(em);
+    em->threads = bad[i];
+    Topos__V1__Entry *eu = (Topos__V1__Entry *)repack(&em->base);
+    wire_message_free(&em->base);
+    wire_entry we;
+    ck_assert_int_eq(wire_entry_from_proto(net, eu, &we, &err),
+                     TOPOS_ERR_ARGUMENT);
+    ck_assert_int_eq(wire_grpc_status_of(err.code), WIRE_GRPC_INVALID_ARGUMENT);
+    char want[64];
+    snprintf(want, sizeof want, "entry: threads %u is out of range",
+             (unsigned)bad[i]);
+    ck_assert_msg(strstr(err.message, want) != NULL, "%s", err.message);
+    ck_assert_ptr_null(we.values);
+    wire_message_free(&eu->base);
+  }
+  /* A negative count cannot be sent. */
+  e.threads = -1;
+  ck_assert_ptr_null(wire_entry_new(&e, NULL, &err));
+  ck_assert_int_eq(err.code, TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(err.message, "threads -1"));
+  topos_network_release(net);
+}
+END_TEST
+
 START_TEST(test_feeds) {
   topos_network *net = sn_gradient_descent();
   topos_value x = topos_network_find(net, "x"),
@@ -870,6 +937,7 @@ Suite *wire_suite(void) {
   suite_add_tcase(s, sp);
   TCase *v = tcase_create("requests");
   tcase_add_test(v, test_values_and_entries);
+  tcase_add_test(v, test_entry_threads);
   tcase_add_test(v, test_feeds);
   tcase_add_test(v, test_optimizers);
   tcase_add_test(v, test_status_mapping);

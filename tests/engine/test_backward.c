@@ -389,6 +389,79 @@ START_TEST(zero_outside_ancestors) {
 }
 END_TEST
 
+/* The cancel check runs once per node the reverse scan visits. */
+static topos_value param_d(topos_tape *t, topos_dtype d, int rank,
+                           const int64_t *shape, uint64_t seed) {
+  topos_tensor *x = tt_random(d, rank, shape, seed, -1, 1);
+  topos_value p = topos_parameter(t, x);
+  topos_tensor_release(x);
+  ck_assert(topos_value_ok(p));
+  return p;
+}
+
+static bool count_visit(void *ctx) {
+  (*(int *)ctx)++;
+  return false;
+}
+
+/* topos_gradients: the parameters' bits of topos_backward, with no work
+ * on branches that reach only inputs and constants (a conv over an input,
+ * a matmul whose left operand is data, a gather from a constant table). */
+START_TEST(gradients_skip_data_branches) {
+  for (int k = 0; k < 2; k++) {
+    topos_dtype d = k ? TOPOS_F32 : TOPOS_F64;
+    topos_tape *t = topos_tape_new(d);
+    topos_tensor *xt = tt_random(d, 4, S(2, 1, 6, 6), 11, -1, 1);
+    topos_value x = topos_input(t, xt);
+    topos_tensor_release(xt);
+    topos_value w = param_d(t, d, 4, S(3, 1, 3, 3), 12);
+    topos_value cb = param_d(t, d, 1, S(3), 13);
+    topos_value h = topos_relu(t, topos_conv2d(t, x, w, cb, 1, 1, 1));
+    int64_t flat[2] = {2, 3 * 6 * 6};
+    topos_value f = topos_reshape(t, h, 2, flat);
+    topos_value w2 = param_d(t, d, 2, S(108, 4), 14);
+    topos_value logits = topos_matmul(t, f, w2);
+    topos_tensor *tgt = tt_tensor(TOPOS_I32, 1, S(2), D(1, 3));
+    topos_value y = topos_input(t, tgt);
+    topos_tensor_release(tgt);
+    topos_value unused = param_d(t, d, 1, S(2), 15);
+    (void)unused;
+    topos_value loss = topos_cross_entropy(t, logits, y);
+    topos_error err = {0};
+    topos_network *net = topos_tape_seal(t, &err);
+    ck_assert_msg(net != NULL, "seal: %s", err.message);
+    topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+    ck_assert_msg(run != NULL, "forward: %s", err.message);
+    int all = 0, some = 0;
+    topos_set_cancel_check(count_visit, &all);
+    topos_field *field = topos_backward(run, loss, &err);
+    topos_set_cancel_check(count_visit, &some);
+    topos_params *g = topos_gradients(run, loss, &err);
+    topos_set_cancel_check(NULL, NULL);
+    ck_assert_msg(field && g, "backward/gradients: %s", err.message);
+    topos_params *want = topos_parameters_of(field, &err);
+    ck_assert_int_eq(topos_params_count(g), 4);
+    for (int s = 0; s < 4; s++)
+      ck_assert_msg(topos_tensor_bitwise_equal(topos_params_get(g, s),
+                                               topos_params_get(want, s)),
+                    "slot %d differs", s);
+    /* The unused parameter's gradient is +0 everywhere. */
+    double *z = tt_values(topos_params_get(g, 3));
+    ck_assert(z[0] == 0 && !signbit(z[0]) && z[1] == 0 && !signbit(z[1]));
+    free(z);
+    /* The input branch (pad, unfolds, permute, the patches' cotangent)
+     * and the constant column's gather are skipped. */
+    ck_assert_msg(some > 0 && some + 5 <= all,
+                  "visited %d nodes for gradients, %d for backward", some, all);
+    topos_params_free(want);
+    topos_params_free(g);
+    topos_field_free(field);
+    topos_run_free(run);
+    topos_network_release(net);
+  }
+}
+END_TEST
+
 /* Backward from a target that is not the last node: its own gradient is
  * exactly 1, and p2's is exactly p2 + p2. */
 START_TEST(seed_is_one) {
@@ -748,6 +821,7 @@ Suite *backward_suite(void) {
   tc = tcase_create("exact");
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, zero_outside_ancestors);
+  tcase_add_test(tc, gradients_skip_data_branches);
   tcase_add_test(tc, seed_is_one);
   tcase_add_test(tc, exact_simple_gradients);
   tcase_add_test(tc, input_gradient);

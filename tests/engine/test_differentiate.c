@@ -148,6 +148,22 @@ static void expect_same(const topos_tensor *a, const topos_tensor *b,
   ck_abort_msg("%s", msg);
 }
 
+/* Every parameter slot of `got` holds the field's tensor for that
+ * parameter, bit for bit (topos_gradients against topos_backward). */
+static void expect_params_of(const topos_params *got, const topos_field *field,
+                             const topos_network *net, const char *what,
+                             const char *where) {
+  topos_error err = {0};
+  topos_params *want = topos_parameters_of(field, &err);
+  ck_assert_msg(want != NULL, "%s: parameters_of: %s", what, err.message);
+  int n = topos_network_parameter_count(net);
+  ck_assert_int_eq(topos_params_count(got), n);
+  for (int s = 0; s < n; s++)
+    expect_same(topos_params_get(got, s), topos_params_get(want, s), what,
+                where, s);
+  topos_params_free(want);
+}
+
 /*
  * The heart of the suite: differentiates `loss` for every value in c->w,
  * seals, and holds every gradient value to topos_backward's field bit for
@@ -180,6 +196,11 @@ static void check_recorded(cx *c, topos_value loss, const char *what) {
   topos_field *field = topos_backward(run, loss, &err);
   ck_assert_msg(field != NULL, "%s: backward: %s", what, err.message);
 
+  topos_params *ig = topos_gradients(run, loss, &err);
+  ck_assert_msg(ig != NULL, "%s: gradients: %s", what, err.message);
+  expect_params_of(ig, field, net, what, "interpreter gradients slot");
+  topos_params_free(ig);
+
   /* The interpreter's forward values of the gradient nodes. */
   for (int k = 0; k < c->n; k++)
     expect_same(topos_run_of(run, g[k], &err),
@@ -211,6 +232,11 @@ static void check_recorded(cx *c, topos_value loss, const char *what) {
                     what, "plan backward node", i);
       }
       topos_field_free(pf);
+      /* Parameters-only gradients: the same bits as the field's. */
+      topos_params *pg = topos_plan_gradients(plan, pr, &err);
+      ck_assert_msg(pg != NULL, "%s: plan gradients: %s", what, err.message);
+      expect_params_of(pg, field, net, what, "plan gradients slot");
+      topos_params_free(pg);
     }
     topos_run_free(pr);
     topos_plan_free(plan);

@@ -557,6 +557,83 @@ START_TEST(binary_bits) {
 }
 END_TEST
 
+/* Binary ops read view operands in place (a transpose, a broadcast along
+ * an axis, a narrow, a broadcast scalar): the same bits per element as
+ * the op on the elements those views name.  Also maximum and step. */
+static double r_max64(double u, double v) {
+  return isnan(u) ? u : isnan(v) ? v : u >= v ? u : v;
+}
+static double r_step64(double u, double v) {
+  return u >= v ? 1.0 : 0.0;
+}
+
+START_TEST(binary_on_views) {
+  const int64_t R = 7, C = 19;
+  double *x = wide_array(C * R, 310), *w = wide_array(C, 311);
+  double *z = wide_array(R * (C + 5), 312);
+  x[3] = NAN;
+  w[2] = -0.0;
+  struct {
+    const char *name;
+    topos_value (*fn)(topos_tape *, topos_value, topos_value);
+    double (*r64)(double, double);
+  } ops[6] = {
+      {"add", topos_add, b_add},           {"sub", topos_sub, b_sub},
+      {"mul", topos_mul, b_mul},           {"div", topos_div, b_div},
+      {"maximum", topos_maximum, r_max64}, {"step", topos_step, r_step64}};
+  for (int k = 0; k < 2; k++) {
+    topos_dtype d = float_dtypes[k];
+    for (int o = 0; o < 6; o++)
+      for (int shape = 0; shape < 4; shape++) {
+        topos_tape *tp = topos_tape_new(d);
+        /* a: transpose of x [C,R] -> [R,C] (shape 3: x as [R,C] itself);
+         * b: w along rows, or a narrow of z, or a scalar broadcast. */
+        topos_value a =
+            shape == 3
+                ? cst(tp, tt_tensor(d, 2, S(R, C), x))
+                : topos_transpose(tp, cst(tp, tt_tensor(d, 2, S(C, R), x)));
+        topos_value b;
+        if (shape == 0 || shape == 3)
+          b = topos_broadcast_along(tp, cst(tp, tt_tensor(d, 1, S(C), w)), 0,
+                                    R);
+        else if (shape == 1)
+          b = topos_narrow(tp, cst(tp, tt_tensor(d, 2, S(R, C + 5), z)), 1, 3,
+                           C);
+        else
+          b = topos_broadcast(tp, cst(tp, tt_tensor(d, 0, NULL, w + 1)), 2,
+                              S(R, C));
+        topos_tensor *y = eval(tp, ops[o].fn(tp, a, b));
+        double *got = tt_values(y);
+        for (int64_t i = 0; i < R; i++)
+          for (int64_t j = 0; j < C; j++) {
+            double av = shape == 3 ? x[i * C + j] : x[j * R + i];
+            double bv = shape == 0 || shape == 3 ? w[j]
+                        : shape == 1             ? z[i * (C + 5) + 3 + j]
+                                                 : w[1];
+            if (d == TOPOS_F32) {
+              av = (float)av;
+              bv = (float)bv;
+            }
+            /* f32 +−×÷ rounded from double are the f32 results. */
+            double want = ops[o].r64(av, bv);
+            if (d == TOPOS_F32) want = (float)want;
+            double g = got[i * C + j];
+            ck_assert_msg(
+                (isnan(want) && isnan(g)) || (memcmp(&want, &g, sizeof g) == 0),
+                "%s %s view %d at (%lld,%lld): got %a want %a", ops[o].name,
+                topos_dtype_name(d), shape, (long long)i, (long long)j, g,
+                want);
+          }
+        free(got);
+        topos_tensor_release(y);
+      }
+  }
+  free(x);
+  free(w);
+  free(z);
+}
+END_TEST
+
 /* bf16: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 and rounds to even (1);
  * 1 + 3*2^-8 ties up to 1 + 2^-6. */
 START_TEST(bf16_round_once_ties) {
@@ -1332,9 +1409,9 @@ END_TEST
 START_TEST(fold_matches_naive) {
   static const int64_t cases[][6] = {
       /* count, size, step, dilation, inner, extra extent */
-      {5, 3, 2, 1, 7, 1},  {6, 4, 1, 2, 3, 0}, {3, 5, 7, 1, 33, 6},
+      {5, 3, 2, 1, 7, 1},   {6, 4, 1, 2, 3, 0}, {3, 5, 7, 1, 33, 6},
       {25, 20, 1, 1, 5, 0}, {4, 2, 2, 3, 1, 1}, {1, 1, 1, 1, 17, 0},
-      {9, 5, 1, 1, 64, 0}, {7, 3, 3, 2, 2, 2},
+      {9, 5, 1, 1, 64, 0},  {7, 3, 3, 2, 2, 2},
   };
   const int64_t outer = 3;
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -1368,9 +1445,9 @@ START_TEST(fold_matches_naive) {
         }
     int64_t xs[4] = {outer, count, size, inner};
     topos_tape *tp = topos_tape_new(TOPOS_F64);
-    topos_tensor *y = eval(
-        tp, topos_fold(tp, cst(tp, raw_tensor(TOPOS_F64, 4, xs, x)), 1, extent,
-                       size, step, dil));
+    topos_tensor *y =
+        eval(tp, topos_fold(tp, cst(tp, raw_tensor(TOPOS_F64, 4, xs, x)), 1,
+                            extent, size, step, dil));
     expect_bits64(y, want, m, "fold f64");
     topos_tensor_release(y);
     tp = topos_tape_new(TOPOS_F32);
@@ -1787,6 +1864,7 @@ Suite *kernels_suite(void) {
   tcase_add_test(tc, layout_narrow_pad);
   tcase_add_test(tc, layout_unfold);
   tcase_add_test(tc, layout_fold);
+  tcase_add_test(tc, binary_on_views);
   tcase_add_test(tc, fold_matches_naive);
   tcase_add_test(tc, fold_striped_bits);
   tcase_add_test(tc, layout_concat);

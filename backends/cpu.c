@@ -442,7 +442,10 @@ typedef struct gemm_job {
   char *bpack;     /* shared B panel: nc x KC */
   char *abufs;     /* per thread: A micro-panel (MR x KC) + a C tile */
   size_t abytes;   /* bytes per thread in abufs */
-  atomic_int bar_count, bar_sense;
+  /* Work is claimed, not assigned: B panels and output units carry
+   * tickets that only grow over the job (phase after phase), so a thread
+   * that is late or descheduled holds up at most the item it claimed. */
+  atomic_llong pack_next, pack_done, unit_next, unit_done;
   bool direct_a; /* the kernels read A in place (kern_s), no packing */
   /* Other task kinds (cpu_window.c): when set, each thread runs
    * fn(arg, tid, T) instead of the GEMM. */
@@ -465,21 +468,28 @@ static inline void backoff(int spins) {
     sched_yield();
 }
 
-/* All T threads meet here (a sense-reversing spin barrier). */
-static void job_barrier(gemm_job *j, int *sense) {
-  if (j->T == 1) return;
-  int s = !*sense;
-  *sense = s;
-  if (atomic_fetch_add_explicit(&j->bar_count, 1, memory_order_acq_rel) ==
-      j->T - 1) {
-    atomic_store_explicit(&j->bar_count, 0, memory_order_relaxed);
-    atomic_store_explicit(&j->bar_sense, s, memory_order_release);
-  } else {
-    for (int spins = 0;
-         atomic_load_explicit(&j->bar_sense, memory_order_acquire) != s;
-         spins++)
-      backoff(spins);
-  }
+/* Claims the next ticket below `end` (false when none is left). */
+static bool claim(atomic_llong *next, int64_t end, int64_t *ticket) {
+  long long v = atomic_load_explicit(next, memory_order_relaxed);
+  while (v < end)
+    if (atomic_compare_exchange_weak_explicit(
+            next, &v, v + 1, memory_order_relaxed, memory_order_relaxed)) {
+      *ticket = v;
+      return true;
+    }
+  return false;
+}
+
+/* Marks a claimed item finished (its writes published). */
+static void finish(atomic_llong *done) {
+  atomic_fetch_add_explicit(done, 1, memory_order_release);
+}
+
+/* Waits until every item below `end` is finished (their writes seen). */
+static void wait_done(atomic_llong *done, int64_t end) {
+  for (int spins = 0; atomic_load_explicit(done, memory_order_acquire) < end;
+       spins++)
+    backoff(spins);
 }
 
 static void pack_a(const gemm_job *j, const char *src, int64_t mr, int64_t kc,
@@ -536,8 +546,13 @@ static void job_work(gemm_job *j, int tid) {
   const int64_t KC = im->kc;
   char *apack = j->abufs + (size_t)tid * j->abytes;
   char *tile = apack + (size_t)(MR * KC) * es;
-  int sense = 0;
   int64_t rowpanels = (g->m + MR - 1) / MR;
+  /* Every thread walks the same phases (batch, column block, k block) and
+   * keeps the same running ticket bases, so tickets name the same item
+   * for all of them.  A phase's units start after all of its B panels are
+   * packed; the next phase starts after all of its units are done (they
+   * reuse the panel buffer and extend C's chains). */
+  int64_t pbase = 0, ubase = 0, t;
   for (int64_t bi = 0; bi < g->batch; bi++) {
     const char *A = (const char *)g->a + (size_t)(bi * g->a_batch) * es;
     const char *B = (const char *)g->b + (size_t)(bi * g->b_batch) * es;
@@ -555,16 +570,18 @@ static void job_work(gemm_job *j, int tid) {
       for (int64_t p0 = 0; p0 < g->k; p0 += KC) {
         int64_t kc = g->k - p0 < KC ? g->k - p0 : KC;
         int first = p0 == 0;
-        /* This thread's share of B's panels. */
-        int64_t pa = npan * tid / T, pb = npan * (tid + 1) / T;
-        if (pb > pa) {
-          int64_t c0 = j0 + pa * NR;
-          int64_t c1 = j0 + pb * NR < j1 ? j0 + pb * NR : j1;
+        while (claim(&j->pack_next, pbase + npan, &t)) {
+          int64_t q = t - pbase;
+          int64_t c0 = j0 + q * NR;
+          int64_t c1 = c0 + NR < j1 ? c0 + NR : j1;
           pack_b(j, B + (size_t)(p0 * g->b_row + c0 * g->b_col) * es, kc,
-                 c1 - c0, j->bpack + (size_t)(pa * kc * NR) * es);
+                 c1 - c0, j->bpack + (size_t)(q * kc * NR) * es);
+          finish(&j->pack_done);
         }
-        job_barrier(j, &sense);
-        for (int64_t u = tid; u < units; u += T) {
+        pbase += npan;
+        wait_done(&j->pack_done, pbase);
+        while (claim(&j->unit_next, ubase + units, &t)) {
+          int64_t u = t - ubase;
           int64_t rp = u / groups, cg = u % groups;
           int64_t ir = rp * MR;
           int64_t mr = g->m - ir < MR ? g->m - ir : MR;
@@ -594,8 +611,10 @@ static void job_work(gemm_job *j, int tid) {
               kern(kc, apack, bp, tile, NR, first);
             tile_copy(cp, g->c_row, g->c_col, tile, NR, 1, mr, nr, es);
           }
+          finish(&j->unit_done);
         }
-        job_barrier(j, &sense);
+        ubase += units;
+        wait_done(&j->unit_done, ubase);
       }
     }
   }
@@ -611,6 +630,7 @@ static void job_work(gemm_job *j, int tid) {
  * that back-to-back products of a training step do not pay a wake-up.
  */
 #define POOL_MAX 64
+#define POOL_SPINS 2048
 
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t pool_busy = PTHREAD_MUTEX_INITIALIZER;
@@ -629,11 +649,17 @@ static void *pool_main(void *arg) {
   for (;;) {
     unsigned gen;
     int spins = 0;
+    /* A short spin (tens of microseconds: the gap between the products
+     * of one training step) before sleeping, yielding now and then: on a
+     * box whose cores are all busy, a spinning worker would otherwise
+     * take the core the caller needs to produce the next job. */
     while ((gen = atomic_load_explicit(&pool_gen, memory_order_acquire)) ==
                seen &&
-           spins < 40000) {
-      cpu_relax();
-      spins++;
+           spins < POOL_SPINS) {
+      if (++spins % 256 == 0)
+        sched_yield();
+      else
+        cpu_relax();
     }
     pthread_mutex_lock(&pool_mu);
     while ((gen = atomic_load(&pool_gen)) == seen)
@@ -831,8 +857,10 @@ static int cpu_run(const topos_backend *self, const topos_task *task,
   /* Packing A pays for itself across a row's column panels; with a few of
    * them the kernel reads A in place (the same fmas in the same order). */
   job.direct_a = job.nblocks == 1 && nc / im->nr <= CPU_DIRECT_A_PANELS;
-  atomic_init(&job.bar_count, 0);
-  atomic_init(&job.bar_sense, 0);
+  atomic_init(&job.pack_next, 0);
+  atomic_init(&job.pack_done, 0);
+  atomic_init(&job.unit_next, 0);
+  atomic_init(&job.unit_done, 0);
   int rc = run_job(&job, threads);
   if (rc == TOPOS_OK)
     atomic_fetch_add_explicit(&tasks_run, 1, memory_order_relaxed);

@@ -232,6 +232,26 @@ static void K(fold)(const void *xv, void *yv, int64_t outer, int64_t count,
   const R *x = xv;
   R *y = yv;
   int64_t reach = (size - 1) * dilation;
+  if (inner == 1 && dilation == 1 && reach / step + 1 <= 16) {
+    /* Windows are contiguous runs: window c covers [c·step, c·step+size),
+     * and its positions from the end of window c−1 on are new to it. */
+    for (int64_t o = 0; o < outer; o++) {
+      const R *xo = x + o * count * size;
+      R *yo = y + o * extent;
+      int64_t covered = 0; /* positions [0, covered) have been written */
+      for (int64_t c = 0; c < count; c++) {
+        int64_t e0 = c * step;
+        const R *xs = xo + c * size;
+        for (int64_t e = covered; e < e0; e++) yo[e] = (R)0; /* a gap */
+        int64_t old = covered > e0 ? covered - e0 : 0;
+        for (int64_t s = 0; s < old; s++) yo[e0 + s] = yo[e0 + s] + xs[s];
+        for (int64_t s = old; s < size; s++) yo[e0 + s] = xs[s];
+        if (e0 + size > covered) covered = e0 + size;
+      }
+      for (int64_t e = covered; e < extent; e++) yo[e] = (R)0;
+    }
+    return;
+  }
   if (reach / step + 1 <= 16) {
     for (int64_t o = 0; o < outer; o++) {
       R *yo = y + o * extent * inner;

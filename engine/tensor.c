@@ -24,6 +24,9 @@
  *    stays a quiet NaN with its sign, never becoming an infinity.
  */
 #include <assert.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -415,6 +418,34 @@ DEFINE_COPY_BLOCK(uint16_t)
 DEFINE_COPY_BLOCK(uint32_t)
 DEFINE_COPY_BLOCK(uint64_t)
 
+#if defined(__x86_64__)
+/* Short contiguous rows of 4-byte elements (an im2col patch row of 3 or 5,
+ * a pooling window of 2) with one masked vector load and store each: the
+ * masked-off lanes are never touched, so nothing past a row is read. */
+__attribute__((target("avx512f"))) static uint32_t *copy_short_rows32(
+    uint32_t *dst, const uint32_t *src, int64_t n1, int64_t s1, int64_t n0) {
+  __mmask16 m = (__mmask16)((1u << n0) - 1u);
+  for (int64_t i1 = 0; i1 < n1; i1++, src += s1, dst += n0)
+    _mm512_mask_storeu_epi32(dst, m, _mm512_maskz_loadu_epi32(m, src));
+  return dst;
+}
+
+static bool have_avx512(void) {
+  static int known = -1;
+  if (known < 0) known = __builtin_cpu_supports("avx512f") ? 1 : 0;
+  return known == 1;
+}
+#endif
+
+static uint32_t *copy_block32(uint32_t *dst, const uint32_t *src, int64_t n1,
+                              int64_t s1, int64_t n0, int64_t s0) {
+#if defined(__x86_64__)
+  if (s0 == 1 && n0 < 16 && n1 > 1 && have_avx512())
+    return copy_short_rows32(dst, src, n1, s1, n0);
+#endif
+  return copy_block_uint32_t(dst, src, n1, s1, n0, s0);
+}
+
 /* Copies elements of size es from t, row-major, to dst: the two innermost
  * (coalesced) axes as a block, an odometer over the rest. */
 void tensor_copy_out(const topos_tensor *t, void *dst) {
@@ -442,7 +473,7 @@ void tensor_copy_out(const topos_tensor *t, void *dst) {
             (uint16_t *)out, (const uint16_t *)base + pos, n1, s1, n0, s0);
         break;
       case 4:
-        out = (char *)copy_block_uint32_t(
+        out = (char *)copy_block32(
             (uint32_t *)out, (const uint32_t *)base + pos, n1, s1, n0, s0);
         break;
       default:

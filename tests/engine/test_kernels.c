@@ -1409,9 +1409,19 @@ END_TEST
 START_TEST(fold_matches_naive) {
   static const int64_t cases[][6] = {
       /* count, size, step, dilation, inner, extra extent */
-      {5, 3, 2, 1, 7, 1},   {6, 4, 1, 2, 3, 0}, {3, 5, 7, 1, 33, 6},
-      {25, 20, 1, 1, 5, 0}, {4, 2, 2, 3, 1, 1}, {1, 1, 1, 1, 17, 0},
-      {9, 5, 1, 1, 64, 0},  {7, 3, 3, 2, 2, 2},
+      {5, 3, 2, 1, 7, 1},
+      {6, 4, 1, 2, 3, 0},
+      {3, 5, 7, 1, 33, 6},
+      {25, 20, 1, 1, 5, 0},
+      {4, 2, 2, 3, 1, 1},
+      {1, 1, 1, 1, 17, 0},
+      {9, 5, 1, 1, 64, 0},
+      {7, 3, 3, 2, 2, 2},
+      /* inner 1, dilation 1: contiguous windows, overlapping or with gaps */
+      {6, 5, 1, 1, 1, 0},
+      {4, 3, 5, 1, 1, 4},
+      {7, 4, 2, 1, 1, 1},
+      {28, 5, 1, 1, 1, 0},
   };
   const int64_t outer = 3;
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {

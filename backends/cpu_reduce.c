@@ -26,20 +26,25 @@
  *
  * Maps call the same per-element expressions as the reference's
  * K(unary)/K(binary) (libm once per element) over contiguous element
- * ranges, one per thread.
+ * ranges, one per thread.  f32 exp/tanh/log go through cpu_math.c, whose
+ * vector kernels give libm's bits (self-checked at first use, libm per
+ * element otherwise); while those kernels are live such maps are taken
+ * from 16 elements at any thread count.
  *
- * Threads are short-lived pthreads (the caller runs the first share); the
- * thresholds below keep tasks large enough that starting them is noise.
+ * Threads come from cpu.c's persistent pool (cpu_parallel; the caller
+ * runs the first share); the thresholds below keep tasks large enough
+ * that waking them is noise.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backends.h"
+#include "cpu_math.h"
 #include "cpu_reduce.h"
+#include "cpu_window.h"
 
 /* Reductions of fewer elements stay on the reference (a task costs little,
  * but so do they). */
@@ -50,50 +55,47 @@
  * arithmetic ops (memory bound) only from MAP_MIN_CHEAP. */
 #define MAP_MIN_LIBM ((int64_t)1 << 16)
 #define MAP_MIN_CHEAP ((int64_t)1 << 20)
+/* f32 exp/tanh/log on cpu_math.c's vector kernels: taken from this many
+ * elements at any thread count, threads from MAP_VEC_PER_THREAD each. */
+#define MAP_MIN_VEC 16
+#define MAP_VEC_PER_THREAD ((int64_t)1 << 15)
 #define MAX_THREADS 64
 
 /* -------------------------------------------------------------- threads */
 
 typedef void (*range_fn)(void *ctx, int64_t a, int64_t b);
 
-typedef struct share {
+typedef struct par_job {
   range_fn fn;
   void *ctx;
-  int64_t a, b;
-} share;
+  int64_t n, align, units;
+} par_job;
 
-static void *share_main(void *p) {
-  share *s = p;
-  s->fn(s->ctx, s->a, s->b);
-  return NULL;
+/* Thread tid of T: its contiguous share of the units. */
+static void par_share(void *arg, int tid, int T) {
+  const par_job *j = arg;
+  int64_t a = j->units * tid / T * j->align;
+  int64_t b = j->units * (tid + 1) / T * j->align;
+  if (a > j->n) a = j->n;
+  if (b > j->n) b = j->n;
+  if (a < b) j->fn(j->ctx, a, b);
 }
 
-/* fn over [0, n) in T contiguous shares (boundaries multiples of align
- * except the last); the caller runs share 0, and any share whose thread
- * fails to start. */
+/* fn over [0, n) in at most T contiguous shares (boundaries multiples of
+ * align except the last), on cpu.c's persistent pool (cpu_parallel: the
+ * caller runs share 0; with the pool busy or T == 1 the caller runs it
+ * all).  Where the shares fall never changes a result. */
 static void par_for(int T, int64_t n, int64_t align, range_fn fn, void *ctx) {
   if (T > MAX_THREADS) T = MAX_THREADS;
   if (T < 1) T = 1;
   if (n <= 0) return;
-  share sh[MAX_THREADS];
-  pthread_t th[MAX_THREADS];
-  bool started[MAX_THREADS];
-  int64_t units = (n + align - 1) / align;
-  if (T > units) T = (int)units;
-  for (int t = 0; t < T; t++) {
-    int64_t a = units * t / T * align, b = units * (t + 1) / T * align;
-    sh[t] = (share){fn, ctx, a < n ? a : n, b < n ? b : n};
-    started[t] = false;
+  par_job j = {fn, ctx, n, align, (n + align - 1) / align};
+  if (T > j.units) T = (int)j.units;
+  if (T == 1) {
+    fn(ctx, 0, n);
+    return;
   }
-  for (int t = 1; t < T; t++)
-    started[t] = pthread_create(&th[t], NULL, share_main, &sh[t]) == 0;
-  fn(ctx, sh[0].a, sh[0].b);
-  for (int t = 1; t < T; t++) {
-    if (started[t])
-      pthread_join(th[t], NULL);
-    else
-      fn(ctx, sh[t].a, sh[t].b);
-  }
+  cpu_parallel(T, par_share, &j);
 }
 
 /* ------------------------------------------------------ the add order */
@@ -489,8 +491,29 @@ done:
 DEFINE_MAP(float, f32, expf, logf, sqrtf, tanhf, powf)
 DEFINE_MAP(double, f64, exp, log, sqrt, tanh, pow)
 
+/* The f32 map ops cpu_math.c computes (libm's bits, vector or not). */
+static int map_math_fn(const topos_map_task *m) {
+  if (m->dtype != TOPOS_F32) return -1;
+  switch (m->op) {
+    case TOPOS_MAP_EXP:
+      return CPU_MATH_EXP;
+    case TOPOS_MAP_TANH:
+      return CPU_MATH_TANH;
+    case TOPOS_MAP_LOG:
+      return CPU_MATH_LOG;
+    default:
+      return -1;
+  }
+}
+
 static void map_range(void *ctx, int64_t i0, int64_t i1) {
   const topos_map_task *m = ctx;
+  int mf = map_math_fn(m);
+  if (mf >= 0) {
+    cpu_math_f32((cpu_math_fn)mf, (const float *)m->a + i0, (float *)m->y + i0,
+                 i1 - i0);
+    return;
+  }
   if (m->dtype == TOPOS_F64)
     map_f64(m, i0, i1);
   else
@@ -509,17 +532,28 @@ static bool map_is_libm(topos_map_op op) {
          op == TOPOS_MAP_POW;
 }
 
+/* Whether m runs on a live vector kernel of cpu_math.c. */
+static bool map_is_vec(const topos_map_task *m) {
+  int mf = map_math_fn(m);
+  return mf >= 0 && cpu_math_live((cpu_math_fn)mf);
+}
+
 bool cpu_map_supports(const topos_task *task) {
-  if (!task || task->kind != TOPOS_TASK_MAP || task->threads < 2) return false;
+  if (!task || task->kind != TOPOS_TASK_MAP) return false;
   const topos_map_task *m = &task->u.map;
   if (!map_ok(m)) return false;
+  /* vector exp/tanh/log pay at any thread count */
+  if (map_is_vec(m)) return m->n >= MAP_MIN_VEC;
+  if (task->threads < 2) return false;
   return m->n >= (map_is_libm(m->op) ? MAP_MIN_LIBM : MAP_MIN_CHEAP);
 }
 
 int cpu_map_run(const topos_task *task) {
   const topos_map_task *m = &task->u.map;
   if (!map_ok(m)) return TOPOS_ERR_ARGUMENT;
-  int64_t per = map_is_libm(m->op) ? MAP_MIN_LIBM / 4 : MAP_MIN_CHEAP / 4;
+  int64_t per = map_is_vec(m)        ? MAP_VEC_PER_THREAD
+                : map_is_libm(m->op) ? MAP_MIN_LIBM / 4
+                                     : MAP_MIN_CHEAP / 4;
   int64_t want = m->n / per;
   int T = task->threads > 0 ? task->threads : 1;
   if (want < T) T = want > 1 ? (int)want : 1;

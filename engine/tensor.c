@@ -400,19 +400,22 @@ static int coalesce(const topos_tensor *t, int64_t *shape, int64_t *stride) {
   return r;
 }
 
-/* dst[0 .. n1·n0) = the n1 x n0 block at src with strides s1, s0. */
-#define DEFINE_COPY_BLOCK(T)                                             \
-  static T *copy_block_##T(T *dst, const T *src, int64_t n1, int64_t s1, \
-                           int64_t n0, int64_t s0) {                     \
-    for (int64_t i1 = 0; i1 < n1; i1++, src += s1) {                     \
-      if (s0 == 1 && n0 >= 32) {                                         \
-        memcpy(dst, src, (size_t)n0 * sizeof(T));                        \
-        dst += n0;                                                       \
-      } else {                                                           \
-        for (int64_t i0 = 0; i0 < n0; i0++) *dst++ = src[i0 * s0];       \
-      }                                                                  \
-    }                                                                    \
-    return dst;                                                          \
+/* dst[0 .. n1·n0) = the n1 x n0 block at src with strides s1, s0.  dst
+ * may be unaligned (an encoding buffer), so elements go through memcpy,
+ * which compiles to one unaligned move each. */
+#define DEFINE_COPY_BLOCK(T)                                                   \
+  static char *copy_block_##T(char *dst, const T *src, int64_t n1, int64_t s1, \
+                              int64_t n0, int64_t s0) {                        \
+    for (int64_t i1 = 0; i1 < n1; i1++, src += s1) {                           \
+      if (s0 == 1) {                                                           \
+        memcpy(dst, src, (size_t)n0 * sizeof(T));                              \
+        dst += (size_t)n0 * sizeof(T);                                         \
+      } else {                                                                 \
+        for (int64_t i0 = 0; i0 < n0; i0++, dst += sizeof(T))                  \
+          memcpy(dst, src + i0 * s0, sizeof(T));                               \
+      }                                                                        \
+    }                                                                          \
+    return dst;                                                                \
   }
 DEFINE_COPY_BLOCK(uint16_t)
 DEFINE_COPY_BLOCK(uint32_t)
@@ -422,10 +425,10 @@ DEFINE_COPY_BLOCK(uint64_t)
 /* Short contiguous rows of 4-byte elements (an im2col patch row of 3 or 5,
  * a pooling window of 2) with one masked vector load and store each: the
  * masked-off lanes are never touched, so nothing past a row is read. */
-__attribute__((target("avx512f"))) static uint32_t *copy_short_rows32(
-    uint32_t *dst, const uint32_t *src, int64_t n1, int64_t s1, int64_t n0) {
+__attribute__((target("avx512f"))) static char *copy_short_rows32(
+    char *dst, const uint32_t *src, int64_t n1, int64_t s1, int64_t n0) {
   __mmask16 m = (__mmask16)((1u << n0) - 1u);
-  for (int64_t i1 = 0; i1 < n1; i1++, src += s1, dst += n0)
+  for (int64_t i1 = 0; i1 < n1; i1++, src += s1, dst += n0 * 4)
     _mm512_mask_storeu_epi32(dst, m, _mm512_maskz_loadu_epi32(m, src));
   return dst;
 }
@@ -437,8 +440,8 @@ static bool have_avx512(void) {
 }
 #endif
 
-static uint32_t *copy_block32(uint32_t *dst, const uint32_t *src, int64_t n1,
-                              int64_t s1, int64_t n0, int64_t s0) {
+static char *copy_block32(char *dst, const uint32_t *src, int64_t n1,
+                          int64_t s1, int64_t n0, int64_t s0) {
 #if defined(__x86_64__)
   if (s0 == 1 && n0 < 16 && n1 > 1 && have_avx512())
     return copy_short_rows32(dst, src, n1, s1, n0);
@@ -469,17 +472,16 @@ void tensor_copy_out(const topos_tensor *t, void *dst) {
   for (;;) {
     switch (es) {
       case 2:
-        out = (char *)copy_block_uint16_t(
-            (uint16_t *)out, (const uint16_t *)base + pos, n1, s1, n0, s0);
+        out = copy_block_uint16_t(out, (const uint16_t *)base + pos, n1, s1, n0,
+                                  s0);
         break;
       case 4:
-        out = (char *)copy_block32(
-            (uint32_t *)out, (const uint32_t *)base + pos, n1, s1, n0, s0);
+        out = copy_block32(out, (const uint32_t *)base + pos, n1, s1, n0, s0);
         break;
       default:
         assert(es == 8);
-        out = (char *)copy_block_uint64_t(
-            (uint64_t *)out, (const uint64_t *)base + pos, n1, s1, n0, s0);
+        out = copy_block_uint64_t(out, (const uint64_t *)base + pos, n1, s1, n0,
+                                  s0);
         break;
     }
     int a = outer_rank - 1;

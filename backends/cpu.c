@@ -169,6 +169,42 @@ static const gemm_impl impl_c_f64 = {
     }                                                                          \
   }
 
+/* The narrow form: one vector per row (NR = W), for products whose n fits
+ * in one vector, where the two-vector tile would compute half or more of
+ * its columns as padding.  Each lane's chain is the same FMADD(ai, b, acc)
+ * as in the wide form. */
+#define DEFINE_SIMD_KERNEL1(NAME, TARGET, T, V, W, ZERO, LD, ST, SET1, FMADD)  \
+  static inline __attribute__((always_inline, target(TARGET))) void NAME(      \
+      const int MRV, int64_t kc, const T *a, const int64_t ars,                \
+      const int64_t acs, const T *b, T *c, int64_t ldc, int first) {           \
+    V acc0[MR_MAX];                                                            \
+    if (first) {                                                               \
+      _Pragma("GCC unroll 14") for (int i = 0; i < MR_MAX; i++) if (i < MRV)   \
+          acc0[i] = ZERO();                                                    \
+    } else {                                                                   \
+      _Pragma("GCC unroll 14") for (int i = 0; i < MR_MAX; i++) if (i < MRV)   \
+          acc0[i] = LD(c + i * ldc);                                           \
+    }                                                                          \
+    for (int64_t k = 0; k < kc; k++) {                                         \
+      V b0 = LD(b);                                                            \
+      _Pragma("GCC unroll 14") for (int i = 0; i < MR_MAX; i++) if (i < MRV) { \
+        V ai = SET1(a[i * ars]);                                               \
+        acc0[i] = FMADD(ai, b0, acc0[i]);                                      \
+      }                                                                        \
+      a += acs;                                                                \
+      b += W;                                                                  \
+    }                                                                          \
+    _Pragma("GCC unroll 14") for (int i = 0; i < MR_MAX; i++) if (i < MRV)     \
+        ST(c + i * ldc, acc0[i]);                                              \
+  }
+
+DEFINE_SIMD_KERNEL1(k512n_f32, "avx512f", float, __m512, 16, _mm512_setzero_ps,
+                    _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps,
+                    _mm512_fmadd_ps)
+DEFINE_SIMD_KERNEL1(k512n_f64, "avx512f", double, __m512d, 8, _mm512_setzero_pd,
+                    _mm512_loadu_pd, _mm512_storeu_pd, _mm512_set1_pd,
+                    _mm512_fmadd_pd)
+
 DEFINE_SIMD_KERNEL(k512_f32, "avx512f", float, __m512, 16, 14,
                    _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps,
                    _mm512_set1_ps, _mm512_fmadd_ps)
@@ -218,9 +254,18 @@ DEFINE_SIMD_KERNEL(k256_f64, "avx2,fma", double, __m256d, 4, 6,
   SIMD_WRAP(NAME, TARGET, T, 5)     \
   SIMD_WRAP(NAME, TARGET, T, 6)
 
-enum { k512_f32_MR = 14, k512_f64_MR = 14, k256_f32_MR = 6, k256_f64_MR = 6 };
+enum {
+  k512_f32_MR = 14,
+  k512_f64_MR = 14,
+  k256_f32_MR = 6,
+  k256_f64_MR = 6,
+  k512n_f32_MR = 14,
+  k512n_f64_MR = 14
+};
 SIMD_WRAP14(k512_f32, "avx512f", float)
 SIMD_WRAP14(k512_f64, "avx512f", double)
+SIMD_WRAP14(k512n_f32, "avx512f", float)
+SIMD_WRAP14(k512n_f64, "avx512f", double)
 SIMD_WRAP6(k256_f32, "avx2,fma", float)
 SIMD_WRAP6(k256_f64, "avx2,fma", double)
 
@@ -246,6 +291,10 @@ static const gemm_impl impl_512_f32 = {
     14, 32, 512, 512, LIST14(k512_f32), LIST14S(k512_f32)};
 static const gemm_impl impl_512_f64 = {
     14, 16, 256, 512, LIST14(k512_f64), LIST14S(k512_f64)};
+static const gemm_impl impl_512n_f32 = {
+    14, 16, 512, 512, LIST14(k512n_f32), LIST14S(k512n_f32)};
+static const gemm_impl impl_512n_f64 = {
+    14, 8, 256, 512, LIST14(k512n_f64), LIST14S(k512n_f64)};
 static const gemm_impl impl_256_f32 = {
     6, 16, 256, 512, LIST6(k256_f32), LIST6S(k256_f32)};
 static const gemm_impl impl_256_f64 = {
@@ -317,6 +366,16 @@ static const gemm_impl *impl_for(topos_dtype dtype) {
     default:
       return f64 ? &impl_c_f64 : &impl_c_f32;
   }
+}
+
+/* The implementation for a product n columns wide: on AVX-512 one that
+ * fits n ≤ one vector runs the narrow kernels. */
+static const gemm_impl *impl_for_n(topos_dtype dtype, int64_t n) {
+#if CPU_X86
+  if (current_isa() == ISA_AVX512 && n <= (dtype == TOPOS_F64 ? 8 : 16))
+    return dtype == TOPOS_F64 ? &impl_512n_f64 : &impl_512n_f32;
+#endif
+  return impl_for(dtype);
 }
 
 /* --------------------------------------------------------------- packing */
@@ -842,7 +901,7 @@ static int cpu_run(const topos_backend *self, const topos_task *task,
         }
     return TOPOS_OK;
   }
-  const gemm_impl *im = impl_for(g->dtype);
+  const gemm_impl *im = impl_for_n(g->dtype, g->n);
   gemm_job job = {.g = g, .im = im};
   job.es = g->dtype == TOPOS_F64 ? sizeof(double) : sizeof(float);
   int threads = task->threads > 0 ? task->threads : 1;

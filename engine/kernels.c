@@ -279,22 +279,27 @@ static topos_tensor *eval_binary_views(op_code op, topos_tensor *const *in,
   }
   out_buf ob;
   if (out_begin(&ob, out, err)) return NULL;
+  /* The two innermost axes are one kernel call; an odometer walks the
+   * rest. */
   int64_t n0 = r ? shape[r - 1] : 1, a0 = r ? sa[r - 1] : 0,
           b0 = r ? sb[r - 1] : 0;
+  int64_t n1 = r > 1 ? shape[r - 2] : 1, a1 = r > 1 ? sa[r - 2] : 0,
+          b1 = r > 1 ? sb[r - 2] : 0;
   int64_t idx[TOPOS_MAX_RANK] = {0}, pa = 0, pb = 0, py = 0;
   bool f64 = out->dtype == TOPOS_F64;
   const char *A = tensor_data(in[0]), *B = tensor_data(in[1]);
   if (shape_count(out->rank, out->shape) > 0)
     for (;;) {
       if (f64)
-        binary_strided_f64(op, (const double *)A + pa, a0,
-                           (const double *)B + pb, b0, (double *)ob.data + py,
-                           n0);
+        binary_block_f64(op, (const double *)A + pa, a1, a0,
+                         (const double *)B + pb, b1, b0, (double *)ob.data + py,
+                         n1, n0);
       else
-        binary_strided_f32(op, (const float *)A + pa, a0, (const float *)B + pb,
-                           b0, (float *)ob.data + py, n0);
-      py += n0;
-      int d = r - 2;
+        binary_block_f32(op, (const float *)A + pa, a1, a0,
+                         (const float *)B + pb, b1, b0, (float *)ob.data + py,
+                         n1, n0);
+      py += n1 * n0;
+      int d = r - 3;
       for (; d >= 0; d--) {
         pa += sa[d];
         pb += sb[d];

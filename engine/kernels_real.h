@@ -97,41 +97,47 @@ ELEMENTWISE_CLONES static void K(binary)(op_code op, const void *av,
   }
 }
 
-/* K(binary) on strided operands: y[i] = a[i·sa] op b[i·sb] (a stride 0
- * repeats one element: a broadcast).  The same per-element arithmetic. */
-static void K(binary_strided)(op_code op, const R *a, int64_t sa, const R *b,
-                              int64_t sb, R *y, int64_t n) {
-  if (sa == 1 && sb == 1) {
-    K(binary)(op, a, b, y, n);
+/* K(binary) on strided operands over an n1 x n0 block: y[i1·n0 + i0] =
+ * a[i1·sa1 + i0·sa0] op b[i1·sb1 + i0·sb0] (a stride 0 repeats one
+ * element: a broadcast).  The same per-element arithmetic. */
+#define BLOCK_LOOP(EXPR)                                           \
+  for (int64_t i1 = 0; i1 < n1; i1++, a += sa1, b += sb1, y += n0) \
+    for (int64_t i0 = 0; i0 < n0; i0++) {                          \
+      R u = a[i0 * sa0], v = b[i0 * sb0];                          \
+      y[i0] = EXPR;                                                \
+    }
+static void K(binary_block)(op_code op, const R *a, int64_t sa1, int64_t sa0,
+                            const R *b, int64_t sb1, int64_t sb0, R *y,
+                            int64_t n1, int64_t n0) {
+  if (sa0 == 1 && sb0 == 1) {
+    for (int64_t i1 = 0; i1 < n1; i1++, a += sa1, b += sb1, y += n0)
+      K(binary)(op, a, b, y, n0);
     return;
   }
   switch (op) {
     case OP_ADD:
-      for (int64_t i = 0; i < n; i++) y[i] = a[i * sa] + b[i * sb];
+      BLOCK_LOOP(u + v)
       break;
     case OP_SUB:
-      for (int64_t i = 0; i < n; i++) y[i] = a[i * sa] - b[i * sb];
+      BLOCK_LOOP(u - v)
       break;
     case OP_MUL:
-      for (int64_t i = 0; i < n; i++) y[i] = a[i * sa] * b[i * sb];
+      BLOCK_LOOP(u * v)
       break;
     case OP_DIV:
-      for (int64_t i = 0; i < n; i++) y[i] = a[i * sa] / b[i * sb];
+      BLOCK_LOOP(u / v)
       break;
     case OP_MAXIMUM:
-      for (int64_t i = 0; i < n; i++) {
-        R u = a[i * sa], v = b[i * sb];
-        y[i] = isnan(u) ? u : isnan(v) ? v : u >= v ? u : v;
-      }
+      BLOCK_LOOP(isnan(u) ? u : isnan(v) ? v : u >= v ? u : v)
       break;
     case OP_STEP:
-      for (int64_t i = 0; i < n; i++)
-        y[i] = a[i * sa] >= b[i * sb] ? (R)1 : (R)0;
+      BLOCK_LOOP(u >= v ? (R)1 : (R)0)
       break;
     default:
       assert(!"not a binary op");
   }
 }
+#undef BLOCK_LOOP
 
 /* c[m,n] = a[m,k]·b[k,n] with a and b addressed by (row, column) strides.
  * Each output is its own chain acc = fma(a[i,kk], b[kk,j], acc) for kk in

@@ -634,6 +634,43 @@ START_TEST(binary_on_views) {
 }
 END_TEST
 
+/* Rank 4: the two innermost axes go to one kernel call and an odometer
+ * walks the other two.  a is x [2,3,4,5] permuted to [3,2,5,4]; b is w
+ * [3,5] broadcast along axes 1 and 3 (to [3,2,5,4]). */
+START_TEST(binary_on_views_rank4) {
+  double *x = wide_array(120, 320), *w = wide_array(15, 321);
+  static const int perm[4] = {1, 0, 3, 2};
+  for (int k = 0; k < 2; k++) {
+    topos_dtype d = float_dtypes[k];
+    topos_tape *tp = topos_tape_new(d);
+    topos_value a =
+        topos_permute(tp, cst(tp, tt_tensor(d, 4, S(2, 3, 4, 5), x)), perm);
+    topos_value b = topos_broadcast_along(
+        tp,
+        topos_broadcast_along(tp, cst(tp, tt_tensor(d, 2, S(3, 5), w)), 1, 2),
+        3, 4);
+    topos_tensor *y = eval(tp, topos_sub(tp, a, b));
+    double *got = tt_values(y);
+    for (int i = 0; i < 3; i++)
+      for (int j = 0; j < 2; j++)
+        for (int p = 0; p < 5; p++)
+          for (int q = 0; q < 4; q++) {
+            double av = x[((j * 3 + i) * 4 + q) * 5 + p], bv = w[i * 5 + p];
+            double want =
+                d == TOPOS_F32 ? (double)((float)av - (float)bv) : av - bv;
+            double g = got[((i * 2 + j) * 5 + p) * 4 + q];
+            ck_assert_msg(memcmp(&want, &g, sizeof g) == 0,
+                          "%s at (%d,%d,%d,%d): got %a want %a",
+                          topos_dtype_name(d), i, j, p, q, g, want);
+          }
+    free(got);
+    topos_tensor_release(y);
+  }
+  free(x);
+  free(w);
+}
+END_TEST
+
 /* bf16: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 and rounds to even (1);
  * 1 + 3*2^-8 ties up to 1 + 2^-6. */
 START_TEST(bf16_round_once_ties) {
@@ -1875,6 +1912,7 @@ Suite *kernels_suite(void) {
   tcase_add_test(tc, layout_unfold);
   tcase_add_test(tc, layout_fold);
   tcase_add_test(tc, binary_on_views);
+  tcase_add_test(tc, binary_on_views_rank4);
   tcase_add_test(tc, fold_matches_naive);
   tcase_add_test(tc, fold_striped_bits);
   tcase_add_test(tc, layout_concat);

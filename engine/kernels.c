@@ -129,36 +129,58 @@ static void scratch_done(scratch *s) {
  * bytes), walking src's shape row-major. */
 static void copy_strided(const topos_tensor *src, char *dst,
                          const int64_t *dst_stride) {
-  size_t es = topos_dtype_size(src->dtype);
-  int rank = src->rank;
-  int64_t n = shape_count(rank, src->shape);
+  const size_t es = topos_dtype_size(src->dtype);
+  int64_t n = shape_count(src->rank, src->shape);
   if (n == 0) return;
   const char *s = tensor_data(src);
-  if (rank == 0) {
-    memcpy(dst, s, es);
-    return;
-  }
-  int64_t idx[TOPOS_MAX_RANK] = {0};
-  int64_t inner = src->shape[rank - 1];
-  int64_t ss = src->stride[rank - 1], ds = dst_stride[rank - 1];
-  for (int64_t done = 0; done < n; done += inner) {
-    int64_t so = 0, doff = 0;
-    for (int a = 0; a < rank - 1; a++) {
-      so += idx[a] * src->stride[a];
-      doff += idx[a] * dst_stride[a];
-    }
-    if (ss == 1 && ds == 1) {
-      memcpy(dst + doff * (int64_t)es, s + so * (int64_t)es,
-             (size_t)inner * es);
+  /* Extent-1 axes dropped, neighbours both sides step through as one
+   * merged; the two innermost axes are a block, an odometer walks the
+   * rest. */
+  int64_t shape[TOPOS_MAX_RANK], ss[TOPOS_MAX_RANK], ds[TOPOS_MAX_RANK];
+  int r = 0;
+  for (int a = 0; a < src->rank; a++) {
+    if (src->shape[a] == 1) continue;
+    int64_t e = src->shape[a], sa = src->stride[a], da = dst_stride[a];
+    if (r > 0 && ss[r - 1] == sa * e && ds[r - 1] == da * e) {
+      shape[r - 1] *= e;
+      ss[r - 1] = sa;
+      ds[r - 1] = da;
     } else {
-      for (int64_t i = 0; i < inner; i++)
-        memcpy(dst + (doff + i * ds) * (int64_t)es,
-               s + (so + i * ss) * (int64_t)es, es);
+      shape[r] = e;
+      ss[r] = sa;
+      ds[r] = da;
+      r++;
     }
-    for (int a = rank - 2; a >= 0; a--) {
-      if (++idx[a] < src->shape[a]) break;
+  }
+  int64_t n0 = r ? shape[r - 1] : 1, s0 = r ? ss[r - 1] : 0,
+          d0 = r ? ds[r - 1] : 0;
+  int64_t n1 = r > 1 ? shape[r - 2] : 1, s1 = r > 1 ? ss[r - 2] : 0,
+          d1 = r > 1 ? ds[r - 2] : 0;
+  int64_t idx[TOPOS_MAX_RANK] = {0}, so = 0, doff = 0;
+  for (;;) {
+    for (int64_t i1 = 0; i1 < n1; i1++) {
+      const char *sp = s + (so + i1 * s1) * (int64_t)es;
+      char *dp = dst + (doff + i1 * d1) * (int64_t)es;
+      if (s0 == 1 && d0 == 1) {
+        memcpy(dp, sp, (size_t)n0 * es);
+      } else if (es == 4) {
+        for (int64_t i0 = 0; i0 < n0; i0++)
+          memcpy(dp + i0 * d0 * 4, sp + i0 * s0 * 4, 4);
+      } else {
+        for (int64_t i0 = 0; i0 < n0; i0++)
+          memcpy(dp + i0 * d0 * (int64_t)es, sp + i0 * s0 * (int64_t)es, es);
+      }
+    }
+    int a = r - 3;
+    for (; a >= 0; a--) {
+      so += ss[a];
+      doff += ds[a];
+      if (++idx[a] < shape[a]) break;
+      so -= ss[a] * shape[a];
+      doff -= ds[a] * shape[a];
       idx[a] = 0;
     }
+    if (a < 0) break;
   }
 }
 

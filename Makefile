@@ -148,8 +148,10 @@ $(RUNNER): $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c $(LIB_A) $(LIB_STO
 test: $(RUNNER)
 	TOPOS_BUILD=$(BUILD) $(RUNNER)
 
+# Sanitized code runs several times slower; Check's per-test timeouts are
+# hang guards, so they stretch with it.
 asan:
-	$(MAKE) BUILD=build/asan OPT=-O1 \
+	CK_TIMEOUT_MULTIPLIER=4 $(MAKE) BUILD=build/asan OPT=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" test
 
 # Valgrind runs the engine suites in one process (no fork) and fails on

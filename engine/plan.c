@@ -567,8 +567,8 @@ topos_field *topos_plan_backward(const topos_plan *plan, const topos_run *run,
   return grad;
 }
 
-topos_params *topos_plan_gradients(const topos_plan *plan,
-                                   const topos_run *run, topos_error *err) {
+topos_params *topos_plan_gradients(const topos_plan *plan, const topos_run *run,
+                                   topos_error *err) {
   if (!plan_backward_ok(plan, run, "plan gradients", err)) return NULL;
   topos_numerics saved = backend_set_numerics(plan->numerics);
   int threads_saved = backend_set_run_threads(plan->threads);

@@ -526,8 +526,8 @@ topos_field *topos_plan_backward(const topos_plan *plan, const topos_run *run,
 /* Training posture: the parameters' gradients of the plan's first root,
  * the bits of topos_parameters_of(topos_plan_backward(...)), computing
  * only what reaches a parameter (see topos_gradients). */
-topos_params *topos_plan_gradients(const topos_plan *plan,
-                                   const topos_run *run, topos_error *err);
+topos_params *topos_plan_gradients(const topos_plan *plan, const topos_run *run,
+                                   topos_error *err);
 
 typedef enum topos_emit_form {
   TOPOS_EMIT_PRETTY = 0, /* the custom assembly people read */

@@ -184,9 +184,10 @@ $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(LIB_A) $(LIB_STORE) $(if $(B
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(LIB_STORE) $(ENGINE_LINK) $(STORE_LIBS) $(LDLIBS)
 # The daemon bench talks gRPC and starts its own toposd.
-$(BUILD)/bench/daemon: bench/daemon.c $(LIB_CLIENT) $(LIB_A) $(TOPOSD)
+# Its in-process side registers the backends toposd registers.
+$(BUILD)/bench/daemon: bench/daemon.c $(LIB_CLIENT) $(LIB_A) $(TOPOSD) $(if $(BACKEND_SRC),$(LIB_BACKENDS))
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< -o $@ $(LIB_CLIENT) $(LIB_A) $(GRPC_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $< -o $@ $(LIB_CLIENT) $(ENGINE_LINK) $(GRPC_LIBS) $(LDLIBS)
 # gemm runs twice: as the issue defines it (OpenBLAS variables unset), and
 # with OpenBLAS pinned to its SkylakeX kernels, because OpenBLAS 0.3.21
 # does not recognise this CPU and otherwise runs generic kernels

@@ -46,6 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends.h"
 #include "topos.h"
 #include "topos.pb-c.h"
 #include "wire.h"
@@ -708,6 +709,9 @@ static double bench_makemore(int port, double *local_us, double *remote_us) {
 /* ------------------------------------------------------------------ main */
 
 int main(void) {
+  /* The in-process side runs with the backends toposd registers, so the
+   * makemore ratio compares the same kernels. */
+  topos_backends_register_defaults();
   int port = daemon_start();
   grpc_init();
   client c;

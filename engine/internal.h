@@ -96,6 +96,17 @@ topos_tensor *tensor_view(const topos_tensor *base, int rank,
 void *tensor_data(const topos_tensor *t);
 /* Copies t's elements row-major into dst (count * dtype size bytes). */
 void tensor_copy_out(const topos_tensor *t, void *dst);
+/* Writes src's elements, walked row-major, to dst laid out by dst_stride
+ * (in elements); dst may be unaligned. */
+void tensor_copy_strided(const topos_tensor *src, void *dst,
+                         const int64_t *dst_stride);
+/* A shape walked with two stride sets (an operand's and another's, or a
+ * source's and a destination's): extent-1 axes dropped and neighbours that
+ * both sets step through as one merged.  Returns the rank left (0: one
+ * element). */
+int strided_coalesce2(int rank, const int64_t *shape, const int64_t *sa_in,
+                      const int64_t *sb_in, int64_t *shape_out, int64_t *sa,
+                      int64_t *sb);
 
 /* Compute views: a contiguous array of t's elements in its compute type
  * (float for f32/bf16, double for f64, int32 for i32).  Borrows t's

@@ -123,67 +123,6 @@ static void scratch_done(scratch *s) {
   s->p = NULL;
 }
 
-/* ------------------------------------------------------- strided copies */
-
-/* Writes src's elements to dst laid out by dst_stride (elements of es
- * bytes), walking src's shape row-major. */
-static void copy_strided(const topos_tensor *src, char *dst,
-                         const int64_t *dst_stride) {
-  const size_t es = topos_dtype_size(src->dtype);
-  int64_t n = shape_count(src->rank, src->shape);
-  if (n == 0) return;
-  const char *s = tensor_data(src);
-  /* Extent-1 axes dropped, neighbours both sides step through as one
-   * merged; the two innermost axes are a block, an odometer walks the
-   * rest. */
-  int64_t shape[TOPOS_MAX_RANK], ss[TOPOS_MAX_RANK], ds[TOPOS_MAX_RANK];
-  int r = 0;
-  for (int a = 0; a < src->rank; a++) {
-    if (src->shape[a] == 1) continue;
-    int64_t e = src->shape[a], sa = src->stride[a], da = dst_stride[a];
-    if (r > 0 && ss[r - 1] == sa * e && ds[r - 1] == da * e) {
-      shape[r - 1] *= e;
-      ss[r - 1] = sa;
-      ds[r - 1] = da;
-    } else {
-      shape[r] = e;
-      ss[r] = sa;
-      ds[r] = da;
-      r++;
-    }
-  }
-  int64_t n0 = r ? shape[r - 1] : 1, s0 = r ? ss[r - 1] : 0,
-          d0 = r ? ds[r - 1] : 0;
-  int64_t n1 = r > 1 ? shape[r - 2] : 1, s1 = r > 1 ? ss[r - 2] : 0,
-          d1 = r > 1 ? ds[r - 2] : 0;
-  int64_t idx[TOPOS_MAX_RANK] = {0}, so = 0, doff = 0;
-  for (;;) {
-    for (int64_t i1 = 0; i1 < n1; i1++) {
-      const char *sp = s + (so + i1 * s1) * (int64_t)es;
-      char *dp = dst + (doff + i1 * d1) * (int64_t)es;
-      if (s0 == 1 && d0 == 1) {
-        memcpy(dp, sp, (size_t)n0 * es);
-      } else if (es == 4) {
-        for (int64_t i0 = 0; i0 < n0; i0++)
-          memcpy(dp + i0 * d0 * 4, sp + i0 * s0 * 4, 4);
-      } else {
-        for (int64_t i0 = 0; i0 < n0; i0++)
-          memcpy(dp + i0 * d0 * (int64_t)es, sp + i0 * s0 * (int64_t)es, es);
-      }
-    }
-    int a = r - 3;
-    for (; a >= 0; a--) {
-      so += ss[a];
-      doff += ds[a];
-      if (++idx[a] < shape[a]) break;
-      so -= ss[a] * shape[a];
-      doff -= ds[a] * shape[a];
-      idx[a] = 0;
-    }
-    if (a < 0) break;
-  }
-}
-
 static void row_major_strides(int rank, const int64_t *shape, int64_t *stride) {
   int64_t s = 1; /* saturates: see tensor.c's row_major_strides */
   for (int a = rank - 1; a >= 0; a--) {
@@ -200,7 +139,7 @@ static void copy_into_axis(const topos_tensor *src, topos_tensor *dst, int axis,
   row_major_strides(dst->rank, dst->shape, stride);
   size_t es = topos_dtype_size(dst->dtype);
   char *base = (char *)tensor_data(dst) + offset * stride[axis] * (int64_t)es;
-  copy_strided(src, base, stride);
+  tensor_copy_strided(src, base, stride);
 }
 
 /* --------------------------------------------------------- op families */
@@ -283,22 +222,8 @@ static topos_tensor *eval_binary_views(op_code op, topos_tensor *const *in,
                                        const tensor_meta *out,
                                        topos_error *err) {
   int64_t shape[TOPOS_MAX_RANK], sa[TOPOS_MAX_RANK], sb[TOPOS_MAX_RANK];
-  int r = 0;
-  for (int d = 0; d < out->rank; d++) {
-    if (out->shape[d] == 1) continue;
-    int64_t a = in[0]->stride[d], b = in[1]->stride[d];
-    if (r > 0 && sa[r - 1] == a * out->shape[d] &&
-        sb[r - 1] == b * out->shape[d]) {
-      shape[r - 1] *= out->shape[d];
-      sa[r - 1] = a;
-      sb[r - 1] = b;
-    } else {
-      shape[r] = out->shape[d];
-      sa[r] = a;
-      sb[r] = b;
-      r++;
-    }
-  }
+  int r = strided_coalesce2(out->rank, out->shape, in[0]->stride, in[1]->stride,
+                            shape, sa, sb);
   out_buf ob;
   if (out_begin(&ob, out, err)) return NULL;
   /* The two innermost axes are one kernel call; an odometer walks the

@@ -382,55 +382,38 @@ bool topos_tensor_is_contiguous(const topos_tensor *t) {
   return true;
 }
 
-/* t's layout with extent-1 axes dropped and neighbours that step through
- * memory as one axis merged; returns the rank left (0: one element). */
-static int coalesce(const topos_tensor *t, int64_t *shape, int64_t *stride) {
+int strided_coalesce2(int rank, const int64_t *shape, const int64_t *sa_in,
+                      const int64_t *sb_in, int64_t *shape_out, int64_t *sa,
+                      int64_t *sb) {
   int r = 0;
-  for (int a = 0; a < t->rank; a++) {
-    if (t->shape[a] == 1) continue;
-    if (r > 0 && stride[r - 1] == t->stride[a] * t->shape[a]) {
-      shape[r - 1] *= t->shape[a];
-      stride[r - 1] = t->stride[a];
+  for (int d = 0; d < rank; d++) {
+    if (shape[d] == 1) continue;
+    int64_t e = shape[d], a = sa_in[d], b = sb_in[d];
+    if (r > 0 && sa[r - 1] == a * e && sb[r - 1] == b * e) {
+      shape_out[r - 1] *= e;
+      sa[r - 1] = a;
+      sb[r - 1] = b;
     } else {
-      shape[r] = t->shape[a];
-      stride[r] = t->stride[a];
+      shape_out[r] = e;
+      sa[r] = a;
+      sb[r] = b;
       r++;
     }
   }
   return r;
 }
 
-/* dst[0 .. n1·n0) = the n1 x n0 block at src with strides s1, s0.  dst
- * may be unaligned (an encoding buffer), so elements go through memcpy,
- * which compiles to one unaligned move each. */
-#define DEFINE_COPY_BLOCK(T)                                                   \
-  static char *copy_block_##T(char *dst, const T *src, int64_t n1, int64_t s1, \
-                              int64_t n0, int64_t s0) {                        \
-    for (int64_t i1 = 0; i1 < n1; i1++, src += s1) {                           \
-      if (s0 == 1) {                                                           \
-        memcpy(dst, src, (size_t)n0 * sizeof(T));                              \
-        dst += (size_t)n0 * sizeof(T);                                         \
-      } else {                                                                 \
-        for (int64_t i0 = 0; i0 < n0; i0++, dst += sizeof(T))                  \
-          memcpy(dst, src + i0 * s0, sizeof(T));                               \
-      }                                                                        \
-    }                                                                          \
-    return dst;                                                                \
-  }
-DEFINE_COPY_BLOCK(uint16_t)
-DEFINE_COPY_BLOCK(uint32_t)
-DEFINE_COPY_BLOCK(uint64_t)
-
 #if defined(__x86_64__)
-/* Short contiguous rows of 4-byte elements (an im2col patch row of 3 or 5,
- * a pooling window of 2) with one masked vector load and store each: the
- * masked-off lanes are never touched, so nothing past a row is read. */
-__attribute__((target("avx512f"))) static char *copy_short_rows32(
-    char *dst, const uint32_t *src, int64_t n1, int64_t s1, int64_t n0) {
+/* n1 short contiguous rows of 4-byte elements (an im2col patch row of 3 or
+ * 5, a pooling window of 2) with one masked vector load and store each:
+ * the masked-off lanes are never touched, so nothing past a row is read
+ * or written. */
+__attribute__((target("avx512f"))) static void copy_short_rows32(
+    char *dst, int64_t d1, const char *src, int64_t s1, int64_t n1,
+    int64_t n0) {
   __mmask16 m = (__mmask16)((1u << n0) - 1u);
-  for (int64_t i1 = 0; i1 < n1; i1++, src += s1, dst += n0 * 4)
+  for (int64_t i1 = 0; i1 < n1; i1++, src += s1 * 4, dst += d1 * 4)
     _mm512_mask_storeu_epi32(dst, m, _mm512_maskz_loadu_epi32(m, src));
-  return dst;
 }
 
 static bool have_avx512(void) {
@@ -438,19 +421,69 @@ static bool have_avx512(void) {
   if (known < 0) known = __builtin_cpu_supports("avx512f") ? 1 : 0;
   return known == 1;
 }
-#endif
-
-static char *copy_block32(char *dst, const uint32_t *src, int64_t n1,
-                          int64_t s1, int64_t n0, int64_t s0) {
-#if defined(__x86_64__)
-  if (s0 == 1 && n0 < 16 && n1 > 1 && have_avx512())
-    return copy_short_rows32(dst, src, n1, s1, n0);
-#endif
-  return copy_block_uint32_t(dst, src, n1, s1, n0, s0);
+#else
+static bool have_avx512(void) {
+  return false;
 }
+static void copy_short_rows32(char *dst, int64_t d1, const char *src,
+                              int64_t s1, int64_t n1, int64_t n0) {}
+#endif
 
-/* Copies elements of size es from t, row-major, to dst: the two innermost
- * (coalesced) axes as a block, an odometer over the rest. */
+/* Element i0 of each of n1 rows, es bytes each; dst may be unaligned (an
+ * encoding buffer), so elements go through memcpy of a constant size,
+ * which compiles to one unaligned move. */
+#define COPY_ELEMENTS(ES)               \
+  for (int64_t i1 = 0; i1 < n1; i1++)   \
+    for (int64_t i0 = 0; i0 < n0; i0++) \
+  memcpy(d + (i1 * d1 + i0 * d0) * (ES), sp + (i1 * s1 + i0 * s0) * (ES), (ES))
+
+void tensor_copy_strided(const topos_tensor *src, void *dst,
+                         const int64_t *dst_stride) {
+  const size_t es = topos_dtype_size(src->dtype);
+  if (shape_count(src->rank, src->shape) <= 0) return;
+  /* The two innermost (coalesced) axes are a block; an odometer walks the
+   * rest. */
+  int64_t shape[TOPOS_MAX_RANK], ss[TOPOS_MAX_RANK], ds[TOPOS_MAX_RANK];
+  int r = strided_coalesce2(src->rank, src->shape, src->stride, dst_stride,
+                            shape, ss, ds);
+  int64_t n0 = r ? shape[r - 1] : 1, s0 = r ? ss[r - 1] : 0,
+          d0 = r ? ds[r - 1] : 0;
+  int64_t n1 = r > 1 ? shape[r - 2] : 1, s1 = r > 1 ? ss[r - 2] : 0,
+          d1 = r > 1 ? ds[r - 2] : 0;
+  bool rows = s0 == 1 && d0 == 1;
+  bool short_rows = rows && es == 4 && n0 < 16 && n1 > 1 && have_avx512();
+  const char *s = tensor_data(src);
+  int64_t idx[TOPOS_MAX_RANK] = {0}, so = 0, doff = 0;
+  for (;;) {
+    const char *sp = s + so * (int64_t)es;
+    char *d = (char *)dst + doff * (int64_t)es;
+    if (short_rows)
+      copy_short_rows32(d, d1, sp, s1, n1, n0);
+    else if (rows)
+      for (int64_t i1 = 0; i1 < n1; i1++)
+        memcpy(d + i1 * d1 * (int64_t)es, sp + i1 * s1 * (int64_t)es,
+               (size_t)n0 * es);
+    else if (es == 4)
+      COPY_ELEMENTS(4);
+    else if (es == 8)
+      COPY_ELEMENTS(8);
+    else
+      COPY_ELEMENTS(2);
+    int a = r - 3;
+    for (; a >= 0; a--) {
+      so += ss[a];
+      doff += ds[a];
+      if (++idx[a] < shape[a]) break;
+      so -= ss[a] * shape[a];
+      doff -= ds[a] * shape[a];
+      idx[a] = 0;
+    }
+    if (a < 0) break;
+  }
+}
+#undef COPY_ELEMENTS
+
+/* Copies elements of size es from t, row-major, to dst. */
 void tensor_copy_out(const topos_tensor *t, void *dst) {
   size_t es = topos_dtype_size(t->dtype);
   int64_t n = shape_count(t->rank, t->shape);
@@ -459,40 +492,13 @@ void tensor_copy_out(const topos_tensor *t, void *dst) {
     memcpy(dst, tensor_data(t), (size_t)n * es);
     return;
   }
-  int64_t shape[TOPOS_MAX_RANK], stride[TOPOS_MAX_RANK];
-  int r = coalesce(t, shape, stride);
-  /* Pad to two axes: the block copies n1 rows of n0. */
-  int64_t n0 = r >= 1 ? shape[r - 1] : 1, s0 = r >= 1 ? stride[r - 1] : 0;
-  int64_t n1 = r >= 2 ? shape[r - 2] : 1, s1 = r >= 2 ? stride[r - 2] : 0;
-  int outer_rank = r >= 2 ? r - 2 : 0;
-  int64_t idx[TOPOS_MAX_RANK] = {0};
-  int64_t pos = t->offset;
-  const char *base = t->buf->data;
-  char *out = dst;
-  for (;;) {
-    switch (es) {
-      case 2:
-        out = copy_block_uint16_t(out, (const uint16_t *)base + pos, n1, s1, n0,
-                                  s0);
-        break;
-      case 4:
-        out = copy_block32(out, (const uint32_t *)base + pos, n1, s1, n0, s0);
-        break;
-      default:
-        assert(es == 8);
-        out = copy_block_uint64_t(out, (const uint64_t *)base + pos, n1, s1, n0,
-                                  s0);
-        break;
-    }
-    int a = outer_rank - 1;
-    for (; a >= 0; a--) {
-      pos += stride[a];
-      if (++idx[a] < shape[a]) break;
-      pos -= stride[a] * shape[a];
-      idx[a] = 0;
-    }
-    if (a < 0) break;
+  int64_t stride[TOPOS_MAX_RANK];
+  int64_t step = 1; /* n > 0 fits, so every partial product does */
+  for (int a = t->rank - 1; a >= 0; a--) {
+    stride[a] = step;
+    step *= t->shape[a];
   }
+  tensor_copy_strided(t, dst, stride);
 }
 
 int64_t topos_tensor_count(const topos_tensor *t) {

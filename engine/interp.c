@@ -376,17 +376,26 @@ static void eb_settle(builder *b, const int32_t *keep, int nkeep) {
   eb->settled = eb->n;
 }
 
+/* The checks both public entry points to backward make: target is a
+ * value of this run, and the run kept what backward reads. */
+static bool backward_target_ok(const topos_run *run, topos_value target,
+                               const char *what, topos_error *err) {
+  if (!topos_run_of(run, target, err)) return false;
+  if (run->plan && run->plan->posture != TOPOS_POSTURE_TRAINING) {
+    error_set(err, TOPOS_ERR_STATE,
+              "%s: this run's plan is forward-only and freed what backward "
+              "reads; lower with the training posture",
+              what);
+    return false;
+  }
+  return true;
+}
+
 topos_field *topos_backward(const topos_run *run, topos_value target,
                             topos_error *err) {
   topos_error local = {0};
   if (!err) err = &local;
-  if (!topos_run_of(run, target, err)) return NULL;
-  if (run->plan && run->plan->posture != TOPOS_POSTURE_TRAINING) {
-    error_set(err, TOPOS_ERR_STATE,
-              "backward: this run's plan is forward-only and freed what "
-              "backward reads; lower with the training posture");
-    return NULL;
-  }
+  if (!backward_target_ok(run, target, "backward", err)) return NULL;
   return run_backward(run, target.index, err);
 }
 
@@ -394,13 +403,7 @@ topos_params *topos_gradients(const topos_run *run, topos_value target,
                               topos_error *err) {
   topos_error local = {0};
   if (!err) err = &local;
-  if (!topos_run_of(run, target, err)) return NULL;
-  if (run->plan && run->plan->posture != TOPOS_POSTURE_TRAINING) {
-    error_set(err, TOPOS_ERR_STATE,
-              "gradients: this run's plan is forward-only and freed what "
-              "backward reads; lower with the training posture");
-    return NULL;
-  }
+  if (!backward_target_ok(run, target, "gradients", err)) return NULL;
   return run_gradients(run, target.index, err);
 }
 

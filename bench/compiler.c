@@ -298,13 +298,13 @@ static void bench_cnn(void) {
     const batch *cur = &b[rep % CNN_BATCHES];
     topos_feed feeds[2] = {{m.x, cur->x}, {m.y, cur->y}};
     double t0 = now_s();
-    topos_run *ri = topos_forward(m.net, params, feeds, 2, &err);
+    topos_run *ri = topos_forward(m.net, params, feeds, 2, NULL, &err);
     double t1 = now_s();
     must(ri, "cnn forward", &err);
-    topos_run *rf = topos_plan_forward(fused, params, feeds, 2, &err);
+    topos_run *rf = topos_plan_forward(fused, params, feeds, 2, NULL, &err);
     double t2 = now_s();
     must(rf, "cnn fused plan forward", &err);
-    topos_run *ru = topos_plan_forward(unfused, params, feeds, 2, &err);
+    topos_run *ru = topos_plan_forward(unfused, params, feeds, 2, NULL, &err);
     double t3 = now_s();
     must(ru, "cnn unfused plan forward", &err);
     const topos_tensor *li = must((void *)topos_run_of(ri, m.logits, &err),

@@ -602,8 +602,8 @@ static void mm_local_step(const mm_model *m, const topos_optimizer *opt,
                           const mm_batch *b) {
   topos_error err = {0};
   topos_feed feeds[2] = {{m->x, b->x}, {m->y, b->y}};
-  topos_run *run = topos_forward(m->net, *params, feeds, 2, &err);
-  topos_params *g = run ? topos_gradients(run, m->loss, &err) : NULL;
+  topos_run *run = topos_forward(m->net, *params, feeds, 2, NULL, &err);
+  topos_params *g = run ? topos_gradients(run, m->loss, NULL, &err) : NULL;
   topos_params *next = NULL;
   topos_opt_state *next_state = NULL;
   if (g == NULL || topos_optimizer_step(opt, *params, g, *state, &next,

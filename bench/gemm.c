@@ -49,7 +49,6 @@ typedef struct bench_case {
 
 /* The reference: the engine's matmul kernel with the backend chain off. */
 static void run_reference(bench_case *bc) {
-  backend_chain_enable(false);
   topos_tensor *in[2] = {bc->a, bc->b};
   tensor_meta out = {bc->dtype, 2, {bc->n, bc->n}};
   topos_error err = {0};
@@ -59,7 +58,6 @@ static void run_reference(bench_case *bc) {
     exit(1);
   }
   topos_tensor_release(c);
-  backend_chain_enable(true);
 }
 
 static void run_cpu(bench_case *bc) {

@@ -143,8 +143,8 @@ static inline void train_step(trainer *t, const topos_optimizer *opt,
                               const topos_feed *feeds, int nfeeds) {
   topos_error err = {0};
   topos_run *run =
-      t->plan ? topos_plan_forward(t->plan, t->params, feeds, nfeeds, &err)
-              : topos_forward(t->net, t->params, feeds, nfeeds, &err);
+      t->plan ? topos_plan_forward(t->plan, t->params, feeds, nfeeds, NULL, &err)
+              : topos_forward(t->net, t->params, feeds, nfeeds, NULL, &err);
   must(run, t->plan ? "plan forward" : "forward", &err);
   if (t->keep_loss) {
     float loss = 0;
@@ -154,8 +154,8 @@ static inline void train_step(trainer *t, const topos_optimizer *opt,
     t->last_loss = loss;
   }
   /* The parameters' gradients only: no work on the data branches. */
-  topos_params *g = t->plan ? topos_plan_gradients(t->plan, run, &err)
-                            : topos_gradients(run, t->loss, &err);
+  topos_params *g = t->plan ? topos_plan_gradients(t->plan, run, NULL, &err)
+                            : topos_gradients(run, t->loss, NULL, &err);
   must(g, t->plan ? "plan gradients" : "gradients", &err);
   topos_params *next = NULL;
   topos_opt_state *next_state = NULL;

@@ -316,7 +316,7 @@ static int prefix_error(topos_error *err, const node *n, int index) {
 }
 
 int backward_scan(builder *b, int target, int32_t *grads, bool params_only,
-                  topos_error *err) {
+                  const exec_env *env, topos_error *err) {
   bool *ancestor = calloc((size_t)target + 1, sizeof(bool));
   /* params_only: wanted[i] says a parameter is node i or one of its
    * ancestors; cotangents flow only into wanted nodes.  Every consumer of
@@ -353,8 +353,9 @@ int backward_scan(builder *b, int target, int32_t *grads, bool params_only,
     const node *n = &copy;
     if (!ancestor[i] || grads[i] < 0 || op_table[n->op].arity == 0) continue;
     if (wanted && !wanted[i]) continue;
-    if (run_cancelled(err)) {
-      rc = TOPOS_ERR_CANCELLED;
+    topos_error stop = {0};
+    if (env && exec_stop(env, &stop)) {
+      rc = error_set(err, stop.code, "%s", stop.message);
       break;
     }
     unsigned reads = op_table[n->op].reads;

@@ -1,29 +1,35 @@
 /*
- * backend.c - the backend registry and the dispatch helper the engine's
- * kernels call (backend.h describes the seam).
+ * backend.c - the backend registry and execution contexts: how a
+ * topos_exec (topos.h) resolves to the chain of backends a run offers its
+ * tasks to (backend.h describes the seam, exec.c the dispatch).
  *
- * The chain is a fixed array appended under a mutex and published with a
- * release store of its length, so offering a task takes no lock.  The
- * numerics in force is per thread: plan runs set it from the plan for the
- * duration of the run; everything else (the interpreter, its backward)
- * runs under exact.  So is an entry's thread count (see "threads").  Whatever
- * no backend takes runs on the reference kernels, and a backend's failure is
- * never seen by the caller.
+ * The registry is a fixed array appended under a mutex and published with
+ * a release store of its length, so resolving a context takes no lock.
+ * Nothing here is per thread: every run carries its own resolved context
+ * (exec_env), so numerics, threads, the backend choice, cancellation and
+ * the deadline are arguments, never ambient state.  The only process-wide
+ * settings are the registry itself and the default thread count.
  */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend.h"
 #include "internal.h"
 
-#define MAX_BACKENDS 16
-
-static const topos_backend *chain[MAX_BACKENDS];
-static atomic_int chain_len;
+/* Registry index 0 is the reference; backends take 1.. in registration
+ * order.  tasks_run counts per index for the life of the process. */
+static const topos_backend *chain[TOPOS_BACKENDS_MAX];
+static atomic_int chain_len; /* backends, the reference not counted */
 static pthread_mutex_t chain_lock = PTHREAD_MUTEX_INITIALIZER;
-static atomic_bool chain_off;
+static atomic_ullong tasks_run[TOPOS_BACKENDS_MAX];
+
+static bool name_reserved(const char *name) {
+  return strcmp(name, "reference") == 0 || strcmp(name, "auto") == 0 ||
+         name[0] == '\0';
+}
 
 int topos_backend_register(const topos_backend *backend) {
   if (!backend || !backend->name || !backend->supports || !backend->run)
@@ -31,13 +37,19 @@ int topos_backend_register(const topos_backend *backend) {
   if (backend->fidelity != TOPOS_FIDELITY_EXACT &&
       backend->fidelity != TOPOS_FIDELITY_ENVELOPE)
     return TOPOS_ERR_ARGUMENT;
+  if (name_reserved(backend->name) || strlen(backend->name) >= 32)
+    return TOPOS_ERR_ARGUMENT;
   int rc = TOPOS_OK;
   pthread_mutex_lock(&chain_lock);
   int n = atomic_load_explicit(&chain_len, memory_order_relaxed);
-  for (int i = 0; i < n; i++)
-    if (chain[i] == backend || strcmp(chain[i]->name, backend->name) == 0)
-      goto done; /* already registered: idempotent */
-  if (n == MAX_BACKENDS) {
+  for (int i = 0; i < n; i++) {
+    if (chain[i] == backend) goto done; /* idempotent */
+    if (strcmp(chain[i]->name, backend->name) == 0) {
+      rc = TOPOS_ERR_ARGUMENT; /* a second backend with a taken name */
+      goto done;
+    }
+  }
+  if (n == TOPOS_BACKENDS_MAX - 1) {
     rc = TOPOS_ERR_MEMORY;
     goto done;
   }
@@ -57,39 +69,25 @@ const topos_backend *topos_backend_at(int index) {
   return chain[index];
 }
 
-void backend_chain_enable(bool on) {
-  atomic_store(&chain_off, !on);
-}
-
-/* ------------------------------------------------------------ numerics */
-
-static _Thread_local topos_numerics current_numerics = TOPOS_NUMERICS_EXACT;
-
-topos_numerics backend_numerics(void) {
-  return current_numerics;
-}
-
-topos_numerics backend_set_numerics(topos_numerics numerics) {
-  topos_numerics old = current_numerics;
-  current_numerics = numerics;
-  return old;
+const topos_backend *topos_backend_find(const char *name) {
+  if (!name) return NULL;
+  int n = topos_backend_count();
+  for (int i = 0; i < n; i++)
+    if (strcmp(chain[i]->name, name) == 0) return chain[i];
+  return NULL;
 }
 
 /* ------------------------------------------------------------- threads */
 
 /*
- * Two levels.  The process default: backend_set_threads's override, else
- * TOPOS_THREADS (read once, capped at TOPOS_THREADS_MAX), else the online
- * cores.  Over it, per thread, the run value a plan run installs from its
- * entry's `threads` for the duration of the run (like the numerics): when
- * non-zero it is what every task offered on this thread gets, above the
- * process default too (the entry asked for it explicitly); the backends
- * cap it at what their pools can give.
+ * The process default: backend_set_threads's override, else TOPOS_THREADS
+ * (read once, capped at TOPOS_THREADS_MAX), else the online cores.  A
+ * context's non-zero threads replaces it for that run, above it too (the
+ * caller asked explicitly); the backends cap it at what their pools give.
  */
 static atomic_int threads_override;
 static int threads_default;
 static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
-static _Thread_local int run_threads; /* 0 = the process default */
 
 static void threads_init(void) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -105,7 +103,6 @@ static void threads_init(void) {
 }
 
 int backend_threads(void) {
-  if (run_threads > 0) return run_threads;
   int o = atomic_load(&threads_override);
   if (o > 0) return o;
   pthread_once(&threads_once, threads_init);
@@ -114,16 +111,6 @@ int backend_threads(void) {
 
 void backend_set_threads(int threads) {
   atomic_store(&threads_override, threads > 0 ? threads : 0);
-}
-
-int backend_run_threads(void) {
-  return run_threads;
-}
-
-int backend_set_run_threads(int threads) {
-  int old = run_threads;
-  run_threads = threads > 0 ? threads : 0;
-  return old;
 }
 
 /* ------------------------------------------------------------ test hook */
@@ -139,22 +126,190 @@ void backend_set_offer_hook(void (*fn)(const topos_task *t, void *ctx),
   atomic_store(&offer_hook, fn);
 }
 
-/* ------------------------------------------------------------- offering */
+/* ------------------------------------------------------------ contexts */
 
-int backend_offer(const topos_task *t, topos_numerics numerics,
-                  topos_error *err) {
-  (void)err; /* a backend's failure falls back silently */
+int64_t topos_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* "reference, cpu, blas" into buf. */
+static const char *known_names(char *buf, size_t len) {
+  size_t at = (size_t)snprintf(buf, len, "reference");
+  int n = topos_backend_count();
+  for (int i = 0; i < n && at < len; i++)
+    at += (size_t)snprintf(buf + at, len - at, ", %s", chain[i]->name);
+  return buf;
+}
+
+static void chain_add(exec_env *env, int i) {
+  env->chain[env->nchain] = chain[i];
+  env->chain_index[env->nchain] = (uint8_t)(i + 1);
+  env->nchain++;
+}
+
+int exec_resolve(const topos_exec *ctx, exec_env *env, topos_error *err) {
+  topos_exec dflt = {0};
+  if (!ctx) ctx = &dflt;
+  memset(env, 0, sizeof *env);
+  if (ctx->numerics != TOPOS_NUMERICS_EXACT &&
+      ctx->numerics != TOPOS_NUMERICS_FAST)
+    return error_set(err, TOPOS_ERR_ARGUMENT,
+                     "context: unknown numerics %d (exact 0, fast 1)",
+                     (int)ctx->numerics);
+  if (ctx->threads < 0 || ctx->threads > TOPOS_THREADS_MAX)
+    return error_set(err, TOPOS_ERR_ARGUMENT,
+                     "context: threads %d is out of range (0 = the process "
+                     "default, at most %d)",
+                     ctx->threads, TOPOS_THREADS_MAX);
+  env->numerics = ctx->numerics;
+  env->threads = ctx->threads > 0 ? ctx->threads : backend_threads();
+  env->cancel = ctx->cancel;
+  env->cancel_ctx = ctx->cancel_ctx;
+  env->deadline_ns = ctx->deadline_ns;
+  env->report = ctx->report;
+  bool fast = ctx->numerics == TOPOS_NUMERICS_FAST;
+  int n = topos_backend_count();
+  const char *name = ctx->backend;
+  if (!name || !*name || strcmp(name, "auto") == 0) {
+    /* auto: under fast the envelope backends first (they exist to be
+     * faster), then the exact ones; under exact the exact ones. */
+    for (int i = 0; fast && i < n; i++)
+      if (chain[i]->fidelity == TOPOS_FIDELITY_ENVELOPE) chain_add(env, i);
+    for (int i = 0; i < n; i++)
+      if (chain[i]->fidelity == TOPOS_FIDELITY_EXACT) chain_add(env, i);
+    return 0;
+  }
+  if (strcmp(name, "reference") == 0) return 0;
+  int chosen = -1;
+  for (int i = 0; i < n; i++)
+    if (strcmp(chain[i]->name, name) == 0) chosen = i;
+  char known[256];
+  if (chosen < 0)
+    return error_set(err, TOPOS_ERR_ARGUMENT,
+                     "context: unknown backend '%.64s' (known: %s)", name,
+                     known_names(known, sizeof known));
+  if (!fast && chain[chosen]->fidelity != TOPOS_FIDELITY_EXACT)
+    return error_set(err, TOPOS_ERR_ARGUMENT,
+                     "context: backend '%s' has envelope fidelity and cannot "
+                     "run exact numerics; ask for fast numerics (exact "
+                     "backends: %s)",
+                     name, known_names(known, sizeof known));
+  /* The chosen backend first; what it declines goes to the exact
+   * backends, never to a looser fidelity than asked. */
+  chain_add(env, chosen);
+  for (int i = 0; i < n; i++)
+    if (i != chosen && chain[i]->fidelity == TOPOS_FIDELITY_EXACT)
+      chain_add(env, i);
+  return 0;
+}
+
+int topos_exec_check(const topos_exec *ctx, topos_error *err) {
+  exec_env env;
+  return exec_resolve(ctx, &env, err);
+}
+
+bool exec_stop(const exec_env *env, topos_error *err) {
+  if (env->cancel && env->cancel(env->cancel_ctx)) {
+    error_set(err, TOPOS_ERR_CANCELLED, "cancelled at a node boundary");
+    return true;
+  }
+  if (env->deadline_ns > 0 && topos_now_ns() >= env->deadline_ns) {
+    error_set(err, TOPOS_ERR_DEADLINE,
+              "the deadline passed (stopped at a node boundary)");
+    return true;
+  }
+  return false;
+}
+
+static void count(const exec_env *env, int index) {
+  atomic_fetch_add_explicit(&tasks_run[index], 1, memory_order_relaxed);
+  if (env->report) env->report->tasks[index]++;
+}
+
+void exec_reference_ran(const exec_env *env) {
+  count(env, 0);
+}
+
+int exec_offer(const exec_env *env, topos_task *t) {
+  t->threads = env->threads;
   offer_hook_fn hook = atomic_load_explicit(&offer_hook, memory_order_acquire);
   if (hook) hook(t, atomic_load(&offer_hook_ctx));
-  if (atomic_load_explicit(&chain_off, memory_order_relaxed)) return -1;
-  int n = topos_backend_count();
-  for (int i = 0; i < n; i++) {
-    const topos_backend *b = chain[i];
-    if (b->fidelity != TOPOS_FIDELITY_EXACT && numerics != TOPOS_NUMERICS_FAST)
-      continue;
+  for (int i = 0; i < env->nchain; i++) {
+    const topos_backend *b = env->chain[i];
     if (!b->supports(b, t)) continue;
-    topos_error e = {0};
-    if (b->run(b, t, &e) == TOPOS_OK) return 0;
+    topos_error e = {0}; /* a backend's failure falls back silently */
+    if (b->run(b, t, &e) == TOPOS_OK) {
+      count(env, env->chain_index[i]);
+      return 0;
+    }
   }
+  count(env, 0);
   return -1;
+}
+
+/* ------------------------------------------------------------ listing */
+
+const char *topos_task_ops(int kind) {
+  switch (kind) {
+    case TOPOS_TASK_GEMM:
+      return "matmul";
+    case TOPOS_TASK_WINDOW:
+      return "fused conv2d (pad, unfold, permute, reshape, matmul)";
+    case TOPOS_TASK_REDUCE:
+      return "sum, sum_along";
+    case TOPOS_TASK_MAP:
+      return "neg, exp, log, sqrt, tanh, pow, relu, add, sub, mul, div, "
+             "maximum, step";
+  }
+  return "?";
+}
+
+int topos_backends_list(topos_backend_info *out, int max) {
+  int n = topos_backend_count();
+  for (int i = 0; i <= n && i < max; i++) {
+    topos_backend_info *b = &out[i];
+    memset(b, 0, sizeof *b);
+    b->index = i;
+    b->tasks_run = atomic_load(&tasks_run[i]);
+    if (i == 0) {
+      b->name = "reference";
+      b->fidelity = "exact";
+      b->tasks = (1u << TOPOS_TASK_GEMM) | (1u << TOPOS_TASK_WINDOW) |
+                 (1u << TOPOS_TASK_REDUCE) | (1u << TOPOS_TASK_MAP);
+      b->dtypes = (1u << TOPOS_F32) | (1u << TOPOS_F64) | (1u << TOPOS_BF16) |
+                  (1u << TOPOS_I32);
+      snprintf(b->device, sizeof b->device,
+               "portable C, the executable spec (every op)");
+      b->threads = 1;
+      continue;
+    }
+    const topos_backend *be = chain[i - 1];
+    b->name = be->name;
+    b->fidelity =
+        be->fidelity == TOPOS_FIDELITY_EXACT ? "exact" : "envelope";
+    b->tasks = be->tasks;
+    b->dtypes = be->dtypes;
+    if (be->device) be->device(be, b->device, sizeof b->device);
+    b->threads = be->max_threads ? be->max_threads(be) : 1;
+  }
+  return n + 1;
+}
+
+char *topos_exec_report_names(const topos_exec_report *report, char *buf,
+                              size_t len) {
+  if (!buf || len == 0) return buf;
+  buf[0] = '\0';
+  if (!report) return buf;
+  size_t at = 0;
+  int n = topos_backend_count();
+  /* The backends first, the reference (what none took) last. */
+  for (int k = 1; k <= n + 1 && at < len; k++) {
+    int i = k <= n ? k : 0;
+    if (report->tasks[i] == 0) continue;
+    const char *name = i == 0 ? "reference" : chain[i - 1]->name;
+    at += (size_t)snprintf(buf + at, len - at, "%s%s", at ? "," : "", name);
+  }
+  return buf;
 }

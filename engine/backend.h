@@ -1,15 +1,16 @@
 /*
  * backend.h - the seam between the engine and execution backends.
  *
- * Backends never see graph structure.  The engine offers them *tasks* (a
- * GEMM with strides; later an elementwise map, a reduction, a windowed
- * product), down a chain of registered backends that the request's
- * numerics allows: an `exact` request is offered only to backends of
+ * Backends never see graph structure.  The engine's dispatch (exec.c)
+ * offers them *tasks* (a GEMM with strides, an elementwise map, a
+ * reduction, a windowed product) down the chain a run's context resolves
+ * to (topos.h, topos_exec): an `exact` run is offered only to backends of
  * exact fidelity, which promise the reference's bits (numerics.md); a
- * `fast` request also to `envelope` backends, which promise the declared
+ * `fast` run also to `envelope` backends, which promise the declared
  * error envelope.  Whatever every backend declines runs on the reference
- * kernels.  A backend is a small struct of function pointers, like
- * ggml-backend's; registering one never changes a result under `exact`.
+ * kernels (kernels.c), which know nothing of backends.  A backend is a
+ * small struct of function pointers, like ggml-backend's; registering one
+ * never changes a result under `exact`.
  */
 #ifndef TOPOS_BACKEND_H
 #define TOPOS_BACKEND_H
@@ -138,14 +139,26 @@ struct topos_backend {
   int (*run)(const topos_backend *self, const topos_task *task,
              topos_error *err);
   void *ctx;
+  /* Capabilities, for the registry's listing (topos_backends_list): bit
+   * 1 << kind for each task kind run() may take, 1 << dtype for each
+   * dtype; the ISA or device it runs on (optional); the most threads one
+   * task uses (optional: 1). */
+  unsigned tasks;
+  unsigned dtypes;
+  void (*device)(const topos_backend *self, char *buf, size_t len);
+  int (*max_threads)(const topos_backend *self);
 };
 
-/* Appends a backend to the chain (the struct must outlive the process's
- * use of the engine).  Thread-safe; returns a topos_status. */
+/* Appends a backend to the registry (the struct must outlive the
+ * process's use of the engine).  Names are unique, and "reference" and
+ * "auto" are taken.  Idempotent for the same struct; thread-safe; returns
+ * a topos_status. */
 int topos_backend_register(const topos_backend *backend);
-/* The registered backends in chain order: the count, and one by index. */
+/* The registered backends in registration order (the reference is not
+ * one of them): the count, one by index, one by name (NULL if none). */
 int topos_backend_count(void);
 const topos_backend *topos_backend_at(int index);
+const topos_backend *topos_backend_find(const char *name);
 
 #ifdef __cplusplus
 }

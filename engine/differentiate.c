@@ -121,7 +121,7 @@ int topos_tape_differentiate(topos_tape *tape, topos_value loss,
   }
   topos_error err = {0};
   int32_t *out = grads + li + 1;
-  if (backward_scan(&rb.base, li, grads, false, &err) == 0) {
+  if (backward_scan(&rb.base, li, grads, false, NULL, &err) == 0) {
     for (int k = 0; k < n; k++) {
       int32_t w = wrt[k].index;
       int32_t g = w <= li ? grads[w] : -1;

@@ -89,6 +89,8 @@ const char *topos_status_name(int code) {
       return "io";
     case TOPOS_ERR_CANCELLED:
       return "cancelled";
+    case TOPOS_ERR_DEADLINE:
+      return "deadline";
     default:
       return "unknown";
   }

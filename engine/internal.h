@@ -120,6 +120,20 @@ typedef struct compute_view {
 int compute_view_of(const topos_tensor *t, compute_view *v, topos_error *err);
 void compute_view_done(compute_view *v);
 
+/* An output being written: the tensor, and where a kernel writes its
+ * compute-type values (the tensor itself, or f32 scratch for bf16).
+ * out_begin makes a new contiguous tensor of m (0, or -1 with err);
+ * out_end rounds the scratch into it (bf16) and returns it; out_abort
+ * releases both. */
+typedef struct out_buf {
+  topos_tensor *t;
+  void *data;
+  size_t scratch_cap;
+} out_buf;
+int out_begin(out_buf *ob, const tensor_meta *m, topos_error *err);
+topos_tensor *out_end(out_buf *ob);
+void out_abort(out_buf *ob);
+
 /* A double rounded once to bf16 (nearest even; NaN stays a quiet NaN). */
 uint16_t bf16_from_f64(double v);
 /* Rounds x once to a float dtype into element i of a contiguous buffer. */
@@ -280,6 +294,8 @@ topos_tensor *tensor_zeros_like_meta(const tensor_meta *m, topos_error *err);
 
 /* ------------------------------------------------------------------ runs */
 
+typedef struct exec_env exec_env; /* a resolved context, see "backends" */
+
 struct topos_run {
   topos_network *net;     /* retained */
   topos_tensor **vals;    /* one per node, NULL = not evaluated / freed */
@@ -341,9 +357,6 @@ struct topos_plan {
   size_t peak_bytes;
 };
 
-/* True when the calling thread's cancel check asks to stop; sets err. */
-bool run_cancelled(topos_error *err);
-
 /* Interpreter pieces plans reuse (interp.c). */
 topos_run *run_alloc(const topos_network *net, topos_error *err);
 /* Checks params and feeds; fed[slot] gets each input's feed or NULL. */
@@ -351,14 +364,18 @@ int run_prepare(const topos_network *net, const topos_params *params,
                 const topos_feed *feeds, int nfeeds, const topos_tensor **fed,
                 topos_error *err);
 /* Evaluates node i from the run's operand values (reference kernels). */
-int run_eval_node(topos_run *run, int i, const topos_params *params,
-                  const topos_tensor **fed, topos_error *err);
+int run_eval_node(const exec_env *env, topos_run *run, int i,
+                  const topos_params *params, const topos_tensor **fed,
+                  topos_error *err);
 /* The gradient of rank-0 node `target` w.r.t. every node (new field). */
-topos_field *run_backward(const topos_run *run, int target, topos_error *err);
+topos_field *run_backward(const exec_env *env, const topos_run *run,
+                          int target, topos_error *err);
 /* The parameters' gradients only (backward_scan with params_only). */
-topos_params *run_gradients(const topos_run *run, int target, topos_error *err);
+topos_params *run_gradients(const exec_env *env, const topos_run *run,
+                            int target, topos_error *err);
 
-/* Runs one fused group: the head's value from x (and the weight). */
+/* Runs one fused group on the reference kernels: the head's value from x
+ * (and the weight). */
 topos_tensor *group_eval(const plan_group *g, const tensor_meta *out,
                          const topos_tensor *x, const topos_tensor *weight,
                          topos_error *err);
@@ -397,9 +414,10 @@ struct builder {
  * params_only: only nodes that have a parameter among their ancestors (or
  * are one) receive cotangents, so branches that lead only to inputs and
  * constants cost nothing; the wanted nodes' bits are the same either way.
+ * env (NULL when recording) is asked to stop before each adjoint.
  * Returns 0, or a status with err naming the node. */
 int backward_scan(builder *b, int target, int32_t *grads, bool params_only,
-                  topos_error *err);
+                  const exec_env *env, topos_error *err);
 
 /* Emits node `n`'s adjoint.  g is the output cotangent, y the output, x the
  * operands (handles; an operand the op does not read may be a handle whose
@@ -419,33 +437,55 @@ int32_t b_fill_like(builder *b, int32_t h, double value);
 
 #include "backend.h"
 
-/* Offers a task down the chain (backend.c): backends of envelope fidelity
- * only when numerics is FAST.  0 when a backend ran it; non-zero when the
- * caller must run the reference kernel. */
-int backend_offer(const topos_task *t, topos_numerics numerics,
-                  topos_error *err);
-/* The numerics in force on this thread (EXACT unless a plan run set it);
- * the setter returns the previous value so callers can restore it. */
-topos_numerics backend_numerics(void);
-topos_numerics backend_set_numerics(topos_numerics numerics);
-/* Threads a task may use: this thread's run value when > 0 (a plan run
- * with an entry's threads), else the process default: the setter's value
- * when > 0, else TOPOS_THREADS (read once), else the online cores.
+/* A context resolved for one run (backend.c): the numerics, the threads
+ * every task gets, the chain its tasks are offered to in order (empty for
+ * the reference), when to stop, and where to report what ran.  Built once
+ * per public call and passed down; nothing rides in thread-locals. */
+struct exec_env {
+  topos_numerics numerics;
+  int threads; /* >= 1 */
+  int nchain;
+  const topos_backend *chain[TOPOS_BACKENDS_MAX];
+  uint8_t chain_index[TOPOS_BACKENDS_MAX]; /* registry index of chain[i] */
+  topos_cancel_fn cancel;
+  void *cancel_ctx;
+  int64_t deadline_ns;
+  topos_exec_report *report;
+};
+
+/* Resolves ctx (NULL: the default) into env.  Returns a topos_status:
+ * TOPOS_ERR_ARGUMENT for an unknown backend (naming the known ones), an
+ * envelope backend under exact numerics, bad numerics or threads. */
+int exec_resolve(const topos_exec *ctx, exec_env *env, topos_error *err);
+/* True when the run must stop here (cancelled or past its deadline); sets
+ * err (TOPOS_ERR_CANCELLED / TOPOS_ERR_DEADLINE). */
+bool exec_stop(const exec_env *env, topos_error *err);
+/* Offers a task down env's chain (setting its threads).  0 when a backend
+ * ran it; non-zero when the caller must run the reference kernel (counted
+ * as a reference task). */
+int exec_offer(const exec_env *env, topos_task *t);
+/* Counts a task the reference ran without an offer (an empty chain). */
+void exec_reference_ran(const exec_env *env);
+
+/* The dispatch (exec.c): node i's value through env's backends where a
+ * task can take it, else the reference kernel op_eval; a fused group
+ * likewise, else group_eval.  Same contracts as op_eval / group_eval. */
+topos_tensor *exec_eval(const exec_env *env, op_code op, const node_attrs *at,
+                        int nin, topos_tensor *const *in,
+                        const tensor_meta *out, topos_error *err);
+topos_tensor *exec_group(const exec_env *env, const plan_group *g,
+                         const tensor_meta *out, const topos_tensor *x,
+                         const topos_tensor *weight, topos_error *err);
+
+/* The process default of threads per task: the setter's value when > 0,
+ * else TOPOS_THREADS (read once), else the online cores.
  * backend_set_threads(0) restores the default (tests sweep thread counts
  * with it). */
 int backend_threads(void);
 void backend_set_threads(int threads);
-/* The calling thread's run value (0 = the process default); the setter
- * returns the previous value so callers can restore it, like the
- * numerics. */
-int backend_run_threads(void);
-int backend_set_run_threads(int threads);
 /* Tests: fn(task, ctx) is called with every task offered from now on (on
  * the offering thread, before the chain sees it); NULL removes it. */
 void backend_set_offer_hook(void (*fn)(const topos_task *t, void *ctx),
                             void *ctx);
-/* Tests: false makes every offer decline (the reference runs), true
- * restores the chain. */
-void backend_chain_enable(bool on);
 
 #endif /* TOPOS_INTERNAL_H */

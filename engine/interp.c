@@ -6,31 +6,17 @@
  * threads may run one network at once.  Node buffers come from the
  * engine's pool (pool.c), so a training loop reuses the same memory every
  * step.  backward() evaluates the adjoint rules of adjoint.c through a
- * builder whose every emitted op runs at once on the reference kernels.
+ * builder whose every emitted op runs at once.  Every node, forward or
+ * adjoint, goes through the dispatch (exec.c) under the call's context:
+ * to a backend where the context's chain takes it, else to the reference
+ * kernels (kernels.c).  Cancellation and the deadline are asked at every
+ * node boundary.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
-
-/* ---------------------------------------------------------- cancellation */
-
-/* Per thread: a daemon worker installs its job's check, and the runs it
- * starts on that thread see it without any signature changing. */
-static _Thread_local topos_cancel_fn cancel_fn;
-static _Thread_local void *cancel_ctx;
-
-void topos_set_cancel_check(topos_cancel_fn fn, void *ctx) {
-  cancel_fn = fn;
-  cancel_ctx = fn ? ctx : NULL;
-}
-
-bool run_cancelled(topos_error *err) {
-  if (!cancel_fn || !cancel_fn(cancel_ctx)) return false;
-  error_set(err, TOPOS_ERR_CANCELLED, "cancelled at a node boundary");
-  return true;
-}
 
 /* --------------------------------------------------------------- forward */
 
@@ -127,8 +113,9 @@ int run_prepare(const topos_network *net, const topos_params *params,
   return 0;
 }
 
-int run_eval_node(topos_run *run, int i, const topos_params *params,
-                  const topos_tensor **fed, topos_error *err) {
+int run_eval_node(const exec_env *env, topos_run *run, int i,
+                  const topos_params *params, const topos_tensor **fed,
+                  topos_error *err) {
   const node *n = &run->net->nodes[i];
   if (n->op == OP_PARAMETER && params) {
     run->vals[i] = topos_tensor_retain(params->t[n->at.slot]);
@@ -152,7 +139,7 @@ int run_eval_node(topos_run *run, int i, const topos_params *params,
     }
   }
   topos_error e = {0};
-  run->vals[i] = op_eval(n->op, &n->at, n->nin, in, &n->meta, &e);
+  run->vals[i] = exec_eval(env, n->op, &n->at, n->nin, in, &n->meta, &e);
   if (in != stack_in) free(in);
   if (!run->vals[i])
     return error_set(err, e.code ? e.code : TOPOS_ERR_STATE, "%s (node %d): %s",
@@ -164,7 +151,10 @@ int run_eval_node(topos_run *run, int i, const topos_params *params,
 static topos_run *run_network(const topos_network *net,
                               const topos_params *params,
                               const topos_feed *feeds, int nfeeds,
-                              const bool *want, topos_error *err) {
+                              const bool *want, const topos_exec *ctx,
+                              topos_error *err) {
+  exec_env env;
+  if (exec_resolve(ctx, &env, err)) return NULL;
   const topos_tensor **fed = malloc(sizeof(*fed) * (size_t)(net->ninputs + 1));
   topos_run *run = fed ? run_alloc(net, err) : NULL;
   if (!run) {
@@ -175,7 +165,7 @@ static topos_run *run_network(const topos_network *net,
   if (run_prepare(net, params, feeds, nfeeds, fed, err)) goto fail;
   for (int i = 0; i < net->n; i++) {
     if (want && !want[i]) continue;
-    if (run_cancelled(err) || run_eval_node(run, i, params, fed, err))
+    if (exec_stop(&env, err) || run_eval_node(&env, run, i, params, fed, err))
       goto fail;
   }
   free(fed);
@@ -188,19 +178,19 @@ fail:
 
 topos_run *topos_forward(const topos_network *net, const topos_params *params,
                          const topos_feed *feeds, int nfeeds,
-                         topos_error *err) {
+                         const topos_exec *ctx, topos_error *err) {
   if (!net) {
     error_set(err, TOPOS_ERR_ARGUMENT, "forward: network is NULL");
     return NULL;
   }
-  return run_network(net, params, feeds, nfeeds, NULL, err);
+  return run_network(net, params, feeds, nfeeds, NULL, ctx, err);
 }
 
 topos_run *topos_forward_for(const topos_network *net,
                              const topos_params *params,
                              const topos_feed *feeds, int nfeeds,
                              const topos_value *targets, int ntargets,
-                             topos_error *err) {
+                             const topos_exec *ctx, topos_error *err) {
   if (!net) {
     error_set(err, TOPOS_ERR_ARGUMENT, "forward: network is NULL");
     return NULL;
@@ -230,7 +220,7 @@ topos_run *topos_forward_for(const topos_network *net,
     if (want[i])
       for (int j = 0; j < net->nodes[i].nin; j++)
         want[net->nodes[i].in[j]] = true;
-  topos_run *run = run_network(net, params, feeds, nfeeds, want, err);
+  topos_run *run = run_network(net, params, feeds, nfeeds, want, ctx, err);
   free(want);
   return run;
 }
@@ -274,6 +264,7 @@ double topos_run_scalar(const topos_run *run, topos_value v, topos_error *err) {
 
 typedef struct eval_builder {
   builder base;
+  const exec_env *env;
   const topos_run *run;
   topos_tensor **t; /* NULL: released, or a value the adjoint may not read */
   tensor_meta *m;
@@ -332,7 +323,7 @@ static int32_t eb_emit(builder *b, op_code op, const int32_t *in, int nin,
     return -1;
   }
   topos_error e = {0};
-  topos_tensor *t = op_eval(op, &attrs, nin, stack_t, &out, &e);
+  topos_tensor *t = exec_eval(eb->env, op, &attrs, nin, stack_t, &out, &e);
   if (!t) {
     error_set(eb->err, e.code, "%s: %s", op_table[op].name, e.message);
     return -1;
@@ -392,30 +383,36 @@ static bool backward_target_ok(const topos_run *run, topos_value target,
 }
 
 topos_field *topos_backward(const topos_run *run, topos_value target,
-                            topos_error *err) {
+                            const topos_exec *ctx, topos_error *err) {
   topos_error local = {0};
   if (!err) err = &local;
+  exec_env env;
   if (!backward_target_ok(run, target, "backward", err)) return NULL;
-  return run_backward(run, target.index, err);
+  if (exec_resolve(ctx, &env, err)) return NULL;
+  return run_backward(&env, run, target.index, err);
 }
 
 topos_params *topos_gradients(const topos_run *run, topos_value target,
-                              topos_error *err) {
+                              const topos_exec *ctx, topos_error *err) {
   topos_error local = {0};
   if (!err) err = &local;
+  exec_env env;
   if (!backward_target_ok(run, target, "gradients", err)) return NULL;
-  return run_gradients(run, target.index, err);
+  if (exec_resolve(ctx, &env, err)) return NULL;
+  return run_gradients(&env, run, target.index, err);
 }
 
 /* The reverse scan on run's values: on success eb holds the emitted
  * tensors and grads[0..ti] their handles (-1 where none reached); the
  * caller frees both with backward_done. */
-static int backward_eval(const topos_run *run, int ti, bool params_only,
-                         eval_builder *eb, int32_t **grads, topos_error *err) {
+static int backward_eval(const exec_env *env, const topos_run *run, int ti,
+                         bool params_only, eval_builder *eb, int32_t **grads,
+                         topos_error *err) {
   const topos_network *net = run->net;
   const topos_tensor *y = run->vals[ti];
   *eb = (eval_builder){
       .base = {eb_emit, eb_scalar, eb_meta, eb_value, eb_settle, eb_node_at},
+      .env = env,
       .run = run,
       .err = err,
   };
@@ -433,7 +430,7 @@ static int backward_eval(const topos_run *run, int ti, bool params_only,
   *grads = malloc(sizeof(int32_t) * (size_t)(ti + 1));
   if (!*grads)
     return error_set(err, TOPOS_ERR_MEMORY, "backward: out of memory");
-  return backward_scan(&eb->base, ti, *grads, params_only, err);
+  return backward_scan(&eb->base, ti, *grads, params_only, env, err);
 }
 
 static void backward_done(eval_builder *eb, int32_t *grads) {
@@ -443,14 +440,15 @@ static void backward_done(eval_builder *eb, int32_t *grads) {
   free(grads);
 }
 
-topos_field *run_backward(const topos_run *run, int ti, topos_error *err) {
+topos_field *run_backward(const exec_env *env, const topos_run *run, int ti,
+                          topos_error *err) {
   topos_error local = {0};
   if (!err) err = &local;
   const topos_network *net = run->net;
   eval_builder eb;
   int32_t *grads;
   topos_field *f = NULL;
-  if (backward_eval(run, ti, false, &eb, &grads, err)) goto done;
+  if (backward_eval(env, run, ti, false, &eb, &grads, err)) goto done;
   f = field_alloc(net);
   if (!f) {
     error_set(err, TOPOS_ERR_MEMORY, "backward: out of memory");
@@ -473,14 +471,15 @@ done:
   return f;
 }
 
-topos_params *run_gradients(const topos_run *run, int ti, topos_error *err) {
+topos_params *run_gradients(const exec_env *env, const topos_run *run, int ti,
+                            topos_error *err) {
   topos_error local = {0};
   if (!err) err = &local;
   const topos_network *net = run->net;
   eval_builder eb;
   int32_t *grads;
   topos_params *p = NULL;
-  if (backward_eval(run, ti, true, &eb, &grads, err)) goto done;
+  if (backward_eval(env, run, ti, true, &eb, &grads, err)) goto done;
   p = params_alloc(net->nparams);
   if (!p) {
     error_set(err, TOPOS_ERR_MEMORY, "gradients: out of memory");

@@ -66,46 +66,6 @@ static size_t compute_size(topos_dtype dtype) {
   return dtype == TOPOS_F64 ? sizeof(double) : sizeof(float);
 }
 
-/* ------------------------------------------------------------ outputs */
-
-/* An output being written: the tensor, and where the kernel writes its
- * compute-type values (the tensor itself, or f32 scratch for bf16). */
-typedef struct out_buf {
-  topos_tensor *t;
-  void *data;
-  size_t scratch_cap;
-} out_buf;
-
-static int out_begin(out_buf *ob, const tensor_meta *m, topos_error *err) {
-  memset(ob, 0, sizeof *ob);
-  ob->t = tensor_new_meta(m, err);
-  if (!ob->t) return -1;
-  if (m->dtype != TOPOS_BF16) {
-    ob->data = tensor_data(ob->t);
-    return 0;
-  }
-  int64_t n = shape_count(m->rank, m->shape);
-  ob->data = pool_alloc((size_t)n * sizeof(float), &ob->scratch_cap);
-  if (!ob->data) {
-    topos_tensor_release(ob->t);
-    return error_set(err, TOPOS_ERR_MEMORY, "out of memory"), -1;
-  }
-  return 0;
-}
-
-static topos_tensor *out_end(out_buf *ob) {
-  if (ob->t->dtype == TOPOS_BF16) {
-    bf16_round_array(ob->data, tensor_data(ob->t), topos_tensor_count(ob->t));
-    pool_free(ob->data, ob->scratch_cap);
-  }
-  return ob->t;
-}
-
-static void out_abort(out_buf *ob) {
-  if (ob->t && ob->t->dtype == TOPOS_BF16) pool_free(ob->data, ob->scratch_cap);
-  topos_tensor_release(ob->t);
-}
-
 /* Scratch of n compute-type values (at least one). */
 typedef struct scratch {
   void *p;
@@ -177,40 +137,6 @@ static topos_tensor *eval_int_add(topos_tensor *const *in,
   return t;
 }
 
-/* The map-task op of an elementwise op, or -1. */
-static int map_op_of(op_code op) {
-  switch (op) {
-    case OP_NEG:
-      return TOPOS_MAP_NEG;
-    case OP_EXP:
-      return TOPOS_MAP_EXP;
-    case OP_LOG:
-      return TOPOS_MAP_LOG;
-    case OP_SQRT:
-      return TOPOS_MAP_SQRT;
-    case OP_TANH:
-      return TOPOS_MAP_TANH;
-    case OP_POW:
-      return TOPOS_MAP_POW;
-    case OP_RELU:
-      return TOPOS_MAP_RELU;
-    case OP_ADD:
-      return TOPOS_MAP_ADD;
-    case OP_SUB:
-      return TOPOS_MAP_SUB;
-    case OP_MUL:
-      return TOPOS_MAP_MUL;
-    case OP_DIV:
-      return TOPOS_MAP_DIV;
-    case OP_MAXIMUM:
-      return TOPOS_MAP_MAXIMUM;
-    case OP_STEP:
-      return TOPOS_MAP_STEP;
-    default:
-      return -1;
-  }
-}
-
 /*
  * A binary f32/f64 op whose operands are views (a broadcast, a narrow, a
  * permute): the output's axes are walked with each operand's own strides,
@@ -277,27 +203,10 @@ static topos_tensor *eval_elementwise(op_code op, const node_attrs *at, int nin,
     if (compute_view_of(in[got], &v[got], err)) goto fail;
   if (out_begin(&ob, out, err)) goto fail;
   int64_t n = shape_count(out->rank, out->shape);
-  /* Large maps go down the chain first (bf16 as its f32 compute arrays). */
-  int mop = map_op_of(op);
-  if (mop >= 0 && (out->dtype == TOPOS_F32 || out->dtype == TOPOS_F64 ||
-                   out->dtype == TOPOS_BF16)) {
-    topos_task task = {.kind = TOPOS_TASK_MAP, .threads = backend_threads()};
-    task.u.map = (topos_map_task){
-        .dtype = out->dtype == TOPOS_F64 ? TOPOS_F64 : TOPOS_F32,
-        .op = (topos_map_op)mop,
-        .p = at->p,
-        .n = n,
-        .a = v[0].data,
-        .b = nin > 1 ? v[1].data : NULL,
-        .y = ob.data,
-    };
-    if (backend_offer(&task, backend_numerics(), err) == 0) goto mapped;
-  }
   if (nin == 1)
     DISPATCH(out->dtype, unary, op, at->p, v[0].data, ob.data, n);
   else
     DISPATCH(out->dtype, binary, op, v[0].data, v[1].data, ob.data, n);
-mapped:
   for (int i = 0; i < nin; i++) compute_view_done(&v[i]);
   return out_end(&ob);
 fail:
@@ -343,37 +252,11 @@ static topos_tensor *eval_matmul(topos_tensor *const *in,
   if (mm_operand_of(b, &B, err)) goto fail_a;
   if (out_begin(&ob, out, err)) goto fail_b;
   size_t es = compute_size(out->dtype);
-  /* f32/f64 go down the backend chain first (bf16 stays here: its f32
-   * scratch is the reference's own). */
-  if (out->dtype == TOPOS_F32 || out->dtype == TOPOS_F64) {
-    topos_task task = {.kind = TOPOS_TASK_GEMM, .threads = backend_threads()};
-    task.u.gemm = (topos_gemm_task){
-        .dtype = out->dtype,
-        .batch = batch,
-        .m = m,
-        .n = n,
-        .k = k,
-        .a = A.data,
-        .a_row = A.s[1],
-        .a_col = A.s[2],
-        .a_batch = A.s[0],
-        .b = B.data,
-        .b_row = B.s[1],
-        .b_col = B.s[2],
-        .b_batch = B.s[0],
-        .c = ob.data,
-        .c_row = n,
-        .c_col = 1,
-        .c_batch = m * n,
-    };
-    if (backend_offer(&task, backend_numerics(), err) == 0) goto done;
-  }
   for (int64_t bi = 0; bi < batch; bi++) {
     DISPATCH(out->dtype, matmul, A.data + bi * A.s[0] * (int64_t)es, A.s[1],
              A.s[2], B.data + bi * B.s[0] * (int64_t)es, B.s[1], B.s[2],
              (char *)ob.data + bi * m * n * (int64_t)es, m, k, n);
   }
-done:
   compute_view_done(&A.view);
   compute_view_done(&B.view);
   return out_end(&ob);
@@ -401,25 +284,9 @@ static topos_tensor *eval_rows(op_code op, const node_attrs *at,
     goto fail_out;
   switch (op) {
     case OP_SUM:
-    case OP_SUM_ALONG: {
-      /* Down the chain first (bf16 as its f32 compute arrays). */
-      if (a->dtype == TOPOS_F32 || a->dtype == TOPOS_F64 ||
-          a->dtype == TOPOS_BF16) {
-        topos_task task = {.kind = TOPOS_TASK_REDUCE,
-                           .threads = backend_threads()};
-        task.u.reduce = (topos_reduce_task){
-            .dtype = a->dtype == TOPOS_F64 ? TOPOS_F64 : TOPOS_F32,
-            .outer = outer,
-            .L = L,
-            .inner = inner,
-            .x = v.data,
-            .y = ob.data,
-        };
-        if (backend_offer(&task, backend_numerics(), err) == 0) break;
-      }
+    case OP_SUM_ALONG:
       DISPATCH(a->dtype, sum_rows, v.data, ob.data, outer, L, inner);
       break;
-    }
     case OP_MAX_ALONG:
       DISPATCH(a->dtype, max_rows, v.data, ob.data, outer, L, inner);
       break;
@@ -672,42 +539,11 @@ topos_tensor *group_eval(const plan_group *g, const tensor_meta *out,
   if (compute_view_of(x, &xv, err)) return NULL;
   if (g->kind == GROUP_CONV && mm_operand_of(weight, &W, err)) goto fail_x;
   if (out_begin(&ob, out, err)) goto fail_w;
-  /* f32/f64 convolutions go down the backend chain first (bf16 stays
-   * here: its f32 scratch is the reference's own). */
-  if (g->kind == GROUP_CONV &&
-      (out->dtype == TOPOS_F32 || out->dtype == TOPOS_F64)) {
-    topos_task task = {.kind = TOPOS_TASK_WINDOW, .threads = backend_threads()};
-    task.u.window = (topos_window_task){
-        .dtype = out->dtype,
-        .n = g->N,
-        .c = g->C,
-        .h = g->H,
-        .w = g->W,
-        .x = xv.data,
-        .o = g->nout,
-        .weight = W.data,
-        .w_row = W.s[1],
-        .w_col = W.s[2],
-        .kh = g->kh,
-        .kw = g->kw,
-        .stride_h = g->stride_h,
-        .stride_w = g->stride_w,
-        .dil_h = g->dil_h,
-        .dil_w = g->dil_w,
-        .pad_top = g->pad_top,
-        .pad_left = g->pad_left,
-        .oh = g->oh,
-        .ow = g->ow,
-        .out = ob.data,
-    };
-    if (backend_offer(&task, backend_numerics(), err) == 0) goto done;
-  }
   if (g->kind == GROUP_CONV)
     DISPATCH(out->dtype, conv_window, g, xv.data, W.data, W.s[1], W.s[2],
              ob.data);
   else
     DISPATCH(out->dtype, pool_window, g, xv.data, ob.data);
-done:
   compute_view_done(&W.view);
   compute_view_done(&xv);
   return out_end(&ob);

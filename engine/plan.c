@@ -464,17 +464,33 @@ int topos_plan_threads(const topos_plan *plan) {
 
 /* ------------------------------------------------------------------ running */
 
+topos_exec topos_plan_exec(const topos_plan *plan) {
+  topos_exec ctx = {0};
+  if (plan) {
+    ctx.numerics = plan->numerics;
+    ctx.threads = plan->threads;
+  }
+  return ctx;
+}
+
+/* The run's context: the caller's, else the plan's entry. */
+static int plan_env(const topos_plan *plan, const topos_exec *ctx,
+                    exec_env *env, topos_error *err) {
+  topos_exec dflt = topos_plan_exec(plan);
+  return exec_resolve(ctx ? ctx : &dflt, env, err);
+}
+
 topos_run *topos_plan_forward(const topos_plan *plan,
                               const topos_params *params,
                               const topos_feed *feeds, int nfeeds,
-                              topos_error *err) {
+                              const topos_exec *ctx, topos_error *err) {
   if (!plan) {
     error_set(err, TOPOS_ERR_ARGUMENT, "plan forward: plan is NULL");
     return NULL;
   }
   const topos_network *net = plan->net;
-  topos_numerics numerics_saved = backend_numerics();
-  int threads_saved = backend_run_threads();
+  exec_env env;
+  if (plan_env(plan, ctx, &env, err)) return NULL;
   const topos_tensor **fed = malloc(sizeof(*fed) * (size_t)(net->ninputs + 1));
   topos_run *run = fed ? run_alloc(net, err) : NULL;
   if (run) {
@@ -487,15 +503,11 @@ topos_run *topos_plan_forward(const topos_plan *plan,
     goto fail;
   }
   memcpy(run->readable, plan->keep, sizeof(bool) * (size_t)net->n);
-  /* The plan's numerics and threads are in force for this run
-   * (backend.c); threads 0 is the process default. */
-  numerics_saved = backend_set_numerics(plan->numerics);
-  threads_saved = backend_set_run_threads(plan->threads);
   if (run_prepare(net, params, feeds, nfeeds, fed, err)) goto fail;
   for (int s = 0; s < plan->nschedule; s++) {
     int32_t i = plan->schedule[s];
     int g = plan->group_of[i];
-    if (run_cancelled(err)) goto fail;
+    if (exec_stop(&env, err)) goto fail;
     if (g >= 0) {
       const plan_group *grp = &plan->groups[g];
       if (!run->vals[grp->x] || (grp->weight >= 0 && !run->vals[grp->weight])) {
@@ -505,14 +517,14 @@ topos_run *topos_plan_forward(const topos_plan *plan,
       }
       topos_error e = {0};
       run->vals[i] =
-          group_eval(grp, &net->nodes[i].meta, run->vals[grp->x],
+          exec_group(&env, grp, &net->nodes[i].meta, run->vals[grp->x],
                      grp->weight >= 0 ? run->vals[grp->weight] : NULL, &e);
       if (!run->vals[i]) {
         error_set(err, e.code, "%s (node %d, fused): %s",
                   op_table[net->nodes[i].op].name, i, e.message);
         goto fail;
       }
-    } else if (run_eval_node(run, i, params, fed, err)) {
+    } else if (run_eval_node(&env, run, i, params, fed, err)) {
       goto fail;
     }
     for (int k = plan->free_start[s]; k < plan->free_start[s + 1]; k++) {
@@ -521,13 +533,9 @@ topos_run *topos_plan_forward(const topos_plan *plan,
       run->vals[v] = NULL;
     }
   }
-  backend_set_numerics(numerics_saved);
-  backend_set_run_threads(threads_saved);
   free(fed);
   return run;
 fail:
-  backend_set_numerics(numerics_saved);
-  backend_set_run_threads(threads_saved);
   free(fed);
   topos_run_free(run);
   return NULL;
@@ -555,27 +563,22 @@ static bool plan_backward_ok(const topos_plan *plan, const topos_run *run,
   return true;
 }
 
+/* A fast plan's backward is fast too, and uses the plan's threads, unless
+ * the caller's context says otherwise. */
 topos_field *topos_plan_backward(const topos_plan *plan, const topos_run *run,
-                                 topos_error *err) {
+                                 const topos_exec *ctx, topos_error *err) {
+  exec_env env;
   if (!plan_backward_ok(plan, run, "plan backward", err)) return NULL;
-  /* A fast plan's backward is fast too, and uses the plan's threads. */
-  topos_numerics saved = backend_set_numerics(plan->numerics);
-  int threads_saved = backend_set_run_threads(plan->threads);
-  topos_field *grad = run_backward(run, plan->roots[0], err);
-  backend_set_run_threads(threads_saved);
-  backend_set_numerics(saved);
-  return grad;
+  if (plan_env(plan, ctx, &env, err)) return NULL;
+  return run_backward(&env, run, plan->roots[0], err);
 }
 
 topos_params *topos_plan_gradients(const topos_plan *plan, const topos_run *run,
-                                   topos_error *err) {
+                                   const topos_exec *ctx, topos_error *err) {
+  exec_env env;
   if (!plan_backward_ok(plan, run, "plan gradients", err)) return NULL;
-  topos_numerics saved = backend_set_numerics(plan->numerics);
-  int threads_saved = backend_set_run_threads(plan->threads);
-  topos_params *grad = run_gradients(run, plan->roots[0], err);
-  backend_set_run_threads(threads_saved);
-  backend_set_numerics(saved);
-  return grad;
+  if (plan_env(plan, ctx, &env, err)) return NULL;
+  return run_gradients(&env, run, plan->roots[0], err);
 }
 
 /* ---------------------------------------------------------------- describe */

@@ -954,3 +954,35 @@ void compute_view_done(compute_view *v) {
   v->owned = NULL;
   v->capacity = 0;
 }
+
+/* ------------------------------------------------------------ outputs */
+
+int out_begin(out_buf *ob, const tensor_meta *m, topos_error *err) {
+  memset(ob, 0, sizeof *ob);
+  ob->t = tensor_new_meta(m, err);
+  if (!ob->t) return -1;
+  if (m->dtype != TOPOS_BF16) {
+    ob->data = tensor_data(ob->t);
+    return 0;
+  }
+  int64_t n = shape_count(m->rank, m->shape);
+  ob->data = pool_alloc((size_t)n * sizeof(float), &ob->scratch_cap);
+  if (!ob->data) {
+    topos_tensor_release(ob->t);
+    return error_set(err, TOPOS_ERR_MEMORY, "out of memory"), -1;
+  }
+  return 0;
+}
+
+topos_tensor *out_end(out_buf *ob) {
+  if (ob->t->dtype == TOPOS_BF16) {
+    bf16_round_array(ob->data, tensor_data(ob->t), topos_tensor_count(ob->t));
+    pool_free(ob->data, ob->scratch_cap);
+  }
+  return ob->t;
+}
+
+void out_abort(out_buf *ob) {
+  if (ob->t && ob->t->dtype == TOPOS_BF16) pool_free(ob->data, ob->scratch_cap);
+  topos_tensor_release(ob->t);
+}

@@ -46,7 +46,8 @@ typedef enum topos_status {
   TOPOS_ERR_CORRUPT = 8,   /* bytes that do not match their id, or are not
                               a valid encoding */
   TOPOS_ERR_IO = 9,        /* the store's file could not be used */
-  TOPOS_ERR_CANCELLED = 10 /* the thread's cancel check said stop */
+  TOPOS_ERR_CANCELLED = 10, /* the context's cancel check said stop */
+  TOPOS_ERR_DEADLINE = 11   /* the context's deadline passed */
 } topos_status;
 
 typedef struct topos_error {
@@ -57,12 +58,8 @@ typedef struct topos_error {
 /* A static, human-readable name for a status code ("shape", "range", ...). */
 const char *topos_status_name(int code);
 
-/* Cancellation.  While a check is installed on the calling thread, every
- * run on that thread (forward, plan forward, backward) asks it at each
- * node boundary; when it returns true the run stops, releases what it
- * built and fails with TOPOS_ERR_CANCELLED.  fn NULL removes the check. */
+/* A cancellation predicate (see topos_exec): true means stop. */
 typedef bool (*topos_cancel_fn)(void *ctx);
-void topos_set_cancel_check(topos_cancel_fn fn, void *ctx);
 
 /* Frees strings returned by topos (describe output). */
 void topos_free(void *p);
@@ -379,6 +376,98 @@ topos_field *topos_field_map(const topos_field *a, topos_map_fn fn, void *ctx,
 topos_field *topos_field_zip(const topos_field *a, const topos_field *b,
                              topos_zip_fn fn, void *ctx, topos_error *err);
 
+/* ------------------------------------------------------ execution contexts */
+
+typedef enum topos_numerics {
+  TOPOS_NUMERICS_EXACT = 0, /* the reference's bits */
+  TOPOS_NUMERICS_FAST = 1   /* may also use envelope backends (blas) */
+} topos_numerics;
+
+/* The most threads a context or entry may ask for (and TOPOS_THREADS's
+ * cap). */
+#define TOPOS_THREADS_MAX 1024
+/* The most backends the registry holds (the reference included). */
+#define TOPOS_BACKENDS_MAX 16
+
+/* What ran under a context: per registry index (topos_backends_list's
+ * order; 0 is the reference), the number of tasks that backend ran.  The
+ * reference's count is the tasks no backend took.  Zero it before a run;
+ * runs add to it (one report per concurrent run). */
+typedef struct topos_exec_report {
+  uint64_t tasks[TOPOS_BACKENDS_MAX];
+} topos_exec_report;
+
+/*
+ * How a call executes: the numerics, the threads, the backend, and when to
+ * stop.  Every run takes one (forward, backward, gradients, plan runs,
+ * steps, conformance); NULL means the documented default: exact numerics,
+ * the process's default threads, the `auto` backend choice, no
+ * cancellation and no deadline.  (For plan runs NULL means the plan's
+ * entry: its numerics and threads.)  Zero-initialise and set what you
+ * need.  Results never depend on threads; under exact they never depend on
+ * the backend either.
+ *
+ * Backend choice (docs/backends.md, "Choosing a backend"):
+ *  - NULL or "" (`auto`): every registered backend the numerics allows, in
+ *    registration order, envelope ones first under fast;
+ *  - "reference": no backend at all, the reference kernels only;
+ *  - a registered name: that backend first; a task it declines goes to the
+ *    exact backends in registration order, then to the reference, never to
+ *    a looser fidelity than asked.  An envelope backend under exact
+ *    numerics, or an unknown name, is TOPOS_ERR_ARGUMENT naming the known
+ *    backends.
+ */
+typedef struct topos_exec {
+  topos_numerics numerics;
+  /* The most threads each backend task may use: 0 = the process default
+   * (TOPOS_THREADS, else the online cores); 1..TOPOS_THREADS_MAX = that
+   * many, above the default too (each backend caps it at its pool). */
+  int threads;
+  const char *backend;
+  /* Asked at every node boundary; true stops the run with
+   * TOPOS_ERR_CANCELLED, releasing what it built. */
+  topos_cancel_fn cancel;
+  void *cancel_ctx;
+  /* CLOCK_MONOTONIC nanoseconds after which a run stops at its next node
+   * boundary with TOPOS_ERR_DEADLINE; 0 = none. */
+  int64_t deadline_ns;
+  topos_exec_report *report; /* optional: what ran */
+} topos_exec;
+
+/* The monotonic clock deadlines are read against, in nanoseconds. */
+int64_t topos_now_ns(void);
+
+/* A backend as the registry describes it.  `tasks` has bit 1 << k for each
+ * topos_task_kind it may take (backend.h: GEMM 0, WINDOW 1, REDUCE 2, MAP
+ * 3), `dtypes` 1 << d for each topos_dtype; `fidelity` is "exact" or
+ * "envelope"; `device` the ISA or device it runs on; `threads` the most
+ * threads one of its tasks uses; `tasks_run` the tasks it has run in this
+ * process. */
+typedef struct topos_backend_info {
+  int index; /* registry index: 0 is the reference */
+  const char *name;
+  const char *fidelity;
+  unsigned tasks;
+  unsigned dtypes;
+  char device[96];
+  int threads;
+  uint64_t tasks_run;
+} topos_backend_info;
+
+/* The registry: the reference first, then the backends in registration
+ * order.  Fills out[0..max) and returns how many there are (may exceed
+ * max). */
+int topos_backends_list(topos_backend_info *out, int max);
+/* The ops a task kind covers, as text ("matmul", "sum, sum_along", ...). */
+const char *topos_task_ops(int kind);
+/* Checks that a context can run (threads in range, the backend known and
+ * allowed by the numerics).  Returns a topos_status. */
+int topos_exec_check(const topos_exec *ctx, topos_error *err);
+/* The names of the backends a report says ran a task, comma-separated,
+ * into buf ("reference" included when it ran one).  Returns buf. */
+char *topos_exec_report_names(const topos_exec_report *report, char *buf,
+                              size_t len);
+
 /* ------------------------------------------------- interpreter and backward */
 
 typedef struct topos_run topos_run;
@@ -392,13 +481,14 @@ typedef struct topos_feed {
  * without a feed take their defaults.  New run (topos_run_free), or NULL
  * with err.  Neither the network nor params are modified. */
 topos_run *topos_forward(const topos_network *net, const topos_params *params,
-                         const topos_feed *feeds, int nfeeds, topos_error *err);
+                         const topos_feed *feeds, int nfeeds,
+                         const topos_exec *ctx, topos_error *err);
 /* Evaluates only the ancestors of the targets. */
 topos_run *topos_forward_for(const topos_network *net,
                              const topos_params *params,
                              const topos_feed *feeds, int nfeeds,
                              const topos_value *targets, int ntargets,
-                             topos_error *err);
+                             const topos_exec *ctx, topos_error *err);
 void topos_run_free(topos_run *run);
 /* Borrowed value of a node; an unevaluated node is an error (NULL). */
 const topos_tensor *topos_run_of(const topos_run *run, topos_value v,
@@ -409,7 +499,7 @@ double topos_run_scalar(const topos_run *run, topos_value v, topos_error *err);
 /* Gradient of a rank-0 target with respect to every node (new field).
  * Nodes outside the target's ancestors get exact zeros. */
 topos_field *topos_backward(const topos_run *run, topos_value target,
-                            topos_error *err);
+                            const topos_exec *ctx, topos_error *err);
 
 /* The gradient of a rank-0 target with respect to the parameters only,
  * as new params in slot order: the bits of
@@ -417,7 +507,7 @@ topos_field *topos_backward(const topos_run *run, topos_value target,
  * into a branch that reaches no parameter (inputs, constants, index
  * arithmetic), so a training step does only the work its update needs. */
 topos_params *topos_gradients(const topos_run *run, topos_value target,
-                              topos_error *err);
+                              const topos_exec *ctx, topos_error *err);
 
 /* ------------------------------------------- canonical encoding and the id */
 
@@ -462,17 +552,9 @@ typedef enum topos_posture {
   TOPOS_POSTURE_TRAINING = 1 /* keeps what backward reads; roots[0] = loss */
 } topos_posture;
 
-typedef enum topos_numerics {
-  TOPOS_NUMERICS_EXACT = 0, /* the reference's bits */
-  TOPOS_NUMERICS_FAST = 1   /* may use envelope backends (none yet) */
-} topos_numerics;
-
-/* The most threads an entry may ask for (and TOPOS_THREADS's cap). */
-#define TOPOS_THREADS_MAX 1024
-
 /* What to compile: the values the caller wants (roots), values it also
- * wants to read (observes), the posture, the numerics and the threads its
- * runs may use.  `threads` is last so that positional initialisers that
+ * wants to read (observes), the posture, and the numerics and threads its
+ * runs use by default (when a run is given no context).  `threads` is last so that positional initialisers that
  * stop at `numerics` keep meaning 0. */
 typedef struct topos_entry {
   const topos_value *roots;
@@ -510,24 +592,28 @@ int topos_plan_threads(const topos_plan *plan);
  * topos_free). */
 char *topos_plan_describe(const topos_plan *plan, topos_error *err);
 
-/* Runs the plan: bits identical to topos_forward.  Only roots and observes
- * can be read from the run (anything else is an error, even if its buffer
- * happens to survive).  For the duration of the call the plan's numerics
- * and threads are in force on the calling thread (and restored after). */
+/* The context a plan's runs get when given none: the entry's numerics and
+ * threads, the auto backend, no cancellation or deadline. */
+topos_exec topos_plan_exec(const topos_plan *plan);
+
+/* Runs the plan: bits identical to topos_forward under exact numerics.
+ * Only roots and observes can be read from the run (anything else is an
+ * error, even if its buffer happens to survive).  ctx NULL is
+ * topos_plan_exec(plan); a given ctx governs the run entirely. */
 topos_run *topos_plan_forward(const topos_plan *plan,
                               const topos_params *params,
                               const topos_feed *feeds, int nfeeds,
-                              topos_error *err);
+                              const topos_exec *ctx, topos_error *err);
 /* Training posture: the gradient of the plan's first root (rank 0) with
  * respect to every node, from a run of this plan: bits identical to
- * topos_backward.  Runs under the plan's numerics and threads. */
+ * topos_backward under exact numerics.  ctx NULL is topos_plan_exec(plan). */
 topos_field *topos_plan_backward(const topos_plan *plan, const topos_run *run,
-                                 topos_error *err);
+                                 const topos_exec *ctx, topos_error *err);
 /* Training posture: the parameters' gradients of the plan's first root,
  * the bits of topos_parameters_of(topos_plan_backward(...)), computing
  * only what reaches a parameter (see topos_gradients). */
 topos_params *topos_plan_gradients(const topos_plan *plan, const topos_run *run,
-                                   topos_error *err);
+                                   const topos_exec *ctx, topos_error *err);
 
 typedef enum topos_emit_form {
   TOPOS_EMIT_PRETTY = 0, /* the custom assembly people read */
@@ -539,6 +625,61 @@ typedef enum topos_emit_form {
  * error naming the node, never malformed text.  New string (topos_free). */
 char *topos_plan_emit_stablehlo(const topos_plan *plan, topos_emit_form form,
                                 topos_error *err);
+
+/* ------------------------------------------------------------ conformance */
+
+/* One compared output of a conformance row: a root, an observe, or (for a
+ * training plan) the gradient of one parameter slot. */
+typedef struct topos_conformance_output {
+  char what[64]; /* "root 0 (loss)", "observe 1", "gradient 2 (w1)" */
+  topos_dtype dtype;
+  int64_t count;
+  bool bit_identical;
+  bool holds;          /* exact: bit-identical; fast: within the envelope */
+  double max_ulp;      /* largest ulp distance (inf: NaN where none) */
+  double max_relative; /* largest |got - ref| / max(|got|, |ref|) */
+  double rel_l2;       /* ||got - ref||2 / ||ref||2, the envelope's measure */
+  double envelope;     /* the rel_l2 bound (0 under exact) */
+} topos_conformance_output;
+
+/* One candidate context compared with the reference. */
+typedef struct topos_conformance_row {
+  char backend[32];       /* the candidate's backend ("auto" for NULL) */
+  topos_numerics numerics;
+  const char *fidelity;   /* what was promised: "exact" or "envelope" */
+  bool holds;             /* every output holds */
+  bool bit_identical;     /* every output bit-identical */
+  double max_ulp, max_relative, rel_l2; /* the worst over the outputs */
+  char ran[160];          /* the backends that ran tasks, comma-separated */
+  char note[320];         /* why a row failed to run, or a summary */
+  int noutputs;
+  topos_conformance_output *outputs;
+} topos_conformance_row;
+
+typedef struct topos_conformance {
+  char reference_ran[160]; /* what the reference run ran ("reference") */
+  int nrows;
+  topos_conformance_row *rows;
+} topos_conformance;
+
+/*
+ * Runs the plan under the reference context (backend "reference", exact)
+ * and under each candidate context, and compares every root and observe
+ * and, for a training plan, every parameter gradient: a candidate under
+ * exact numerics must be bit-identical, one under fast must hold
+ * numerics.md's envelope (rel_l2 <= 1e-5 f32, 1e-12 f64, 1e-2 bf16; NaN
+ * and Inf where the reference has them).  A candidate that fails to run
+ * is a row that does not hold, with the error in its note.  Cancellation
+ * and deadlines are read from the first candidate.  New result
+ * (topos_conformance_free), or NULL with err when the reference run
+ * fails or an argument is bad (an unknown backend, ...).
+ */
+topos_conformance *topos_conformance_run(const topos_plan *plan,
+                                         const topos_params *params,
+                                         const topos_feed *feeds, int nfeeds,
+                                         const topos_exec *candidates,
+                                         int ncandidates, topos_error *err);
+void topos_conformance_free(topos_conformance *c);
 
 /* --------------------------------------------------------------- optimizers */
 

@@ -116,8 +116,8 @@ int main(int argc, char **argv) {
       step_rc = topos_client_step(client, id, loss, params, feeds, 2, &opt,
                                   state, &next, &next_state, NULL, &err);
     } else {
-      run = topos_forward(net, params, feeds, 2, &err);
-      g = run ? topos_gradients(run, loss, &err) : NULL;
+      run = topos_forward(net, params, feeds, 2, NULL, &err);
+      g = run ? topos_gradients(run, loss, NULL, &err) : NULL;
       step_rc = g == NULL ? TOPOS_ERR_STATE
                           : topos_optimizer_step(&opt, params, g, state, &next,
                                                  &next_state, &err);

@@ -60,6 +60,8 @@ int wire_grpc_status_of(int code) {
       return WIRE_GRPC_UNAVAILABLE;
     case TOPOS_ERR_CANCELLED:
       return WIRE_GRPC_CANCELLED;
+    case TOPOS_ERR_DEADLINE:
+      return WIRE_GRPC_DEADLINE_EXCEEDED;
     default:
       if (code > WIRE_GRPC_BASE && code <= WIRE_GRPC_BASE + 16)
         return code - WIRE_GRPC_BASE;

@@ -58,7 +58,9 @@ static void fail_err(call_ctx *cx, const topos_error *err, const char *what) {
   int code = err->code;
   /* A run stopped by call_should_stop: report why (deadline, cancel,
    * drain) rather than the engine's generic "cancelled". */
-  if (code == TOPOS_ERR_CANCELLED && !call_continue(cx)) return;
+  if ((code == TOPOS_ERR_CANCELLED || code == TOPOS_ERR_DEADLINE) &&
+      !call_continue(cx))
+    return;
   if (code == TOPOS_OK) {
     fail_status(cx, WIRE_GRPC_INTERNAL, 0, "%s failed without a message", what);
     return;
@@ -72,6 +74,16 @@ bool call_should_stop(void *ctx) {
   return atomic_load(&cx->d->cancel_all) ||
          daemon_now_ns() >= cx->deadline_ns ||
          (cx->cancelled != NULL && atomic_load(cx->cancelled));
+}
+
+/* The context a call's engine runs get: the plan's entry (numerics,
+ * threads; the defaults without a plan), stopped at a node boundary by
+ * call_should_stop (client cancel, deadline, drain). */
+static topos_exec call_exec(call_ctx *cx, const topos_plan *plan) {
+  topos_exec e = topos_plan_exec(plan);
+  e.cancel = call_should_stop;
+  e.cancel_ctx = cx;
+  return e;
 }
 
 bool call_continue(call_ctx *cx) {
@@ -619,8 +631,9 @@ static void handle_forward(call_ctx *cx) {
   if (read_inputs(cx, p.net, req->parameters, req->n_parameters, req->feeds,
                   req->n_feeds, &in)) {
     topos_error err = {0};
+    topos_exec ex = call_exec(cx, p.plan);
     topos_run *run =
-        topos_plan_forward(p.plan, in.params, in.feeds, in.nfeeds, &err);
+        topos_plan_forward(p.plan, in.params, in.feeds, in.nfeeds, &ex, &err);
     if (run == NULL) fail_err(cx, &err, "forward");
     Topos__V1__ForwardReply r = TOPOS__V1__FORWARD_REPLY__INIT;
     const topos_entry *e = &p.entry.entry;
@@ -710,7 +723,9 @@ static bool train_pass(call_ctx *cx, const planned *p, const run_inputs *in,
                        trained *t) {
   memset(t, 0, sizeof *t);
   topos_error err = {0};
-  t->run = topos_plan_forward(p->plan, in->params, in->feeds, in->nfeeds, &err);
+  topos_exec ex = call_exec(cx, p->plan);
+  t->run =
+      topos_plan_forward(p->plan, in->params, in->feeds, in->nfeeds, &ex, &err);
   if (t->run == NULL) {
     fail_err(cx, &err, "forward");
     return false;
@@ -723,7 +738,7 @@ static bool train_pass(call_ctx *cx, const planned *p, const run_inputs *in,
   }
   /* The parameters' gradients only (topos_plan_gradients skips the
    * branches that reach no parameter; same bits). */
-  t->grads = topos_plan_gradients(p->plan, t->run, &err);
+  t->grads = topos_plan_gradients(p->plan, t->run, &ex, &err);
   if (t->grads == NULL) {
     fail_err(cx, &err, "backward");
     return false;
@@ -912,12 +927,12 @@ static void conform_plan(call_ctx *cx, const topos_network *net,
   topos_error err = {0};
   topos_plan *plan = topos_network_lower(net, lowered, &err);
   topos_run *run =
-      plan ? topos_plan_forward(plan, in->params, in->feeds, in->nfeeds, &err)
+      plan ? topos_plan_forward(plan, in->params, in->feeds, in->nfeeds, NULL, &err)
            : NULL;
   topos_field *field = NULL;
   topos_params *grads = NULL;
   if (run != NULL && ref_grad != NULL) {
-    field = topos_plan_backward(plan, run, &err);
+    field = topos_plan_backward(plan, run, NULL, &err);
     grads = field ? topos_parameters_of(field, &err) : NULL;
   }
   if (run == NULL || (ref_grad != NULL && grads == NULL)) {
@@ -997,11 +1012,11 @@ static void handle_conformance(call_ctx *cx) {
     memcpy(targets + e->nroots, e->observes,
            sizeof *targets * (size_t)e->nobserves);
     ref = topos_forward_for(net, in.params, in.feeds, in.nfeeds, targets, nt,
-                            &err);
+                            NULL, &err);
     if (ref == NULL) fail_err(cx, &err, "interpreter");
   }
   if (ref != NULL && e->posture == TOPOS_POSTURE_TRAINING) {
-    ref_field = topos_backward(ref, e->roots[0], &err);
+    ref_field = topos_backward(ref, e->roots[0], NULL, &err);
     ref_grad = ref_field ? topos_parameters_of(ref_field, &err) : NULL;
     if (ref_grad == NULL) fail_err(cx, &err, "interpreter backward");
   }

@@ -366,12 +366,10 @@ static void worker_run_job(worker *w, job *j) {
     cx.has_message = true;
     bytes_in = cx.in_len;
   }
-  /* The engine asks call_should_stop at every node boundary, so a
-   * cancelled call, an expired deadline or a drain stops the job mid-run
-   * and its buffers are released. */
-  topos_set_cancel_check(call_should_stop, &cx);
+  /* The handlers' engine runs carry call_should_stop in their context
+   * (handlers.c, call_exec), so a cancelled call, an expired deadline or a
+   * drain stops the job at a node boundary and its buffers are released. */
   if (cx.status == GRPC_STATUS_OK && call_continue(&cx)) m->handler(&cx);
-  topos_set_cancel_check(NULL, NULL);
   grpc_slice_unref(hold);
   if (j->payload) {
     grpc_byte_buffer_destroy(j->payload);

@@ -294,8 +294,8 @@ int main(int argc, char **argv) {
       step_rc = topos_client_step_with(client, id, m.loss, &args, &opt, state,
                                        &next, &next_state, &loss, &err);
     } else if (client == NULL) {
-      run = xt && yt ? topos_forward(m.net, params, feeds, 2, &err) : NULL;
-      g = run ? topos_gradients(run, m.loss, &err) : NULL;
+      run = xt && yt ? topos_forward(m.net, params, feeds, 2, NULL, &err) : NULL;
+      g = run ? topos_gradients(run, m.loss, NULL, &err) : NULL;
       loss = run ? topos_run_scalar(run, m.loss, &err) : 0;
       if (g != NULL)
         step_rc = topos_optimizer_step(&opt, params, g, state, &next,

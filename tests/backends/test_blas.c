@@ -795,7 +795,7 @@ static double *read_root(const topos_run *run, const net2 *n, int i) {
 static int plan_against_interpreter(topos_dtype dt, topos_numerics numerics) {
   net2 n = net2_make(dt);
   topos_error err = {0};
-  topos_run *ref = topos_forward(n.net, NULL, NULL, 0, &err);
+  topos_run *ref = topos_forward(n.net, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(ref != NULL, "%s", err.message);
   topos_entry e = {n.roots, 2, NULL, 0, TOPOS_POSTURE_FORWARD, numerics};
   topos_plan *plan = topos_network_lower(n.net, &e, &err);
@@ -803,7 +803,7 @@ static int plan_against_interpreter(topos_dtype dt, topos_numerics numerics) {
   ck_assert_int_eq(topos_backend_register(&probe), TOPOS_OK);
   atomic_store(&probe_runs, 0);
   atomic_store(&probe_armed, true);
-  topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, &err);
+  topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, NULL, &err);
   atomic_store(&probe_armed, false);
   ck_assert_msg(run != NULL, "%s", err.message);
   int runs = atomic_load(&probe_runs);

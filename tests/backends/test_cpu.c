@@ -32,7 +32,6 @@ static bool skip_slow(void) {
 /* Puts the process back as it was: every test leaves the chain on, the
  * default thread count and the best ISA. */
 static void restore(void) {
-  backend_chain_enable(true);
   backend_set_threads(0);
   topos_cpu_force_isa(NULL);
 }
@@ -529,13 +528,12 @@ START_TEST(engine_matmul) {
     for (int th = 1; th <= 4; th++) {
       backend_set_threads(th);
       topos_error err = {0};
-      backend_chain_enable(false);
       unsigned long long before = topos_cpu_tasks_run();
-      topos_run *ref = topos_forward(net, NULL, NULL, 0, &err);
+      topos_run *ref =
+          topos_forward(net, NULL, NULL, 0, &TEST_REFERENCE, &err);
       ck_assert_msg(ref != NULL, "%s", err.message);
       ck_assert_int_eq(topos_cpu_tasks_run(), before);
-      backend_chain_enable(true);
-      topos_run *got = topos_forward(net, NULL, NULL, 0, &err);
+      topos_run *got = topos_forward(net, NULL, NULL, 0, NULL, &err);
       ck_assert_msg(got != NULL, "%s", err.message);
       if (dt == TOPOS_BF16)
         ck_assert_int_eq(topos_cpu_tasks_run(), before); /* reference only */
@@ -636,7 +634,8 @@ static void model_free(model *m) {
 
 /* Three SGD steps (momentum) through the interpreter (plan = false) or a
  * training plan; returns the final parameters and the last loss. */
-static topos_params *train(const model *m, bool use_plan, double *loss_out) {
+static topos_params *train(const model *m, bool use_plan, const topos_exec *ctx,
+                           double *loss_out) {
   topos_error err = {0};
   topos_optimizer opt = topos_sgd(0.05, 0.9);
   topos_params *p = topos_network_parameters(m->net);
@@ -650,12 +649,12 @@ static topos_params *train(const model *m, bool use_plan, double *loss_out) {
     ck_assert_msg(plan != NULL, "lower: %s", err.message);
   }
   for (int step = 0; step < 3; step++) {
-    topos_run *run = plan ? topos_plan_forward(plan, p, m->feeds, 2, &err)
-                          : topos_forward(m->net, p, m->feeds, 2, &err);
+    topos_run *run = plan ? topos_plan_forward(plan, p, m->feeds, 2, ctx, &err)
+                          : topos_forward(m->net, p, m->feeds, 2, ctx, &err);
     ck_assert_msg(run != NULL, "forward: %s", err.message);
     *loss_out = topos_run_scalar(run, m->loss, &err);
-    topos_field *g = plan ? topos_plan_backward(plan, run, &err)
-                          : topos_backward(run, m->loss, &err);
+    topos_field *g = plan ? topos_plan_backward(plan, run, ctx, &err)
+                          : topos_backward(run, m->loss, ctx, &err);
     ck_assert_msg(g != NULL, "backward: %s", err.message);
     topos_params *gp = topos_parameters_of(g, &err);
     ck_assert_ptr_nonnull(gp);
@@ -684,13 +683,11 @@ static void expect_training_identical(model (*make)(topos_dtype),
     model m = make(dt);
     for (int use_plan = 0; use_plan < 2; use_plan++) {
       double l0, l1;
-      backend_chain_enable(false);
-      topos_params *ref = train(&m, use_plan, &l0);
-      backend_chain_enable(true);
+      topos_params *ref = train(&m, use_plan, &TEST_REFERENCE, &l0);
       for (int th = 1; th <= 3; th += 2) {
         backend_set_threads(th);
         unsigned long long before = topos_cpu_tasks_run();
-        topos_params *got = train(&m, use_plan, &l1);
+        topos_params *got = train(&m, use_plan, NULL, &l1);
         ck_assert_msg(topos_cpu_tasks_run() > before,
                       "%s: the cpu backend never ran", name);
         ck_assert_msg(memcmp(&l0, &l1, sizeof l0) == 0,
@@ -742,7 +739,6 @@ static const topos_backend spy = {.name = "test-envelope-spy",
 START_TEST(numerics_routing) {
   topos_backends_register_defaults();
   ck_assert_int_eq(topos_backend_register(&spy), TOPOS_OK);
-  ck_assert_int_eq(backend_numerics(), TOPOS_NUMERICS_EXACT);
   topos_tape *t = topos_tape_new(TOPOS_F32);
   topos_value w = param_of(t, TOPOS_F32, 2, S(3, 2), 1, -1, 1);
   topos_value x = input_of(t, TOPOS_F32, 2, S(2, 3), 2);
@@ -760,14 +756,12 @@ START_TEST(numerics_routing) {
     topos_plan *plan = topos_network_lower(net, &e, &err);
     ck_assert_ptr_nonnull(plan);
     atomic_store(&spy_offers, 0);
-    topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, &err);
+    topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, NULL, &err);
     ck_assert_ptr_nonnull(run);
-    ck_assert_int_eq(backend_numerics(), TOPOS_NUMERICS_EXACT);
     int fwd = atomic_load(&spy_offers);
-    topos_field *g = topos_plan_backward(plan, run, &err);
+    topos_field *g = topos_plan_backward(plan, run, NULL, &err);
     ck_assert_ptr_nonnull(g);
     int bwd = atomic_load(&spy_offers) - fwd;
-    ck_assert_int_eq(backend_numerics(), TOPOS_NUMERICS_EXACT);
     if (fast) {
       ck_assert_int_ge(fwd, 1);
       ck_assert_int_ge(bwd, 1);
@@ -779,9 +773,9 @@ START_TEST(numerics_routing) {
     topos_plan_free(plan);
     /* the interpreter stays exact */
     atomic_store(&spy_offers, 0);
-    run = topos_forward(net, NULL, NULL, 0, &err);
+    run = topos_forward(net, NULL, NULL, 0, NULL, &err);
     ck_assert_ptr_nonnull(run);
-    g = topos_backward(run, loss, &err);
+    g = topos_backward(run, loss, NULL, &err);
     ck_assert_ptr_nonnull(g);
     ck_assert_int_eq(atomic_load(&spy_offers), 0);
     topos_field_free(g);

@@ -27,7 +27,6 @@
 static const int64_t ns[10] = {0, 1, 15, 16, 17, 31, 33, 100, 1000, 4097};
 
 static void restore(void) {
-  backend_chain_enable(true);
   backend_set_threads(0);
   topos_cpu_force_isa(NULL);
 }
@@ -421,15 +420,13 @@ static unsigned long long compare_runs(topos_network *net,
                                        const char *what) {
   unsigned long long ran = 0;
   topos_error err = {0};
-  backend_chain_enable(false);
-  topos_run *ref = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *ref = topos_forward(net, NULL, NULL, 0, &TEST_REFERENCE, &err);
   ck_assert_msg(ref != NULL, "%s", err.message);
-  backend_chain_enable(true);
   for (int th = 1; th <= 4; th++) {
     backend_set_threads(th);
     unsigned long long before =
         topos_cpu_reduce_tasks_run() + topos_cpu_map_tasks_run();
-    topos_run *got = topos_forward(net, NULL, NULL, 0, &err);
+    topos_run *got = topos_forward(net, NULL, NULL, 0, NULL, &err);
     ck_assert_msg(got != NULL, "%s", err.message);
     ran += topos_cpu_reduce_tasks_run() + topos_cpu_map_tasks_run() - before;
     for (int r = 0; r < nroots; r++) {

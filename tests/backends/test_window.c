@@ -25,7 +25,6 @@
 #define S(...) ((const int64_t[]){__VA_ARGS__})
 
 static void restore(void) {
-  backend_chain_enable(true);
   backend_set_threads(0);
   topos_cpu_force_isa(NULL);
 }
@@ -118,16 +117,16 @@ static void check_geom(topos_dtype d, geom ge, bool wtrans, values v,
   tensor_meta out = {.dtype = d, .rank = 2};
   out.shape[0] = ge.N * g.oh * g.ow;
   out.shape[1] = ge.O;
-  backend_chain_enable(false);
   unsigned long long before = topos_cpu_tasks_run();
   topos_tensor *ref = group_eval(&g, &out, x, w, &err);
   ck_assert_msg(ref != NULL, "%s", err.message);
   ck_assert_int_eq(topos_cpu_tasks_run(), before);
-  backend_chain_enable(true);
   for (int th = 1; th <= 4; th++) {
     backend_set_threads(th);
     before = topos_cpu_tasks_run();
-    topos_tensor *got = group_eval(&g, &out, x, w, &err);
+    exec_env env;
+    ck_assert_int_eq(exec_resolve(NULL, &env, &err), TOPOS_OK);
+    topos_tensor *got = exec_group(&env, &g, &out, x, w, &err);
     ck_assert_msg(got != NULL, "%s", err.message);
     ck_assert_int_eq(topos_cpu_tasks_run(), before + 1);
     ck_assert_msg(topos_tensor_bitwise_equal(ref, got),
@@ -342,14 +341,13 @@ START_TEST(cnn_forward_plan) {
     topos_plan *plan = topos_network_lower(net, &en, &err);
     ck_assert_msg(plan != NULL, "lower: %s", err.message);
     ck_assert_int_ge(topos_plan_group_count(plan), 3);
-    backend_chain_enable(false);
-    topos_run *ref = topos_plan_forward(plan, NULL, NULL, 0, &err);
+    topos_run *ref =
+        topos_plan_forward(plan, NULL, NULL, 0, &TEST_REFERENCE, &err);
     ck_assert_msg(ref != NULL, "%s", err.message);
-    backend_chain_enable(true);
     for (int th = 1; th <= 4; th++) {
       backend_set_threads(th);
       unsigned long long before = topos_cpu_tasks_run();
-      topos_run *got = topos_plan_forward(plan, NULL, NULL, 0, &err);
+      topos_run *got = topos_plan_forward(plan, NULL, NULL, 0, NULL, &err);
       ck_assert_msg(got != NULL, "%s", err.message);
       ck_assert_int_ge(topos_cpu_tasks_run(), before + 3);
       const topos_tensor *a = topos_run_of(ref, logits, &err);

@@ -371,7 +371,7 @@ START_TEST(test_forward_bits) {
       ck_assert_msg(topos_client_forward(c, id, &e, p, feeds, nf, &rr, &oo,
                                          &err) == TOPOS_OK,
                     "forward %s: %s", sn_samples[s].name, err.message);
-      topos_run *run = topos_forward(net, p, feeds, nf, &err);
+      topos_run *run = topos_forward(net, p, feeds, nf, NULL, &err);
       ck_assert_msg(run != NULL, "%s", err.message);
       for (int k = 0; k < 2; k++) {
         ck_assert_msg(topos_tensor_bitwise_equal(
@@ -410,8 +410,8 @@ START_TEST(test_backward_bits) {
     ck_assert_msg(topos_client_backward(c, id, loss, p, feeds, nf, &rl, &rg,
                                         &err) == TOPOS_OK,
                   "backward %s: %s", sn_samples[s].name, err.message);
-    topos_run *run = topos_forward(net, p, feeds, nf, &err);
-    topos_field *f = topos_backward(run, loss, &err);
+    topos_run *run = topos_forward(net, p, feeds, nf, NULL, &err);
+    topos_field *f = topos_backward(run, loss, NULL, &err);
     topos_params *g = topos_parameters_of(f, &err);
     double l = topos_run_scalar(run, loss, &err);
     ck_assert_msg(memcmp(&l, &rl, sizeof l) == 0, "%s: loss %.17g vs %.17g",
@@ -452,8 +452,8 @@ static void check_steps(topos_client *c, const topos_optimizer *opt,
     topos_feed feeds[2];
     int nf = float_feeds(net, 100 + k, feeds, 2);
     /* In-process. */
-    topos_run *run = topos_forward(net, pl, feeds, nf, &err);
-    topos_field *f = topos_backward(run, loss, &err);
+    topos_run *run = topos_forward(net, pl, feeds, nf, NULL, &err);
+    topos_field *f = topos_backward(run, loss, NULL, &err);
     topos_params *g = topos_parameters_of(f, &err);
     double ll = topos_run_scalar(run, loss, &err);
     topos_params *pl2 = NULL;
@@ -632,8 +632,8 @@ START_TEST(test_large_tensors) {
   topos_tensor *xf = tt_random(TOPOS_F32, 2, SN_S(128, 256), 8, -1, 1);
   topos_feed feeds[1] = {{x, xf}};
 
-  topos_run *run = topos_forward(net, p, feeds, 1, &err);
-  topos_field *f = topos_backward(run, loss, &err);
+  topos_run *run = topos_forward(net, p, feeds, 1, NULL, &err);
+  topos_field *f = topos_backward(run, loss, NULL, &err);
   topos_params *g = topos_parameters_of(f, &err);
   double l = topos_run_scalar(run, loss, &err);
   double rl = NAN;
@@ -733,7 +733,7 @@ START_TEST(test_entry_threads) {
   topos_value roots[1] = {topos_network_find(net, "loss")};
   topos_value obs[1] = {topos_network_parameter(net, 0)};
   obs[0].index = topos_network_node_count(net) / 2;
-  topos_run *ref = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *ref = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(ref);
   topos_tensor **first[2] = {NULL, NULL};
   const int counts[2] = {1, 4};
@@ -941,8 +941,8 @@ static void gd_expect(const topos_network *net, int offset, double *w) {
     topos_tensor *y = topos_tensor_scalar(TOPOS_F64, smp[1], NULL);
     topos_feed f[2] = {{topos_network_find(net, "x"), x},
                        {topos_network_find(net, "y"), y}};
-    topos_run *run = topos_forward(net, p, f, 2, NULL);
-    topos_field *g = topos_backward(run, loss, NULL);
+    topos_run *run = topos_forward(net, p, f, 2, NULL, NULL);
+    topos_field *g = topos_backward(run, loss, NULL, NULL);
     topos_params *gp = topos_parameters_of(g, NULL);
     topos_params *np = NULL;
     topos_opt_state *ns = NULL;

@@ -472,7 +472,7 @@ static topos_network *calibrated_slow_network(double seconds, topos_value *out,
     net = slow_network(n, out);
     topos_error err = {0};
     double t0 = now_s();
-    topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+    topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
     full = now_s() - t0;
     ck_assert_msg(run != NULL, "slow forward: %s", err.message);
     topos_run_free(run);
@@ -604,7 +604,7 @@ START_TEST(test_forward_backward_lower_emit) {
   topos_tensor *got = tensor_of(fwd->roots[0]);
   topos_tensor *w = topos_tensor_scalar(TOPOS_F64, 1.25, &err);
   topos_params *p = topos_params_new(1, &w, &err);
-  topos_run *run = topos_forward(g.net, p, feeds, 2, &err);
+  topos_run *run = topos_forward(g.net, p, feeds, 2, NULL, &err);
   ck_assert(topos_tensor_bitwise_equal(got, topos_run_of(run, g.loss, &err)));
   topos_tensor_release(got);
   wire_message_free(&fwd->base);
@@ -619,7 +619,7 @@ START_TEST(test_forward_backward_lower_emit) {
   br.feeds = fm;
   Topos__V1__BackwardReply *bw = NULL;
   CALL_OK(&C, "Backward", &br, &topos__v1__backward_reply__descriptor, &bw);
-  topos_field *field = topos_backward(run, g.loss, &err);
+  topos_field *field = topos_backward(run, g.loss, NULL, &err);
   topos_params *grads = topos_parameters_of(field, &err);
   ck_assert_int_eq(bw->n_gradients, 1);
   got = tensor_of(bw->gradients[0]);
@@ -708,7 +708,7 @@ START_TEST(test_entry_threads) {
   topos_tensor_release(r0);
   char id[65];
   record(&C, net, id);
-  topos_run *ref = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *ref = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(ref);
 
   const int counts[3] = {1, 4, 0};
@@ -838,10 +838,10 @@ static void local_step(const topos_network *net, topos_value loss,
                        topos_opt_state **state, const topos_feed *feeds,
                        int nfeeds, double *loss_out) {
   topos_error err = {0};
-  topos_run *run = topos_forward(net, *params, feeds, nfeeds, &err);
+  topos_run *run = topos_forward(net, *params, feeds, nfeeds, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   if (loss_out) *loss_out = topos_run_scalar(run, loss, &err);
-  topos_field *grad = topos_backward(run, loss, &err);
+  topos_field *grad = topos_backward(run, loss, NULL, &err);
   topos_params *g = topos_parameters_of(grad, &err);
   topos_params *next = NULL;
   topos_opt_state *next_state = NULL;

@@ -672,8 +672,8 @@ START_TEST(test_feeds) {
   ck_assert_int_eq(back[0].input.index, x.index);
   ck_assert(topos_tensor_bitwise_equal(back[1].tensor, yt));
   /* Same forward result in-process with either set of feeds. */
-  topos_run *r1 = topos_forward(net, NULL, feeds, 2, &err);
-  topos_run *r2 = topos_forward(net, NULL, back, 2, &err);
+  topos_run *r1 = topos_forward(net, NULL, feeds, 2, NULL, &err);
+  topos_run *r2 = topos_forward(net, NULL, back, 2, NULL, &err);
   topos_value loss = topos_network_find(net, "loss");
   ck_assert(topos_run_scalar(r1, loss, NULL) ==
             topos_run_scalar(r2, loss, NULL));
@@ -719,8 +719,8 @@ static void check_optimizer_trip(const topos_optimizer *opt) {
   topos_network *net = sn_mlp();
   topos_error err = {0};
   topos_params *params = topos_network_parameters(net);
-  topos_run *run = topos_forward(net, params, NULL, 0, &err);
-  topos_field *g = topos_backward(run, topos_network_find(net, "loss"), &err);
+  topos_run *run = topos_forward(net, params, NULL, 0, NULL, &err);
+  topos_field *g = topos_backward(run, topos_network_find(net, "loss"), NULL, &err);
   topos_params *grads = topos_parameters_of(g, &err);
   topos_opt_state *s0 = topos_opt_state_new(opt, params, &err);
   ck_assert_msg(s0 != NULL, "%s", err.message);

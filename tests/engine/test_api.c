@@ -90,13 +90,13 @@ START_TEST(null_objects) {
   ck_assert_ptr_null(topos_network_name_of(NULL, none));
   EXPECT_NULL(topos_network_describe(NULL, TOPOS_FORMAT_TEXT, &err));
   ck_assert_ptr_null(topos_network_parameters(NULL));
-  EXPECT_NULL(topos_forward(NULL, NULL, NULL, 0, &err));
-  EXPECT_NULL(topos_forward_for(NULL, NULL, NULL, 0, NULL, 0, &err));
+  EXPECT_NULL(topos_forward(NULL, NULL, NULL, 0, NULL, &err));
+  EXPECT_NULL(topos_forward_for(NULL, NULL, NULL, 0, NULL, 0, NULL, &err));
   topos_run_free(NULL);
   EXPECT_NULL(topos_run_of(NULL, none, &err));
   err = (topos_error){0};
   ck_assert(isnan(topos_run_scalar(NULL, none, &err)));
-  EXPECT_NULL(topos_backward(NULL, none, &err));
+  EXPECT_NULL(topos_backward(NULL, none, NULL, &err));
   topos_field_free(NULL);
   EXPECT_NULL(topos_field_of(NULL, none, &err));
   EXPECT_NULL(topos_parameters_of(NULL, &err));
@@ -164,14 +164,14 @@ static void free_fixture(fixture *f) {
 START_TEST(foreign_values) {
   fixture f = make_fixture();
   /* A value of another tape, used on this network, is an error. */
-  EXPECT_NULL(topos_forward_for(f.net, NULL, NULL, 0, &f.foreign, 1, &err));
-  topos_run *run = topos_forward(f.net, NULL, NULL, 0, &err);
+  EXPECT_NULL(topos_forward_for(f.net, NULL, NULL, 0, &f.foreign, 1, NULL, &err));
+  topos_run *run = topos_forward(f.net, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(run);
   EXPECT_NULL(topos_run_of(run, f.foreign, &err));
-  EXPECT_NULL(topos_backward(run, f.foreign, &err));
+  EXPECT_NULL(topos_backward(run, f.foreign, NULL, &err));
   /* A non-rank-0 target is an error too. */
-  EXPECT_NULL(topos_backward(run, f.p, &err));
-  topos_field *g = topos_backward(run, f.loss, &err);
+  EXPECT_NULL(topos_backward(run, f.p, NULL, &err));
+  topos_field *g = topos_backward(run, f.loss, NULL, &err);
   ck_assert_ptr_nonnull(g);
   EXPECT_NULL(topos_field_of(g, f.foreign, &err));
   ck_assert_ptr_null(topos_network_name_of(f.net, f.foreign));
@@ -180,10 +180,10 @@ START_TEST(foreign_values) {
   /* Feeding a parameter or a foreign value as an input is an error. */
   topos_tensor *s = topos_tensor_scalar(TOPOS_F64, 1, &err);
   topos_feed bad[1] = {{f.foreign, s}};
-  EXPECT_NULL(topos_forward(f.net, NULL, bad, 1, &err));
+  EXPECT_NULL(topos_forward(f.net, NULL, bad, 1, NULL, &err));
   topos_feed param[1] = {{f.p, s}};
-  EXPECT_NULL(topos_forward(f.net, NULL, param, 1, &err));
-  EXPECT_NULL(topos_forward(f.net, NULL, NULL, 3, &err));
+  EXPECT_NULL(topos_forward(f.net, NULL, param, 1, NULL, &err));
+  EXPECT_NULL(topos_forward(f.net, NULL, NULL, 3, NULL, &err));
   topos_tensor_release(s);
   /* Recording another tape's value onto this tape sticks an error. */
   topos_tape *t = topos_tape_new(TOPOS_F64);
@@ -204,7 +204,7 @@ START_TEST(wrong_dtypes) {
       tt_tensor(TOPOS_F32, 1, (int64_t[]){3}, (double[]){1, 2, 3});
   topos_params *p = topos_params_new(1, &f32, &err);
   ck_assert_ptr_nonnull(p);
-  EXPECT_NULL(topos_forward(f.net, p, NULL, 0, &err));
+  EXPECT_NULL(topos_forward(f.net, p, NULL, 0, NULL, &err));
   ck_assert_int_eq(err.code, TOPOS_ERR_DTYPE);
   topos_params_free(p);
   topos_tensor_release(f32);
@@ -346,9 +346,9 @@ START_TEST(cancel_at_node_boundaries) {
 
   /* Forward: stops at the 11th node boundary with CANCELLED. */
   int left = 10;
-  topos_set_cancel_check(stop_after, &left);
+  topos_exec stop = {.cancel = stop_after, .cancel_ctx = &left};
   err = (topos_error){0};
-  ck_assert_ptr_null(topos_forward(net, NULL, NULL, 0, &err));
+  ck_assert_ptr_null(topos_forward(net, NULL, NULL, 0, &stop, &err));
   ck_assert_int_eq(err.code, TOPOS_ERR_CANCELLED);
   ck_assert_int_eq(left, -1); /* asked exactly 11 times: it stopped there */
 
@@ -358,24 +358,36 @@ START_TEST(cancel_at_node_boundaries) {
   ck_assert_ptr_nonnull(plan);
   left = 3;
   err = (topos_error){0};
-  ck_assert_ptr_null(topos_plan_forward(plan, NULL, NULL, 0, &err));
+  ck_assert_ptr_null(topos_plan_forward(plan, NULL, NULL, 0, &stop, &err));
   ck_assert_int_eq(err.code, TOPOS_ERR_CANCELLED);
 
   /* Backward, from a complete run, stops mid-scan. */
-  topos_set_cancel_check(NULL, NULL);
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(run);
   left = 5;
-  topos_set_cancel_check(stop_after, &left);
   err = (topos_error){0};
-  ck_assert_ptr_null(topos_backward(run, loss, &err));
+  ck_assert_ptr_null(topos_backward(run, loss, &stop, &err));
   ck_assert_int_eq(err.code, TOPOS_ERR_CANCELLED);
   ck_assert_str_eq(topos_status_name(err.code), "cancelled");
 
-  /* Without a check every run completes, and another thread never sees
-   * this thread's check. */
-  topos_set_cancel_check(NULL, NULL);
-  topos_field *g = topos_backward(run, loss, &err);
+  /* A deadline already past stops a run at its first boundary with
+   * DEADLINE; one far ahead lets it finish. */
+  topos_exec late = {.deadline_ns = topos_now_ns() - 1};
+  err = (topos_error){0};
+  ck_assert_ptr_null(topos_forward(net, NULL, NULL, 0, &late, &err));
+  ck_assert_int_eq(err.code, TOPOS_ERR_DEADLINE);
+  ck_assert_str_eq(topos_status_name(err.code), "deadline");
+  err = (topos_error){0};
+  ck_assert_ptr_null(topos_backward(run, loss, &late, &err));
+  ck_assert_int_eq(err.code, TOPOS_ERR_DEADLINE);
+  topos_exec ahead = {.deadline_ns = topos_now_ns() + 3600 * 1000000000LL};
+  topos_run *done = topos_forward(net, NULL, NULL, 0, &ahead, &err);
+  ck_assert_ptr_nonnull(done);
+  topos_run_free(done);
+
+  /* Without a check every run completes: the check belongs to the
+   * context it was given in, never to the thread. */
+  topos_field *g = topos_backward(run, loss, NULL, &err);
   ck_assert_ptr_nonnull(g);
   topos_field_free(g);
   topos_run_free(run);

@@ -83,9 +83,9 @@ static topos_value weighted(topos_tape *t, topos_value y, uint64_t seed) {
 static void check_field_shapes(const topos_network *net, topos_value loss,
                                const char *what) {
   topos_error err = {0};
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "%s: forward: %s", what, err.message);
-  topos_field *f = topos_backward(run, loss, &err);
+  topos_field *f = topos_backward(run, loss, NULL, &err);
   ck_assert_msg(f != NULL, "%s: backward: %s", what, err.message);
   for (int i = 0; i < topos_network_node_count(net); i++) {
     topos_value v = {loss.tape, i};
@@ -136,9 +136,9 @@ static grads backward_of(topos_tape *t, topos_value target) {
   topos_error err = {0};
   g.net = topos_tape_seal(t, &err);
   ck_assert_msg(g.net != NULL, "seal: %s", err.message);
-  g.run = topos_forward(g.net, NULL, NULL, 0, &err);
+  g.run = topos_forward(g.net, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(g.run != NULL, "forward: %s", err.message);
-  g.field = topos_backward(g.run, target, &err);
+  g.field = topos_backward(g.run, target, NULL, &err);
   ck_assert_msg(g.field != NULL, "backward: %s", err.message);
   return g;
 }
@@ -430,14 +430,13 @@ START_TEST(gradients_skip_data_branches) {
     topos_error err = {0};
     topos_network *net = topos_tape_seal(t, &err);
     ck_assert_msg(net != NULL, "seal: %s", err.message);
-    topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+    topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
     ck_assert_msg(run != NULL, "forward: %s", err.message);
     int all = 0, some = 0;
-    topos_set_cancel_check(count_visit, &all);
-    topos_field *field = topos_backward(run, loss, &err);
-    topos_set_cancel_check(count_visit, &some);
-    topos_params *g = topos_gradients(run, loss, &err);
-    topos_set_cancel_check(NULL, NULL);
+    topos_exec visit_all = {.cancel = count_visit, .cancel_ctx = &all};
+    topos_exec visit_some = {.cancel = count_visit, .cancel_ctx = &some};
+    topos_field *field = topos_backward(run, loss, &visit_all, &err);
+    topos_params *g = topos_gradients(run, loss, &visit_some, &err);
     ck_assert_msg(field && g, "backward/gradients: %s", err.message);
     topos_params *want = topos_parameters_of(field, &err);
     ck_assert_int_eq(topos_params_count(g), 4);
@@ -654,7 +653,7 @@ START_TEST(backward_repeatable) {
   grads g = backward_of(t, loss);
   topos_error err = {0};
   topos_tensor *ybefore = topos_tensor_retain(topos_run_of(g.run, y, &err));
-  topos_field *f2 = topos_backward(g.run, loss, &err);
+  topos_field *f2 = topos_backward(g.run, loss, NULL, &err);
   ck_assert_ptr_nonnull(f2);
   for (int i = 0; i < topos_network_node_count(g.net); i++) {
     topos_value v = {a.tape, i};
@@ -677,42 +676,42 @@ START_TEST(backward_errors) {
   topos_error err = {0};
   topos_network *net = topos_tape_seal(t, &err);
   ck_assert_ptr_nonnull(net);
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(run);
 
   /* non-rank-0 target */
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_backward(run, e, &err));
+  ck_assert_ptr_null(topos_backward(run, e, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   ck_assert(err.message[0] != 0);
   /* invalid and foreign targets, NULL run */
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_backward(run, TOPOS_NONE, &err));
+  ck_assert_ptr_null(topos_backward(run, TOPOS_NONE, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   topos_tape *t2 = topos_tape_new(TOPOS_F64);
   topos_value f = topos_sum(t2, param_rand(t2, 1, S(2), 9, -1, 1));
   topos_tape_free(t2);
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_backward(run, f, &err));
+  ck_assert_ptr_null(topos_backward(run, f, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   topos_value past = {s.tape, 1000};
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_backward(run, past, &err));
+  ck_assert_ptr_null(topos_backward(run, past, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_backward(NULL, s, &err));
+  ck_assert_ptr_null(topos_backward(NULL, s, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
-  ck_assert_ptr_null(topos_backward(NULL, s, NULL));
+  ck_assert_ptr_null(topos_backward(NULL, s, NULL, NULL));
   topos_run_free(run);
 
   /* a target the run did not evaluate */
-  run = topos_forward_for(net, NULL, NULL, 0, &s, 1, &err);
+  run = topos_forward_for(net, NULL, NULL, 0, &s, 1, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_backward(run, other, &err));
+  ck_assert_ptr_null(topos_backward(run, other, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   /* the evaluated one works */
-  topos_field *fld = topos_backward(run, s, &err);
+  topos_field *fld = topos_backward(run, s, NULL, &err);
   ck_assert_msg(fld != NULL, "%s", err.message);
   topos_field_free(fld);
   topos_run_free(run);

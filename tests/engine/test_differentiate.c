@@ -118,7 +118,7 @@ static topos_run *plan_run(const topos_network *net, const topos_value *roots,
   topos_entry e = {roots, nroots, NULL, 0, posture, TOPOS_NUMERICS_EXACT};
   topos_plan *plan = topos_network_lower(net, &e, &err);
   ck_assert_msg(plan != NULL, "%s: lower: %s", what, err.message);
-  topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, &err);
+  topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "%s: plan forward: %s", what, err.message);
   *plan_out = plan;
   return run;
@@ -191,12 +191,12 @@ static void check_recorded(cx *c, topos_value loss, const char *what) {
   topos_network *net = topos_tape_seal(c->t, &err);
   c->t = NULL;
   ck_assert_msg(net != NULL, "%s: seal: %s", what, err.message);
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "%s: forward: %s", what, err.message);
-  topos_field *field = topos_backward(run, loss, &err);
+  topos_field *field = topos_backward(run, loss, NULL, &err);
   ck_assert_msg(field != NULL, "%s: backward: %s", what, err.message);
 
-  topos_params *ig = topos_gradients(run, loss, &err);
+  topos_params *ig = topos_gradients(run, loss, NULL, &err);
   ck_assert_msg(ig != NULL, "%s: gradients: %s", what, err.message);
   expect_params_of(ig, field, net, what, "interpreter gradients slot");
   topos_params_free(ig);
@@ -224,7 +224,7 @@ static void check_recorded(cx *c, topos_value loss, const char *what) {
     if (posture == TOPOS_POSTURE_TRAINING) {
       /* The plan's own backward over the extended network equals the
        * interpreter's, node by node. */
-      topos_field *pf = topos_plan_backward(plan, pr, &err);
+      topos_field *pf = topos_plan_backward(plan, pr, NULL, &err);
       ck_assert_msg(pf != NULL, "%s: plan backward: %s", what, err.message);
       for (int i = 0; i < topos_network_node_count(net); i++) {
         topos_value v = {loss.tape, i};
@@ -233,7 +233,7 @@ static void check_recorded(cx *c, topos_value loss, const char *what) {
       }
       topos_field_free(pf);
       /* Parameters-only gradients: the same bits as the field's. */
-      topos_params *pg = topos_plan_gradients(plan, pr, &err);
+      topos_params *pg = topos_plan_gradients(plan, pr, NULL, &err);
       ck_assert_msg(pg != NULL, "%s: plan gradients: %s", what, err.message);
       expect_params_of(pg, field, net, what, "plan gradients slot");
       topos_params_free(pg);
@@ -685,7 +685,7 @@ static double fd_error(const topos_network *net, topos_value F, int slot,
                        topos_value h) {
   topos_error err = {0};
   topos_params *p = topos_network_parameters(net);
-  topos_run *run = topos_forward(net, p, NULL, 0, &err);
+  topos_run *run = topos_forward(net, p, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "forward: %s", err.message);
   const topos_tensor *ht = topos_run_of(run, h, &err);
   ck_assert_msg(ht != NULL, "run_of h: %s", err.message);
@@ -707,7 +707,7 @@ static double fd_error(const topos_network *net, topos_value F, int slot,
       topos_params *q = topos_params_with(p, slot, t, &err);
       topos_tensor_release(t);
       ck_assert_ptr_nonnull(q);
-      topos_run *r2 = topos_forward(net, q, NULL, 0, &err);
+      topos_run *r2 = topos_forward(net, q, NULL, 0, NULL, &err);
       ck_assert_msg(r2 != NULL, "forward: %s", err.message);
       f[side] = topos_run_scalar(r2, F, &err);
       topos_run_free(r2);
@@ -761,9 +761,9 @@ static void second_check(second *s, const char *what) {
     ck_assert_msg(e <= TOL, "%s: wrt %d: second-derivative error %g", what, k,
                   e);
   }
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(run);
-  topos_field *f = topos_backward(run, s->F, &err);
+  topos_field *f = topos_backward(run, s->F, NULL, &err);
   ck_assert_msg(f != NULL, "%s: backward: %s", what, err.message);
   topos_value roots[MAXW + 1];
   roots[0] = s->F;
@@ -836,7 +836,7 @@ START_TEST(second_mul_chains) {
   topos_error err = {0};
   topos_network *net = topos_tape_seal(t3, &err);
   ck_assert_ptr_nonnull(net);
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(run);
   tt_assert_values(topos_run_of(run, g[0], &err), yv, 4);
   tt_assert_values(topos_run_of(run, g[1], &err), xv, 4);
@@ -887,7 +887,7 @@ START_TEST(third_derivative) {
   topos_error err = {0};
   topos_network *net = topos_tape_seal(t, &err);
   ck_assert_ptr_nonnull(net);
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(run);
   /* small integers times exact inputs: exact in f64 */
   double want1[3], want2[3], want3[3];
@@ -951,9 +951,9 @@ START_TEST(zero_outside_ancestors) {
     topos_network *net = topos_tape_seal(t, &err);
     ck_assert_ptr_nonnull(net);
     ck_assert_int_eq(topos_network_node_count(net), n_before);
-    topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+    topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
     ck_assert_ptr_nonnull(run);
-    topos_field *f = topos_backward(run, loss, &err);
+    topos_field *f = topos_backward(run, loss, NULL, &err);
     ck_assert_ptr_nonnull(f);
     const char *names[6] = {"p2", "y2", "side", "after", "late", "idx"};
     for (int k = 0; k < 6; k++) {
@@ -999,7 +999,7 @@ START_TEST(leaf_loss) {
   topos_network *net = topos_tape_seal(t, &err);
   ck_assert_ptr_nonnull(net);
   ck_assert_int_ge(topos_network_node_count(net), before);
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   tt_assert_values(topos_run_of(run, g[0], &err), D(1.0), 1);
   expect_all_zero_bits(topos_run_of(run, g[1], &err), "q");
   topos_run_free(run);
@@ -1068,8 +1068,8 @@ START_TEST(gradients_are_ordinary) {
   ck_assert_str_eq(id1, id2);
   topos_value bg = topos_network_find(back, "dloss/dw");
   ck_assert_int_eq(bg.index, g.index);
-  topos_run *r1 = topos_forward(net, NULL, NULL, 0, &err);
-  topos_run *r2 = topos_forward(back, NULL, NULL, 0, &err);
+  topos_run *r1 = topos_forward(net, NULL, NULL, 0, NULL, &err);
+  topos_run *r2 = topos_forward(back, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(r1);
   ck_assert_ptr_nonnull(r2);
   ck_assert(topos_tensor_bitwise_equal(topos_run_of(r1, g, &err),
@@ -1101,16 +1101,16 @@ START_TEST(inputs_and_feeds) {
   ck_assert_ptr_nonnull(net);
   topos_tensor *fx = tt_random(TOPOS_F32, 2, S(4, 3), 9, -2, 2);
   topos_feed feed = {x, fx};
-  topos_run *run = topos_forward(net, NULL, &feed, 1, &err);
+  topos_run *run = topos_forward(net, NULL, &feed, 1, NULL, &err);
   ck_assert_ptr_nonnull(run);
-  topos_field *f = topos_backward(run, loss, &err);
+  topos_field *f = topos_backward(run, loss, NULL, &err);
   ck_assert_ptr_nonnull(f);
   topos_value roots[3] = {loss, g[0], g[1]};
   topos_entry e = {
       roots, 3, NULL, 0, TOPOS_POSTURE_FORWARD, TOPOS_NUMERICS_EXACT};
   topos_plan *plan = topos_network_lower(net, &e, &err);
   ck_assert_ptr_nonnull(plan);
-  topos_run *pr = topos_plan_forward(plan, NULL, &feed, 1, &err);
+  topos_run *pr = topos_plan_forward(plan, NULL, &feed, 1, NULL, &err);
   ck_assert_msg(pr != NULL, "%s", err.message);
   for (int k = 0; k < 2; k++) {
     expect_same(topos_run_of(run, g[k], &err), topos_field_of(f, c.w[k], &err),
@@ -1152,7 +1152,7 @@ START_TEST(grads_in_place) {
   topos_error err = {0};
   topos_network *net = topos_tape_seal(t, &err);
   ck_assert_ptr_nonnull(net);
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(run);
   tt_assert_values(topos_run_of(run, v[0], &err), bv, 3);
   tt_assert_values(topos_run_of(run, v[1], &err), av, 3);

@@ -1555,7 +1555,7 @@ static const char *values_case(const topos_network *net, const emit_case *c,
   free_arguments(net, argv);
   if (why) return why;
   topos_error err = {0};
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "forward: %s", err.message);
   for (int k = 0; k < c->nroots + c->nobserves && !why; k++) {
     topos_value v = k < c->nroots ? c->roots[k] : c->observes[k - c->nroots];

@@ -69,9 +69,9 @@ static void expect_decode_error(const uint8_t *bytes, size_t len, int code,
 /* Every node of a and b evaluates to the same bits under the defaults. */
 static void expect_same_values(const topos_network *a, const topos_network *b) {
   topos_error err = {0};
-  topos_run *ra = topos_forward(a, NULL, NULL, 0, &err);
+  topos_run *ra = topos_forward(a, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(ra != NULL, "forward: %s", err.message);
-  topos_run *rb = topos_forward(b, NULL, NULL, 0, &err);
+  topos_run *rb = topos_forward(b, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(rb != NULL, "forward of the decoded network: %s", err.message);
   for (int i = 0; i < a->n; i++) {
     const topos_tensor *ta = topos_run_of(ra, (topos_value){a->id, i}, &err);
@@ -559,7 +559,7 @@ START_TEST(hand_made_valid) {
   ck_assert_int_eq(topos_network_node_count(net), 2);
   topos_value v = topos_network_find(net, "sum");
   ck_assert_int_eq(v.index, 1);
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(run);
   const double want[2] = {2, 4};
   tt_assert_values(topos_run_of(run, v, &err), want, 2);

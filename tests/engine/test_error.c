@@ -97,7 +97,8 @@ START_TEST(test_status_names) {
   ck_assert_str_eq(topos_status_name(TOPOS_ERR_CORRUPT), "corrupt");
   ck_assert_str_eq(topos_status_name(TOPOS_ERR_IO), "io");
   ck_assert_str_eq(topos_status_name(TOPOS_ERR_CANCELLED), "cancelled");
-  ck_assert_str_eq(topos_status_name(11), "unknown");
+  ck_assert_str_eq(topos_status_name(TOPOS_ERR_DEADLINE), "deadline");
+  ck_assert_str_eq(topos_status_name(12), "unknown");
   ck_assert_str_eq(topos_status_name(-1), "unknown");
   ck_assert_str_eq(topos_status_name(1000000), "unknown");
 }

@@ -121,7 +121,7 @@ static void expect_same_bits(double got, double want, const char *what) {
 START_TEST(forward_uses_initials) {
   fixture f = make_fixture();
   topos_error err = {0};
-  topos_run *run = topos_forward(f.net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(f.net, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   expect_same_bits(topos_run_scalar(run, f.loss, &err), ref_loss(W0, B0, X0),
                    "loss");
@@ -145,7 +145,7 @@ START_TEST(forward_uses_initials) {
   /* explicit initials give the same bits */
   topos_params *p = topos_network_parameters(f.net);
   ck_assert_int_eq(topos_params_count(p), 2);
-  run = topos_forward(f.net, p, NULL, 0, &err);
+  run = topos_forward(f.net, p, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   expect_same_bits(topos_run_scalar(run, f.loss, &err), ref_loss(W0, B0, X0),
                    "loss with initials");
@@ -156,7 +156,7 @@ START_TEST(forward_uses_initials) {
   topos_tensor *tw = tt_tensor(TOPOS_F64, 2, S(2, 3), w2);
   topos_params *q = topos_params_with(p, 0, tw, &err);
   ck_assert_ptr_nonnull(q);
-  run = topos_forward(f.net, q, NULL, 0, &err);
+  run = topos_forward(f.net, q, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   expect_same_bits(topos_run_scalar(run, f.loss, &err), ref_loss(w2, B0, X0),
                    "loss with w2");
@@ -175,21 +175,21 @@ START_TEST(forward_feeds_override_defaults) {
   topos_error err = {0};
   topos_tensor *x1 = tt_tensor(TOPOS_F64, 2, S(4, 2), X1);
   topos_feed feed = {f.x, x1};
-  topos_run *run = topos_forward(f.net, NULL, &feed, 1, &err);
+  topos_run *run = topos_forward(f.net, NULL, &feed, 1, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   expect_same_bits(topos_run_scalar(run, f.loss, &err), ref_loss(W0, B0, X1),
                    "fed loss");
   tt_assert_values(topos_run_of(run, f.x, &err), X1, 8);
   topos_run_free(run);
   /* the default is back without the feed */
-  run = topos_forward(f.net, NULL, NULL, 0, &err);
+  run = topos_forward(f.net, NULL, NULL, 0, NULL, &err);
   expect_same_bits(topos_run_scalar(run, f.loss, &err), ref_loss(W0, B0, X0),
                    "default loss");
   topos_run_free(run);
   /* a feed found by name */
   topos_value xn = topos_network_find(f.net, "x");
   topos_feed feed2 = {xn, x1};
-  run = topos_forward(f.net, NULL, &feed2, 1, &err);
+  run = topos_forward(f.net, NULL, &feed2, 1, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   expect_same_bits(
       topos_run_scalar(run, topos_network_find(f.net, "loss"), &err),
@@ -211,7 +211,7 @@ START_TEST(forward_feed_view) {
   topos_tensor *view = topos_tensor_transpose(base, &err);
   ck_assert_ptr_nonnull(view);
   topos_feed feed = {f.x, view};
-  topos_run *run = topos_forward(f.net, NULL, &feed, 1, &err);
+  topos_run *run = topos_forward(f.net, NULL, &feed, 1, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   expect_same_bits(topos_run_scalar(run, f.loss, &err), ref_loss(W0, B0, X1),
                    "loss of a transposed feed");
@@ -226,7 +226,7 @@ static void expect_forward_fails(const topos_network *net,
                                  const topos_params *p, const topos_feed *fd,
                                  int n, int code, const char *what) {
   topos_error err = {0};
-  topos_run *run = topos_forward(net, p, fd, n, &err);
+  topos_run *run = topos_forward(net, p, fd, n, NULL, &err);
   ck_assert_msg(run == NULL, "%s: forward succeeded", what);
   ck_assert_msg(err.code != TOPOS_OK, "%s: no error code", what);
   ck_assert_msg(err.message[0] != 0, "%s: empty message", what);
@@ -237,12 +237,12 @@ static void expect_forward_fails(const topos_network *net,
   if (net) {
     topos_value target = topos_network_find(net, "loss");
     memset(&err, 0, sizeof err);
-    run = topos_forward_for(net, p, fd, n, &target, 1, &err);
+    run = topos_forward_for(net, p, fd, n, &target, 1, NULL, &err);
     ck_assert_msg(run == NULL, "%s: forward_for succeeded", what);
     ck_assert_msg(err.code != TOPOS_OK, "%s: forward_for no code", what);
   }
   /* err NULL is allowed */
-  ck_assert_ptr_null(topos_forward(net, p, fd, n, NULL));
+  ck_assert_ptr_null(topos_forward(net, p, fd, n, NULL, NULL));
 }
 
 START_TEST(forward_bad_feeds) {
@@ -286,7 +286,7 @@ START_TEST(forward_bad_feeds) {
   expect_forward_fails(NULL, NULL, NULL, 0, TOPOS_OK, "NULL network");
   /* the good feed works */
   topos_error err = {0};
-  topos_run *run = topos_forward(f.net, NULL, &ok, 1, &err);
+  topos_run *run = topos_forward(f.net, NULL, &ok, 1, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   topos_run_free(run);
 
@@ -322,7 +322,7 @@ START_TEST(forward_bad_params) {
   topos_params *sw = topos_params_new(2, (topos_tensor *[]){b, w}, &err);
   expect_forward_fails(f.net, sw, NULL, 0, TOPOS_ERR_SHAPE, "swapped slots");
   topos_params *good = topos_params_new(2, (topos_tensor *[]){w, b}, &err);
-  topos_run *run = topos_forward(f.net, good, NULL, 0, &err);
+  topos_run *run = topos_forward(f.net, good, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   topos_run_free(run);
 
@@ -347,7 +347,7 @@ END_TEST
 START_TEST(forward_for_only_ancestors) {
   fixture f = make_fixture();
   topos_error err = {0};
-  topos_run *run = topos_forward_for(f.net, NULL, NULL, 0, &f.h, 1, &err);
+  topos_run *run = topos_forward_for(f.net, NULL, NULL, 0, &f.h, 1, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   ck_assert_ptr_nonnull(topos_run_of(run, f.h, &err));
   ck_assert_ptr_nonnull(topos_run_of(run, f.x, &err));
@@ -364,7 +364,7 @@ START_TEST(forward_for_only_ancestors) {
   ck_assert(isnan(topos_run_scalar(run, f.loss, &err)));
   ck_assert_int_eq(err.code, TOPOS_ERR_STATE);
   /* values equal those of a full forward */
-  topos_run *full = topos_forward(f.net, NULL, NULL, 0, &err);
+  topos_run *full = topos_forward(f.net, NULL, NULL, 0, NULL, &err);
   ck_assert(topos_tensor_bitwise_equal(topos_run_of(run, f.h, &err),
                                        topos_run_of(full, f.h, &err)));
   topos_run_free(full);
@@ -372,7 +372,7 @@ START_TEST(forward_for_only_ancestors) {
 
   /* two targets */
   topos_value two[2] = {f.loss, f.side};
-  run = topos_forward_for(f.net, NULL, NULL, 0, two, 2, &err);
+  run = topos_forward_for(f.net, NULL, NULL, 0, two, 2, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   expect_same_bits(topos_run_scalar(run, f.loss, &err), ref_loss(W0, B0, X0),
                    "loss via forward_for");
@@ -383,14 +383,14 @@ START_TEST(forward_for_only_ancestors) {
   /* bad targets */
   topos_value bad = TOPOS_NONE;
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_forward_for(f.net, NULL, NULL, 0, &bad, 1, &err));
+  ck_assert_ptr_null(topos_forward_for(f.net, NULL, NULL, 0, &bad, 1, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   fixture g = make_fixture();
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_forward_for(f.net, NULL, NULL, 0, &g.loss, 1, &err));
+  ck_assert_ptr_null(topos_forward_for(f.net, NULL, NULL, 0, &g.loss, 1, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_forward_for(f.net, NULL, NULL, 0, NULL, 1, &err));
+  ck_assert_ptr_null(topos_forward_for(f.net, NULL, NULL, 0, NULL, 1, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   topos_network_release(g.net);
   topos_network_release(f.net);
@@ -403,7 +403,7 @@ START_TEST(run_reading_errors) {
   fixture f = make_fixture();
   fixture g = make_fixture();
   topos_error err = {0};
-  topos_run *run = topos_forward(f.net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(f.net, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(run);
   memset(&err, 0, sizeof err);
   ck_assert_ptr_null(topos_run_of(run, g.loss, &err));
@@ -440,12 +440,12 @@ END_TEST
 START_TEST(run_outlives_network_reference) {
   fixture f = make_fixture();
   topos_error err = {0};
-  topos_run *run = topos_forward(f.net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(f.net, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(run);
   topos_network_release(f.net);
   expect_same_bits(topos_run_scalar(run, f.loss, &err), ref_loss(W0, B0, X0),
                    "loss after release");
-  topos_field *g = topos_backward(run, f.loss, &err);
+  topos_field *g = topos_backward(run, f.loss, NULL, &err);
   ck_assert_msg(g != NULL, "%s", err.message);
   topos_run_free(run);
   /* and a field keeps it too */
@@ -460,13 +460,13 @@ START_TEST(repeat_runs_bit_identical) {
   fixture f = make_fixture();
   topos_error err = {0};
   int n = topos_network_node_count(f.net);
-  topos_run *first = topos_forward(f.net, NULL, NULL, 0, &err);
-  topos_field *gfirst = topos_backward(first, f.loss, &err);
+  topos_run *first = topos_forward(f.net, NULL, NULL, 0, NULL, &err);
+  topos_field *gfirst = topos_backward(first, f.loss, NULL, &err);
   ck_assert_ptr_nonnull(gfirst);
   for (int rep = 0; rep < 3; rep++) {
-    topos_run *run = topos_forward(f.net, NULL, NULL, 0, &err);
+    topos_run *run = topos_forward(f.net, NULL, NULL, 0, NULL, &err);
     ck_assert_ptr_nonnull(run);
-    topos_field *g = topos_backward(run, f.loss, &err);
+    topos_field *g = topos_backward(run, f.loss, NULL, &err);
     ck_assert_ptr_nonnull(g);
     for (int i = 0; i < n; i++) {
       topos_value v = {f.loss.tape, i};
@@ -544,12 +544,12 @@ static void *thread_main(void *arg) {
   for (int it = 0; it < 20; it++) {
     topos_error err = {0};
     topos_feed fd = {j->m->x, j->m->xin};
-    topos_run *run = topos_forward(j->m->net, j->params, &fd, 1, &err);
+    topos_run *run = topos_forward(j->m->net, j->params, &fd, 1, NULL, &err);
     if (!run) {
       atomic_fetch_add(j->failures, 1);
       continue;
     }
-    topos_field *g = topos_backward(run, j->m->loss, &err);
+    topos_field *g = topos_backward(run, j->m->loss, NULL, &err);
     topos_params *gp = g ? topos_parameters_of(g, &err) : NULL;
     if (!gp ||
         !topos_tensor_bitwise_equal(topos_run_of(run, j->m->loss, &err),
@@ -570,9 +570,9 @@ START_TEST(threads_share_one_network) {
     topos_params *p = topos_network_parameters(m.net);
     topos_error err = {0};
     topos_feed fd = {m.x, m.xin};
-    topos_run *run = topos_forward(m.net, p, &fd, 1, &err);
+    topos_run *run = topos_forward(m.net, p, &fd, 1, NULL, &err);
     ck_assert_msg(run != NULL, "%s", err.message);
-    topos_field *g = topos_backward(run, m.loss, &err);
+    topos_field *g = topos_backward(run, m.loss, NULL, &err);
     ck_assert_msg(g != NULL, "%s", err.message);
     topos_params *want_grads = topos_parameters_of(g, &err);
     ck_assert_ptr_nonnull(want_grads);
@@ -611,7 +611,7 @@ START_TEST(runs_modify_nothing) {
   char *desc_before = topos_network_describe(m.net, TOPOS_FORMAT_TEXT, &err);
   ck_assert_ptr_nonnull(desc_before);
   /* the default run, before anything */
-  topos_run *r0 = topos_forward(m.net, NULL, NULL, 0, &err);
+  topos_run *r0 = topos_forward(m.net, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(r0);
   topos_tensor *default_loss =
       topos_tensor_retain(topos_run_of(r0, m.loss, &err));
@@ -619,13 +619,13 @@ START_TEST(runs_modify_nothing) {
 
   for (int rep = 0; rep < 3; rep++) {
     topos_feed fd = {m.x, m.xin};
-    topos_run *run = topos_forward(m.net, p, &fd, 1, &err);
+    topos_run *run = topos_forward(m.net, p, &fd, 1, NULL, &err);
     ck_assert_ptr_nonnull(run);
-    topos_field *g = topos_backward(run, m.loss, &err);
+    topos_field *g = topos_backward(run, m.loss, NULL, &err);
     ck_assert_ptr_nonnull(g);
     topos_field_free(g);
     topos_run_free(run);
-    run = topos_forward(m.net, NULL, NULL, 0, &err);
+    run = topos_forward(m.net, NULL, NULL, 0, NULL, &err);
     topos_run_free(run);
   }
   ck_assert(topos_params_bitwise_equal(p, p_copy));
@@ -634,7 +634,7 @@ START_TEST(runs_modify_nothing) {
   ck_assert(topos_tensor_bitwise_equal(m.xin, feed_copy));
   char *desc_after = topos_network_describe(m.net, TOPOS_FORMAT_TEXT, &err);
   ck_assert_str_eq(desc_after, desc_before);
-  r0 = topos_forward(m.net, NULL, NULL, 0, &err);
+  r0 = topos_forward(m.net, NULL, NULL, 0, NULL, &err);
   ck_assert(
       topos_tensor_bitwise_equal(topos_run_of(r0, m.loss, &err), default_loss));
   topos_run_free(r0);
@@ -659,7 +659,7 @@ START_TEST(run_holds_its_values) {
   fixture f = make_fixture();
   topos_error err = {0};
   topos_params *p = topos_network_parameters(f.net);
-  topos_run *run = topos_forward(f.net, p, NULL, 0, &err);
+  topos_run *run = topos_forward(f.net, p, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(run);
   topos_params_free(p);
   tt_assert_values(topos_run_of(run, f.w, &err), W0, 6);
@@ -690,9 +690,9 @@ START_TEST(pool_recycles_run_buffers) {
 
   /* warm-up */
   for (int i = 0; i < 2; i++) {
-    topos_run *run = topos_forward(net, p, NULL, 0, &err);
+    topos_run *run = topos_forward(net, p, NULL, 0, NULL, &err);
     ck_assert_ptr_nonnull(run);
-    topos_field *g = topos_backward(run, loss, &err);
+    topos_field *g = topos_backward(run, loss, NULL, &err);
     ck_assert_ptr_nonnull(g);
     topos_field_free(g);
     topos_run_free(run);
@@ -701,14 +701,14 @@ START_TEST(pool_recycles_run_buffers) {
   ck_assert_msg(idle1 >= 4 * 64 * 64 * sizeof(double),
                 "only %zu bytes idle after freeing runs", idle1);
 
-  topos_run *run = topos_forward(net, p, NULL, 0, &err);
+  topos_run *run = topos_forward(net, p, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(run);
   size_t idle_during = pool_idle_bytes();
   ck_assert_msg(
       idle_during < idle1,
       "a run took nothing from the pool (%zu idle before, %zu during)", idle1,
       idle_during);
-  topos_field *g = topos_backward(run, loss, &err);
+  topos_field *g = topos_backward(run, loss, NULL, &err);
   ck_assert_ptr_nonnull(g);
   topos_field_free(g);
   topos_run_free(run);
@@ -718,8 +718,8 @@ START_TEST(pool_recycles_run_buffers) {
 
   /* many more runs: still no growth */
   for (int i = 0; i < 10; i++) {
-    run = topos_forward(net, p, NULL, 0, &err);
-    g = topos_backward(run, loss, &err);
+    run = topos_forward(net, p, NULL, 0, NULL, &err);
+    g = topos_backward(run, loss, NULL, &err);
     topos_field_free(g);
     topos_run_free(run);
   }
@@ -751,7 +751,7 @@ static void *row_net(topos_dtype d, int64_t n, const double *x) {
   topos_error err = {0};
   topos_network *net = topos_tape_seal(t, &err);
   ck_assert_msg(net != NULL, "%s", err.message);
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   void *out = raw_of(topos_run_of(run, y, &err));
   topos_run_free(run);
@@ -802,7 +802,7 @@ START_TEST(forward_huge_value_fails_cleanly) {
     topos_error err = {0};
     topos_network *net = topos_tape_seal(t, &err);
     ck_assert_ptr_nonnull(net);
-    topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+    topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
     ck_assert_ptr_null(run);
     ck_assert_int_ne(err.code, TOPOS_OK);
     ck_assert_msg(strstr(err.message, "node") != NULL, "%s", err.message);

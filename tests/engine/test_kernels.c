@@ -51,7 +51,7 @@ static topos_tensor *eval(topos_tape *tp, topos_value y) {
   topos_error err = {0};
   topos_network *net = topos_tape_seal(tp, &err);
   ck_assert_msg(net != NULL, "seal: %s", err.message);
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "forward: %s", err.message);
   const topos_tensor *v = topos_run_of(run, y, &err);
   ck_assert_msg(v != NULL, "run_of: %s", err.message);
@@ -1138,7 +1138,7 @@ static void gather_bad_index(int bad, const char *text) {
   topos_tensor *feed_t = tt_tensor(TOPOS_I32, 1, S(2), D(0, bad));
   topos_feed feed = {in, feed_t};
   memset(&err, 0, sizeof err);
-  topos_run *run = topos_forward(net, NULL, &feed, 1, &err);
+  topos_run *run = topos_forward(net, NULL, &feed, 1, NULL, &err);
   ck_assert_ptr_null(run);
   ck_assert_int_eq(err.code, TOPOS_ERR_RANGE);
   ck_assert_msg(strstr(err.message, text) != NULL, "no '%s' in: %s", text,
@@ -1151,7 +1151,7 @@ static void gather_bad_index(int bad, const char *text) {
                 err.message);
   /* the network is still fine with a good feed */
   memset(&err, 0, sizeof err);
-  run = topos_forward(net, NULL, NULL, 0, &err);
+  run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   ck_assert(topos_run_scalar(run, s, &err) == 0 + 1 + 2 + 3 + 4 + 5);
   topos_run_free(run);
@@ -1706,7 +1706,7 @@ START_TEST(scatter_index_out_of_range) {
     ck_assert_ptr_nonnull(net);
     topos_tensor *ft = tt_tensor(TOPOS_I32, 1, S(2), D(bad[k], 0));
     topos_feed feed = {in, ft};
-    topos_run *run = topos_forward(net, NULL, &feed, 1, &err);
+    topos_run *run = topos_forward(net, NULL, &feed, 1, NULL, &err);
     ck_assert_ptr_null(run);
     ck_assert_int_eq(err.code, TOPOS_ERR_RANGE);
     char num[32], node[32];

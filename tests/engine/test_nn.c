@@ -56,7 +56,7 @@ static topos_network *seal(topos_tape *tape) {
 static double *forward_values(const topos_network *net, topos_value v,
                               int64_t *count) {
   topos_error err = {0};
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "forward: %s", err.message);
   const topos_tensor *t = topos_run_of(run, v, &err);
   ck_assert_msg(t != NULL, "run_of: %s", err.message);
@@ -348,13 +348,13 @@ START_TEST(test_silu_extremes_finite) {
   topos_value loss = topos_sum(tape, y);
   topos_network *net = seal(tape);
   topos_error err = {0};
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   double *v = tt_values(topos_run_of(run, y, &err));
   double want[4] = {0, 0, 700, 1000};
   expect_close(v, want, 4, 1e-15);
   free(v);
-  topos_field *g = topos_backward(run, loss, &err);
+  topos_field *g = topos_backward(run, loss, NULL, &err);
   ck_assert_msg(g != NULL, "%s", err.message);
   double *gv = tt_values(topos_field_of(g, x, &err));
   double wantg[4] = {0, 0, 1, 1};
@@ -425,7 +425,7 @@ START_TEST(test_embedding_bad) {
   topos_value e = topos_embedding(tape, t, index_constant(tape, 1, is, far));
   topos_network *net = seal(tape);
   topos_error err = {0};
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_null(run);
   ck_assert_int_eq(err.code, TOPOS_ERR_RANGE);
   (void)e;
@@ -877,10 +877,10 @@ START_TEST(test_max_pool2d_tie) {
   topos_value loss = topos_sum(tape, topos_max_pool2d(tape, x, 2, 2));
   topos_network *net = seal(tape);
   topos_error err = {0};
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   ck_assert(topos_run_scalar(run, loss, &err) == 3.0);
-  topos_field *g = topos_backward(run, loss, &err);
+  topos_field *g = topos_backward(run, loss, NULL, &err);
   ck_assert_msg(g != NULL, "%s", err.message);
   double *gv = tt_values(topos_field_of(g, x, &err));
   double want[4] = {0, 1, 0, 0};
@@ -1092,7 +1092,7 @@ START_TEST(test_cross_entropy_target_out_of_range) {
                                          index_constant(tape, 1, ts, cases[k]));
     topos_network *net = seal(tape);
     topos_error err = {0};
-    topos_run *run = topos_forward_for(net, NULL, NULL, 0, &ce, 1, &err);
+    topos_run *run = topos_forward_for(net, NULL, NULL, 0, &ce, 1, NULL, &err);
     ck_assert_msg(run == NULL, "case %d: no error", k);
     ck_assert_int_eq(err.code, TOPOS_ERR_RANGE);
     topos_network_release(net);
@@ -1154,7 +1154,7 @@ START_TEST(test_dropout) {
   topos_tensor *ft = tt_tensor(TOPOS_F64, 1, s, fed);
   topos_feed feed = {topos_network_input(net, 0), ft};
   topos_error err = {0};
-  topos_run *run = topos_forward(net, NULL, &feed, 1, &err);
+  topos_run *run = topos_forward(net, NULL, &feed, 1, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   double *v = tt_values(topos_run_of(run, y, &err));
   double wantf[5] = {0, -8, 0, 16, 0};

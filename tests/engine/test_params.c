@@ -489,9 +489,9 @@ static toy toy_new(void) {
 
 static topos_field *toy_grad(const toy *t) {
   topos_error err = {0};
-  topos_run *run = topos_forward(t->net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(t->net, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "forward: %s", err.message);
-  topos_field *g = topos_backward(run, t->loss, &err);
+  topos_field *g = topos_backward(run, t->loss, NULL, &err);
   ck_assert_msg(g != NULL, "backward: %s", err.message);
   topos_run_free(run);
   return g;
@@ -648,9 +648,9 @@ START_TEST(test_field_algebra_passes_index_nodes) {
   topos_tensor_release(idx0);
   topos_network *net = topos_tape_seal(tape, &err);
   ck_assert_msg(net != NULL, "%s", err.message);
-  topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+  topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
-  topos_field *g = topos_backward(run, loss, &err);
+  topos_field *g = topos_backward(run, loss, NULL, &err);
   ck_assert_msg(g != NULL, "%s", err.message);
   topos_run_free(run);
   const topos_tensor *gi = topos_field_of(g, idx, &err);

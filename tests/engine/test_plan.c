@@ -86,9 +86,9 @@ static void expect_plan_matches(const topos_network *net,
                                 const topos_feed *feeds, int nfeeds,
                                 const char *what) {
   topos_error err = {0};
-  topos_run *ref = topos_forward(net, params, feeds, nfeeds, &err);
+  topos_run *ref = topos_forward(net, params, feeds, nfeeds, NULL, &err);
   ck_assert_msg(ref != NULL, "%s: forward: %s", what, err.message);
-  topos_run *run = topos_plan_forward(plan, params, feeds, nfeeds, &err);
+  topos_run *run = topos_plan_forward(plan, params, feeds, nfeeds, NULL, &err);
   ck_assert_msg(run != NULL, "%s: plan forward: %s", what, err.message);
   for (int k = 0; k < plan->nroots; k++) {
     topos_value v = {net->id, plan->roots[k]};
@@ -262,7 +262,7 @@ START_TEST(dead_node_elimination) {
   for (int s = 1; s < plan->nschedule; s++)
     ck_assert_int_lt(plan->schedule[s - 1], plan->schedule[s]);
   topos_error err = {0};
-  topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, &err);
+  topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(run);
   for (int k = 0; k < 4; k++) {
     memset(&err, 0, sizeof err);
@@ -306,7 +306,7 @@ START_TEST(keep_set) {
   topos_error err = {0};
   for (int posture = 0; posture < 2; posture++) {
     topos_plan *plan = lower(net, &loss, 1, &a, 1, (topos_posture)posture);
-    topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, &err);
+    topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, NULL, &err);
     ck_assert_ptr_nonnull(run);
     /* roots and observes */
     ck_assert_ptr_nonnull(topos_run_of(run, loss, &err));
@@ -620,7 +620,7 @@ START_TEST(structural_conv) {
         }
         ck_assert(in_schedule(plan, g->head));
         topos_error err = {0};
-        topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, &err);
+        topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, NULL, &err);
         ck_assert_ptr_nonnull(run);
         for (int k = 0; k < g->nmembers; k++)
           ck_assert_ptr_null(run->vals[g->members[k]]);
@@ -745,12 +745,12 @@ START_TEST(training_fuses_off_the_loss) {
     ck_assert_int_ne(plan->groups[g].head, onpath.index);
   expect_plan_matches(net, plan, NULL, NULL, 0, "training with groups");
   topos_error err = {0};
-  topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, &err);
+  topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(run);
-  topos_field *pf = topos_plan_backward(plan, run, &err);
+  topos_field *pf = topos_plan_backward(plan, run, NULL, &err);
   ck_assert_msg(pf != NULL, "%s", err.message);
-  topos_run *ref = topos_forward(net, NULL, NULL, 0, &err);
-  topos_field *rf = topos_backward(ref, loss, &err);
+  topos_run *ref = topos_forward(net, NULL, NULL, 0, NULL, &err);
+  topos_field *rf = topos_backward(ref, loss, NULL, &err);
   ck_assert_ptr_nonnull(rf);
   for (int i = 0; i < net->n; i++) {
     topos_value v = {net->id, i};
@@ -831,7 +831,7 @@ static void conv_edge(topos_dtype dt, const topos_tensor *xt,
   ck_assert_int_eq(check_fused_and_blocked(net, &y, 1, NULL, 0, what), 1);
   if (want_neg_zero && tt_fma_rounds_once(dt)) {
     topos_error err = {0};
-    topos_run *run = topos_forward(net, NULL, NULL, 0, &err);
+    topos_run *run = topos_forward(net, NULL, NULL, 0, NULL, &err);
     ck_assert(has_negative_zero(topos_run_of(run, y, &err)));
     topos_run_free(run);
   }
@@ -983,11 +983,11 @@ START_TEST(liveness_peak_bytes) {
 
   /* the run frees what it said it would: no interior value survives */
   topos_error err = {0};
-  topos_run *run = topos_plan_forward(fwd, NULL, NULL, 0, &err);
+  topos_run *run = topos_plan_forward(fwd, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(run);
   for (int i = 0; i < N; i++) ck_assert_ptr_null(run->vals[mid[i].index]);
   topos_run_free(run);
-  run = topos_plan_forward(trn, NULL, NULL, 0, &err);
+  run = topos_plan_forward(trn, NULL, NULL, 0, NULL, &err);
   for (int i = 0; i < N; i++) ck_assert_ptr_nonnull(run->vals[mid[i].index]);
   topos_run_free(run);
   expect_plan_matches(net, fwd, NULL, NULL, 0, "tanh chain forward");
@@ -1107,17 +1107,17 @@ static void training_matches(model *m, const char *what) {
   for (int nr = 1; nr <= 2; nr++) {
     topos_plan *plan =
         lower(m->net, roots, nr, NULL, 0, TOPOS_POSTURE_TRAINING);
-    topos_run *run = topos_plan_forward(plan, NULL, m->feeds, m->nfeeds, &err);
+    topos_run *run = topos_plan_forward(plan, NULL, m->feeds, m->nfeeds, NULL, &err);
     ck_assert_msg(run != NULL, "%s: plan forward: %s", what, err.message);
-    topos_field *pf = topos_plan_backward(plan, run, &err);
+    topos_field *pf = topos_plan_backward(plan, run, NULL, &err);
     ck_assert_msg(pf != NULL, "%s: plan backward: %s", what, err.message);
-    topos_run *ref = topos_forward(m->net, NULL, m->feeds, m->nfeeds, &err);
+    topos_run *ref = topos_forward(m->net, NULL, m->feeds, m->nfeeds, NULL, &err);
     ck_assert_ptr_nonnull(ref);
-    topos_field *rf = topos_backward(ref, m->loss, &err);
+    topos_field *rf = topos_backward(ref, m->loss, NULL, &err);
     ck_assert_ptr_nonnull(rf);
     expect_same_fields(m->net, pf, rf, what);
     /* topos_backward on a training plan's run works and agrees */
-    topos_field *bf = topos_backward(run, m->loss, &err);
+    topos_field *bf = topos_backward(run, m->loss, NULL, &err);
     ck_assert_msg(bf != NULL, "%s: backward on plan run: %s", what,
                   err.message);
     expect_same_fields(m->net, bf, rf, what);
@@ -1155,41 +1155,41 @@ START_TEST(training_errors) {
   topos_plan *fwd = lower(m.net, &m.loss, 1, NULL, 0, TOPOS_POSTURE_FORWARD);
   topos_plan *trn = lower(m.net, &m.loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING);
   topos_plan *trn2 = lower(m.net, &m.loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING);
-  topos_run *rf = topos_plan_forward(fwd, NULL, m.feeds, 2, &err);
-  topos_run *rt = topos_plan_forward(trn, NULL, m.feeds, 2, &err);
-  topos_run *ri = topos_forward(m.net, NULL, m.feeds, 2, &err);
+  topos_run *rf = topos_plan_forward(fwd, NULL, m.feeds, 2, NULL, &err);
+  topos_run *rt = topos_plan_forward(trn, NULL, m.feeds, 2, NULL, &err);
+  topos_run *ri = topos_forward(m.net, NULL, m.feeds, 2, NULL, &err);
   ck_assert(rf && rt && ri);
 
   /* plan backward on a forward plan */
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_plan_backward(fwd, rf, &err));
+  ck_assert_ptr_null(topos_plan_backward(fwd, rf, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   ck_assert(err.message[0] != 0);
   /* on a run of another plan (same network), an interpreter run, NULLs */
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_plan_backward(trn2, rt, &err));
+  ck_assert_ptr_null(topos_plan_backward(trn2, rt, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_plan_backward(trn, rf, &err));
+  ck_assert_ptr_null(topos_plan_backward(trn, rf, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_plan_backward(trn, ri, &err));
+  ck_assert_ptr_null(topos_plan_backward(trn, ri, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_plan_backward(NULL, rt, &err));
+  ck_assert_ptr_null(topos_plan_backward(NULL, rt, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_plan_backward(trn, NULL, &err));
+  ck_assert_ptr_null(topos_plan_backward(trn, NULL, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
-  ck_assert_ptr_null(topos_plan_backward(trn, NULL, NULL));
+  ck_assert_ptr_null(topos_plan_backward(trn, NULL, NULL, NULL));
   /* the right pairing works */
-  topos_field *f = topos_plan_backward(trn, rt, &err);
+  topos_field *f = topos_plan_backward(trn, rt, NULL, &err);
   ck_assert_msg(f != NULL, "%s", err.message);
   topos_field_free(f);
 
   /* topos_backward on a forward plan's run */
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_backward(rf, m.loss, &err));
+  ck_assert_ptr_null(topos_backward(rf, m.loss, NULL, &err));
   ck_assert_int_eq(err.code, TOPOS_ERR_STATE);
   ck_assert(err.message[0] != 0);
   /* even where no adjoint reads anything the plan freed */
@@ -1199,10 +1199,10 @@ START_TEST(training_errors) {
     topos_value l = topos_sum(t, topos_neg(t, p));
     topos_network *net = seal(t);
     topos_plan *pl = lower(net, &l, 1, NULL, 0, TOPOS_POSTURE_FORWARD);
-    topos_run *run = topos_plan_forward(pl, NULL, NULL, 0, &err);
+    topos_run *run = topos_plan_forward(pl, NULL, NULL, 0, NULL, &err);
     ck_assert_ptr_nonnull(run);
     memset(&err, 0, sizeof err);
-    ck_assert_ptr_null(topos_backward(run, l, &err));
+    ck_assert_ptr_null(topos_backward(run, l, NULL, &err));
     ck_assert_int_eq(err.code, TOPOS_ERR_STATE);
     topos_run_free(run);
     topos_plan_free(pl);
@@ -1220,13 +1220,13 @@ START_TEST(training_errors) {
     topos_network *net = seal(t);
     topos_value r2[2] = {l1, l2};
     topos_plan *pl = lower(net, r2, 2, NULL, 0, TOPOS_POSTURE_TRAINING);
-    topos_run *run = topos_plan_forward(pl, NULL, NULL, 0, &err);
+    topos_run *run = topos_plan_forward(pl, NULL, NULL, 0, NULL, &err);
     ck_assert_ptr_nonnull(run);
     memset(&err, 0, sizeof err);
-    ck_assert_ptr_null(topos_backward(run, l2, &err));
+    ck_assert_ptr_null(topos_backward(run, l2, NULL, &err));
     ck_assert_int_ne(err.code, TOPOS_OK);
     ck_assert(err.message[0] != 0);
-    topos_field *ok1 = topos_backward(run, l1, &err);
+    topos_field *ok1 = topos_backward(run, l1, NULL, &err);
     ck_assert_msg(ok1 != NULL, "%s", err.message);
     topos_field_free(ok1);
     topos_run_free(run);
@@ -1339,17 +1339,17 @@ START_TEST(entry_validation) {
   topos_plan *plan = topos_network_lower(net, &good, &err);
   ck_assert_ptr_nonnull(plan);
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_plan_forward(NULL, NULL, NULL, 0, &err));
+  ck_assert_ptr_null(topos_plan_forward(NULL, NULL, NULL, 0, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_plan_forward(plan, NULL, NULL, -1, &err));
+  ck_assert_ptr_null(topos_plan_forward(plan, NULL, NULL, -1, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_plan_forward(plan, NULL, NULL, 1, &err));
+  ck_assert_ptr_null(topos_plan_forward(plan, NULL, NULL, 1, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   topos_params *wrong = topos_network_parameters(net2);
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_plan_forward(plan, wrong, NULL, 0, &err));
+  ck_assert_ptr_null(topos_plan_forward(plan, wrong, NULL, 0, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   topos_params_free(wrong);
   memset(&err, 0, sizeof err);
@@ -1359,7 +1359,7 @@ START_TEST(entry_validation) {
   topos_plan_free(NULL);
   /* the plan retains its network */
   topos_network_release(net);
-  topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, &err);
+  topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(run != NULL, "%s", err.message);
   ck_assert(!isnan(topos_run_scalar(run, loss, &err)));
   topos_run_free(run);
@@ -1382,7 +1382,7 @@ static void *work(void *arg) {
   for (int it = 0; it < 20; it++) {
     topos_error err = {0};
     topos_run *run =
-        topos_plan_forward(w->plan, NULL, w->m->feeds, w->m->nfeeds, &err);
+        topos_plan_forward(w->plan, NULL, w->m->feeds, w->m->nfeeds, NULL, &err);
     if (!run) {
       w->failures++;
       continue;
@@ -1403,7 +1403,7 @@ START_TEST(threads_share_a_plan) {
   topos_plan *plan = lower(m.net, roots, 3, NULL, 0, TOPOS_POSTURE_FORWARD);
   ck_assert_int_eq(topos_plan_group_count(plan), 4);
   topos_error err = {0};
-  topos_run *ref = topos_forward(m.net, NULL, m.feeds, m.nfeeds, &err);
+  topos_run *ref = topos_forward(m.net, NULL, m.feeds, m.nfeeds, NULL, &err);
   ck_assert_ptr_nonnull(ref);
   worker w[4];
   pthread_t th[4];
@@ -1436,8 +1436,8 @@ static void *train_work(void *arg) {
   for (int it = 0; it < 20; it++) {
     topos_error err = {0};
     topos_run *run =
-        topos_plan_forward(w->plan, NULL, w->m->feeds, w->m->nfeeds, &err);
-    topos_field *f = run ? topos_plan_backward(w->plan, run, &err) : NULL;
+        topos_plan_forward(w->plan, NULL, w->m->feeds, w->m->nfeeds, NULL, &err);
+    topos_field *f = run ? topos_plan_backward(w->plan, run, NULL, &err) : NULL;
     topos_params *g = f ? topos_parameters_of(f, &err) : NULL;
     if (!g)
       w->failures++;
@@ -1454,8 +1454,8 @@ START_TEST(threads_share_a_training_plan) {
   model m = mlp_model(TOPOS_F32);
   topos_plan *plan = lower(m.net, &m.loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING);
   topos_error err = {0};
-  topos_run *ref = topos_forward(m.net, NULL, m.feeds, m.nfeeds, &err);
-  topos_field *rf = topos_backward(ref, m.loss, &err);
+  topos_run *ref = topos_forward(m.net, NULL, m.feeds, m.nfeeds, NULL, &err);
+  topos_field *rf = topos_backward(ref, m.loss, NULL, &err);
   topos_params *want = topos_parameters_of(rf, &err);
   ck_assert_ptr_nonnull(want);
   trainer w[4];

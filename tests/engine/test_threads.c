@@ -30,7 +30,6 @@
 
 static void restore(void) {
   backend_set_offer_hook(NULL, NULL);
-  backend_chain_enable(true);
   backend_set_threads(0);
 }
 
@@ -107,9 +106,9 @@ static void spy_reset(spy *s, int want) {
 /* One training pass of `plan`: the run and the parameter gradients. */
 static void pass(const topos_plan *plan, topos_run **run, topos_params **g) {
   topos_error err = {0};
-  *run = topos_plan_forward(plan, NULL, NULL, 0, &err);
+  *run = topos_plan_forward(plan, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(*run != NULL, "forward: %s", err.message);
-  topos_field *f = topos_plan_backward(plan, *run, &err);
+  topos_field *f = topos_plan_backward(plan, *run, NULL, &err);
   ck_assert_msg(f != NULL, "backward: %s", err.message);
   *g = topos_parameters_of(f, &err);
   ck_assert_msg(*g != NULL, "gradients: %s", err.message);
@@ -127,9 +126,9 @@ START_TEST(bits_and_tasks) {
   big_net b = big();
   topos_value roots[3] = {b.loss, b.y, b.s};
   topos_error err = {0};
-  topos_run *ref = topos_forward(b.net, NULL, NULL, 0, &err);
+  topos_run *ref = topos_forward(b.net, NULL, NULL, 0, NULL, &err);
   ck_assert_msg(ref != NULL, "%s", err.message);
-  topos_field *rf = topos_backward(ref, b.loss, &err);
+  topos_field *rf = topos_backward(ref, b.loss, NULL, &err);
   ck_assert_ptr_nonnull(rf);
   topos_params *rg = topos_parameters_of(rf, &err);
   ck_assert_ptr_nonnull(rg);
@@ -145,10 +144,10 @@ START_TEST(bits_and_tasks) {
     int want = th ? th : 2;
     spy_reset(&sp, want);
     topos_error e2 = {0};
-    topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, &e2);
+    topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, NULL, &e2);
     ck_assert_msg(run != NULL, "%s", e2.message);
     int fwd = atomic_load(&sp.offers);
-    topos_field *f = topos_plan_backward(plan, run, &e2);
+    topos_field *f = topos_plan_backward(plan, run, NULL, &e2);
     ck_assert_ptr_nonnull(f);
     int bwd = atomic_load(&sp.offers) - fwd;
     /* matmul, tanh, exp, mul, three sums forward; more backward */
@@ -158,7 +157,6 @@ START_TEST(bits_and_tasks) {
                   "threads %d: %d of %d tasks did not get %d", th,
                   atomic_load(&sp.wrong), atomic_load(&sp.offers), want);
     /* restored after each run */
-    ck_assert_int_eq(backend_run_threads(), 0);
     ck_assert_int_eq(backend_threads(), 2);
     for (int k = 0; k < 3; k++) {
       const topos_tensor *a = topos_run_of(ref, roots[k], &err);
@@ -175,11 +173,10 @@ START_TEST(bits_and_tasks) {
     topos_params_free(g);
     /* The parameters-only backward is a plan entry point too. */
     int before = atomic_load(&sp.offers);
-    g = topos_plan_gradients(plan, run, &e2);
+    g = topos_plan_gradients(plan, run, NULL, &e2);
     ck_assert_msg(g != NULL, "%s", e2.message);
     ck_assert_int_gt(atomic_load(&sp.offers), before);
     ck_assert_int_eq(atomic_load(&sp.wrong), 0);
-    ck_assert_int_eq(backend_run_threads(), 0);
     ck_assert_msg(topos_params_bitwise_equal(g, rg),
                   "threads %d: plan gradients differ", th);
     topos_params_free(g);
@@ -232,7 +229,7 @@ START_TEST(default_and_override) {
     topos_run_free(run);
     /* the interpreter uses the default */
     spy_reset(&sp, def);
-    run = topos_forward(b.net, NULL, NULL, 0, &err);
+    run = topos_forward(b.net, NULL, NULL, 0, NULL, &err);
     ck_assert_ptr_nonnull(run);
     ck_assert_int_gt(atomic_load(&sp.offers), 0);
     ck_assert_int_eq(atomic_load(&sp.wrong), 0);
@@ -245,12 +242,14 @@ START_TEST(default_and_override) {
 }
 END_TEST
 
-/* A plan run started inside another's task (here from the hook) installs
- * its own count and gives the outer one back; a failed run restores. */
+/* A plan run started inside another's task (here from the hook) runs
+ * with its own count, and the outer run's later tasks keep theirs: each
+ * run carries its context, nothing is installed on the thread. */
 typedef struct nest {
   const topos_plan *inner;
   int depth, inner_wrong, inner_offers, outer_wrong, outer_offers;
-  int after_inner; /* backend_threads() right after the inner run */
+  int after_inner; /* backend_threads() right after the inner run: the
+                      process default, untouched */
   bool ran;
 } nest;
 
@@ -267,8 +266,8 @@ static void nest_hook(const topos_task *t, void *ctx) {
   n->ran = true;
   n->depth++;
   topos_error err = {0};
-  topos_run *run = topos_plan_forward(n->inner, NULL, NULL, 0, &err);
-  topos_field *f = run ? topos_plan_backward(n->inner, run, &err) : NULL;
+  topos_run *run = topos_plan_forward(n->inner, NULL, NULL, 0, NULL, &err);
+  topos_field *f = run ? topos_plan_backward(n->inner, run, NULL, &err) : NULL;
   topos_field_free(f);
   topos_run_free(run);
   n->depth--;
@@ -297,8 +296,7 @@ START_TEST(nested_and_failed_runs) {
   ck_assert_int_eq(n.inner_wrong, 0);
   ck_assert_int_gt(n.outer_offers, 1);
   ck_assert_int_eq(n.outer_wrong, 0);
-  ck_assert_int_eq(n.after_inner, 3);
-  ck_assert_int_eq(backend_run_threads(), 0);
+  ck_assert_int_eq(n.after_inner, 2);
   ck_assert_int_eq(backend_threads(), 2);
   topos_params_free(g);
   topos_run_free(run);
@@ -306,9 +304,8 @@ START_TEST(nested_and_failed_runs) {
   /* A run that fails (a feed of the wrong shape) restores too. */
   topos_tensor *bad = tt_random(TOPOS_F32, 1, S(3), 1, -1, 1);
   topos_feed f = {topos_network_input(b.net, 0), bad};
-  run = topos_plan_forward(outer, NULL, &f, 1, &err);
+  run = topos_plan_forward(outer, NULL, &f, 1, NULL, &err);
   ck_assert_ptr_null(run);
-  ck_assert_int_eq(backend_run_threads(), 0);
   ck_assert_int_eq(backend_threads(), 2);
   topos_tensor_release(bad);
   topos_plan_free(inner);
@@ -344,7 +341,6 @@ START_TEST(bad_counts) {
     snprintf(num, sizeof num, "%d", bad[i]);
     ck_assert_msg(strstr(e2.message, num) != NULL, "%s", e2.message);
     ck_assert_int_eq(backend_threads(), def);
-    ck_assert_int_eq(backend_run_threads(), 0);
   }
   /* The message, once in full. */
   topos_entry e = {.roots = &loss, .nroots = 1, .threads = 1025};

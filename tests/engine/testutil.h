@@ -113,9 +113,9 @@ static TT_UNUSED double tt_gradient_error(const topos_network *net,
   topos_error err = {0};
   topos_params *p = topos_network_parameters(net);
   ck_assert_ptr_nonnull(p);
-  topos_run *run = topos_forward(net, p, feeds, nfeeds, &err);
+  topos_run *run = topos_forward(net, p, feeds, nfeeds, NULL, &err);
   ck_assert_msg(run != NULL, "forward: %s", err.message);
-  topos_field *grad = topos_backward(run, loss, &err);
+  topos_field *grad = topos_backward(run, loss, NULL, &err);
   ck_assert_msg(grad != NULL, "backward: %s", err.message);
   topos_params *g = topos_parameters_of(grad, &err);
   ck_assert_ptr_nonnull(g);
@@ -138,7 +138,7 @@ static TT_UNUSED double tt_gradient_error(const topos_network *net,
         topos_params *q = topos_params_with(p, s, t, &err);
         topos_tensor_release(t);
         ck_assert_ptr_nonnull(q);
-        topos_run *r2 = topos_forward(net, q, feeds, nfeeds, &err);
+        topos_run *r2 = topos_forward(net, q, feeds, nfeeds, NULL, &err);
         ck_assert_msg(r2 != NULL, "forward: %s", err.message);
         f[side] = topos_run_scalar(r2, loss, &err);
         topos_run_free(r2);
@@ -171,5 +171,9 @@ static TT_UNUSED bool tt_fma_rounds_once(topos_dtype dt) {
   volatile double a = -1e-200, b = 1e-200, c = 0.0;
   return signbit(fma(a, b, c));
 }
+
+/* The reference context: no backend at all, the reference kernels only
+ * (what every faster path is compared with). */
+static const topos_exec TEST_REFERENCE = {.backend = "reference"};
 
 #endif /* TOPOS_TESTUTIL_H */

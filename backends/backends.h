@@ -27,6 +27,11 @@ int topos_cpu_force_isa(const char *isa);
 /* Tests: how many tasks the cpu backend has run in this process. */
 unsigned long long topos_cpu_tasks_run(void);
 
+/* `flip-test` (testflip.c): claims exact fidelity, computes every f32/f64
+ * GEMM exactly and flips the lowest bit of one output, so conformance can
+ * be seen to fail.  Test only: never registered by default. */
+const topos_backend *topos_flip_test_backend(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -322,12 +322,27 @@ static int blas_run(const topos_backend *self, const topos_task *task,
   return TOPOS_OK;
 }
 
+static void blas_device(const topos_backend *self, char *buf, size_t len) {
+  (void)self;
+  const char *core = openblas_get_corename();
+  snprintf(buf, len, "host CPU, OpenBLAS (%s kernels)", core ? core : "?");
+}
+
+static int blas_max_threads(const topos_backend *self) {
+  (void)self;
+  return MAX_THREADS;
+}
+
 static const topos_backend blas_backend = {
     .name = "blas",
     .fidelity = TOPOS_FIDELITY_ENVELOPE,
     .supports = blas_supports,
     .run = blas_run,
     .ctx = NULL,
+    .tasks = 1u << TOPOS_TASK_GEMM,
+    .dtypes = (1u << TOPOS_F32) | (1u << TOPOS_F64),
+    .device = blas_device,
+    .max_threads = blas_max_threads,
 };
 
 const topos_backend *topos_blas_backend(void) {

@@ -29,6 +29,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -926,22 +927,29 @@ static int cpu_run(const topos_backend *self, const topos_task *task,
   return rc;
 }
 
+static void cpu_device(const topos_backend *self, char *buf, size_t len) {
+  (void)self;
+  snprintf(buf, len, "host CPU, %s microkernels", topos_cpu_isa());
+}
+
+static int cpu_max_threads(const topos_backend *self) {
+  (void)self;
+  return POOL_MAX + 1; /* the pool's workers and the calling thread */
+}
+
 static const topos_backend cpu_backend = {
     .name = "cpu",
     .fidelity = TOPOS_FIDELITY_EXACT,
     .supports = cpu_supports,
     .run = cpu_run,
     .ctx = NULL,
+    .tasks = (1u << TOPOS_TASK_GEMM) | (1u << TOPOS_TASK_WINDOW) |
+             (1u << TOPOS_TASK_REDUCE) | (1u << TOPOS_TASK_MAP),
+    .dtypes = (1u << TOPOS_F32) | (1u << TOPOS_F64) | (1u << TOPOS_BF16),
+    .device = cpu_device,
+    .max_threads = cpu_max_threads,
 };
 
 const topos_backend *topos_cpu_backend(void) {
   return &cpu_backend;
-}
-
-/* The blas backend (blas.c) when it is built into this library. */
-extern const topos_backend *topos_blas_backend(void) __attribute__((weak));
-
-void topos_backends_register_defaults(void) {
-  topos_backend_register(&cpu_backend);
-  if (topos_blas_backend) topos_backend_register(topos_blas_backend());
 }

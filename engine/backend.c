@@ -176,9 +176,12 @@ int exec_resolve(const topos_exec *ctx, exec_env *env, topos_error *err) {
     /* auto: under fast the envelope backends first (they exist to be
      * faster), then the exact ones; under exact the exact ones. */
     for (int i = 0; fast && i < n; i++)
-      if (chain[i]->fidelity == TOPOS_FIDELITY_ENVELOPE) chain_add(env, i);
+      if (chain[i]->fidelity == TOPOS_FIDELITY_ENVELOPE &&
+          !chain[i]->named_only)
+        chain_add(env, i);
     for (int i = 0; i < n; i++)
-      if (chain[i]->fidelity == TOPOS_FIDELITY_EXACT) chain_add(env, i);
+      if (chain[i]->fidelity == TOPOS_FIDELITY_EXACT && !chain[i]->named_only)
+        chain_add(env, i);
     return 0;
   }
   if (strcmp(name, "reference") == 0) return 0;
@@ -200,7 +203,8 @@ int exec_resolve(const topos_exec *ctx, exec_env *env, topos_error *err) {
    * backends, never to a looser fidelity than asked. */
   chain_add(env, chosen);
   for (int i = 0; i < n; i++)
-    if (i != chosen && chain[i]->fidelity == TOPOS_FIDELITY_EXACT)
+    if (i != chosen && chain[i]->fidelity == TOPOS_FIDELITY_EXACT &&
+        !chain[i]->named_only)
       chain_add(env, i);
   return 0;
 }
@@ -287,8 +291,7 @@ int topos_backends_list(topos_backend_info *out, int max) {
     }
     const topos_backend *be = chain[i - 1];
     b->name = be->name;
-    b->fidelity =
-        be->fidelity == TOPOS_FIDELITY_EXACT ? "exact" : "envelope";
+    b->fidelity = be->fidelity == TOPOS_FIDELITY_EXACT ? "exact" : "envelope";
     b->tasks = be->tasks;
     b->dtypes = be->dtypes;
     if (be->device) be->device(be, b->device, sizeof b->device);

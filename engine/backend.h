@@ -147,6 +147,10 @@ struct topos_backend {
   unsigned dtypes;
   void (*device)(const topos_backend *self, char *buf, size_t len);
   int (*max_threads)(const topos_backend *self);
+  /* Offered tasks only by a context that names it: never part of the
+   * `auto` chain or of another backend's fallback (test and experimental
+   * backends). */
+  bool named_only;
 };
 
 /* Appends a backend to the registry (the struct must outlive the

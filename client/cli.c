@@ -11,10 +11,12 @@
  *   describe ID          [--format text|json|dot]
  *   lower ID             [ENTRY]  the plan: schedule, liveness, groups, peak
  *   emit ID              [ENTRY] [--generic]  the plan as StableHLO
- *   conformance ID       [ENTRY] [--allow-envelope]  every backend against
- *                        the interpreter; exit status 1 on any mismatch
+ *   conformance ID       [ENTRY] [--backend NAME,...] [--allow-envelope]
+ *                        candidates against the reference interpreter;
+ *                        exit 0 all hold, 1 one does not, 2 usage/connection
  *   health               exit status 1 unless the daemon is serving
  *   stats
+ *   backends [--local]   the daemon's (or this binary's) backend registry
  *
  *   ENTRY: --roots V,V,... [--observes V,...] [--training] [--fast]
  *          [--backend NAME] [--threads N].  A value V is a node index
@@ -36,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends.h"
 #include "topos.h"
 #include "topos_client.h"
 #include "wire.h"
@@ -49,6 +52,7 @@ typedef struct options {
   const char *format;
   const char *roots, *observes, *backend;
   bool training, fast, generic, allow_envelope, summary, help, format_given;
+  bool local;
 } options;
 
 static const char *const usage_text =
@@ -60,10 +64,11 @@ static const char *const usage_text =
     "  describe ID [--format text|json|dot]\n"
     "  lower ID [ENTRY]            the compiled plan\n"
     "  emit ID [ENTRY] [--generic] the plan as StableHLO\n"
-    "  conformance ID [ENTRY] [--allow-envelope]\n"
-    "                              exit 1 on any backend mismatch\n"
+    "  conformance ID [ENTRY] [--backend NAME,...] [--allow-envelope]\n"
+    "                              exit 1 when a row does not hold\n"
     "  health                      exit 1 unless serving\n"
     "  stats\n"
+    "  backends [--local]          the backend registry\n"
     "\n"
     "ENTRY: --roots V,... [--observes V,...] [--training] [--fast]\n"
     "       [--backend NAME] [--threads N]; V is a node index or name; the\n"
@@ -100,19 +105,29 @@ static const struct {
     {"conformance",
      "usage: topos conformance ID [--roots V,...] [--observes V,...]\n"
      "                        [--training] [--fast] [--threads N]\n"
-     "                        [--allow-envelope]\n"
-     "Runs the entry on every backend of the daemon's host and compares it\n"
-     "with the reference interpreter.  Prints one line per backend; the\n"
-     "exit status is 1 when any backend is not bit-identical (with\n"
-     "--allow-envelope, backends of \"envelope\" fidelity may differ).\n"
-     "--threads N (0..1024) runs the plans with that many threads.\n"},
+     "                        [--backend NAME[,NAME...]] [--allow-envelope]\n"
+     "Runs the entry's plan under each candidate backend and compares every\n"
+     "root, observe and (--training) parameter gradient with the reference\n"
+     "interpreter: bit for bit under exact numerics, within numerics.md's\n"
+     "envelope under fast (an envelope backend such as blas always runs\n"
+     "fast).  Without --backend: the reference backend and every exact\n"
+     "backend; --allow-envelope adds the envelope ones.  One line per\n"
+     "candidate, one per differing output.  Exit status 0 when every row\n"
+     "holds, 1 when one does not, 2 on a usage or connection error.\n"},
     {"health",
      "usage: topos health\n"
      "Prints the daemon's status and version; exit status 1 unless it is\n"
      "serving.\n"},
     {"stats",
      "usage: topos stats\n"
-     "Prints the daemon's workers, queue, cache and store counters.\n"},
+     "Prints the daemon's workers, queue, cache and store counters, and the\n"
+     "tasks each backend has run.\n"},
+    {"backends",
+     "usage: topos backends [--local]\n"
+     "Lists the daemon's backends (the reference first): fidelity, threads,\n"
+     "tasks run, device or ISA, dtypes and the ops their tasks cover.\n"
+     "--local lists this program's own registry instead (the backends\n"
+     "toposd registers by default), without a daemon.\n"},
 };
 #define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
 
@@ -187,6 +202,8 @@ static int parse(int argc, char **argv, options *o) {
       o->allow_envelope = true;
     } else if (strcmp(a, "--summary") == 0) {
       o->summary = true;
+    } else if (strcmp(a, "--local") == 0) {
+      o->local = true;
     } else if (a[0] == '-' && a[1] != '\0') {
       return usage_error("unknown option %s", a);
     } else if (!o->command) {
@@ -328,7 +345,8 @@ static int build_entry(topos_client *c, const options *o,
   e->numerics =
       o->fast ? TOPOS__V1__NUMERICS__FAST : TOPOS__V1__NUMERICS__EXACT;
   e->threads = o->threads > 0 ? (uint32_t)o->threads : 0;
-  if (rc < 0 && o->backend) {
+  /* conformance reads --backend as its candidates, not the entry's. */
+  if (rc < 0 && o->backend && strcmp(o->command, "conformance") != 0) {
     e->backend = strdup(o->backend);
     if (!e->backend) rc = usage_error("out of memory");
   }
@@ -493,42 +511,168 @@ static int cmd_emit(topos_client *c, const options *o) {
   return 0;
 }
 
+/* Adds one ExecOptions candidate to req. */
+static bool add_candidate(Topos__V1__ConformanceRequest *req, const char *name,
+                          bool fast, int threads) {
+  Topos__V1__ExecOptions *x = malloc(sizeof *x);
+  Topos__V1__ExecOptions **grown =
+      realloc(req->candidates, sizeof *grown * (req->n_candidates + 1));
+  char *copy = strdup(name);
+  if (grown) req->candidates = grown;
+  if (!x || !grown || !copy) {
+    free(x);
+    free(copy);
+    return false;
+  }
+  topos__v1__exec_options__init(x);
+  x->backend = copy;
+  x->numerics = fast ? TOPOS__V1__NUMERICS__FAST : TOPOS__V1__NUMERICS__EXACT;
+  x->threads = threads > 0 ? (uint32_t)threads : 0;
+  req->candidates[req->n_candidates++] = x;
+  return true;
+}
+
+/* Candidates from --backend NAME[,NAME...] (an envelope backend runs fast:
+ * that is the only numerics it may run) and --allow-envelope (every
+ * envelope backend, fast).  Fidelity comes from the daemon's registry.
+ * Returns -1, or an exit status. */
+static int conformance_candidates(topos_client *c, const options *o,
+                                  Topos__V1__ConformanceRequest *req) {
+  if (!o->backend && !o->allow_envelope) return -1; /* the daemon's set */
+  topos_error err = {0};
+  topos_backend_info *info = NULL;
+  int n = 0;
+  if (topos_client_backends(c, &info, &n, &err) != TOPOS_OK) {
+    call_error("conformance (listing backends)", &err);
+    return 2;
+  }
+  int rc = -1;
+  if (o->backend) {
+    char *list = strdup(o->backend);
+    for (char *save = NULL, *tok = list ? strtok_r(list, ",", &save) : NULL;
+         tok && rc < 0; tok = strtok_r(NULL, ",", &save)) {
+      bool envelope = false;
+      for (int i = 0; i < n; i++)
+        if (strcmp(info[i].name, tok) == 0)
+          envelope = strcmp(info[i].fidelity, "envelope") == 0;
+      /* An unknown name goes as it is: the daemon's error lists the
+       * known ones. */
+      if (!add_candidate(req, tok, o->fast || envelope, o->threads))
+        rc = usage_error("out of memory");
+    }
+    if (!list) rc = usage_error("out of memory");
+    free(list);
+  } else {
+    for (int i = 0; i < n && rc < 0; i++) {
+      bool envelope = strcmp(info[i].fidelity, "envelope") == 0;
+      if ((i == 0 || strcmp(info[i].fidelity, "exact") == 0 || envelope) &&
+          !add_candidate(req, info[i].name, envelope || o->fast, o->threads))
+        rc = usage_error("out of memory");
+    }
+  }
+  topos_free(info);
+  return rc;
+}
+
+/* One line per candidate, and one per output of a row that is not
+ * bit-identical (how far it is).  Exit status 0 when every row holds, 1
+ * when one does not, 2 when the call itself fails. */
 static int cmd_conformance(topos_client *c, const options *o) {
   topos_error err = {0};
   Topos__V1__ConformanceRequest req = TOPOS__V1__CONFORMANCE_REQUEST__INIT;
   int rc = build_entry(c, o, &req.entry, &err);
-  if (rc >= 0) return rc;
+  if (rc >= 0) return rc == 1 ? 2 : rc;
+  rc = conformance_candidates(c, o, &req);
+  if (rc >= 0) {
+    wire_message_clear(&req.base);
+    return rc;
+  }
   req.id = heap_id(o->id);
   ProtobufCMessage *r = NULL;
   int st = call(c, o, "Conformance", &req.base,
                 &topos__v1__conformance_reply__descriptor, &r, &err);
   wire_message_clear(&req.base);
-  if (st != TOPOS_OK) return call_error("conformance", &err);
+  if (st != TOPOS_OK) {
+    call_error("conformance", &err);
+    return 2;
+  }
   Topos__V1__ConformanceReply *reply = (Topos__V1__ConformanceReply *)r;
-  int mismatches = 0;
+  int red = 0;
+  printf("%-12s %-8s %-8s %-6s %-10s %-10s %-10s %s\n", "backend",
+         "numerics", "fidelity", "holds", "max_ulp", "max_rel", "rel_l2",
+         "ran");
   for (size_t i = 0; i < reply->n_results; i++) {
     const Topos__V1__BackendResult *b = reply->results[i];
-    bool envelope = b->fidelity && strcmp(b->fidelity, "envelope") == 0;
-    bool ok = b->bit_identical || (envelope && o->allow_envelope);
-    if (!ok) mismatches++;
-    if (b->bit_identical)
-      printf("%-16s %-8s bit-identical", b->backend, b->fidelity);
-    else
-      printf("%-16s %-8s MISMATCH max_ulp %g max_relative %g", b->backend,
-             b->fidelity, b->max_ulp, b->max_relative);
-    if (b->note && b->note[0]) printf("  (%s)", b->note);
-    if (!b->bit_identical && ok) printf("  [within envelope]");
-    putchar('\n');
+    if (!b->holds) red++;
+    char ran[160] = "";
+    size_t at = 0;
+    for (size_t k = 0; k < b->n_ran && at < sizeof ran; k++)
+      at += (size_t)snprintf(ran + at, sizeof ran - at, "%s%s", k ? "," : "",
+                             b->ran[k]);
+    printf("%-12s %-8s %-8s %-6s %-10.3g %-10.3g %-10.3g %s\n", b->backend,
+           b->numerics == TOPOS__V1__NUMERICS__FAST ? "fast" : "exact",
+           b->fidelity, b->holds ? (b->bit_identical ? "bits" : "yes") : "NO",
+           b->max_ulp, b->max_relative, b->rel_l2, ran[0] ? ran : "-");
+    for (size_t k = 0; k < b->n_outputs && !b->bit_identical; k++) {
+      const Topos__V1__OutputResult *out = b->outputs[k];
+      printf("    %-28s %-6s max_ulp %-10.3g max_rel %-10.3g rel_l2 %-10.3g",
+             out->what, out->holds ? "ok" : "NO", out->max_ulp,
+             out->max_relative, out->rel_l2);
+      if (out->envelope > 0) printf(" (envelope %g)", out->envelope);
+      putchar('\n');
+    }
+    if (b->note && b->note[0]) printf("    %s\n", b->note);
   }
   if (reply->n_results == 0) {
     fprintf(stderr, "topos: conformance: the daemon reported no backend\n");
-    mismatches++;
+    red++;
   }
   wire_message_free(r);
-  if (mismatches)
-    fprintf(stderr, "topos: conformance: %d mismatch%s\n", mismatches,
-            mismatches == 1 ? "" : "es");
-  return mismatches ? 1 : 0;
+  if (red)
+    fprintf(stderr, "topos: conformance: %d row%s do%s not hold\n", red,
+            red == 1 ? "" : "s", red == 1 ? "es" : "");
+  return red ? 1 : 0;
+}
+
+/* The registry, remote (the daemon's) or in-process (--local: this
+ * binary's, the backends toposd registers by default). */
+static int print_backends(const topos_backend_info *info, int n) {
+  printf("%-10s %-8s %-7s %-10s %s\n", "backend", "fidelity", "threads",
+         "tasks_run", "device");
+  for (int i = 0; i < n; i++) {
+    const topos_backend_info *b = &info[i];
+    printf("%-10s %-8s %-7d %-10llu %s\n", b->name, b->fidelity, b->threads,
+           (unsigned long long)b->tasks_run, b->device);
+    printf("    dtypes:");
+    for (int d = 0; d < 4; d++)
+      if (b->dtypes & (1u << d)) printf(" %s", topos_dtype_name((topos_dtype)d));
+    putchar('\n');
+    if (i == 0) {
+      printf("    ops: every op (what no backend takes)\n");
+      continue;
+    }
+    for (int k = 0; k < 4; k++)
+      if (b->tasks & (1u << k)) printf("    ops: %s\n", topos_task_ops(k));
+  }
+  return 0;
+}
+
+static int cmd_backends(topos_client *c, const options *o) {
+  topos_error err = {0};
+  topos_backend_info *info = NULL;
+  int n = 0;
+  if (topos_client_backends(c, &info, &n, &err) != TOPOS_OK)
+    return call_error("backends", &err);
+  print_backends(info, n);
+  topos_free(info);
+  return 0;
+}
+
+static int cmd_backends_local(void) {
+  topos_backends_register_defaults();
+  topos_backend_info info[TOPOS_BACKENDS_MAX];
+  int n = topos_backends_list(info, TOPOS_BACKENDS_MAX);
+  return print_backends(info, n < TOPOS_BACKENDS_MAX ? n : TOPOS_BACKENDS_MAX);
 }
 
 static int cmd_health(topos_client *c, const options *o) {
@@ -554,6 +698,9 @@ static int cmd_stats(topos_client *c, const options *o) {
       (long long)s.errors, (long long)s.cache_entries, (long long)s.cache_hits,
       (long long)s.cache_misses, (long long)s.specs, (long long)s.spec_bytes,
       (long long)s.blobs, (long long)s.blob_bytes);
+  for (int i = 0; i < s.nbackends; i++)
+    printf("backend_tasks %s %lld\n", s.backend_names[i],
+           (long long)s.backend_tasks[i]);
   return 0;
 }
 
@@ -588,6 +735,7 @@ int main(int argc, char **argv) {
                       : o.generic && k != 3               ? "--generic"
                       : o.allow_envelope && k != 4        ? "--allow-envelope"
                       : o.summary && k != 0               ? "--summary"
+                      : o.local && k != 7                 ? "--local"
                                                           : NULL;
   if (stray) return usage_error("%s does not apply to %s", stray, o.command);
   bool takes_id = k <= 4;
@@ -601,9 +749,13 @@ int main(int argc, char **argv) {
     return usage_error("%s: \"%s\" is not an id (64 lowercase hex digits)",
                        o.command, o.id);
 
+  if (k == 7 && o.local) return cmd_backends_local();
   topos_error err = {0};
   topos_client *c = topos_client_connect(o.server, &err);
-  if (!c) return call_error("connect", &err);
+  if (!c) {
+    call_error("connect", &err);
+    return 2;
+  }
   if (o.deadline > 0) topos_client_set_deadline(c, o.deadline);
   switch (k) {
     case 0:
@@ -624,8 +776,11 @@ int main(int argc, char **argv) {
     case 5:
       rc = cmd_health(c, &o);
       break;
-    default:
+    case 6:
       rc = cmd_stats(c, &o);
+      break;
+    default:
+      rc = cmd_backends(c, &o);
       break;
   }
   topos_client_close(c);

@@ -44,12 +44,14 @@ enum method {
   M_STAT_BLOB,
   M_HEALTH,
   M_STATS,
+  M_BACKENDS,
   M_COUNT
 };
 
 static const char *const method_names[M_COUNT] = {
     "Record", "Describe",    "Lower",   "Emit",     "Forward", "Backward",
     "Step",   "Conformance", "PutBlob", "StatBlob", "Health",  "Stats",
+    "Backends",
 };
 
 struct topos_client {
@@ -527,6 +529,46 @@ static double args_deadline(const topos_client_args *a) {
   return a ? a->deadline_s : 0;
 }
 
+/* ExecOptions of one context (heap, freed by clearing the request). */
+static Topos__V1__ExecOptions *exec_new(const topos_exec *x, topos_error *err) {
+  if (x->threads < 0) {
+    fail(err, TOPOS_ERR_ARGUMENT, "exec: threads %d is negative", x->threads);
+    return NULL;
+  }
+  Topos__V1__ExecOptions *o = malloc(sizeof *o);
+  char *name = dup_string(x->backend ? x->backend : "");
+  if (!o || !name) {
+    free(o);
+    free(name);
+    fail(err, TOPOS_ERR_MEMORY, "out of memory");
+    return NULL;
+  }
+  topos__v1__exec_options__init(o);
+  o->numerics = x->numerics == TOPOS_NUMERICS_FAST ? TOPOS__V1__NUMERICS__FAST
+                                                    : TOPOS__V1__NUMERICS__EXACT;
+  o->threads = (uint32_t)x->threads;
+  o->backend = name;
+  return o;
+}
+
+/* The request's ExecOptions from args->exec (NULL stays absent). */
+static int put_exec(const topos_client_args *a, Topos__V1__ExecOptions **out,
+                    topos_error *err) {
+  if (!a || !a->exec) return TOPOS_OK;
+  *out = exec_new(a->exec, err);
+  return *out ? TOPOS_OK : err_code(err, TOPOS_ERR_MEMORY);
+}
+
+/* Writes a reply's `backends` into args->ran. */
+static void take_ran(const topos_client_args *a, char **names, size_t n) {
+  if (!a || !a->ran || a->ran_len == 0) return;
+  size_t at = 0;
+  a->ran[0] = '\0';
+  for (size_t i = 0; i < n && at < a->ran_len; i++)
+    at += (size_t)snprintf(a->ran + at, a->ran_len - at, "%s%s", i ? "," : "",
+                           names[i] ? names[i] : "");
+}
+
 /* ------------------------------------------------------------ specs */
 
 int topos_client_record(topos_client *c, const topos_network *net, char id[65],
@@ -646,6 +688,7 @@ int topos_client_forward_with(topos_client *c, const char *id,
   if (rc == TOPOS_OK)
     rc = put_inputs(args, &req.parameters, &req.n_parameters, &req.feeds,
                     &req.n_feeds, err);
+  if (rc == TOPOS_OK) rc = put_exec(args, &req.exec, err);
   ProtobufCMessage *r = NULL;
   if (rc == TOPOS_OK)
     rc = unary(c, M_FORWARD, &req.base, &topos__v1__forward_reply__descriptor,
@@ -653,6 +696,7 @@ int topos_client_forward_with(topos_client *c, const char *id,
   wire_message_clear(&req.base);
   if (rc != TOPOS_OK) return rc;
   Topos__V1__ForwardReply *reply = (Topos__V1__ForwardReply *)r;
+  take_ran(args, reply->backends, reply->n_backends);
   if (reply->n_roots != (size_t)entry->nroots ||
       reply->n_observes != (size_t)entry->nobserves) {
     rc = fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
@@ -704,6 +748,7 @@ int topos_client_backward_with(topos_client *c, const char *id,
   if (rc == TOPOS_OK)
     rc = put_inputs(args, &req.parameters, &req.n_parameters, &req.feeds,
                     &req.n_feeds, err);
+  if (rc == TOPOS_OK) rc = put_exec(args, &req.exec, err);
   ProtobufCMessage *r = NULL;
   if (rc == TOPOS_OK)
     rc = unary(c, M_BACKWARD, &req.base, &topos__v1__backward_reply__descriptor,
@@ -711,6 +756,7 @@ int topos_client_backward_with(topos_client *c, const char *id,
   wire_message_clear(&req.base);
   if (rc != TOPOS_OK) return rc;
   Topos__V1__BackwardReply *reply = (Topos__V1__BackwardReply *)r;
+  take_ran(args, reply->backends, reply->n_backends);
   if (loss_out) *loss_out = reply->loss;
   if (grads)
     rc = wire_params_from_proto(reply->gradients, reply->n_gradients, NULL,
@@ -762,6 +808,7 @@ int topos_client_step_with(topos_client *c, const char *id, topos_value loss,
     req.state = wire_state_new(state, err);
     if (!req.state) rc = err_code(err, TOPOS_ERR_MEMORY);
   }
+  if (rc == TOPOS_OK) rc = put_exec(args, &req.exec, err);
   ProtobufCMessage *r = NULL;
   if (rc == TOPOS_OK)
     rc = unary(c, M_STEP, &req.base, &topos__v1__step_reply__descriptor, &r,
@@ -769,6 +816,7 @@ int topos_client_step_with(topos_client *c, const char *id, topos_value loss,
   wire_message_clear(&req.base);
   if (rc != TOPOS_OK) return rc;
   Topos__V1__StepReply *reply = (Topos__V1__StepReply *)r;
+  take_ran(args, reply->backends, reply->n_backends);
   if (loss_out) *loss_out = reply->loss;
   topos_params *p = NULL;
   topos_opt_state *s = NULL;
@@ -804,15 +852,50 @@ int topos_client_step(topos_client *c, const char *id, topos_value loss,
                                 state_out, loss_out, err);
 }
 
+/* Fills a row from the reply's BackendResult (strings copied). */
+static int row_from_proto(const Topos__V1__BackendResult *b,
+                          topos_conformance_row *row) {
+  snprintf(row->backend, sizeof row->backend, "%s",
+           b->backend ? b->backend : "");
+  row->numerics = b->numerics == TOPOS__V1__NUMERICS__FAST
+                      ? TOPOS_NUMERICS_FAST
+                      : TOPOS_NUMERICS_EXACT;
+  row->fidelity =
+      b->fidelity && strcmp(b->fidelity, "envelope") == 0 ? "envelope"
+                                                          : "exact";
+  row->holds = b->holds;
+  row->bit_identical = b->bit_identical;
+  row->max_ulp = b->max_ulp;
+  row->max_relative = b->max_relative;
+  row->rel_l2 = b->rel_l2;
+  size_t at = 0;
+  for (size_t i = 0; i < b->n_ran && at < sizeof row->ran; i++)
+    at += (size_t)snprintf(row->ran + at, sizeof row->ran - at, "%s%s",
+                           i ? "," : "", b->ran[i] ? b->ran[i] : "");
+  snprintf(row->note, sizeof row->note, "%s", b->note ? b->note : "");
+  row->outputs = calloc(b->n_outputs + 1, sizeof *row->outputs);
+  if (!row->outputs) return TOPOS_ERR_MEMORY;
+  row->noutputs = (int)b->n_outputs;
+  for (size_t i = 0; i < b->n_outputs; i++) {
+    const Topos__V1__OutputResult *o = b->outputs[i];
+    topos_conformance_output *d = &row->outputs[i];
+    snprintf(d->what, sizeof d->what, "%s", o->what ? o->what : "");
+    d->holds = o->holds;
+    d->bit_identical = o->bit_identical;
+    d->max_ulp = o->max_ulp;
+    d->max_relative = o->max_relative;
+    d->rel_l2 = o->rel_l2;
+    d->envelope = o->envelope;
+  }
+  return TOPOS_OK;
+}
+
 int topos_client_conformance(topos_client *c, const char *id,
                              const topos_entry *entry,
                              const topos_client_args *args,
-                             topos_conformance_result **results, int *count,
-                             topos_error *err) {
-  if (!results || !count)
-    return fail(err, TOPOS_ERR_ARGUMENT, "conformance: results is NULL");
-  *results = NULL;
-  *count = 0;
+                             topos_conformance **out, topos_error *err) {
+  if (!out) return fail(err, TOPOS_ERR_ARGUMENT, "conformance: out is NULL");
+  *out = NULL;
   if (!entry)
     return fail(err, TOPOS_ERR_ARGUMENT, "conformance: entry is NULL");
   Topos__V1__ConformanceRequest req = TOPOS__V1__CONFORMANCE_REQUEST__INIT;
@@ -824,6 +907,16 @@ int topos_client_conformance(topos_client *c, const char *id,
   if (rc == TOPOS_OK)
     rc = put_inputs(args, &req.parameters, &req.n_parameters, &req.feeds,
                     &req.n_feeds, err);
+  int ncand = args && args->exec ? (args->nexec > 0 ? args->nexec : 1) : 0;
+  if (rc == TOPOS_OK && ncand > 0) {
+    req.candidates = calloc((size_t)ncand, sizeof *req.candidates);
+    if (!req.candidates) rc = fail(err, TOPOS_ERR_MEMORY, "out of memory");
+    for (int i = 0; rc == TOPOS_OK && i < ncand; i++) {
+      req.candidates[i] = exec_new(&args->exec[i], err);
+      if (!req.candidates[i]) rc = err_code(err, TOPOS_ERR_MEMORY);
+      else req.n_candidates++;
+    }
+  }
   ProtobufCMessage *r = NULL;
   if (rc == TOPOS_OK)
     rc = unary(c, M_CONFORMANCE, &req.base,
@@ -833,23 +926,64 @@ int topos_client_conformance(topos_client *c, const char *id,
   if (rc != TOPOS_OK) return rc;
   Topos__V1__ConformanceReply *reply = (Topos__V1__ConformanceReply *)r;
   size_t n = reply->n_results;
-  topos_conformance_result *v = calloc(n ? n : 1, sizeof *v);
-  if (!v) {
+  topos_conformance *v = calloc(1, sizeof *v);
+  if (v) v->rows = calloc(n + 1, sizeof *v->rows);
+  if (!v || !v->rows) {
+    free(v);
     wire_message_free(r);
     return fail(err, TOPOS_ERR_MEMORY, "conformance: out of memory");
   }
+  snprintf(v->reference_ran, sizeof v->reference_ran, "reference");
+  v->nrows = (int)n;
+  for (size_t i = 0; i < n && rc == TOPOS_OK; i++)
+    if (row_from_proto(reply->results[i], &v->rows[i]) != TOPOS_OK)
+      rc = fail(err, TOPOS_ERR_MEMORY, "conformance: out of memory");
+  wire_message_free(r);
+  if (rc != TOPOS_OK) {
+    topos_conformance_free(v);
+    return rc;
+  }
+  *out = v;
+  return TOPOS_OK;
+}
+
+int topos_client_backends(topos_client *c, topos_backend_info **out,
+                          int *count, topos_error *err) {
+  if (!out || !count)
+    return fail(err, TOPOS_ERR_ARGUMENT, "backends: out is NULL");
+  *out = NULL;
+  *count = 0;
+  Topos__V1__BackendsRequest req = TOPOS__V1__BACKENDS_REQUEST__INIT;
+  ProtobufCMessage *r = NULL;
+  int rc = unary(c, M_BACKENDS, &req.base,
+                 &topos__v1__backends_reply__descriptor, &r, 0, err);
+  if (rc != TOPOS_OK) return rc;
+  Topos__V1__BackendsReply *reply = (Topos__V1__BackendsReply *)r;
+  size_t n = reply->n_backends;
+  topos_backend_info *v = calloc(n + 1, sizeof *v);
+  if (!v) {
+    wire_message_free(r);
+    return fail(err, TOPOS_ERR_MEMORY, "backends: out of memory");
+  }
   for (size_t i = 0; i < n; i++) {
-    const Topos__V1__BackendResult *b = reply->results[i];
-    snprintf(v[i].backend, sizeof v[i].backend, "%s",
-             b->backend ? b->backend : "");
+    const Topos__V1__BackendInfo *b = reply->backends[i];
+    v[i].index = (int)i;
+    snprintf(v[i].name, sizeof v[i].name, "%s", b->name ? b->name : "");
     snprintf(v[i].fidelity, sizeof v[i].fidelity, "%s",
              b->fidelity ? b->fidelity : "");
-    v[i].bit_identical = b->bit_identical;
-    v[i].max_ulp = b->max_ulp;
-    v[i].max_relative = b->max_relative;
-    snprintf(v[i].note, sizeof v[i].note, "%s", b->note ? b->note : "");
+    /* ops travel as the task kinds' op lists; map them back to kinds. */
+    for (size_t k = 0; k < b->n_ops; k++)
+      for (int kind = 0; kind < 4; kind++)
+        if (b->ops[k] && strcmp(b->ops[k], topos_task_ops(kind)) == 0)
+          v[i].tasks |= 1u << kind;
+    for (size_t k = 0; k < b->n_dtypes; k++)
+      if (b->dtypes[k] >= 0 && b->dtypes[k] < 32)
+        v[i].dtypes |= 1u << b->dtypes[k];
+    snprintf(v[i].device, sizeof v[i].device, "%s", b->device ? b->device : "");
+    v[i].threads = b->threads;
+    v[i].tasks_run = b->tasks_run > 0 ? (uint64_t)b->tasks_run : 0;
   }
-  *results = v;
+  *out = v;
   *count = (int)n;
   wire_message_free(r);
   return TOPOS_OK;
@@ -939,6 +1073,13 @@ int topos_client_stats(topos_client *c, topos_client_stats_info *out,
       .blobs = s->blobs,
       .blob_bytes = s->blob_bytes,
   };
+  for (size_t i = 0; i < s->n_backend_tasks && i < TOPOS_BACKENDS_MAX; i++) {
+    const Topos__V1__BackendCount *b = s->backend_tasks[i];
+    snprintf(out->backend_names[i], sizeof out->backend_names[i], "%s",
+             b->backend ? b->backend : "");
+    out->backend_tasks[i] = b->tasks;
+    out->nbackends++;
+  }
   wire_message_free(r);
   return TOPOS_OK;
 }

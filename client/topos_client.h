@@ -114,6 +114,17 @@ typedef struct topos_client_args {
   const topos_feed *feeds; /* inputs of the recorded network */
   int nfeeds;
   double deadline_s; /* > 0: this call's deadline; 0: the client's */
+  /* How the daemon runs the call: numerics, threads and backend by name
+   * (sent as ExecOptions; cancel, deadline_ns and report stay here).
+   * NULL: the entry's (Forward, Conformance's default candidates) or the
+   * daemon's default (exact, auto).  Conformance takes nexec candidates
+   * from exec (nexec 0 with exec set means one). */
+  const topos_exec *exec;
+  int nexec;
+  /* Out, when ran is not NULL: the backends the daemon says ran a task of
+   * the call, comma-separated ("cpu,reference"). */
+  char *ran;
+  size_t ran_len;
 } topos_client_args;
 
 /* Forward: evaluates `entry` (roots and observes) on the daemon.
@@ -168,23 +179,21 @@ int topos_client_step_with(topos_client *c, const char *id, topos_value loss,
                            topos_opt_state **state_out, double *loss_out,
                            topos_error *err);
 
-/* One backend's verdict against the reference interpreter. */
-typedef struct topos_conformance_result {
-  char backend[64];
-  char fidelity[16]; /* "exact" or "envelope" */
-  bool bit_identical;
-  double max_ulp;
-  double max_relative;
-  char note[256];
-} topos_conformance_result;
-
-/* Conformance: runs `entry` on every backend the daemon's host has.
- * *results is a new array of *count results (topos_free). */
+/* Conformance: runs `entry`'s plan on the daemon under each candidate of
+ * args->exec (none: the reference backend and every exact backend the
+ * daemon has) and compares it with the reference interpreter, as
+ * topos_conformance_run does in-process.  *out is new, the same struct
+ * (topos_conformance_free). */
 int topos_client_conformance(topos_client *c, const char *id,
                              const topos_entry *entry,
                              const topos_client_args *args,
-                             topos_conformance_result **results, int *count,
-                             topos_error *err);
+                             topos_conformance **out, topos_error *err);
+
+/* Backends: the daemon's registry (the reference first), as
+ * topos_backends_list gives it in-process.  *out is a new array of *count
+ * entries (topos_free). */
+int topos_client_backends(topos_client *c, topos_backend_info **out,
+                          int *count, topos_error *err);
 
 /* --------------------------------------------------------------- blobs */
 
@@ -211,6 +220,11 @@ typedef struct topos_client_stats_info {
   int64_t requests, errors;
   int64_t cache_entries, cache_hits, cache_misses;
   int64_t specs, spec_bytes, blobs, blob_bytes;
+  /* Tasks each backend ran since the daemon started, registry order
+   * (the reference first: the tasks no backend took). */
+  int nbackends;
+  char backend_names[TOPOS_BACKENDS_MAX][32];
+  int64_t backend_tasks[TOPOS_BACKENDS_MAX];
 } topos_client_stats_info;
 
 /* Stats: worker pool, queue, cache and store counters. */

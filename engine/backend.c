@@ -11,6 +11,7 @@
  * settings are the registry itself and the default thread count.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -278,8 +279,8 @@ int topos_backends_list(topos_backend_info *out, int max) {
     b->index = i;
     b->tasks_run = atomic_load(&tasks_run[i]);
     if (i == 0) {
-      b->name = "reference";
-      b->fidelity = "exact";
+      snprintf(b->name, sizeof b->name, "reference");
+      snprintf(b->fidelity, sizeof b->fidelity, "exact");
       b->tasks = (1u << TOPOS_TASK_GEMM) | (1u << TOPOS_TASK_WINDOW) |
                  (1u << TOPOS_TASK_REDUCE) | (1u << TOPOS_TASK_MAP);
       b->dtypes = (1u << TOPOS_F32) | (1u << TOPOS_F64) | (1u << TOPOS_BF16) |
@@ -290,8 +291,9 @@ int topos_backends_list(topos_backend_info *out, int max) {
       continue;
     }
     const topos_backend *be = chain[i - 1];
-    b->name = be->name;
-    b->fidelity = be->fidelity == TOPOS_FIDELITY_EXACT ? "exact" : "envelope";
+    snprintf(b->name, sizeof b->name, "%s", be->name);
+    snprintf(b->fidelity, sizeof b->fidelity, "%s",
+             be->fidelity == TOPOS_FIDELITY_EXACT ? "exact" : "envelope");
     b->tasks = be->tasks;
     b->dtypes = be->dtypes;
     if (be->device) be->device(be, b->device, sizeof b->device);

@@ -446,8 +446,8 @@ int64_t topos_now_ns(void);
  * process. */
 typedef struct topos_backend_info {
   int index; /* registry index: 0 is the reference */
-  const char *name;
-  const char *fidelity;
+  char name[32];
+  char fidelity[16];
   unsigned tasks;
   unsigned dtypes;
   char device[96];

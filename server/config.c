@@ -49,6 +49,9 @@ const char config_usage[] =
     "  --cache-bytes N          bytes of decoded blobs cached (default 1G)\n"
     "  --grace-ms N             on SIGTERM, how long in-flight work may run\n"
     "                           before it is cancelled (default 5000)\n"
+    "  --test-backend NAME      also register a test backend: flip-test\n"
+    "                           (claims exact, flips one GEMM bit; used\n"
+    "                           only when named) for conformance tests\n"
     "  --help, --version\n"
     "\n"
     "Byte counts take a K, M or G suffix (powers of 1024).  On start the\n"
@@ -188,6 +191,13 @@ static int apply(toposd_config *cfg, const char *key, const char *value,
       return config_error(msg, msglen, "grace-ms: '%s' is not in 0..3600000",
                           value);
     cfg->grace_ms = v;
+  } else if (strcmp(name, "test-backend") == 0) {
+    if (strcmp(value, "flip-test") != 0)
+      return config_error(msg, msglen,
+                          "test-backend: '%s' is not a test backend "
+                          "(flip-test)",
+                          value);
+    snprintf(cfg->test_backend, sizeof cfg->test_backend, "%s", value);
   } else {
     return config_error(msg, msglen, "unknown setting '%s'", key);
   }

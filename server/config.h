@@ -24,6 +24,7 @@ typedef struct toposd_config {
   int cache_entries;          /* networks, plans and decoded blobs */
   int64_t cache_bytes;        /* tensor bytes of the decoded blobs cached */
   int64_t grace_ms;           /* shutdown: in-flight work gets this long */
+  char test_backend[32];      /* a test backend to register ("" = none) */
 } toposd_config;
 
 /* Fills *cfg with the defaults. */

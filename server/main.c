@@ -70,6 +70,8 @@ int main(int argc, char **argv) {
   /* Exact backends reproduce the reference's bits, so registering them
    * changes no reply; envelope ones serve only `fast` entries. */
   topos_backends_register_defaults();
+  if (strcmp(cfg.test_backend, "flip-test") == 0)
+    topos_backend_register(topos_flip_test_backend());
 
   /* Signals: a flag the completion-queue loop polls.  SIGPIPE would kill
    * the daemon when a log reader goes away. */

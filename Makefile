@@ -16,10 +16,22 @@ WARN    := -Wall -Wextra -Werror -Werror=implicit-function-declaration \
            -Wno-unused-parameter -Wno-missing-field-initializers
 # The reference kernels must never fuse a multiply and an add on their own:
 # numerics.md allows FMA only where it writes fma().
-CFLAGS  := -std=c17 $(OPT) -g $(WARN) -ffp-contract=off -fno-fast-math \
-           -fPIC -D_GNU_SOURCE -pthread -Iengine -Ibackends -Istore -Iproto -Iclient \
-           -I$(BUILD)/gen $(CJSON_CFLAGS) \
+CFLAGS_BASE := -std=c17 $(OPT) -g $(WARN) -ffp-contract=off -fno-fast-math \
+           -fPIC -D_GNU_SOURCE -pthread $(CJSON_CFLAGS) \
            $(SAN) $(EXTRA_CFLAGS)
+# Include paths by layer: engine; backends, store and proto over it;
+# client over proto; server over all but client.  A layer's objects see its
+# own headers and those below it only (the object rule), so an engine file
+# that reached for store.h, or wire.c for a server header, does not
+# compile.  Programs, tests and benches (CFLAGS) see every layer.
+INC_ENGINE   := -Iengine
+INC_BACKENDS := $(INC_ENGINE) -Ibackends
+INC_STORE    := $(INC_ENGINE) -Istore
+INC_PROTO    := $(INC_ENGINE) -Iproto -I$(BUILD)/gen
+INC_CLIENT   := $(INC_PROTO) -Iclient
+INC_SERVER   := $(INC_ENGINE) -Ibackends -Istore -Iproto -I$(BUILD)/gen
+INC_ALL      := $(INC_ENGINE) -Ibackends -Istore -Iproto -Iclient -I$(BUILD)/gen
+CFLAGS  := $(CFLAGS_BASE) $(INC_ALL)
 # The engine hashes with OpenSSL's libcrypto and writes JSON with cJSON;
 # the store adds SQLite.
 LDLIBS  := -lcjson -lcrypto -lm -pthread $(SAN)
@@ -69,7 +81,20 @@ examples: $(EXAMPLES)
 
 $(BUILD)/obj/%.o: %.c $(wildcard engine/*.h backends/*.h bench/*.h store/*.h proto/*.h client/*.h server/*.h tests/engine/*.h) $(GEN_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests/engine -c $< -o $@
+	$(CC) $(CFLAGS_BASE) $(LAYER_INC) -c $< -o $@
+
+# Each object's include paths are its layer's (see INC_*); an object of no
+# layer gets none and fails to compile rather than see everything.
+$(BUILD)/obj/engine/%.o:   LAYER_INC = $(INC_ENGINE)
+$(BUILD)/obj/backends/%.o: LAYER_INC = $(INC_BACKENDS)
+$(BUILD)/obj/store/%.o:    LAYER_INC = $(INC_STORE)
+$(BUILD)/obj/proto/%.o:    LAYER_INC = $(INC_PROTO)
+$(BUILD)/obj/client/%.o:   LAYER_INC = $(INC_CLIENT)
+$(BUILD)/obj/server/%.o:   LAYER_INC = $(INC_SERVER)
+# The CLI is a program, not the library: it lists the backends too.
+$(BUILD)/obj/client/cli.o: LAYER_INC = $(INC_CLIENT) -Ibackends
+# Tests reach into every layer, and share tests/engine's helpers.
+$(BUILD)/obj/tests/%.o:    LAYER_INC = $(INC_ALL) -Itests/engine
 
 $(GEN_C) $(GEN_H): proto/topos.proto
 	@mkdir -p $(BUILD)/gen
@@ -89,9 +114,10 @@ $(TOPOSD): $(SERVER_OBJ) $(LIB_CLIENT) $(LIB_STORE) $(LIB_A) $(if $(BACKEND_SRC)
 	$(CC) $(CFLAGS) $(SERVER_OBJ) -o $@ $(LIB_CLIENT) $(LIB_STORE) $(ENGINE_LINK) \
 	  $(GRPC_LIBS) $(STORE_LIBS) $(LDLIBS)
 
-$(TOPOS_CLI): $(BUILD)/obj/client/cli.o $(LIB_CLIENT) $(LIB_A)
+# The CLI links the backends too: `topos backends --local` lists them.
+$(TOPOS_CLI): $(BUILD)/obj/client/cli.o $(LIB_CLIENT) $(LIB_A) $(if $(BACKEND_SRC),$(LIB_BACKENDS))
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< -o $@ $(LIB_CLIENT) $(LIB_A) $(GRPC_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $< -o $@ $(LIB_CLIENT) $(ENGINE_LINK) $(GRPC_LIBS) $(LDLIBS)
 
 # `make run`: the daemon in the foreground on loopback, store under ./var.
 run: $(TOPOSD)
@@ -162,6 +188,14 @@ test-valgrind:
 	  --leak-check=full --errors-for-leak-kinds=definite,indirect \
 	  --show-leak-kinds=definite,indirect --error-exitcode=1 \
 	  build/valgrind/tests/topos_tests
+
+# IREE, for the suite that compiles and runs emitted StableHLO
+# (tests/engine/test_iree.c): `make deps` (tools/deps.sh) installs its
+# compiler and runtime into this virtual environment, and every recipe
+# (the test runner's included, under `make asan` too) finds the tools
+# through TOPOS_IREE_BIN.  Without them the suite says so and skips.
+export IREE_VENV ?= $(CURDIR)/.iree-venv
+export TOPOS_IREE_BIN ?= $(IREE_VENV)/bin
 
 deps:
 	@sh tools/deps.sh

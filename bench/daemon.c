@@ -11,7 +11,8 @@
  *     4 MB; target >= 500 MB/s, MB = 10^6 bytes).
  *  4. A remote makemore MLP training step (client encodes parameters and
  *     batch, Step, client decodes parameters and state) over the
- *     in-process step of examples/makemore (forward + backward + SGD),
+ *     in-process step of examples/makemore (a local trainer's
+ *     topos_plan_step: forward + backward + SGD),
  *     target <= 1.5x; the parameters of both paths are checked to be
  *     bit-identical afterwards.
  *
@@ -596,25 +597,24 @@ static mm_batch mm_batch_make(uint64_t *seed) {
   return b;
 }
 
-/* The in-process step of examples/makemore. */
-static void mm_local_step(const mm_model *m, const topos_optimizer *opt,
-                          topos_params **params, topos_opt_state **state,
-                          const mm_batch *b) {
+/* The in-process step of examples/makemore: a local trainer's (one
+ * topos_plan_step on a training plan, as the daemon's Step takes it). */
+static void mm_local_step(topos_trainer *tr, const mm_model *m,
+                          const topos_optimizer *opt, topos_params **params,
+                          topos_opt_state **state, const mm_batch *b) {
   topos_error err = {0};
   topos_feed feeds[2] = {{m->x, b->x}, {m->y, b->y}};
-  topos_run *run = topos_forward(m->net, *params, feeds, 2, NULL, &err);
-  topos_params *g = run ? topos_gradients(run, m->loss, NULL, &err) : NULL;
-  topos_params *next = NULL;
-  topos_opt_state *next_state = NULL;
-  if (g == NULL || topos_optimizer_step(opt, *params, g, *state, &next,
-                                        &next_state, &err) != TOPOS_OK)
+  topos_step_result r;
+  if (topos_trainer_step(tr, *params, feeds, 2, opt, *state, &r, &err) !=
+      TOPOS_OK)
     die("in-process step", err.message);
-  topos_params_free(g);
-  topos_run_free(run);
   topos_params_free(*params);
   topos_opt_state_free(*state);
-  *params = next;
-  *state = next_state;
+  *params = r.params;
+  *state = r.state;
+  r.params = NULL;
+  r.state = NULL;
+  topos_step_result_clear(&r);
 }
 
 /* The same step through the daemon, with everything a remote client does:
@@ -673,6 +673,8 @@ static double bench_makemore(int port, double *local_us, double *remote_us) {
   topos_params *rp = topos_network_parameters(m.net);
   topos_opt_state *ls = topos_opt_state_new(&opt, lp, &err);
   topos_opt_state *rs = topos_opt_state_new(&opt, rp, &err);
+  topos_trainer *tr = topos_trainer_local(m.net, m.loss, NULL, 0, NULL, &err);
+  if (tr == NULL) die("makemore trainer", err.message);
   double lt[BLOCKS], rt[BLOCKS];
   int step_l = 0, step_r = 0;
   for (int blk = 0; blk < WARM_BLOCKS + BLOCKS; blk++) {
@@ -681,7 +683,7 @@ static double bench_makemore(int port, double *local_us, double *remote_us) {
       double t0 = now_s();
       for (int s = 0; s < STEPS; s++) {
         if (local)
-          mm_local_step(&m, &opt, &lp, &ls, &batches[step_l++ % NB]);
+          mm_local_step(tr, &m, &opt, &lp, &ls, &batches[step_l++ % NB]);
         else
           mm_remote_step(&c, id, &m, &opt, &rp, &rs, &batches[step_r++ % NB]);
       }
@@ -701,6 +703,7 @@ static double bench_makemore(int port, double *local_us, double *remote_us) {
   topos_params_free(rp);
   topos_opt_state_free(ls);
   topos_opt_state_free(rs);
+  topos_trainer_free(tr);
   topos_network_release(m.net);
   client_close(&c);
   return *remote_us / *local_us;

@@ -137,15 +137,39 @@ typedef struct batch {
   topos_tensor *x, *y;
 } batch;
 
-/* forward + backward + the parameters' gradients + one optimizer step;
- * the old parameters are freed and the new ones kept. */
+/* Keeps the step's new parameters and state, freeing the old ones. */
+static inline void trainer_advance(trainer *t, topos_params *next,
+                                   topos_opt_state *next_state) {
+  topos_params_free(t->params);
+  topos_opt_state_free(t->state);
+  t->params = next;
+  t->state = next_state;
+  t->steps++;
+}
+
+/* One training step.  A plan takes it in one engine call
+ * (topos_plan_step); the interpreter path composes forward, the
+ * parameters' gradients (no work on the data branches) and the optimizer
+ * step itself, the same arithmetic without a plan. */
 static inline void train_step(trainer *t, const topos_optimizer *opt,
                               const topos_feed *feeds, int nfeeds) {
   topos_error err = {0};
+  if (t->plan) {
+    topos_step_result r;
+    if (topos_plan_step(t->plan, t->params, feeds, nfeeds, opt, t->state, NULL,
+                        &r, &err) != TOPOS_OK)
+      die("plan step", &err);
+    /* f32 models: the loss widened exactly, so narrowing restores it. */
+    if (t->keep_loss) t->last_loss = (float)r.loss;
+    trainer_advance(t, r.params, r.state);
+    r.params = NULL;
+    r.state = NULL;
+    topos_step_result_clear(&r);
+    return;
+  }
   topos_run *run =
-      t->plan ? topos_plan_forward(t->plan, t->params, feeds, nfeeds, NULL, &err)
-              : topos_forward(t->net, t->params, feeds, nfeeds, NULL, &err);
-  must(run, t->plan ? "plan forward" : "forward", &err);
+      must(topos_forward(t->net, t->params, feeds, nfeeds, NULL, &err),
+           "forward", &err);
   if (t->keep_loss) {
     float loss = 0;
     const topos_tensor *l = topos_run_of(run, t->loss, &err);
@@ -153,22 +177,16 @@ static inline void train_step(trainer *t, const topos_optimizer *opt,
       die("reading the loss", &err);
     t->last_loss = loss;
   }
-  /* The parameters' gradients only: no work on the data branches. */
-  topos_params *g = t->plan ? topos_plan_gradients(t->plan, run, NULL, &err)
-                            : topos_gradients(run, t->loss, NULL, &err);
-  must(g, t->plan ? "plan gradients" : "gradients", &err);
+  topos_params *g =
+      must(topos_gradients(run, t->loss, NULL, &err), "gradients", &err);
   topos_params *next = NULL;
   topos_opt_state *next_state = NULL;
   if (topos_optimizer_step(opt, t->params, g, t->state, &next, &next_state,
                            &err) != TOPOS_OK)
     die("optimizer step", &err);
-  topos_params_free(t->params);
-  topos_opt_state_free(t->state);
-  t->params = next;
-  t->state = next_state;
+  trainer_advance(t, next, next_state);
   topos_params_free(g);
   topos_run_free(run);
-  t->steps++;
 }
 
 /* Runs `steps` steps on the batches in order, returns seconds taken. */

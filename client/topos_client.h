@@ -5,9 +5,10 @@
  * One function per RPC, taking and returning the engine's own types
  * (networks, entries, parameter sets, feeds, optimizers, optimizer state,
  * tensors), so moving a training loop from in-process to remote is one
- * call: topos_forward + topos_backward + topos_optimizer_step becomes
- * topos_client_step, with bit-identical results (the daemon runs the same
- * engine, and state travels with each request).
+ * call: topos_plan_step becomes topos_client_step, with bit-identical
+ * results (the daemon runs the same engine, and state travels with each
+ * request).  A loop written against topos_trainer_step (topos.h) moves by
+ * swapping topos_trainer_local for topos_client_trainer.
  *
  * Conventions (those of topos.h, plus):
  *  - Every call is a blocking unary gRPC call with a deadline: the
@@ -178,6 +179,19 @@ int topos_client_step_with(topos_client *c, const char *id, topos_value loss,
                            topos_params **params_out,
                            topos_opt_state **state_out, double *loss_out,
                            topos_error *err);
+
+/* A remote trainer (topos.h, topos_trainer): each topos_trainer_step is one
+ * topos_client_step_with on spec `id` for `loss`, with bits identical to
+ * topos_trainer_local's on the same network.  exec (copied; NULL: the
+ * daemon's default, exact) travels as the Step's ExecOptions; its
+ * deadline_ns becomes each call's deadline and its cancel predicate is
+ * asked before each call (neither crosses the wire), its report is not
+ * filled.  Results have no run and no observes.  The client is borrowed
+ * and must outlive the trainer.  New trainer (topos_trainer_free), or NULL
+ * with err (NULL client, malformed id, a loss that is no value). */
+topos_trainer *topos_client_trainer(topos_client *c, const char *id,
+                                    topos_value loss, const topos_exec *exec,
+                                    topos_error *err);
 
 /* Conformance: runs `entry`'s plan on the daemon under each candidate of
  * args->exec (none: the reference backend and every exact backend the

@@ -1143,6 +1143,18 @@ static int lower_group(emitter *e, const plan_group *g) {
       vtype st = vt_scalar(et);
       x = h_pad(e, x, h_splat(e, &st, 0.0), low, high, interior);
     }
+    /* Windows that stop short of the end leave rows or columns no window
+     * reads; slice them off first.  The same values (reduce_window skips
+     * them too), and IREE 3.13 cannot compile a reduce_window whose
+     * output has extent 1 on an axis with such a remainder (3x4 pooled
+     * 3x3/3 into 1x1); docs/emission.md. */
+    int64_t reach[4] = {g->N, g->C,
+                        (g->oh - 1) * g->stride_h + (g->kh - 1) * g->dil_h + 1,
+                        (g->ow - 1) * g->stride_w + (g->kw - 1) * g->dil_w + 1};
+    if (reach[2] < x.t.shape[2] || reach[3] < x.t.shape[3]) {
+      static const int64_t zeros[4] = {0, 0, 0, 0}, ones[4] = {1, 1, 1, 1};
+      x = h_slice(e, x, zeros, reach, ones);
+    }
     vtype st = vt_scalar(et);
     r = h_reduce_window_max(e, x, h_splat(e, &st, -INFINITY), g);
   }

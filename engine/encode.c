@@ -110,71 +110,63 @@ static void put_tensor(writer *w, const topos_tensor *t) {
   w->pos += bytes;
 }
 
-/* The attributes op reads, in the order docs/encoding.md lists them.
- * Axes are u8: a sealed network's axes lie in 0..TOPOS_MAX_RANK. */
+/* The attributes n's op reads (its ATTR_* mask in TOPOS_OPS), in list
+ * order, each in its one encoding (docs/encoding.md).  Axes are u8: a
+ * sealed network's axes lie in 0..TOPOS_MAX_RANK. */
 static void put_attrs(writer *w, const node *n) {
   const node_attrs *a = &n->at;
-  switch (n->op) {
-    case OP_CONSTANT:
-      put_tensor(w, a->tensor);
-      break;
-    case OP_PARAMETER:
-    case OP_INPUT:
-      put_u32(w, (uint32_t)a->slot);
-      put_tensor(w, a->tensor);
-      break;
-    case OP_POW: {
-      uint64_t bits = 0;
-      memcpy(&bits, &a->p, sizeof bits);
-      put_u64(w, bits);
-      break;
+  unsigned mask = op_table[n->op].attrs;
+  for (int bit = 0; bit < ATTR_BIT_COUNT; bit++) {
+    if (!(mask & 1u << bit)) continue;
+    switch ((attr_bit)bit) {
+      case ATTR_BIT_SLOT:
+        put_u32(w, (uint32_t)a->slot);
+        break;
+      case ATTR_BIT_TENSOR:
+        put_tensor(w, a->tensor);
+        break;
+      case ATTR_BIT_P: {
+        uint64_t bits = 0;
+        memcpy(&bits, &a->p, sizeof bits);
+        put_u64(w, bits);
+        break;
+      }
+      case ATTR_BIT_PERM: /* the operand's rank, which is the node's */
+        for (int i = 0; i < n->meta.rank; i++) put_u8(w, (unsigned)a->perm[i]);
+        break;
+      case ATTR_BIT_TARGET:
+        put_shape(w, a->rank, a->shape);
+        break;
+      case ATTR_BIT_AXIS:
+        put_u8(w, (unsigned)a->axis);
+        break;
+      case ATTR_BIT_START:
+        put_i64(w, a->start);
+        break;
+      case ATTR_BIT_LENGTH:
+        put_i64(w, a->length);
+        break;
+      case ATTR_BIT_BEFORE:
+        put_i64(w, a->before);
+        break;
+      case ATTR_BIT_AFTER:
+        put_i64(w, a->after);
+        break;
+      case ATTR_BIT_EXTENT:
+        put_i64(w, a->extent);
+        break;
+      case ATTR_BIT_SIZE:
+        put_i64(w, a->size);
+        break;
+      case ATTR_BIT_STEP:
+        put_i64(w, a->step);
+        break;
+      case ATTR_BIT_DILATION:
+        put_i64(w, a->dilation);
+        break;
+      case ATTR_BIT_COUNT:
+        break;
     }
-    case OP_PERMUTE:
-      for (int i = 0; i < n->meta.rank; i++) put_u8(w, (unsigned)a->perm[i]);
-      break;
-    case OP_RESHAPE:
-    case OP_BROADCAST:
-      put_shape(w, a->rank, a->shape);
-      break;
-    case OP_NARROW:
-      put_u8(w, (unsigned)a->axis);
-      put_i64(w, a->start);
-      put_i64(w, a->length);
-      break;
-    case OP_PAD:
-      put_u8(w, (unsigned)a->axis);
-      put_i64(w, a->before);
-      put_i64(w, a->after);
-      break;
-    case OP_UNFOLD:
-      put_u8(w, (unsigned)a->axis);
-      put_i64(w, a->size);
-      put_i64(w, a->step);
-      put_i64(w, a->dilation);
-      break;
-    case OP_FOLD:
-      put_u8(w, (unsigned)a->axis);
-      put_i64(w, a->extent);
-      put_i64(w, a->size);
-      put_i64(w, a->step);
-      put_i64(w, a->dilation);
-      break;
-    case OP_CONCAT:
-    case OP_SUM_ALONG:
-    case OP_MAX_ALONG:
-    case OP_LOG_SOFTMAX:
-    case OP_LOGSUMEXP:
-      put_u8(w, (unsigned)a->axis);
-      break;
-    case OP_BROADCAST_ALONG:
-      put_u8(w, (unsigned)a->axis);
-      put_i64(w, a->extent);
-      break;
-    case OP_SCATTER:
-      put_i64(w, a->extent);
-      break;
-    default:
-      break;
   }
 }
 
@@ -422,64 +414,75 @@ static topos_tensor *get_tensor(reader *r) {
   return t;
 }
 
-/* The attributes of op (docs/encoding.md), into at; a leaf's slot into
- * *slot and its tensor (new) into at->tensor. */
+/* The attributes of op (put_attrs' order), into at; a leaf's slot into
+ * *slot (the replay assigns the node's own, which is then compared) and
+ * its tensor (new) into at->tensor. */
 static bool get_attrs(reader *r, op_code op, int rank, node_attrs *at,
                       int64_t *slot) {
-  switch (op) {
-    case OP_PARAMETER:
-    case OP_INPUT: {
-      uint32_t s = 0;
-      if (!get_u32(r, "slot", &s)) return false;
-      *slot = s;
-    }
-      /* fall through */
-    case OP_CONSTANT:
-      at->tensor = get_tensor(r);
-      return at->tensor != NULL;
-    case OP_POW: {
-      uint64_t bits = 0;
-      if (!get_u64(r, "exponent", &bits)) return false;
-      memcpy(&at->p, &bits, sizeof at->p);
-      return true;
-    }
-    case OP_PERMUTE:
-      for (int i = 0; i < rank; i++) {
-        unsigned v = 0;
-        if (!get_u8(r, "perm", &v)) return false;
-        at->perm[i] = (int)v;
+  unsigned mask = op_table[op].attrs;
+  for (int bit = 0; bit < ATTR_BIT_COUNT; bit++) {
+    if (!(mask & 1u << bit)) continue;
+    bool ok = true;
+    switch ((attr_bit)bit) {
+      case ATTR_BIT_SLOT: {
+        uint32_t s = 0;
+        ok = get_u32(r, "slot", &s);
+        *slot = s;
+        break;
       }
-      return true;
-    case OP_RESHAPE:
-    case OP_BROADCAST:
-      return get_shape(r, "target shape", &at->rank, at->shape);
-    case OP_NARROW:
-      return get_axis(r, &at->axis) && get_i64(r, "start", &at->start) &&
-             get_i64(r, "length", &at->length);
-    case OP_PAD:
-      return get_axis(r, &at->axis) && get_i64(r, "before", &at->before) &&
-             get_i64(r, "after", &at->after);
-    case OP_UNFOLD:
-      return get_axis(r, &at->axis) && get_i64(r, "size", &at->size) &&
-             get_i64(r, "step", &at->step) &&
-             get_i64(r, "dilation", &at->dilation);
-    case OP_FOLD:
-      return get_axis(r, &at->axis) && get_i64(r, "extent", &at->extent) &&
-             get_i64(r, "size", &at->size) && get_i64(r, "step", &at->step) &&
-             get_i64(r, "dilation", &at->dilation);
-    case OP_CONCAT:
-    case OP_SUM_ALONG:
-    case OP_MAX_ALONG:
-    case OP_LOG_SOFTMAX:
-    case OP_LOGSUMEXP:
-      return get_axis(r, &at->axis);
-    case OP_BROADCAST_ALONG:
-      return get_axis(r, &at->axis) && get_i64(r, "extent", &at->extent);
-    case OP_SCATTER:
-      return get_i64(r, "extent", &at->extent);
-    default:
-      return true;
+      case ATTR_BIT_TENSOR:
+        at->tensor = get_tensor(r);
+        ok = at->tensor != NULL;
+        break;
+      case ATTR_BIT_P: {
+        uint64_t bits = 0;
+        ok = get_u64(r, "exponent", &bits);
+        memcpy(&at->p, &bits, sizeof at->p);
+        break;
+      }
+      case ATTR_BIT_PERM:
+        for (int i = 0; ok && i < rank; i++) {
+          unsigned v = 0;
+          ok = get_u8(r, "perm", &v);
+          at->perm[i] = (int)v;
+        }
+        break;
+      case ATTR_BIT_TARGET:
+        ok = get_shape(r, "target shape", &at->rank, at->shape);
+        break;
+      case ATTR_BIT_AXIS:
+        ok = get_axis(r, &at->axis);
+        break;
+      case ATTR_BIT_START:
+        ok = get_i64(r, "start", &at->start);
+        break;
+      case ATTR_BIT_LENGTH:
+        ok = get_i64(r, "length", &at->length);
+        break;
+      case ATTR_BIT_BEFORE:
+        ok = get_i64(r, "before", &at->before);
+        break;
+      case ATTR_BIT_AFTER:
+        ok = get_i64(r, "after", &at->after);
+        break;
+      case ATTR_BIT_EXTENT:
+        ok = get_i64(r, "extent", &at->extent);
+        break;
+      case ATTR_BIT_SIZE:
+        ok = get_i64(r, "size", &at->size);
+        break;
+      case ATTR_BIT_STEP:
+        ok = get_i64(r, "step", &at->step);
+        break;
+      case ATTR_BIT_DILATION:
+        ok = get_i64(r, "dilation", &at->dilation);
+        break;
+      case ATTR_BIT_COUNT:
+        break;
+    }
+    if (!ok) return false;
   }
+  return true;
 }
 
 /* Reads node i and replays it on the tape.  Returns false with r->err. */

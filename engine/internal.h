@@ -144,73 +144,35 @@ void bf16_round_array(const float *src, uint16_t *dst, int64_t n);
 /* ------------------------------------------------------------------ op table
  */
 
-/* The op codes are part of the canonical encoding (docs/encoding.md): the
- * order is frozen and new ops are appended before OP_COUNT, never
- * inserted. */
-typedef enum op_code {
-  OP_CONSTANT,
-  OP_PARAMETER,
-  OP_INPUT,
-  OP_ADD,
-  OP_SUB,
-  OP_MUL,
-  OP_DIV,
-  OP_NEG,
-  OP_EXP,
-  OP_LOG,
-  OP_SQRT,
-  OP_TANH,
-  OP_POW,
-  OP_MAXIMUM,
-  OP_STEP,
-  OP_RELU,
-  OP_MATMUL,
-  OP_TRANSPOSE,
-  OP_PERMUTE,
-  OP_RESHAPE,
-  OP_NARROW,
-  OP_PAD,
-  OP_UNFOLD,
-  OP_FOLD,
-  OP_CONCAT,
-  OP_BROADCAST,
-  OP_BROADCAST_ALONG,
-  OP_SUM,
-  OP_SUM_ALONG,
-  OP_MAX_ALONG,
-  OP_LOG_SOFTMAX,
-  OP_LOGSUMEXP,
-  OP_GATHER,
-  OP_SCATTER,
-  OP_COUNT
-} op_code;
+/* The op codes, names, arities, attribute schemas and families: one list,
+ * TOPOS_OPS in ops.h, which every file that enumerates ops expands. */
+#include "ops.h"
 
-/* Attributes of one node; each op reads only the fields it names. */
+/* Attributes of one node.  Which fields an op reads is its ATTR_* mask in
+ * TOPOS_OPS (ops.h); a recorded node keeps only those, the rest are 0. */
 typedef struct node_attrs {
-  int axis;                      /* narrow pad unfold fold concat
-                                    broadcast_along *_along softmax */
-  int64_t start, length;         /* narrow */
-  int64_t before, after;         /* pad */
-  int64_t size, step, dilation;  /* unfold, fold */
-  int64_t extent;                /* fold, broadcast_along, scatter */
-  double p;                      /* pow exponent */
-  int perm[TOPOS_MAX_RANK];      /* permute */
-  int rank;                      /* reshape, broadcast target */
-  int64_t shape[TOPOS_MAX_RANK]; /* reshape, broadcast target */
-  topos_tensor *tensor;          /* constant value, parameter initial,
-                                    input default (owned by the node) */
-  int slot;                      /* parameter, input */
+  int axis;                      /* ATTR_AXIS */
+  int64_t start, length;         /* ATTR_START, ATTR_LENGTH */
+  int64_t before, after;         /* ATTR_BEFORE, ATTR_AFTER */
+  int64_t size, step, dilation;  /* ATTR_SIZE, ATTR_STEP, ATTR_DILATION */
+  int64_t extent;                /* ATTR_EXTENT */
+  double p;                      /* ATTR_P */
+  int perm[TOPOS_MAX_RANK];      /* ATTR_PERM: the operand's rank entries */
+  int rank;                      /* ATTR_TARGET: the target shape */
+  int64_t shape[TOPOS_MAX_RANK]; /* ATTR_TARGET */
+  topos_tensor *tensor;          /* ATTR_TENSOR: a leaf's value (owned by
+                                    the node) */
+  int slot;                      /* ATTR_SLOT: set by the tape */
 } node_attrs;
 
-/* Which values an adjoint reads: bit i = operand i, READS_OUTPUT = y. */
-#define READS_OPERAND(i) (1u << (i))
-#define READS_OUTPUT (1u << 7)
-
+/* One TOPOS_OPS entry (ops.h has what each column means). */
 typedef struct op_info {
   const char *name;
   int arity;      /* -1 = variadic (concat) */
   unsigned reads; /* READS_* bits */
   bool linear;    /* no values read, adjoint only reshapes g */
+  unsigned attrs; /* ATTR_* bits: the node_attrs fields the op reads */
+  op_family family;
 } op_info;
 
 extern const op_info op_table[OP_COUNT];

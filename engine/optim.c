@@ -428,6 +428,36 @@ done:
   return rc;
 }
 
+/* The state fits params under opt: the moments opt reads match params,
+ * and the step count can advance. */
+static int check_state(const topos_optimizer *opt, const topos_params *params,
+                       const topos_opt_state *state, const char *fn,
+                       topos_error *err) {
+  int rc = TOPOS_OK;
+  if (needs_first_moment(opt) &&
+      (rc = check_matches(params, state->m, "first moment", true, fn, err)) !=
+          TOPOS_OK)
+    return rc;
+  if (needs_second_moment(opt) &&
+      (rc = check_matches(params, state->v, "second moment", true, fn, err)) !=
+          TOPOS_OK)
+    return rc;
+  if (state->step < 0 || state->step == INT64_MAX)
+    return error_set(err, TOPOS_ERR_RANGE, "%s: step %lld cannot advance", fn,
+                     (long long)state->step);
+  return TOPOS_OK;
+}
+
+int topos_optimizer_check(const topos_optimizer *opt,
+                          const topos_params *params,
+                          const topos_opt_state *state, topos_error *err) {
+  const char *fn = "optimizer_check";
+  int rc = check_optimizer(opt, fn, err);
+  if (rc == TOPOS_OK) rc = check_float_set(params, "params", fn, err);
+  if (rc == TOPOS_OK && state) rc = check_state(opt, params, state, fn, err);
+  return rc;
+}
+
 int topos_optimizer_step(const topos_optimizer *opt, const topos_params *params,
                          const topos_params *grads,
                          const topos_opt_state *state,
@@ -442,18 +472,11 @@ int topos_optimizer_step(const topos_optimizer *opt, const topos_params *params,
   if (state == NULL)
     return error_set(err, TOPOS_ERR_ARGUMENT, "%s: state is NULL", fn);
   if ((rc = check_float_set(params, "params", fn, err)) != TOPOS_OK ||
-      (rc = check_matches(params, grads, "grads", false, fn, err)) != TOPOS_OK)
+      (rc = check_matches(params, grads, "grads", false, fn, err)) !=
+          TOPOS_OK ||
+      (rc = check_state(opt, params, state, fn, err)) != TOPOS_OK)
     return rc;
   bool need_m = needs_first_moment(opt), need_v = needs_second_moment(opt);
-  if (need_m && (rc = check_matches(params, state->m, "first moment", true, fn,
-                                    err)) != TOPOS_OK)
-    return rc;
-  if (need_v && (rc = check_matches(params, state->v, "second moment", true, fn,
-                                    err)) != TOPOS_OK)
-    return rc;
-  if (state->step < 0 || state->step == INT64_MAX)
-    return error_set(err, TOPOS_ERR_RANGE, "%s: step %lld cannot advance", fn,
-                     (long long)state->step);
 
   step_ctx c = {.opt = opt, .bc1 = 1, .bc2 = 1};
   if (opt->kind != TOPOS_SGD) {

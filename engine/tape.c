@@ -17,45 +17,11 @@
 
 #include "internal.h"
 
-#define R0 READS_OPERAND(0)
-#define R1 READS_OPERAND(1)
-#define RY READS_OUTPUT
-
 const op_info op_table[OP_COUNT] = {
-    [OP_CONSTANT] = {"constant", 0, 0, false},
-    [OP_PARAMETER] = {"parameter", 0, 0, false},
-    [OP_INPUT] = {"input", 0, 0, false},
-    [OP_ADD] = {"add", 2, 0, true},
-    [OP_SUB] = {"sub", 2, 0, true},
-    [OP_MUL] = {"mul", 2, R0 | R1, false},
-    [OP_DIV] = {"div", 2, R1 | RY, false},
-    [OP_NEG] = {"neg", 1, 0, true},
-    [OP_EXP] = {"exp", 1, RY, false},
-    [OP_LOG] = {"log", 1, R0, false},
-    [OP_SQRT] = {"sqrt", 1, RY, false},
-    [OP_TANH] = {"tanh", 1, RY, false},
-    [OP_POW] = {"pow", 1, R0, false},
-    [OP_MAXIMUM] = {"maximum", 2, R0 | R1, false},
-    [OP_STEP] = {"step", 2, 0, false},
-    [OP_RELU] = {"relu", 1, R0, false},
-    [OP_MATMUL] = {"matmul", 2, R0 | R1, false},
-    [OP_TRANSPOSE] = {"transpose", 1, 0, true},
-    [OP_PERMUTE] = {"permute", 1, 0, true},
-    [OP_RESHAPE] = {"reshape", 1, 0, true},
-    [OP_NARROW] = {"narrow", 1, 0, true},
-    [OP_PAD] = {"pad", 1, 0, true},
-    [OP_UNFOLD] = {"unfold", 1, 0, true},
-    [OP_FOLD] = {"fold", 1, 0, true},
-    [OP_CONCAT] = {"concat", -1, 0, true},
-    [OP_BROADCAST] = {"broadcast", 1, 0, true},
-    [OP_BROADCAST_ALONG] = {"broadcast_along", 1, 0, true},
-    [OP_SUM] = {"sum", 1, 0, true},
-    [OP_SUM_ALONG] = {"sum_along", 1, 0, true},
-    [OP_MAX_ALONG] = {"max_along", 1, R0 | RY, false},
-    [OP_LOG_SOFTMAX] = {"log_softmax", 1, RY, false},
-    [OP_LOGSUMEXP] = {"logsumexp", 1, R0 | RY, false},
-    [OP_GATHER] = {"gather", 2, R1, false},
-    [OP_SCATTER] = {"scatter", 2, R1, false},
+#define OP_INFO(E, name, arity, family, reads, linear, rule, attrs) \
+  [OP_##E] = {name, arity, reads, linear, attrs, FAMILY_##family},
+    TOPOS_OPS(OP_INFO)
+#undef OP_INFO
 };
 
 /* ------------------------------------------------------------ shape rules */
@@ -105,8 +71,26 @@ static int unfold_count(int64_t L, const node_attrs *at, int64_t *count,
   return 0;
 }
 
-static int infer_elementwise(op_code op, int nin, const tensor_meta *in,
-                             tensor_meta *out, char *msg, size_t msglen) {
+/*
+ * The shape rules, one per `rule` column of TOPOS_OPS.  op_infer has
+ * already checked the op code and the operand count against the list and
+ * zeroed *out; `a` is operand 0 (NULL for a leaf).  Each rule checks its
+ * operands and the attributes its op reads, and fills out.
+ */
+#define RULE_ARGS                                                   \
+  op_code op, const node_attrs *at, int nin, const tensor_meta *in, \
+      const tensor_meta *a, tensor_meta *out, char *msg, size_t msglen
+
+static int rule_leaf(RULE_ARGS) {
+  if (!at->tensor) FAIL(TOPOS_ERR_ARGUMENT, "needs a tensor (got NULL)");
+  *out = tensor_meta_of(at->tensor);
+  if (op == OP_PARAMETER && !dtype_is_float(out->dtype))
+    FAIL(TOPOS_ERR_DTYPE, "a parameter must be f32, f64 or bf16, not %s",
+         topos_dtype_name(out->dtype));
+  return 0;
+}
+
+static int rule_elementwise(RULE_ARGS) {
   if (nin == 2) {
     if (in[0].dtype != in[1].dtype)
       FAIL(TOPOS_ERR_DTYPE, "operand dtypes differ (%s vs %s)",
@@ -125,293 +109,296 @@ static int infer_elementwise(op_code op, int nin, const tensor_meta *in,
   return 0;
 }
 
+static int rule_pow(RULE_ARGS) {
+  if (isnan(at->p)) FAIL(TOPOS_ERR_ARGUMENT, "exponent is NaN");
+  return rule_elementwise(op, at, nin, in, a, out, msg, msglen);
+}
+
+static int rule_matmul(RULE_ARGS) {
+  int rc;
+  const tensor_meta *b = &in[1];
+  if ((rc = need_float(a, 0, msg, msglen))) return rc;
+  if (a->dtype != b->dtype)
+    FAIL(TOPOS_ERR_DTYPE, "operand dtypes differ (%s vs %s)",
+         topos_dtype_name(a->dtype), topos_dtype_name(b->dtype));
+  if (a->rank != b->rank || (a->rank != 2 && a->rank != 3))
+    FAIL(TOPOS_ERR_SHAPE, "needs [m,k]·[k,n] or [B,m,k]·[B,k,n]");
+  int r = a->rank;
+  if (r == 3 && a->shape[0] != b->shape[0])
+    FAIL(TOPOS_ERR_SHAPE, "batch extents differ (%lld vs %lld)",
+         (long long)a->shape[0], (long long)b->shape[0]);
+  if (a->shape[r - 1] != b->shape[r - 2])
+    FAIL(TOPOS_ERR_SHAPE, "inner extents differ (%lld vs %lld)",
+         (long long)a->shape[r - 1], (long long)b->shape[r - 2]);
+  *out = *a;
+  out->shape[r - 1] = b->shape[r - 1];
+  return 0;
+}
+
+static int rule_transpose(RULE_ARGS) {
+  if (a->rank != 2) FAIL(TOPOS_ERR_SHAPE, "needs a rank-2 operand");
+  *out = *a;
+  out->shape[0] = a->shape[1];
+  out->shape[1] = a->shape[0];
+  return 0;
+}
+
+static int rule_permute(RULE_ARGS) {
+  bool seen[TOPOS_MAX_RANK] = {false};
+  *out = *a;
+  for (int i = 0; i < a->rank; i++) {
+    int p = at->perm[i];
+    if (p < 0 || p >= a->rank || seen[p])
+      FAIL(TOPOS_ERR_ARGUMENT, "perm is not a permutation of 0..%d",
+           a->rank - 1);
+    seen[p] = true;
+    out->shape[i] = a->shape[p];
+  }
+  return 0;
+}
+
+static int rule_reshape(RULE_ARGS) {
+  if (at->rank < 0 || at->rank > TOPOS_MAX_RANK)
+    FAIL(TOPOS_ERR_ARGUMENT, "target rank %d is outside 0..%d", at->rank,
+         TOPOS_MAX_RANK);
+  int64_t n = shape_count(at->rank, at->shape);
+  if (n < 0) FAIL(TOPOS_ERR_SHAPE, "target shape is invalid");
+  if (n != shape_count(a->rank, a->shape))
+    FAIL(TOPOS_ERR_SHAPE, "element counts differ (%lld vs %lld)",
+         (long long)shape_count(a->rank, a->shape), (long long)n);
+  out->dtype = a->dtype;
+  out->rank = at->rank;
+  memcpy(out->shape, at->shape, sizeof(int64_t) * (size_t)at->rank);
+  return 0;
+}
+
+static int rule_narrow(RULE_ARGS) {
+  int rc;
+  if ((rc = need_axis(at->axis, a->rank, msg, msglen))) return rc;
+  if (at->start < 0 || at->length < 0 ||
+      at->start > a->shape[at->axis] - at->length)
+    FAIL(TOPOS_ERR_SHAPE,
+         "range [%lld, %lld+%lld) is outside axis %d "
+         "of extent %lld",
+         (long long)at->start, (long long)at->start, (long long)at->length,
+         at->axis, (long long)a->shape[at->axis]);
+  *out = *a;
+  out->shape[at->axis] = at->length;
+  return 0;
+}
+
+static int rule_pad(RULE_ARGS) {
+  int rc;
+  if ((rc = need_axis(at->axis, a->rank, msg, msglen))) return rc;
+  if (at->before < 0 || at->after < 0)
+    FAIL(TOPOS_ERR_ARGUMENT, "padding %lld/%lld must not be negative",
+         (long long)at->before, (long long)at->after);
+  if (at->before > INT32_MAX || at->after > INT32_MAX)
+    FAIL(TOPOS_ERR_MEMORY, "padding is too large");
+  *out = *a;
+  out->shape[at->axis] += at->before + at->after;
+  if (shape_count(out->rank, out->shape) < 0)
+    FAIL(TOPOS_ERR_MEMORY, "padded shape overflows");
+  return 0;
+}
+
+static int rule_unfold(RULE_ARGS) {
+  int rc;
+  int64_t count;
+  if ((rc = need_axis(at->axis, a->rank, msg, msglen))) return rc;
+  if (a->rank + 1 > TOPOS_MAX_RANK)
+    FAIL(TOPOS_ERR_SHAPE, "result would exceed rank %d", TOPOS_MAX_RANK);
+  rc = unfold_count(a->shape[at->axis], at, &count, msg, msglen);
+  if (rc) return rc;
+  out->dtype = a->dtype;
+  out->rank = a->rank + 1;
+  for (int i = 0, j = 0; i < a->rank; i++) {
+    if (i == at->axis) {
+      out->shape[j++] = count;
+      out->shape[j++] = at->size;
+    } else {
+      out->shape[j++] = a->shape[i];
+    }
+  }
+  return 0;
+}
+
+static int rule_fold(RULE_ARGS) {
+  int rc;
+  int64_t count;
+  if ((rc = need_float(a, 0, msg, msglen))) return rc;
+  if (at->axis < 0 || at->axis + 1 >= a->rank)
+    FAIL(TOPOS_ERR_ARGUMENT, "axes %d and %d do not both exist in rank %d",
+         at->axis, at->axis + 1, a->rank);
+  if (at->extent < 0 || at->extent > (int64_t)1 << 40)
+    FAIL(TOPOS_ERR_ARGUMENT, "extent %lld is out of range",
+         (long long)at->extent);
+  if (a->shape[at->axis + 1] != at->size)
+    FAIL(TOPOS_ERR_SHAPE, "window axis has extent %lld, size is %lld",
+         (long long)a->shape[at->axis + 1], (long long)at->size);
+  rc = unfold_count(at->extent, at, &count, msg, msglen);
+  if (rc) return rc;
+  if (count != a->shape[at->axis])
+    FAIL(TOPOS_ERR_SHAPE, "%lld windows fit extent %lld, operand has %lld",
+         (long long)count, (long long)at->extent,
+         (long long)a->shape[at->axis]);
+  out->dtype = a->dtype;
+  out->rank = a->rank - 1;
+  for (int i = 0, j = 0; i < a->rank; i++) {
+    if (i == at->axis + 1) continue;
+    out->shape[j++] = i == at->axis ? at->extent : a->shape[i];
+  }
+  return 0;
+}
+
+static int rule_concat(RULE_ARGS) {
+  int rc;
+  if (nin < 1) FAIL(TOPOS_ERR_ARGUMENT, "needs at least one operand");
+  if ((rc = need_axis(at->axis, a->rank, msg, msglen))) return rc;
+  *out = *a;
+  for (int i = 1; i < nin; i++) {
+    if (in[i].dtype != a->dtype)
+      FAIL(TOPOS_ERR_DTYPE, "operand %d has dtype %s, operand 0 %s", i,
+           topos_dtype_name(in[i].dtype), topos_dtype_name(a->dtype));
+    if (in[i].rank != a->rank)
+      FAIL(TOPOS_ERR_SHAPE, "operand %d has rank %d, operand 0 rank %d", i,
+           in[i].rank, a->rank);
+    for (int d = 0; d < a->rank; d++)
+      if (d != at->axis && in[i].shape[d] != a->shape[d])
+        FAIL(TOPOS_ERR_SHAPE,
+             "operand %d differs from operand 0 on "
+             "axis %d",
+             i, d);
+    out->shape[at->axis] += in[i].shape[at->axis];
+    if (out->shape[at->axis] > (int64_t)1 << 40)
+      FAIL(TOPOS_ERR_MEMORY, "concatenated extent is too large");
+  }
+  return 0;
+}
+
+static int rule_broadcast(RULE_ARGS) {
+  if (at->rank < 0 || at->rank > TOPOS_MAX_RANK ||
+      shape_count(at->rank, at->shape) < 0)
+    FAIL(TOPOS_ERR_ARGUMENT, "target shape is invalid");
+  if (a->rank != 0) {
+    if (a->rank != at->rank)
+      FAIL(TOPOS_ERR_SHAPE,
+           "operand rank %d differs from target rank %d "
+           "(use broadcast_along to add axes)",
+           a->rank, at->rank);
+    for (int i = 0; i < a->rank; i++)
+      if (a->shape[i] != at->shape[i] && a->shape[i] != 1)
+        FAIL(TOPOS_ERR_SHAPE,
+             "axis %d has extent %lld; broadcasting to "
+             "%lld needs 1",
+             i, (long long)a->shape[i], (long long)at->shape[i]);
+  }
+  out->dtype = a->dtype;
+  out->rank = at->rank;
+  memcpy(out->shape, at->shape, sizeof(int64_t) * (size_t)at->rank);
+  return 0;
+}
+
+static int rule_broadcast_along(RULE_ARGS) {
+  if (at->axis < 0 || at->axis > a->rank)
+    FAIL(TOPOS_ERR_ARGUMENT,
+         "axis %d is out of range for inserting into "
+         "rank %d",
+         at->axis, a->rank);
+  if (a->rank + 1 > TOPOS_MAX_RANK)
+    FAIL(TOPOS_ERR_SHAPE, "result would exceed rank %d", TOPOS_MAX_RANK);
+  if (at->extent < 0) FAIL(TOPOS_ERR_ARGUMENT, "extent is negative");
+  out->dtype = a->dtype;
+  out->rank = a->rank + 1;
+  for (int i = 0, j = 0; i <= a->rank; i++) {
+    if (i == at->axis) out->shape[j++] = at->extent;
+    if (i < a->rank) out->shape[j++] = a->shape[i];
+  }
+  if (shape_count(out->rank, out->shape) < 0)
+    FAIL(TOPOS_ERR_MEMORY, "broadcast shape overflows");
+  return 0;
+}
+
+static int rule_sum(RULE_ARGS) {
+  int rc;
+  if ((rc = need_float(a, 0, msg, msglen))) return rc;
+  out->dtype = a->dtype;
+  out->rank = 0;
+  return 0;
+}
+
+/* sum_along, max_along, logsumexp (axis removed) and log_softmax (shape
+ * kept). */
+static int rule_along(RULE_ARGS) {
+  int rc;
+  if ((rc = need_float(a, 0, msg, msglen))) return rc;
+  if ((rc = need_axis(at->axis, a->rank, msg, msglen))) return rc;
+  if (op == OP_LOG_SOFTMAX) {
+    *out = *a;
+    return 0;
+  }
+  if (op != OP_SUM_ALONG && a->shape[at->axis] == 0)
+    FAIL(TOPOS_ERR_SHAPE, "axis %d is empty; the maximum is undefined",
+         at->axis);
+  out->dtype = a->dtype;
+  out->rank = a->rank - 1;
+  for (int i = 0, j = 0; i < a->rank; i++)
+    if (i != at->axis) out->shape[j++] = a->shape[i];
+  return 0;
+}
+
+/* gather (rows of a picked by i32 indices) and scatter (rows of a added
+ * into `extent` rows). */
+static int rule_index(RULE_ARGS) {
+  int rc;
+  const tensor_meta *idx = &in[1];
+  if ((rc = need_float(a, 0, msg, msglen))) return rc;
+  if (a->rank != 2) FAIL(TOPOS_ERR_SHAPE, "operand 0 must have rank 2");
+  if (idx->dtype != TOPOS_I32 || idx->rank != 1)
+    FAIL(TOPOS_ERR_DTYPE, "indices must be i32 of rank 1");
+  out->dtype = a->dtype;
+  out->rank = 2;
+  out->shape[1] = a->shape[1];
+  if (op == OP_GATHER) {
+    out->shape[0] = idx->shape[0];
+  } else {
+    if (a->shape[0] != idx->shape[0])
+      FAIL(TOPOS_ERR_SHAPE, "%lld rows but %lld indices",
+           (long long)a->shape[0], (long long)idx->shape[0]);
+    if (at->extent < 0 || at->extent > (int64_t)1 << 40)
+      FAIL(TOPOS_ERR_ARGUMENT, "extent %lld is out of range",
+           (long long)at->extent);
+    out->shape[0] = at->extent;
+  }
+  if (shape_count(out->rank, out->shape) < 0)
+    FAIL(TOPOS_ERR_MEMORY, "result shape overflows");
+  return 0;
+}
+
+#undef RULE_ARGS
+
+typedef int shape_rule(op_code op, const node_attrs *at, int nin,
+                       const tensor_meta *in, const tensor_meta *a,
+                       tensor_meta *out, char *msg, size_t msglen);
+
+/* Each op's rule, named by its TOPOS_OPS entry: an entry whose rule does
+ * not exist does not compile. */
+static shape_rule *const rules[OP_COUNT] = {
+#define OP_RULE(E, name, arity, family, reads, linear, rule, attrs) \
+  [OP_##E] = rule_##rule,
+    TOPOS_OPS(OP_RULE)
+#undef OP_RULE
+};
+
 int op_infer(op_code op, const node_attrs *at, int nin, const tensor_meta *in,
              tensor_meta *out, char *msg, size_t msglen) {
-  int rc;
   if (op < 0 || op >= OP_COUNT) FAIL(TOPOS_ERR_ARGUMENT, "unknown op %d", op);
   int arity = op_table[op].arity;
   if (arity >= 0 && nin != arity)
     FAIL(TOPOS_ERR_ARGUMENT, "takes %d operands, got %d", arity, nin);
   memset(out, 0, sizeof *out);
   const tensor_meta *a = nin > 0 ? &in[0] : NULL;
-  switch (op) {
-    case OP_CONSTANT:
-    case OP_PARAMETER:
-    case OP_INPUT:
-      if (!at->tensor) FAIL(TOPOS_ERR_ARGUMENT, "needs a tensor (got NULL)");
-      *out = tensor_meta_of(at->tensor);
-      if (op == OP_PARAMETER && !dtype_is_float(out->dtype))
-        FAIL(TOPOS_ERR_DTYPE, "a parameter must be f32, f64 or bf16, not %s",
-             topos_dtype_name(out->dtype));
-      return 0;
-
-    case OP_ADD:
-    case OP_SUB:
-    case OP_MUL:
-    case OP_DIV:
-    case OP_MAXIMUM:
-    case OP_STEP:
-    case OP_NEG:
-    case OP_EXP:
-    case OP_LOG:
-    case OP_SQRT:
-    case OP_TANH:
-    case OP_RELU:
-      return infer_elementwise(op, nin, in, out, msg, msglen);
-    case OP_POW:
-      if (isnan(at->p)) FAIL(TOPOS_ERR_ARGUMENT, "exponent is NaN");
-      return infer_elementwise(op, nin, in, out, msg, msglen);
-
-    case OP_MATMUL: {
-      const tensor_meta *b = &in[1];
-      if ((rc = need_float(a, 0, msg, msglen))) return rc;
-      if (a->dtype != b->dtype)
-        FAIL(TOPOS_ERR_DTYPE, "operand dtypes differ (%s vs %s)",
-             topos_dtype_name(a->dtype), topos_dtype_name(b->dtype));
-      if (a->rank != b->rank || (a->rank != 2 && a->rank != 3))
-        FAIL(TOPOS_ERR_SHAPE, "needs [m,k]·[k,n] or [B,m,k]·[B,k,n]");
-      int r = a->rank;
-      if (r == 3 && a->shape[0] != b->shape[0])
-        FAIL(TOPOS_ERR_SHAPE, "batch extents differ (%lld vs %lld)",
-             (long long)a->shape[0], (long long)b->shape[0]);
-      if (a->shape[r - 1] != b->shape[r - 2])
-        FAIL(TOPOS_ERR_SHAPE, "inner extents differ (%lld vs %lld)",
-             (long long)a->shape[r - 1], (long long)b->shape[r - 2]);
-      *out = *a;
-      out->shape[r - 1] = b->shape[r - 1];
-      return 0;
-    }
-
-    case OP_TRANSPOSE:
-      if (a->rank != 2) FAIL(TOPOS_ERR_SHAPE, "needs a rank-2 operand");
-      *out = *a;
-      out->shape[0] = a->shape[1];
-      out->shape[1] = a->shape[0];
-      return 0;
-
-    case OP_PERMUTE: {
-      bool seen[TOPOS_MAX_RANK] = {false};
-      *out = *a;
-      for (int i = 0; i < a->rank; i++) {
-        int p = at->perm[i];
-        if (p < 0 || p >= a->rank || seen[p])
-          FAIL(TOPOS_ERR_ARGUMENT, "perm is not a permutation of 0..%d",
-               a->rank - 1);
-        seen[p] = true;
-        out->shape[i] = a->shape[p];
-      }
-      return 0;
-    }
-
-    case OP_RESHAPE: {
-      if (at->rank < 0 || at->rank > TOPOS_MAX_RANK)
-        FAIL(TOPOS_ERR_ARGUMENT, "target rank %d is outside 0..%d", at->rank,
-             TOPOS_MAX_RANK);
-      int64_t n = shape_count(at->rank, at->shape);
-      if (n < 0) FAIL(TOPOS_ERR_SHAPE, "target shape is invalid");
-      if (n != shape_count(a->rank, a->shape))
-        FAIL(TOPOS_ERR_SHAPE, "element counts differ (%lld vs %lld)",
-             (long long)shape_count(a->rank, a->shape), (long long)n);
-      out->dtype = a->dtype;
-      out->rank = at->rank;
-      memcpy(out->shape, at->shape, sizeof(int64_t) * (size_t)at->rank);
-      return 0;
-    }
-
-    case OP_NARROW:
-      if ((rc = need_axis(at->axis, a->rank, msg, msglen))) return rc;
-      if (at->start < 0 || at->length < 0 ||
-          at->start > a->shape[at->axis] - at->length)
-        FAIL(TOPOS_ERR_SHAPE,
-             "range [%lld, %lld+%lld) is outside axis %d "
-             "of extent %lld",
-             (long long)at->start, (long long)at->start, (long long)at->length,
-             at->axis, (long long)a->shape[at->axis]);
-      *out = *a;
-      out->shape[at->axis] = at->length;
-      return 0;
-
-    case OP_PAD:
-      if ((rc = need_axis(at->axis, a->rank, msg, msglen))) return rc;
-      if (at->before < 0 || at->after < 0)
-        FAIL(TOPOS_ERR_ARGUMENT, "padding %lld/%lld must not be negative",
-             (long long)at->before, (long long)at->after);
-      if (at->before > INT32_MAX || at->after > INT32_MAX)
-        FAIL(TOPOS_ERR_MEMORY, "padding is too large");
-      *out = *a;
-      out->shape[at->axis] += at->before + at->after;
-      if (shape_count(out->rank, out->shape) < 0)
-        FAIL(TOPOS_ERR_MEMORY, "padded shape overflows");
-      return 0;
-
-    case OP_UNFOLD: {
-      int64_t count;
-      if ((rc = need_axis(at->axis, a->rank, msg, msglen))) return rc;
-      if (a->rank + 1 > TOPOS_MAX_RANK)
-        FAIL(TOPOS_ERR_SHAPE, "result would exceed rank %d", TOPOS_MAX_RANK);
-      rc = unfold_count(a->shape[at->axis], at, &count, msg, msglen);
-      if (rc) return rc;
-      out->dtype = a->dtype;
-      out->rank = a->rank + 1;
-      for (int i = 0, j = 0; i < a->rank; i++) {
-        if (i == at->axis) {
-          out->shape[j++] = count;
-          out->shape[j++] = at->size;
-        } else {
-          out->shape[j++] = a->shape[i];
-        }
-      }
-      return 0;
-    }
-
-    case OP_FOLD: {
-      int64_t count;
-      if ((rc = need_float(a, 0, msg, msglen))) return rc;
-      if (at->axis < 0 || at->axis + 1 >= a->rank)
-        FAIL(TOPOS_ERR_ARGUMENT, "axes %d and %d do not both exist in rank %d",
-             at->axis, at->axis + 1, a->rank);
-      if (at->extent < 0 || at->extent > (int64_t)1 << 40)
-        FAIL(TOPOS_ERR_ARGUMENT, "extent %lld is out of range",
-             (long long)at->extent);
-      if (a->shape[at->axis + 1] != at->size)
-        FAIL(TOPOS_ERR_SHAPE, "window axis has extent %lld, size is %lld",
-             (long long)a->shape[at->axis + 1], (long long)at->size);
-      rc = unfold_count(at->extent, at, &count, msg, msglen);
-      if (rc) return rc;
-      if (count != a->shape[at->axis])
-        FAIL(TOPOS_ERR_SHAPE, "%lld windows fit extent %lld, operand has %lld",
-             (long long)count, (long long)at->extent,
-             (long long)a->shape[at->axis]);
-      out->dtype = a->dtype;
-      out->rank = a->rank - 1;
-      for (int i = 0, j = 0; i < a->rank; i++) {
-        if (i == at->axis + 1) continue;
-        out->shape[j++] = i == at->axis ? at->extent : a->shape[i];
-      }
-      return 0;
-    }
-
-    case OP_CONCAT: {
-      if (nin < 1) FAIL(TOPOS_ERR_ARGUMENT, "needs at least one operand");
-      if ((rc = need_axis(at->axis, a->rank, msg, msglen))) return rc;
-      *out = *a;
-      for (int i = 1; i < nin; i++) {
-        if (in[i].dtype != a->dtype)
-          FAIL(TOPOS_ERR_DTYPE, "operand %d has dtype %s, operand 0 %s", i,
-               topos_dtype_name(in[i].dtype), topos_dtype_name(a->dtype));
-        if (in[i].rank != a->rank)
-          FAIL(TOPOS_ERR_SHAPE, "operand %d has rank %d, operand 0 rank %d", i,
-               in[i].rank, a->rank);
-        for (int d = 0; d < a->rank; d++)
-          if (d != at->axis && in[i].shape[d] != a->shape[d])
-            FAIL(TOPOS_ERR_SHAPE,
-                 "operand %d differs from operand 0 on "
-                 "axis %d",
-                 i, d);
-        out->shape[at->axis] += in[i].shape[at->axis];
-        if (out->shape[at->axis] > (int64_t)1 << 40)
-          FAIL(TOPOS_ERR_MEMORY, "concatenated extent is too large");
-      }
-      return 0;
-    }
-
-    case OP_BROADCAST: {
-      if (at->rank < 0 || at->rank > TOPOS_MAX_RANK ||
-          shape_count(at->rank, at->shape) < 0)
-        FAIL(TOPOS_ERR_ARGUMENT, "target shape is invalid");
-      if (a->rank != 0) {
-        if (a->rank != at->rank)
-          FAIL(TOPOS_ERR_SHAPE,
-               "operand rank %d differs from target rank %d "
-               "(use broadcast_along to add axes)",
-               a->rank, at->rank);
-        for (int i = 0; i < a->rank; i++)
-          if (a->shape[i] != at->shape[i] && a->shape[i] != 1)
-            FAIL(TOPOS_ERR_SHAPE,
-                 "axis %d has extent %lld; broadcasting to "
-                 "%lld needs 1",
-                 i, (long long)a->shape[i], (long long)at->shape[i]);
-      }
-      out->dtype = a->dtype;
-      out->rank = at->rank;
-      memcpy(out->shape, at->shape, sizeof(int64_t) * (size_t)at->rank);
-      return 0;
-    }
-
-    case OP_BROADCAST_ALONG:
-      if (at->axis < 0 || at->axis > a->rank)
-        FAIL(TOPOS_ERR_ARGUMENT,
-             "axis %d is out of range for inserting into "
-             "rank %d",
-             at->axis, a->rank);
-      if (a->rank + 1 > TOPOS_MAX_RANK)
-        FAIL(TOPOS_ERR_SHAPE, "result would exceed rank %d", TOPOS_MAX_RANK);
-      if (at->extent < 0) FAIL(TOPOS_ERR_ARGUMENT, "extent is negative");
-      out->dtype = a->dtype;
-      out->rank = a->rank + 1;
-      for (int i = 0, j = 0; i <= a->rank; i++) {
-        if (i == at->axis) out->shape[j++] = at->extent;
-        if (i < a->rank) out->shape[j++] = a->shape[i];
-      }
-      if (shape_count(out->rank, out->shape) < 0)
-        FAIL(TOPOS_ERR_MEMORY, "broadcast shape overflows");
-      return 0;
-
-    case OP_SUM:
-      if ((rc = need_float(a, 0, msg, msglen))) return rc;
-      out->dtype = a->dtype;
-      out->rank = 0;
-      return 0;
-
-    case OP_SUM_ALONG:
-    case OP_MAX_ALONG:
-    case OP_LOGSUMEXP:
-    case OP_LOG_SOFTMAX:
-      if ((rc = need_float(a, 0, msg, msglen))) return rc;
-      if ((rc = need_axis(at->axis, a->rank, msg, msglen))) return rc;
-      if (op == OP_LOG_SOFTMAX) {
-        *out = *a;
-        return 0;
-      }
-      if (op != OP_SUM_ALONG && a->shape[at->axis] == 0)
-        FAIL(TOPOS_ERR_SHAPE, "axis %d is empty; the maximum is undefined",
-             at->axis);
-      out->dtype = a->dtype;
-      out->rank = a->rank - 1;
-      for (int i = 0, j = 0; i < a->rank; i++)
-        if (i != at->axis) out->shape[j++] = a->shape[i];
-      return 0;
-
-    case OP_GATHER:
-    case OP_SCATTER: {
-      const tensor_meta *idx = &in[1];
-      if ((rc = need_float(a, 0, msg, msglen))) return rc;
-      if (a->rank != 2) FAIL(TOPOS_ERR_SHAPE, "operand 0 must have rank 2");
-      if (idx->dtype != TOPOS_I32 || idx->rank != 1)
-        FAIL(TOPOS_ERR_DTYPE, "indices must be i32 of rank 1");
-      out->dtype = a->dtype;
-      out->rank = 2;
-      out->shape[1] = a->shape[1];
-      if (op == OP_GATHER) {
-        out->shape[0] = idx->shape[0];
-      } else {
-        if (a->shape[0] != idx->shape[0])
-          FAIL(TOPOS_ERR_SHAPE, "%lld rows but %lld indices",
-               (long long)a->shape[0], (long long)idx->shape[0]);
-        if (at->extent < 0 || at->extent > (int64_t)1 << 40)
-          FAIL(TOPOS_ERR_ARGUMENT, "extent %lld is out of range",
-               (long long)at->extent);
-        out->shape[0] = at->extent;
-      }
-      if (shape_count(out->rank, out->shape) < 0)
-        FAIL(TOPOS_ERR_MEMORY, "result shape overflows");
-      return 0;
-    }
-
-    case OP_COUNT:
-      break;
-  }
-  FAIL(TOPOS_ERR_ARGUMENT, "unknown op %d", op);
+  return rules[op](op, at, nin, in, a, out, msg, msglen);
 }
 
 /* ---------------------------------------------------------------- the tape */
@@ -487,6 +474,67 @@ static int tape_index(topos_tape *tape, const char *opname, topos_value v,
   return v.index;
 }
 
+/* The attributes of `at` that an op with this ATTR_* mask reads; every
+ * other field is 0.  A node then holds exactly what the encoding writes, so
+ * networks with equal bytes are equal in memory too, and a shape rule, a
+ * kernel or an emission that read an attribute its list entry does not
+ * declare would see 0 in every recorded or decoded network alike. */
+static node_attrs attrs_kept(unsigned mask, const node_attrs *at) {
+  node_attrs k = {0};
+  if (!at) return k;
+  for (int bit = 0; bit < ATTR_BIT_COUNT; bit++) {
+    if (!(mask & 1u << bit)) continue;
+    switch ((attr_bit)bit) {
+      case ATTR_BIT_SLOT:
+        k.slot = at->slot;
+        break;
+      case ATTR_BIT_TENSOR:
+        k.tensor = at->tensor;
+        break;
+      case ATTR_BIT_P:
+        k.p = at->p;
+        break;
+      case ATTR_BIT_PERM:
+        memcpy(k.perm, at->perm, sizeof k.perm);
+        break;
+      case ATTR_BIT_TARGET:
+        k.rank = at->rank;
+        memcpy(k.shape, at->shape, sizeof k.shape);
+        break;
+      case ATTR_BIT_AXIS:
+        k.axis = at->axis;
+        break;
+      case ATTR_BIT_START:
+        k.start = at->start;
+        break;
+      case ATTR_BIT_LENGTH:
+        k.length = at->length;
+        break;
+      case ATTR_BIT_BEFORE:
+        k.before = at->before;
+        break;
+      case ATTR_BIT_AFTER:
+        k.after = at->after;
+        break;
+      case ATTR_BIT_EXTENT:
+        k.extent = at->extent;
+        break;
+      case ATTR_BIT_SIZE:
+        k.size = at->size;
+        break;
+      case ATTR_BIT_STEP:
+        k.step = at->step;
+        break;
+      case ATTR_BIT_DILATION:
+        k.dilation = at->dilation;
+        break;
+      case ATTR_BIT_COUNT:
+        break;
+    }
+  }
+  return k;
+}
+
 topos_value tape_record(topos_tape *tape, op_code op, const topos_value *in,
                         int nin, const node_attrs *at) {
   if (!tape || tape->error) return TOPOS_NONE;
@@ -514,7 +562,7 @@ topos_value tape_record(topos_tape *tape, op_code op, const topos_value *in,
     ins[i] = idx;
     metas[i] = tape->nodes[idx].meta;
   }
-  node_attrs attrs = at ? *at : (node_attrs){0};
+  node_attrs attrs = attrs_kept(op_table[op].attrs, at);
   tensor_meta out;
   char reason[400];
   int rc = op_infer(op, &attrs, nin, metas, &out, reason, sizeof reason);
@@ -1082,15 +1130,21 @@ topos_value topos_record(topos_tape *tape, int op, const topos_value *operands,
   na.extent = at->extent;
   na.p = at->p;
   na.tensor = (topos_tensor *)at->tensor;
-  if (op == OP_PERMUTE) {
-    if (!at->perm)
-      return topos_tape_fail(tape, TOPOS_ERR_ARGUMENT,
-                             "record: permute without perm");
+  /* The scalars are copied whatever the op (tape_record keeps only what
+   * it reads); the arrays only where the op reads them, since only then do
+   * the pointers have to be valid. */
+  unsigned reads = op_table[op].attrs;
+  if (reads & ATTR_PERM) {
+    if (!at->perm) {
+      char msg[96];
+      snprintf(msg, sizeof msg, "record: %s without perm", op_table[op].name);
+      return topos_tape_fail(tape, TOPOS_ERR_ARGUMENT, msg);
+    }
     int rank = 0;
     if (n == 1 && operands) topos_value_shape(tape, operands[0], &rank);
     memcpy(na.perm, at->perm, sizeof(int) * (size_t)rank);
   }
-  if (op == OP_RESHAPE || op == OP_BROADCAST) {
+  if (reads & ATTR_TARGET) {
     if (at->target_rank < 0 || at->target_rank > TOPOS_MAX_RANK ||
         (at->target_rank > 0 && !at->target))
       return topos_tape_fail(tape, TOPOS_ERR_ARGUMENT,

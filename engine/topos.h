@@ -733,6 +733,95 @@ int topos_optimizer_step(const topos_optimizer *opt, const topos_params *params,
                          const topos_opt_state *state,
                          topos_params **params_out, topos_opt_state **state_out,
                          topos_error *err);
+/* Whether topos_optimizer_step could take (params, state) under opt: the
+ * hyperparameters, floating parameters, and moments that match them.
+ * state NULL checks opt and params only.  Returns a topos_status. */
+int topos_optimizer_check(const topos_optimizer *opt,
+                          const topos_params *params,
+                          const topos_opt_state *state, topos_error *err);
+
+/* ---------------------------------------------------------- training steps */
+
+/* What one training step gives.  Every pointer is new and owned by the
+ * result: release them all with topos_step_result_clear.  A failed step
+ * leaves every field zero. */
+typedef struct topos_step_result {
+  topos_params *params;   /* the parameters after the update */
+  topos_opt_state *state; /* the optimizer state after it */
+  double loss;            /* the loss of the step's forward, widened exactly */
+  /* The forward run (topos_run_of reads its roots and observes); NULL from
+   * a trainer that keeps no run (the remote one). */
+  topos_run *run;
+  /* The observes' values, entry order (nobserves 0 when none were asked). */
+  int nobserves;
+  topos_tensor **observes;
+} topos_step_result;
+
+/* Releases what r holds and zeroes it; a zeroed result or NULL is a no-op. */
+void topos_step_result_clear(topos_step_result *r);
+
+/*
+ * One training step of a TRAINING-posture plan whose roots[0] is the
+ * rank-0 loss: topos_plan_forward, topos_plan_gradients and
+ * topos_optimizer_step in one call, with their bits exactly.  params NULL
+ * means the network's initial parameters, state NULL a fresh state
+ * (topos_opt_state_new).  ctx NULL is topos_plan_exec(plan); a given ctx
+ * governs the forward and the gradients (cancellation and the deadline
+ * are checked throughout).  Nothing given is modified.  Fills *out;
+ * returns a topos_status (TOPOS_ERR_STATE for a forward-only plan), and
+ * on failure *out is all zero.  Bad optimizer settings and a state that
+ * does not fit params fail before any work is done.
+ */
+int topos_plan_step(const topos_plan *plan, const topos_params *params,
+                    const topos_feed *feeds, int nfeeds,
+                    const topos_optimizer *opt, const topos_opt_state *state,
+                    const topos_exec *ctx, topos_step_result *out,
+                    topos_error *err);
+
+/*
+ * A trainer: where training steps run, behind one call, so a training loop
+ * is written once and runs in-process (topos_trainer_local) or on a daemon
+ * (topos_client_trainer in topos_client.h) with the same bits.  The state
+ * stays the caller's: every step is a pure function of (params, feeds,
+ * opt, state), and the optimizer is given per step so schedules need no
+ * setter.  The two trainers topos provides may be stepped from several
+ * threads at once.
+ */
+typedef struct topos_trainer topos_trainer;
+
+/* An implementation: `step` has topos_trainer_step's contract (out is
+ * zeroed before it is called and cleared after it fails); `free` releases
+ * self.  `kind` names it in messages ("local", "remote"). */
+typedef struct topos_trainer_ops {
+  const char *kind;
+  int (*step)(void *self, const topos_params *params, const topos_feed *feeds,
+              int nfeeds, const topos_optimizer *opt,
+              const topos_opt_state *state, topos_step_result *out,
+              topos_error *err);
+  void (*free)(void *self);
+} topos_trainer_ops;
+
+/* A trainer over ops (borrowed: static storage) and self, which it owns
+ * from here on, even when this fails (NULL with err). */
+topos_trainer *topos_trainer_new(const topos_trainer_ops *ops, void *self,
+                                 topos_error *err);
+/* In-process: lowers the training plan of (loss; observes) once, with the
+ * numerics and threads of ctx (NULL: exact, the process default), and
+ * steps it with topos_plan_step under a copy of ctx.  The trainer retains
+ * net.  New trainer, or NULL with err (a loss that is not a rank-0 float,
+ * a bad context, ...). */
+topos_trainer *topos_trainer_local(const topos_network *net, topos_value loss,
+                                   const topos_value *observes, int nobserves,
+                                   const topos_exec *ctx, topos_error *err);
+/* One step: params NULL means the network's initials, state NULL a fresh
+ * state; *out as topos_plan_step fills it.  Returns a topos_status. */
+int topos_trainer_step(topos_trainer *tr, const topos_params *params,
+                       const topos_feed *feeds, int nfeeds,
+                       const topos_optimizer *opt, const topos_opt_state *state,
+                       topos_step_result *out, topos_error *err);
+/* The implementation's kind ("local", "remote"); "" for NULL. */
+const char *topos_trainer_kind(const topos_trainer *tr);
+void topos_trainer_free(topos_trainer *tr);
 
 /* ------------------------------------------------------------- initializers */
 

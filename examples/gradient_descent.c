@@ -3,16 +3,18 @@
  *
  * The network has one parameter w (initially 0) and two rank-0 inputs x
  * and y; the loss is (w·x − y)².  One hundred SGD steps at learning rate
- * 0.02 cycle through the samples (1,2), (2,4), (3,6), each a forward run
- * with x and y fed, a backward pass and a pure optimizer step that
- * returns new parameters.  The program prints w, which converges to 2,
- * and the network's describe listing, and exits 1 if w is not within
- * 1e-6 of 2.
+ * 0.02 cycle through the samples (1,2), (2,4), (3,6), each one
+ * topos_trainer_step with x and y fed: forward, the gradient and a pure
+ * optimizer update that returns new parameters and state.  The program
+ * prints w, which converges to 2, and the network's describe listing, and
+ * exits 1 if w is not within 1e-6 of 2.
  *
  * Usage: gradient_descent [--server ADDRESS] [--dump FILE]
- * With --server the network is recorded on a toposd daemon and every step
- * is one Step call carrying the parameters, the optimizer state and the
- * feeds (the listing is the daemon's describe); the numbers are bit for
+ * Without --server the trainer is in-process (topos_trainer_local).  With
+ * it the network is recorded on a toposd daemon and the trainer is remote
+ * (topos_client_trainer): every step is one Step call carrying the
+ * parameters, the optimizer state and the feeds (the listing is the
+ * daemon's describe); the loop is the same and the numbers are bit for
  * bit those of the in-process run.  --dump writes the final parameters'
  * bytes (each slot's elements row-major, in slot order) to FILE, so two
  * runs can be compared byte for byte.
@@ -83,55 +85,48 @@ int main(int argc, char **argv) {
   topos_network *net = topos_tape_seal(tape, &err);
   if (net == NULL) return fail("recording", &err);
 
-  /* Remote: the daemon stores the spec and answers its id. */
+  /* Where the steps run, chosen once: in-process (a training plan lowered
+   * here) or on a daemon that stores the spec.  Everything below is the
+   * same either way; so is the listing, which the daemon describes from
+   * its stored copy. */
   topos_client *client = NULL;
-  char id[65] = "";
+  topos_trainer *trainer = NULL;
+  char *listing = NULL;
   if (server != NULL) {
+    char id[65] = "";
     client = topos_client_connect(server, &err);
-    if (client == NULL || topos_client_record(client, net, id, &err) != 0) {
-      topos_client_close(client);
-      topos_network_release(net);
-      return fail("recording on the daemon", &err);
-    }
+    if (client != NULL && topos_client_record(client, net, id, &err) == 0 &&
+        topos_client_describe(client, id, TOPOS_FORMAT_TEXT, &listing, &err) ==
+            0)
+      trainer = topos_client_trainer(client, id, loss, NULL, &err);
+  } else {
+    listing = topos_network_describe(net, TOPOS_FORMAT_TEXT, &err);
+    if (listing != NULL)
+      trainer = topos_trainer_local(net, loss, NULL, 0, NULL, &err);
   }
+  int rc = 0;
+  if (trainer == NULL)
+    rc = fail(server ? "the daemon" : "lowering the training plan", &err);
 
-  /* Train: state is held here, as values; the network never changes. */
+  /* Train: state is held here, as values; the network never changes.  The
+   * first step starts from the initial parameters and a fresh optimizer
+   * state (NULL, NULL); each result holds what the next step takes. */
   static const double samples[3][2] = {{1, 2}, {2, 4}, {3, 6}};
   topos_optimizer opt = topos_sgd(0.02, 0.0);
-  topos_params *params = topos_network_parameters(net);
-  topos_opt_state *state = topos_opt_state_new(&opt, params, &err);
-  int rc = state ? 0 : fail("optimizer state", &err);
+  topos_step_result cur = {0};
   for (int step = 0; step < 100 && rc == 0; step++) {
     const double *s = samples[step % 3];
     topos_tensor *xt = topos_tensor_scalar(TOPOS_F64, s[0], &err);
     topos_tensor *yt = topos_tensor_scalar(TOPOS_F64, s[1], &err);
     topos_feed feeds[2] = {{x, xt}, {y, yt}};
-    topos_run *run = NULL;
-    topos_params *g = NULL;
-    topos_params *next = NULL;
-    topos_opt_state *next_state = NULL;
-    int step_rc;
-    if (client != NULL) {
-      /* The same step as below, computed by the daemon. */
-      step_rc = topos_client_step(client, id, loss, params, feeds, 2, &opt,
-                                  state, &next, &next_state, NULL, &err);
-    } else {
-      run = topos_forward(net, params, feeds, 2, NULL, &err);
-      g = run ? topos_gradients(run, loss, NULL, &err) : NULL;
-      step_rc = g == NULL ? TOPOS_ERR_STATE
-                          : topos_optimizer_step(&opt, params, g, state, &next,
-                                                 &next_state, &err);
-    }
-    if (step_rc != TOPOS_OK) {
+    topos_step_result next;
+    if (topos_trainer_step(trainer, cur.params, feeds, 2, &opt, cur.state,
+                           &next, &err) != TOPOS_OK) {
       rc = fail("training step", &err);
     } else {
-      topos_params_free(params);
-      topos_opt_state_free(state);
-      params = next;
-      state = next_state;
+      topos_step_result_clear(&cur);
+      cur = next;
     }
-    topos_params_free(g);
-    topos_run_free(run);
     topos_tensor_release(xt);
     topos_tensor_release(yt);
   }
@@ -139,27 +134,18 @@ int main(int argc, char **argv) {
   double wv = NAN;
   if (rc == 0) {
     int64_t none[1] = {0};
-    wv = topos_tensor_get(topos_params_get(params, 0), none, &err);
+    wv = topos_tensor_get(topos_params_get(cur.params, 0), none, &err);
     printf("w = %.17g\n", wv);
-    char *text = NULL;
-    if (client != NULL)
-      topos_client_describe(client, id, TOPOS_FORMAT_TEXT, &text, &err);
-    else
-      text = topos_network_describe(net, TOPOS_FORMAT_TEXT, &err);
-    if (text == NULL) {
-      rc = fail("describe", &err);
-    } else {
-      fputs(text, stdout);
-      topos_free(text);
-    }
+    fputs(listing, stdout);
   }
 
-  if (rc == 0 && dump != NULL && dump_params(dump, params, &err) != 0)
+  if (rc == 0 && dump != NULL && dump_params(dump, cur.params, &err) != 0)
     rc = fail("--dump", &err);
 
+  topos_step_result_clear(&cur);
+  topos_trainer_free(trainer); /* before the client it borrows */
   topos_client_close(client);
-  topos_opt_state_free(state);
-  topos_params_free(params);
+  topos_free(listing);
   topos_network_release(net);
   if (rc == 0 && !(fabs(wv - 2.0) <= 1e-6)) {
     fprintf(stderr, "gradient_descent: w = %.17g is not within 1e-6 of 2\n",

@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops.h"
+
 /* ------------------------------------------------------------ errors */
 
 static int fail(topos_error *err, int code, const char *fmt, ...)
@@ -344,8 +346,43 @@ void wire_tensor_clear(Topos__V1__Tensor *m) {
   if (m) wire_message_clear(&m->base);
 }
 
+static int blob_cmp(const void *a, const void *b) {
+  return strcmp(((const wire_blob *)a)->id, ((const wire_blob *)b)->id);
+}
+
+void wire_blobs_sort(wire_blob *v, size_t n) {
+  if (v && n > 1) qsort(v, n, sizeof *v, blob_cmp);
+}
+
+/* Tensor `index` of blob `id` (a checked reference) from what the caller
+ * looked up: a new reference. */
+static topos_tensor *blob_tensor(const wire_blobs *blobs, const char *id,
+                                 int32_t index, const char *what,
+                                 topos_error *err) {
+  const wire_blob key = {.id = id};
+  const wire_blob *b =
+      blobs->n ? bsearch(&key, blobs->v, blobs->n, sizeof key, blob_cmp) : NULL;
+  if (!b && blobs->failed_id && strcmp(blobs->failed_id, id) == 0) {
+    const topos_error *f = &blobs->failed;
+    fail(err, f->code ? f->code : TOPOS_ERR_NOT_FOUND, "%s: %s", what,
+         f->message[0] ? f->message : "the blob reference is unresolved");
+    return NULL;
+  }
+  if (!b) {
+    fail(err, TOPOS_ERR_STATE, "%s: blob %s was not looked up", what, id);
+    return NULL;
+  }
+  if (index >= b->n) {
+    fail(err, TOPOS_ERR_RANGE,
+         "%s: blob %s holds %d tensors; index %d is out of range", what, id,
+         b->n, (int)index);
+    return NULL;
+  }
+  return topos_tensor_retain(b->tensors[index]);
+}
+
 topos_tensor *wire_tensor_from_proto(const Topos__V1__Tensor *m,
-                                     const wire_resolver *res, const char *what,
+                                     const wire_blobs *blobs, const char *what,
                                      topos_error *err) {
   if (!what) what = "tensor";
   if (!m) {
@@ -354,7 +391,7 @@ topos_tensor *wire_tensor_from_proto(const Topos__V1__Tensor *m,
   }
   if (m->blob) {
     const Topos__V1__BlobRef *b = m->blob;
-    if (!res || !res->resolve) {
+    if (!blobs) {
       fail(err, TOPOS_ERR_ARGUMENT,
            "%s: a blob reference is not accepted here (send the bytes)", what);
       return NULL;
@@ -370,16 +407,7 @@ topos_tensor *wire_tensor_from_proto(const Topos__V1__Tensor *m,
            (int)b->index);
       return NULL;
     }
-    topos_error rerr = {0};
-    topos_tensor *t = res->resolve(res->ctx, b->id, b->index, &rerr);
-    if (!t) {
-      fail(err, rerr.code ? rerr.code : TOPOS_ERR_NOT_FOUND, "%s: %s", what,
-           rerr.message[0] ? rerr.message : "the blob reference is unresolved");
-      return NULL;
-    }
-    /* t is the resolver's new tensor, not a pointer into rerr. */
-    // cppcheck-suppress returnDanglingLifetime
-    return t;
+    return blob_tensor(blobs, b->id, b->index, what, err);
   }
   topos_dtype dtype;
   if (wire_dtype_from_proto((int)m->dtype, what, &dtype, err) != TOPOS_OK)
@@ -533,7 +561,7 @@ void wire_tensors_free(Topos__V1__Tensor **v, size_t n) {
 }
 
 int wire_tensor_array_from_proto(Topos__V1__Tensor *const *v, size_t n,
-                                 const wire_resolver *res, const char *what,
+                                 const wire_blobs *blobs, const char *what,
                                  topos_tensor ***out, topos_error *err) {
   if (!out) return fail(err, TOPOS_ERR_ARGUMENT, "tensors: out is NULL");
   *out = NULL;
@@ -547,7 +575,7 @@ int wire_tensor_array_from_proto(Topos__V1__Tensor *const *v, size_t n,
   for (size_t i = 0; i < n; i++) {
     char name[96];
     snprintf(name, sizeof name, "%s[%zu]", what, i);
-    arr[i] = wire_tensor_from_proto(v[i], res, name, err);
+    arr[i] = wire_tensor_from_proto(v[i], blobs, name, err);
     if (!arr[i]) {
       wire_tensor_array_free(arr, (int)n);
       return err ? err->code : TOPOS_ERR_ARGUMENT;
@@ -564,13 +592,13 @@ void wire_tensor_array_free(topos_tensor **v, int n) {
 }
 
 int wire_params_from_proto(Topos__V1__Tensor *const *v, size_t n,
-                           const wire_resolver *res, const char *what,
+                           const wire_blobs *blobs, const char *what,
                            topos_params **out, topos_error *err) {
   if (!out) return fail(err, TOPOS_ERR_ARGUMENT, "params: out is NULL");
   *out = NULL;
   if (!what) what = "parameters";
   topos_tensor **arr = NULL;
-  int rc = wire_tensor_array_from_proto(v, n, res, what, &arr, err);
+  int rc = wire_tensor_array_from_proto(v, n, blobs, what, &arr, err);
   if (rc != TOPOS_OK || n == 0) return rc;
   topos_error perr = {0};
   *out = topos_params_new((int)n, arr, &perr);
@@ -581,81 +609,32 @@ int wire_params_from_proto(Topos__V1__Tensor *const *v, size_t n,
 
 /* ------------------------------------------------------------ specs */
 
-/* Which attributes each op reads (docs/encoding.md), by proto Op number. */
-enum {
-  AT_AXIS = 1 << 0,
-  AT_START = 1 << 1,
-  AT_LENGTH = 1 << 2,
-  AT_BEFORE = 1 << 3,
-  AT_AFTER = 1 << 4,
-  AT_SIZE = 1 << 5,
-  AT_STEP = 1 << 6,
-  AT_DILATION = 1 << 7,
-  AT_EXTENT = 1 << 8,
-  AT_P = 1 << 9,
-  AT_PERM = 1 << 10,
-  AT_TARGET = 1 << 11,
-  AT_TENSOR = 1 << 12
+/* The proto Op enum is the engine's op list (ops.h) under the same names
+ * and numbers, so an op converts by value in both directions.  Each entry
+ * of the list must have its enumerator in proto/topos.proto with the same
+ * number; an op missing from the proto, or numbered differently, fails
+ * to compile here.  (The proto having an op the list lacks cannot be
+ * seen at compile time: wire_spec_to_network refuses codes past
+ * topos_op_count(), and tests/daemon/test_op_list.c compares the counts.) */
+#define WIRE_OP_SAME(E, name, arity, family, reads, linear, rule, attrs) \
+  _Static_assert((int)TOPOS__V1__OP__##E == (int)OP_##E,                 \
+                 "proto Op " #E " is not op code OP_" #E " (engine/ops.h)");
+TOPOS_OPS(WIRE_OP_SAME)
+#undef WIRE_OP_SAME
+
+/* Which attributes each op reads (its ATTR_* mask), by op code: a Node
+ * carries those and no others, in both directions. */
+static const unsigned op_attrs[OP_COUNT] = {
+#define WIRE_OP_ATTRS(E, name, arity, family, reads, linear, rule, attrs) \
+  [OP_##E] = attrs,
+    TOPOS_OPS(WIRE_OP_ATTRS)
+#undef WIRE_OP_ATTRS
 };
-
-static unsigned op_attributes(int op) {
-  switch (op) {
-    case TOPOS__V1__OP__CONSTANT:
-    case TOPOS__V1__OP__PARAMETER:
-    case TOPOS__V1__OP__INPUT:
-      return AT_TENSOR;
-    case TOPOS__V1__OP__POW:
-      return AT_P;
-    case TOPOS__V1__OP__PERMUTE:
-      return AT_PERM;
-    case TOPOS__V1__OP__RESHAPE:
-    case TOPOS__V1__OP__BROADCAST:
-      return AT_TARGET;
-    case TOPOS__V1__OP__NARROW:
-      return AT_AXIS | AT_START | AT_LENGTH;
-    case TOPOS__V1__OP__PAD:
-      return AT_AXIS | AT_BEFORE | AT_AFTER;
-    case TOPOS__V1__OP__UNFOLD:
-      return AT_AXIS | AT_SIZE | AT_STEP | AT_DILATION;
-    case TOPOS__V1__OP__FOLD:
-      return AT_AXIS | AT_EXTENT | AT_SIZE | AT_STEP | AT_DILATION;
-    case TOPOS__V1__OP__CONCAT:
-    case TOPOS__V1__OP__SUM_ALONG:
-    case TOPOS__V1__OP__MAX_ALONG:
-    case TOPOS__V1__OP__LOG_SOFTMAX:
-    case TOPOS__V1__OP__LOGSUMEXP:
-      return AT_AXIS;
-    case TOPOS__V1__OP__BROADCAST_ALONG:
-      return AT_AXIS | AT_EXTENT;
-    case TOPOS__V1__OP__SCATTER:
-      return AT_EXTENT;
-    default:
-      return 0;
-  }
-}
-
-/* The tape dtype of a sealed network.  topos.h has no accessor for it, so
- * it is read from the canonical encoding's header (docs/encoding.md:
- * magic 4 bytes, version u16, tape dtype u8). */
-static int network_tape_dtype(const topos_network *net, topos_dtype *out,
-                              topos_error *err) {
-  uint8_t *bytes = NULL;
-  size_t len = 0;
-  int rc = topos_network_encode(net, &bytes, &len, err);
-  if (rc != TOPOS_OK) return rc;
-  if (len < 7) {
-    topos_free(bytes);
-    return fail(err, TOPOS_ERR_CORRUPT, "spec: the encoding has no header");
-  }
-  *out = (topos_dtype)bytes[6];
-  topos_free(bytes);
-  return TOPOS_OK;
-}
 
 /* Fills one init'ed Node from node info. */
 static int node_to_proto(const topos_node_info *ni, int index,
                          Topos__V1__Node *m, topos_error *err) {
-  unsigned at = op_attributes(ni->op);
+  unsigned at = op_attrs[ni->op];
   m->op = (Topos__V1__Op)ni->op;
   if (ni->nin > 0) {
     m->operands = malloc(sizeof(int32_t) * (size_t)ni->nin);
@@ -667,17 +646,17 @@ static int node_to_proto(const topos_node_info *ni, int index,
     m->name = dup_string(ni->name);
     if (!m->name) goto oom;
   }
-  if (at & AT_AXIS) m->axis = ni->axis;
-  if (at & AT_START) m->start = ni->start;
-  if (at & AT_LENGTH) m->length = ni->length;
-  if (at & AT_BEFORE) m->before = ni->before;
-  if (at & AT_AFTER) m->after = ni->after;
-  if (at & AT_SIZE) m->size = ni->size;
-  if (at & AT_STEP) m->step = ni->step;
-  if (at & AT_DILATION) m->dilation = ni->dilation;
-  if (at & AT_EXTENT) m->extent = ni->extent;
-  if (at & AT_P) m->p = ni->p;
-  if ((at & AT_PERM) && ni->nin == 1) {
+  if (at & ATTR_AXIS) m->axis = ni->axis;
+  if (at & ATTR_START) m->start = ni->start;
+  if (at & ATTR_LENGTH) m->length = ni->length;
+  if (at & ATTR_BEFORE) m->before = ni->before;
+  if (at & ATTR_AFTER) m->after = ni->after;
+  if (at & ATTR_SIZE) m->size = ni->size;
+  if (at & ATTR_STEP) m->step = ni->step;
+  if (at & ATTR_DILATION) m->dilation = ni->dilation;
+  if (at & ATTR_EXTENT) m->extent = ni->extent;
+  if (at & ATTR_P) m->p = ni->p;
+  if ((at & ATTR_PERM) && ni->nin == 1) {
     /* perm has the operand's rank, which equals the result's. */
     int rank = ni->rank;
     if (rank > 0) {
@@ -687,13 +666,13 @@ static int node_to_proto(const topos_node_info *ni, int index,
       m->n_perm = (size_t)rank;
     }
   }
-  if ((at & AT_TARGET) && ni->target_rank > 0) {
+  if ((at & ATTR_TARGET) && ni->target_rank > 0) {
     m->shape = malloc(sizeof(int64_t) * (size_t)ni->target_rank);
     if (!m->shape) goto oom;
     memcpy(m->shape, ni->target, sizeof(int64_t) * (size_t)ni->target_rank);
     m->n_shape = (size_t)ni->target_rank;
   }
-  if (at & AT_TENSOR) {
+  if (at & ATTR_TENSOR) {
     m->tensor = wire_tensor_new(ni->tensor, err);
     if (!m->tensor) {
       char prefix[64];
@@ -711,9 +690,7 @@ int wire_spec_from_network(const topos_network *net, Topos__V1__Spec *out,
   if (!net || !out)
     return fail(err, TOPOS_ERR_ARGUMENT, "spec: %s is NULL",
                 net ? "out" : "network");
-  topos_dtype dtype = TOPOS_F32;
-  int rc = network_tape_dtype(net, &dtype, err);
-  if (rc != TOPOS_OK) return rc;
+  topos_dtype dtype = topos_network_dtype(net);
   int n = topos_network_node_count(net);
   Topos__V1__Node **nodes = (Topos__V1__Node **)ptr_array((size_t)n);
   if (n && !nodes) return fail(err, TOPOS_ERR_MEMORY, "spec: out of memory");
@@ -722,7 +699,7 @@ int wire_spec_from_network(const topos_network *net, Topos__V1__Spec *out,
   out->n_nodes = 0;
   for (int i = 0; i < n; i++) {
     topos_node_info ni;
-    rc = topos_network_node(net, i, &ni, err);
+    int rc = topos_network_node(net, i, &ni, err);
     if (rc == TOPOS_OK) {
       nodes[i] = malloc(sizeof *nodes[i]);
       if (!nodes[i]) rc = fail(err, TOPOS_ERR_MEMORY, "spec: out of memory");
@@ -836,24 +813,24 @@ topos_network *wire_spec_to_network(const Topos__V1__Spec *spec,
       }
       in[j] = values[k];
     }
-    unsigned at = op_attributes(op);
+    unsigned at = op_attrs[op];
     topos_node_info info;
     memset(&info, 0, sizeof info);
     int perm[TOPOS_MAX_RANK] = {0};
     topos_tensor *tensor = NULL;
     const char *bad = NULL;
     char why[300] = "";
-    if (at & AT_AXIS) info.axis = m->axis;
-    if (at & AT_START) info.start = m->start;
-    if (at & AT_LENGTH) info.length = m->length;
-    if (at & AT_BEFORE) info.before = m->before;
-    if (at & AT_AFTER) info.after = m->after;
-    if (at & AT_SIZE) info.size = m->size;
-    if (at & AT_STEP) info.step = m->step;
-    if (at & AT_DILATION) info.dilation = m->dilation;
-    if (at & AT_EXTENT) info.extent = m->extent;
-    if (at & AT_P) info.p = m->p;
-    if (at & AT_PERM) {
+    if (at & ATTR_AXIS) info.axis = m->axis;
+    if (at & ATTR_START) info.start = m->start;
+    if (at & ATTR_LENGTH) info.length = m->length;
+    if (at & ATTR_BEFORE) info.before = m->before;
+    if (at & ATTR_AFTER) info.after = m->after;
+    if (at & ATTR_SIZE) info.size = m->size;
+    if (at & ATTR_STEP) info.step = m->step;
+    if (at & ATTR_DILATION) info.dilation = m->dilation;
+    if (at & ATTR_EXTENT) info.extent = m->extent;
+    if (at & ATTR_P) info.p = m->p;
+    if (at & ATTR_PERM) {
       int rank = 0;
       if (nin == 1) topos_value_shape(tape, in[0], &rank);
       if (nin == 1 && m->n_perm != (size_t)rank) {
@@ -867,7 +844,7 @@ topos_network *wire_spec_to_network(const Topos__V1__Spec *spec,
         info.perm = perm;
       }
     }
-    if (!bad && (at & AT_TARGET)) {
+    if (!bad && (at & ATTR_TARGET)) {
       if (m->n_shape > TOPOS_MAX_RANK || (m->n_shape && !m->shape)) {
         snprintf(why, sizeof why,
                  "target shape has %zu extents; the limit "
@@ -879,7 +856,7 @@ topos_network *wire_spec_to_network(const Topos__V1__Spec *spec,
         info.target = m->shape;
       }
     }
-    if (!bad && (at & AT_TENSOR)) {
+    if (!bad && (at & ATTR_TENSOR)) {
       if (!m->tensor) {
         bad = "a leaf needs a tensor";
       } else {
@@ -1161,7 +1138,7 @@ Topos__V1__Entry *wire_entry_new(const topos_entry *e, const char *backend,
 /* ------------------------------------------------------------ feeds */
 
 int wire_feeds_from_proto(const topos_network *net, Topos__V1__Feed *const *v,
-                          size_t n, const wire_resolver *res, topos_feed **out,
+                          size_t n, const wire_blobs *blobs, topos_feed **out,
                           topos_error *err) {
   if (!out) return fail(err, TOPOS_ERR_ARGUMENT, "feeds: out is NULL");
   *out = NULL;
@@ -1191,7 +1168,7 @@ int wire_feeds_from_proto(const topos_network *net, Topos__V1__Feed *const *v,
       return rc;
     }
     snprintf(what, sizeof what, "feeds[%zu].tensor", i);
-    feeds[i].tensor = wire_tensor_from_proto(v[i]->tensor, res, what, err);
+    feeds[i].tensor = wire_tensor_from_proto(v[i]->tensor, blobs, what, err);
     if (!feeds[i].tensor) {
       wire_feeds_free(feeds, (int)n);
       return err ? err->code : TOPOS_ERR_ARGUMENT;
@@ -1385,7 +1362,7 @@ int wire_optimizer_to_proto(const topos_optimizer *opt,
 /* ------------------------------------------------------------ state */
 
 int wire_state_from_proto(const Topos__V1__OptimizerState *m,
-                          const wire_resolver *res, topos_opt_state **out,
+                          const wire_blobs *blobs, topos_opt_state **out,
                           topos_error *err) {
   if (!out) return fail(err, TOPOS_ERR_ARGUMENT, "state: out is NULL");
   *out = NULL;
@@ -1394,9 +1371,9 @@ int wire_state_from_proto(const Topos__V1__OptimizerState *m,
     return fail(err, TOPOS_ERR_ARGUMENT, "state: step %" PRId64 " is negative",
                 m->step);
   topos_params *mm = NULL, *vv = NULL;
-  int rc = wire_params_from_proto(m->m, m->n_m, res, "state.m", &mm, err);
+  int rc = wire_params_from_proto(m->m, m->n_m, blobs, "state.m", &mm, err);
   if (rc == TOPOS_OK)
-    rc = wire_params_from_proto(m->v, m->n_v, res, "state.v", &vv, err);
+    rc = wire_params_from_proto(m->v, m->n_v, blobs, "state.v", &vv, err);
   if (rc == TOPOS_OK) {
     topos_error serr = {0};
     *out = topos_opt_state_from(m->step, mm, vv, &serr);

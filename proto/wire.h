@@ -55,12 +55,13 @@
  * index or looks the name up in the network.
  *
  * Blob references.  A Tensor may carry `blob {id, index}` instead of
- * bytes (a tensor of a set uploaded earlier with PutBlob).  Resolving one
- * needs the daemon's blob cache, so every function that reads tensors
- * takes a `const wire_resolver *`; NULL means "references are not allowed
- * here" and a Tensor with a blob is then an INVALID_ARGUMENT error.  The id
- * is checked (64 lowercase hex digits, index >= 0) before the resolver is
- * called.
+ * bytes (a tensor of a set uploaded earlier with PutBlob).  wire fetches
+ * nothing: the caller looks the referenced blobs up first (the daemon, in
+ * its cache and store) and every function that reads tensors takes what
+ * it found as a `const wire_blobs *`; NULL means "references are not
+ * allowed here" and a Tensor with a blob is then an INVALID_ARGUMENT
+ * error.  The id is checked (64 lowercase hex digits, index >= 0) before
+ * the table is read.
  */
 #ifndef TOPOS_WIRE_H
 #define TOPOS_WIRE_H
@@ -132,16 +133,34 @@ int wire_dtype_from_proto(int proto_dtype, const char *what, topos_dtype *out,
 
 /* ----------------------------------------------------------------- tensors */
 
-/* Resolves a blob reference to a tensor: returns a NEW reference (the
- * caller releases it), or NULL with err filled (NOT_FOUND for an unknown
- * blob, RANGE for an index past the blob's end, ...).  `blob_id` has
- * already been checked to be 64 lowercase hex digits and index >= 0.
- * Called from the thread that called the wire function. */
-typedef struct wire_resolver {
-  topos_tensor *(*resolve)(void *ctx, const char *blob_id, int index,
-                           topos_error *err);
-  void *ctx;
-} wire_resolver;
+/* A blob the caller looked up: its id and its tensors (borrowed; a
+ * conversion retains the tensors it takes, so they need only outlive the
+ * call). */
+typedef struct wire_blob {
+  const char *id; /* 64 lowercase hex digits */
+  topos_tensor *const *tensors;
+  int n;
+} wire_blob;
+
+/* The blobs a message refers to.  `v` is sorted by id (wire_blobs_sort);
+ * an id may appear more than once.  A reference {id, index} reads
+ * v[id].tensors[index] (a new reference), and an index past the blob's end
+ * is TOPOS_ERR_RANGE.  A caller that looks blobs up in the order the
+ * conversion reads them may stop at the first lookup that fails and
+ * record it in failed_id / failed: a reference to that id is then that
+ * error, in the field that made it ("parameters[2]: no blob with id ..."),
+ * and since a conversion stops at its first error it never reads a
+ * reference after it.  A reference to an id in neither is TOPOS_ERR_STATE
+ * (the caller did not look it up). */
+typedef struct wire_blobs {
+  const wire_blob *v;
+  size_t n;
+  const char *failed_id; /* NULL: no lookup failed */
+  topos_error failed;    /* why failed_id could not be looked up */
+} wire_blobs;
+
+/* Sorts n blobs by id, as wire_blobs.v must be. */
+void wire_blobs_sort(wire_blob *v, size_t n);
 
 /* Fills an init'ed (topos__v1__tensor__init) message with t's dtype,
  * shape and elements (row-major, little-endian, copied into a buffer the
@@ -158,12 +177,12 @@ void wire_tensor_clear(Topos__V1__Tensor *m);
 
 /* A new tensor from a message, checked: known dtype, rank <= 8, extents
  * >= 0, element count and byte size without overflow, data length exactly
- * count * dtype size.  A blob reference goes to `res` (NULL: an error).
- * `what` names the tensor in messages ("feeds[1].tensor"); NULL gives
- * "tensor".  Returns NULL with err on failure; a NULL message is an
+ * count * dtype size.  A blob reference is read from `blobs` (NULL: an
+ * error).  `what` names the tensor in messages ("feeds[1].tensor"); NULL
+ * gives "tensor".  Returns NULL with err on failure; a NULL message is an
  * error ("<what> is missing"). */
 topos_tensor *wire_tensor_from_proto(const Topos__V1__Tensor *m,
-                                     const wire_resolver *res, const char *what,
+                                     const wire_blobs *blobs, const char *what,
                                      topos_error *err);
 
 /* Lists of tensors (repeated Tensor fields).  *out is a new array of n new
@@ -188,12 +207,12 @@ void wire_tensors_free(Topos__V1__Tensor **v, size_t n);
  * caller decides what an empty list means (the spec's initials, for
  * Forward/Backward/Step/Conformance).  New set: topos_params_free. */
 int wire_params_from_proto(Topos__V1__Tensor *const *v, size_t n,
-                           const wire_resolver *res, const char *what,
+                           const wire_blobs *blobs, const char *what,
                            topos_params **out, topos_error *err);
 /* n messages -> a new array of n new tensors (for ForwardReply roots and
  * observes on the client).  Free with wire_tensor_array_free. */
 int wire_tensor_array_from_proto(Topos__V1__Tensor *const *v, size_t n,
-                                 const wire_resolver *res, const char *what,
+                                 const wire_blobs *blobs, const char *what,
                                  topos_tensor ***out, topos_error *err);
 /* Releases n tensors and frees the array. */
 void wire_tensor_array_free(topos_tensor **v, int n);
@@ -267,12 +286,12 @@ Topos__V1__Entry *wire_entry_new(const topos_entry *e, const char *backend,
 
 /* Resolves n Feed messages against net: each `input` resolves (as
  * wire_value_resolve) to an input node of net, each tensor is checked (as
- * wire_tensor_from_proto; blob references via res).  Whether dtype and
+ * wire_tensor_from_proto; blob references from blobs).  Whether dtype and
  * shape match the input's default is the engine's check (topos_forward).
  * *out is a new array of n feeds whose tensors are new (free both with
  * wire_feeds_free); n == 0 gives *out = NULL. */
 int wire_feeds_from_proto(const topos_network *net, Topos__V1__Feed *const *v,
-                          size_t n, const wire_resolver *res, topos_feed **out,
+                          size_t n, const wire_blobs *blobs, topos_feed **out,
                           topos_error *err);
 /* Releases the tensors of n feeds and frees the array. */
 void wire_feeds_free(topos_feed *feeds, int n);
@@ -320,7 +339,7 @@ int wire_optimizer_to_proto(const topos_optimizer *opt,
  * NULL message gives *out = NULL and TOPOS_OK: "absent = a fresh state",
  * which the caller builds with topos_opt_state_new. */
 int wire_state_from_proto(const Topos__V1__OptimizerState *m,
-                          const wire_resolver *res, topos_opt_state **out,
+                          const wire_blobs *blobs, topos_opt_state **out,
                           topos_error *err);
 /* Engine state -> an init'ed message (clear with wire_message_clear). */
 int wire_state_to_proto(const topos_opt_state *s,

@@ -2,7 +2,7 @@
  * daemon.h - what toposd's parts share: the configuration, the store, the
  * cache, the run state (serving, draining, cancelling) and the counters
  * Stats reports.  One instance lives in main(); the gRPC front (rpc.c)
- * and the handlers (handlers.c) read it from every thread.
+ * and the handlers (handlers.h, rooms.h) read it from every thread.
  */
 #ifndef TOPOSD_DAEMON_H
 #define TOPOSD_DAEMON_H

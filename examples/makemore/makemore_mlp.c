@@ -17,11 +17,14 @@
  * 500 steps and, last, "final: mean loss of the last 500 steps = X";
  * the time per step goes to stderr.
  *
- * With --server the network is recorded on a toposd daemon, the initial
- * parameters are uploaded once as a blob (the first step references it),
- * and every step is one Step call carrying the minibatch as feeds, the
- * parameters and the optimizer state; the daemon keeps nothing between
- * steps and the numbers are bit for bit those of the in-process run.
+ * Training is one loop over topos_trainer_step, whichever trainer runs
+ * it: in-process, a training plan lowered once (topos_trainer_local);
+ * with --server, a toposd daemon that stores the network
+ * (topos_client_trainer), where every step is one Step call carrying the
+ * minibatch as feeds, the parameters and the optimizer state (the first
+ * sends no parameters: the daemon starts from its stored initials).  The
+ * daemon keeps nothing between steps and the numbers are bit for bit
+ * those of the in-process run.
  * --dump writes the final parameters' bytes (each slot's elements
  * row-major, in slot order) to FILE.
  */
@@ -244,21 +247,31 @@ int main(int argc, char **argv) {
     return fail("building the network", &err);
   }
 
-  topos_optimizer opt = topos_sgd(learning_rate(0, steps), 0.0);
-  topos_params *params = topos_network_parameters(m.net);
-  topos_opt_state *state = topos_opt_state_new(&opt, params, &err);
-  int rc = state != NULL ? 0 : fail("optimizer state", &err);
-
-  /* Remote: record the spec, upload the initial parameters once. */
+  /* Where the steps run, chosen once: in-process (the training plan
+   * lowered here) or on a daemon that stores the spec.  The loop below is
+   * the same either way. */
   topos_client *client = NULL;
-  char id[65] = "", blob[65] = "";
-  if (rc == 0 && server != NULL) {
+  topos_trainer *trainer = NULL;
+  const char *where = "";
+  if (server != NULL) {
+    char id[65] = "";
+    where = " remote";
     client = topos_client_connect(server, &err);
-    if (client == NULL || topos_client_record(client, m.net, id, &err) != 0 ||
-        topos_client_put_blob(client, params, blob, NULL, &err) != 0)
-      rc = fail("the daemon", &err);
+    if (client != NULL && topos_client_record(client, m.net, id, &err) == 0)
+      trainer = topos_client_trainer(client, id, m.loss, NULL, &err);
+  } else {
+    trainer = topos_trainer_local(m.net, m.loss, NULL, 0, NULL, &err);
   }
+  int rc = 0;
+  if (trainer == NULL)
+    rc = fail(server ? "the daemon" : "lowering the training plan", &err);
 
+  /* The first step starts from the initial parameters and a fresh
+   * optimizer state (NULL, NULL: remotely, the daemon's copy of the
+   * initials, so nothing is uploaded); each result holds what the next
+   * step takes. */
+  topos_optimizer opt = topos_sgd(learning_rate(0, steps), 0.0);
+  topos_step_result cur = {0};
   uint64_t rng = 20240601;
   int32_t bx[BATCH * CONTEXT], by[BATCH];
   int64_t x_shape[2] = {BATCH, CONTEXT}, y_shape[1] = {BATCH};
@@ -274,47 +287,20 @@ int main(int argc, char **argv) {
     topos_tensor *xt = topos_tensor_from(TOPOS_I32, 2, x_shape, bx, &err);
     topos_tensor *yt = topos_tensor_from(TOPOS_I32, 1, y_shape, by, &err);
     topos_feed feeds[2] = {{m.x, xt}, {m.y, yt}};
-    topos_run *run = NULL;
-    topos_params *g = NULL;
-    double loss = 0;
-    topos_params *next = NULL;
-    topos_opt_state *next_state = NULL;
     opt.lr = learning_rate(step, steps);
-    int step_rc = TOPOS_ERR_STATE;
-    if (client != NULL && xt && yt) {
-      /* The same step as below, computed by the daemon; the first one
-       * reads the parameters from the uploaded blob. */
-      topos_client_args args = {.feeds = feeds, .nfeeds = 2};
-      if (step == 0) {
-        args.params_blob = blob;
-        args.nparams_blob = topos_params_count(params);
-      } else {
-        args.params = params;
-      }
-      step_rc = topos_client_step_with(client, id, m.loss, &args, &opt, state,
-                                       &next, &next_state, &loss, &err);
-    } else if (client == NULL) {
-      run = xt && yt ? topos_forward(m.net, params, feeds, 2, NULL, &err) : NULL;
-      g = run ? topos_gradients(run, m.loss, NULL, &err) : NULL;
-      loss = run ? topos_run_scalar(run, m.loss, &err) : 0;
-      if (g != NULL)
-        step_rc = topos_optimizer_step(&opt, params, g, state, &next,
-                                       &next_state, &err);
-    }
-    if (step_rc != TOPOS_OK) {
+    topos_step_result next;
+    if (topos_trainer_step(trainer, cur.params, feeds, 2, &opt, cur.state,
+                           &next, &err) != TOPOS_OK) {
       rc = fail("training step", &err);
     } else {
-      topos_params_free(params);
-      topos_opt_state_free(state);
-      params = next;
-      state = next_state;
+      topos_step_result_clear(&cur);
+      cur = next;
     }
-    topos_params_free(g);
-    topos_run_free(run);
     topos_tensor_release(xt);
     topos_tensor_release(yt);
     if (rc != 0) break;
 
+    double loss = cur.loss;
     block_sum += loss;
     if (step >= steps - window) window_sum += loss;
     if ((step + 1) % 500 == 0) {
@@ -329,14 +315,14 @@ int main(int argc, char **argv) {
     printf("final: mean loss of the last %d steps = %.4f\n", window,
            window_sum / window);
     fprintf(stderr, "%.3f ms/step (%d steps, %.1f s)%s\n", elapsed / steps,
-            steps, elapsed / 1e3, client != NULL ? " remote" : "");
+            steps, elapsed / 1e3, where);
   }
-  if (rc == 0 && dump != NULL && dump_params(dump, params, &err) != 0)
+  if (rc == 0 && dump != NULL && dump_params(dump, cur.params, &err) != 0)
     rc = fail("--dump", &err);
 
+  topos_step_result_clear(&cur);
+  topos_trainer_free(trainer); /* before the client it borrows */
   topos_client_close(client);
-  topos_opt_state_free(state);
-  topos_params_free(params);
   topos_network_release(m.net);
   free(data.x);
   free(data.y);

@@ -519,6 +519,148 @@ START_TEST(test_step_bits) {
 }
 END_TEST
 
+/* One loop, two trainers: topos_trainer_local and topos_client_trainer
+ * over the same network take `steps` steps side by side and must agree
+ * bit for bit on the loss, the parameters and the state after each.  The
+ * first step passes NULL parameters and state (the initials, a fresh
+ * state) unless a custom decay predicate needs the parameters here. */
+static void check_trainers(topos_client *c, const topos_network *net,
+                           const topos_optimizer *opt, const topos_exec *exec,
+                           int steps, const char *what) {
+  topos_error err = {0};
+  char id[65];
+  record(c, net, id);
+  topos_value loss = sample_root(net);
+  topos_trainer *local = topos_trainer_local(net, loss, NULL, 0, exec, &err);
+  ck_assert_msg(local != NULL, "%s: %s", what, err.message);
+  topos_trainer *remote = topos_client_trainer(c, id, loss, exec, &err);
+  ck_assert_msg(remote != NULL, "%s: %s", what, err.message);
+  ck_assert_str_eq(topos_trainer_kind(remote), "remote");
+  topos_params *first = opt->decay ? topos_network_parameters(net) : NULL;
+  topos_step_result a = {0}, b = {0};
+  for (int k = 0; k < steps; k++) {
+    topos_feed feeds[4];
+    int nf = float_feeds(net, 200 + k, feeds, 4);
+    topos_step_result na, nb;
+    const topos_params *pa = k ? a.params : first, *pb = k ? b.params : first;
+    ck_assert_msg(topos_trainer_step(local, pa, feeds, nf, opt, a.state, &na,
+                                     &err) == TOPOS_OK,
+                  "%s step %d local: %s", what, k, err.message);
+    ck_assert_msg(topos_trainer_step(remote, pb, feeds, nf, opt, b.state, &nb,
+                                     &err) == TOPOS_OK,
+                  "%s step %d remote: %s", what, k, err.message);
+    ck_assert_msg(memcmp(&na.loss, &nb.loss, sizeof na.loss) == 0,
+                  "%s step %d: loss %.17g vs %.17g", what, k, na.loss, nb.loss);
+    ck_assert_msg(topos_params_bitwise_equal(na.params, nb.params),
+                  "%s step %d: parameters differ", what, k);
+    ck_assert_int_eq(topos_opt_state_step(na.state), k + 1);
+    ck_assert_int_eq(topos_opt_state_step(nb.state), k + 1);
+    for (int m = 0; m < 2; m++) {
+      const topos_params *x = topos_opt_state_moment(na.state, m);
+      const topos_params *y = topos_opt_state_moment(nb.state, m);
+      ck_assert_msg((x == NULL) == (y == NULL), "%s: moment %d presence", what,
+                    m);
+      if (x)
+        ck_assert_msg(topos_params_bitwise_equal(x, y),
+                      "%s step %d: moment %d differs", what, k, m);
+    }
+    /* The remote trainer keeps no run. */
+    ck_assert_ptr_null(nb.run);
+    ck_assert_int_eq(nb.nobserves, 0);
+    topos_step_result_clear(&a);
+    topos_step_result_clear(&b);
+    a = na;
+    b = nb;
+    free_feeds(feeds, nf);
+  }
+  topos_params *p0 = topos_network_parameters(net);
+  ck_assert_msg(!topos_params_bitwise_equal(p0, b.params), "%s: nothing moved",
+                what);
+  topos_params_free(p0);
+  topos_params_free(first);
+  topos_step_result_clear(&a);
+  topos_step_result_clear(&b);
+  topos_trainer_free(remote);
+  topos_trainer_free(local);
+}
+
+static bool cancel_now(void *ctx) {
+  return true;
+}
+
+START_TEST(test_trainer_bits) {
+  topos_client *c = connect_daemon();
+  topos_optimizer opts[5] = {topos_sgd(0.1, 0.0), topos_sgd(0.05, 0.9),
+                             topos_adam(1e-2, 0.9, 0.999, 1e-8),
+                             topos_adamw(1e-2, 0.9, 0.999, 1e-8, 0.1),
+                             topos_adamw(1e-2, 0.8, 0.99, 1e-6, 0.3)};
+  opts[1].weight_decay = 1e-3;
+  opts[4].decay = decay_even;
+  /* f64 (the MLP) and f32 (conv + pool, fused on both sides). */
+  sn_builder nets[2] = {sn_mlp, sn_conv};
+  const topos_exec reference = {.backend = "reference"};
+  for (int n = 0; n < 2; n++) {
+    topos_network *net = nets[n]();
+    for (int o = 0; o < 5; o++) {
+      char what[64];
+      snprintf(what, sizeof what, "net %d optimizer %d", n, o);
+      check_trainers(c, net, &opts[o], o == 2 ? &reference : NULL, 4, what);
+    }
+    topos_network_release(net);
+  }
+
+  /* Errors: before anything is sent, and the daemon's, both leaving the
+   * result zero. */
+  topos_error err = {0};
+  topos_network *net = sn_gradient_descent();
+  char id[65];
+  record(c, net, id);
+  topos_value loss = topos_network_find(net, "loss");
+  ck_assert_ptr_null(topos_client_trainer(NULL, id, loss, NULL, &err));
+  ck_assert_int_eq(err.code, TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_null(topos_client_trainer(c, "xyz", loss, NULL, &err));
+  ck_assert_int_eq(err.code, TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_null(topos_client_trainer(c, id, TOPOS_NONE, NULL, &err));
+  ck_assert_int_eq(err.code, TOPOS_ERR_ARGUMENT);
+  topos_trainer *tr = topos_client_trainer(c, id, loss, NULL, &err);
+  ck_assert_ptr_nonnull(tr);
+  topos_optimizer neg = topos_sgd(-1, 0);
+  topos_step_result r;
+  memset(&err, 0, sizeof err);
+  ck_assert_int_eq(topos_trainer_step(tr, NULL, NULL, 0, &neg, NULL, &r, &err),
+                   TOPOS_ERR_ARGUMENT);
+  ck_assert_int_eq(topos_client_grpc_status(err.code), 3);
+  ck_assert_ptr_null(r.params);
+  ck_assert_ptr_null(r.state);
+  topos_trainer_free(tr);
+  /* What of the context stays here: a passed deadline and a cancel. */
+  topos_exec late = {.deadline_ns = 1};
+  tr = topos_client_trainer(c, id, loss, &late, &err);
+  ck_assert_ptr_nonnull(tr);
+  topos_optimizer sgd = topos_sgd(0.02, 0);
+  ck_assert_int_eq(topos_trainer_step(tr, NULL, NULL, 0, &sgd, NULL, &r, &err),
+                   TOPOS_ERR_DEADLINE);
+  ck_assert_ptr_null(r.params);
+  topos_trainer_free(tr);
+  topos_exec stop = {.cancel = cancel_now};
+  tr = topos_client_trainer(c, id, loss, &stop, &err);
+  ck_assert_int_eq(topos_trainer_step(tr, NULL, NULL, 0, &sgd, NULL, &r, &err),
+                   TOPOS_ERR_CANCELLED);
+  topos_trainer_free(tr);
+  /* A deadline far ahead lets the step through. */
+  topos_exec later = {.deadline_ns = topos_now_ns() + 60 * 1000000000LL};
+  tr = topos_client_trainer(c, id, loss, &later, &err);
+  ck_assert_msg(
+      topos_trainer_step(tr, NULL, NULL, 0, &sgd, NULL, &r, &err) == TOPOS_OK,
+      "%s", err.message);
+  ck_assert_ptr_nonnull(r.params);
+  topos_step_result_clear(&r);
+  topos_trainer_free(tr);
+  topos_network_release(net);
+  topos_client_close(c);
+}
+END_TEST
+
 /* ------------------------------------------------------------ blobs */
 
 START_TEST(test_blobs) {
@@ -579,13 +721,11 @@ START_TEST(test_blobs) {
   ck_assert_int_eq(topos_params_count(stepped), n);
   topos_params_free(stepped);
   topos_opt_state_free(st);
-  topos_conformance_result *res = NULL;
-  int nres = 0;
-  ck_assert_int_eq(
-      topos_client_conformance(c, id, &e, &by_ref, &res, &nres, &err),
-      TOPOS_OK);
-  ck_assert_int_gt(nres, 0);
-  topos_free(res);
+  topos_conformance *res = NULL;
+  ck_assert_int_eq(topos_client_conformance(c, id, &e, &by_ref, &res, &err),
+                   TOPOS_OK);
+  ck_assert_int_gt(res->nrows, 0);
+  topos_conformance_free(res);
 
   /* An unknown blob is NOT_FOUND; an index past the blob's end and both
    * params and a blob are argument errors. */
@@ -698,19 +838,19 @@ START_TEST(test_conformance) {
     for (int posture = 0; posture < 2; posture++) {
       topos_entry e = {
           roots, 1, NULL, 0, (topos_posture)posture, TOPOS_NUMERICS_EXACT};
-      topos_conformance_result *res = NULL;
-      int n = 0;
+      topos_conformance *res = NULL;
       ck_assert_msg(
-          topos_client_conformance(c, id, &e, NULL, &res, &n, &err) == TOPOS_OK,
+          topos_client_conformance(c, id, &e, NULL, &res, &err) == TOPOS_OK,
           "%s", err.message);
-      ck_assert_int_gt(n, 0);
-      for (int i = 0; i < n; i++) {
-        ck_assert_msg(res[i].backend[0] != '\0', "a backend without a name");
-        ck_assert_msg(res[i].bit_identical, "%s on %s: max ulp %g (%s)",
-                      sn_samples[s].name, res[i].backend, res[i].max_ulp,
-                      res[i].note);
+      ck_assert_int_gt(res->nrows, 0);
+      for (int i = 0; i < res->nrows; i++) {
+        const topos_conformance_row *row = &res->rows[i];
+        ck_assert_msg(row->backend[0] != '\0', "a backend without a name");
+        ck_assert_msg(row->holds && row->bit_identical,
+                      "%s on %s: max ulp %g (%s)", sn_samples[s].name,
+                      row->backend, row->max_ulp, row->note);
       }
-      topos_free(res);
+      topos_conformance_free(res);
     }
     topos_network_release(net);
   }
@@ -1325,6 +1465,7 @@ Suite *client_suite(void) {
   tcase_add_test(rpc, test_forward_bits);
   tcase_add_test(rpc, test_backward_bits);
   tcase_add_test(rpc, test_step_bits);
+  tcase_add_test(rpc, test_trainer_bits);
   tcase_add_test(rpc, test_blobs);
   tcase_add_test(rpc, test_large_tensors);
   tcase_add_test(rpc, test_conformance);

@@ -1080,6 +1080,152 @@ START_TEST(test_blobs) {
 }
 END_TEST
 
+/* n heap messages referring to tensors first..first+n-1 of blob `id`
+ * (wire_tensors_free). */
+static Topos__V1__Tensor **refs_at(const char *id, int first, size_t n) {
+  Topos__V1__Tensor **v = calloc(n ? n : 1, sizeof *v);
+  ck_assert_ptr_nonnull(v);
+  for (size_t i = 0; i < n; i++) {
+    v[i] = wire_tensor_new_ref(id, first + (int)i, NULL);
+    ck_assert_ptr_nonnull(v[i]);
+  }
+  return v;
+}
+
+/* Uploads n tensor messages as one blob; its id in id[65]. */
+static void put_tensors(client *c, Topos__V1__Tensor **v, size_t n,
+                        char id[65]) {
+  Topos__V1__PutBlobRequest pb = TOPOS__V1__PUT_BLOB_REQUEST__INIT;
+  pb.tensors = v;
+  pb.n_tensors = n;
+  Topos__V1__PutBlobReply *put = NULL;
+  CALL_OK(c, "PutBlob", &pb, &topos__v1__put_blob_reply__descriptor, &put);
+  snprintf(id, 65, "%s", put->id);
+  wire_message_free(&put->base);
+}
+
+/* Blob references in every tensor field a Step reads: the parameters and
+ * the feed (looked up together before they are converted) and the
+ * optimizer state's moments (looked up when the state is read), from two
+ * blobs whose tensors are spread across those fields.  The reply is the
+ * by-value Step's byte for byte; a missing blob after references that
+ * resolve is NOT_FOUND naming the field that referred to it. */
+START_TEST(test_blob_refs_in_step) {
+  start_default();
+  topos_error err = {0};
+  mlp_net m = mlp_network();
+  char id[65];
+  record(&C, m.net, id);
+  topos_optimizer adamw = topos_adamw(0.01, 0.9, 0.999, 1e-8, 0.1);
+  topos_params *p = topos_network_parameters(m.net);
+  topos_opt_state *st = NULL;
+  int64_t ys[1] = {8};
+  int32_t labels[8] = {0, 1, 2, 3, 4, 0, 1, 2};
+  topos_tensor *yt = topos_tensor_from(TOPOS_I32, 1, ys, labels, &err);
+  topos_feed feeds[1] = {{m.y, yt}};
+  /* One step first, so that the state has moments to refer to. */
+  reply raw;
+  ck_assert_int_eq(
+      remote_step(&C, id, m.loss, &adamw, &p, &st, feeds, 1, NULL, &raw),
+      GRPC_STATUS_OK);
+  reply_clear(&raw);
+
+  Topos__V1__StepRequest sr = TOPOS__V1__STEP_REQUEST__INIT;
+  sr.id = id;
+  sr.loss = value_msg(m.loss);
+  Topos__V1__Optimizer om = TOPOS__V1__OPTIMIZER__INIT;
+  ck_assert_int_eq(wire_optimizer_to_proto(&adamw, p, &om, &err), TOPOS_OK);
+  sr.optimizer = &om;
+  ck_assert_int_eq(
+      wire_tensors_from_params(p, &sr.parameters, &sr.n_parameters, &err),
+      TOPOS_OK);
+  ck_assert_int_eq(wire_feeds_to_proto(feeds, 1, &sr.feeds, &sr.n_feeds, &err),
+                   TOPOS_OK);
+  sr.state = wire_state_new(st, &err);
+  ck_assert_ptr_nonnull(sr.state);
+  size_t np = sr.n_parameters;
+  ck_assert_uint_eq(sr.state->n_m, np);
+  ck_assert_uint_eq(sr.state->n_v, np);
+
+  /* Blob A: the parameters, then the first moments.  Blob B: the feed,
+   * then the second moments. */
+  Topos__V1__Tensor **a = calloc(2 * np, sizeof *a);
+  Topos__V1__Tensor **b = calloc(1 + np, sizeof *b);
+  for (size_t i = 0; i < np; i++) {
+    a[i] = sr.parameters[i];
+    a[np + i] = sr.state->m[i];
+    b[1 + i] = sr.state->v[i];
+  }
+  b[0] = sr.feeds[0]->tensor;
+  char ida[65], idb[65];
+  put_tensors(&C, a, 2 * np, ida);
+  put_tensors(&C, b, 1 + np, idb);
+  free(a);
+  free(b);
+
+  /* The same request by reference (shallow copies of the messages). */
+  Topos__V1__StepRequest rr = sr;
+  rr.parameters = refs_at(ida, 0, np);
+  Topos__V1__Feed feed = *sr.feeds[0];
+  Topos__V1__Tensor **feed_ref = refs_at(idb, 0, 1);
+  feed.tensor = feed_ref[0];
+  Topos__V1__Feed *feedp[1] = {&feed};
+  rr.feeds = feedp;
+  Topos__V1__OptimizerState state = *sr.state;
+  state.m = refs_at(ida, (int)np, np);
+  state.v = refs_at(idb, 1, np);
+  rr.state = &state;
+
+  reply by_value, by_ref;
+  ck_assert_int_eq(call_msg(&C, "Step", &sr.base, NULL, NULL, &by_value),
+                   GRPC_STATUS_OK);
+  int status = call_msg(&C, "Step", &rr.base, NULL, NULL, &by_ref);
+  ck_assert_msg(status == GRPC_STATUS_OK, "by reference: %s", by_ref.details);
+  ck_assert_uint_eq(by_ref.len, by_value.len);
+  ck_assert(memcmp(by_ref.data, by_value.data, by_value.len) == 0);
+  reply_clear(&by_value);
+  reply_clear(&by_ref);
+
+  static const char missing[] =
+      "cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd";
+  Topos__V1__Tensor *kept = state.v[np - 1];
+  state.v[np - 1] = wire_tensor_new_ref(missing, 0, NULL);
+  status = call_msg(&C, "Step", &rr.base, NULL, NULL, &by_ref);
+  ck_assert_int_eq(status, GRPC_STATUS_NOT_FOUND);
+  char want[32];
+  snprintf(want, sizeof want, "state.v[%zu]", np - 1);
+  ck_assert_msg(strstr(by_ref.details, want) != NULL, "%s", by_ref.details);
+  reply_clear(&by_ref);
+  wire_message_free(&state.v[np - 1]->base);
+  state.v[np - 1] = kept;
+  Topos__V1__Tensor *param1 = rr.parameters[1];
+  rr.parameters[1] = wire_tensor_new_ref(missing, 0, NULL);
+  status = call_msg(&C, "Step", &rr.base, NULL, NULL, &by_ref);
+  ck_assert_int_eq(status, GRPC_STATUS_NOT_FOUND);
+  ck_assert_msg(strstr(by_ref.details, "parameters[1]") != NULL, "%s",
+                by_ref.details);
+  reply_clear(&by_ref);
+  wire_message_free(&rr.parameters[1]->base);
+  rr.parameters[1] = param1;
+
+  wire_tensors_free(rr.parameters, np);
+  wire_tensors_free(feed_ref, 1);
+  wire_tensors_free(state.m, np);
+  wire_tensors_free(state.v, np);
+  wire_message_free(&sr.state->base);
+  wire_tensors_free(sr.parameters, sr.n_parameters);
+  wire_feeds_free_proto(sr.feeds, sr.n_feeds);
+  wire_message_clear(&om.base);
+  wire_message_free(&sr.loss->base);
+  topos_tensor_release(yt);
+  topos_params_free(p);
+  topos_opt_state_free(st);
+  topos_network_release(m.net);
+  assert_serving(&C);
+  stop_default();
+}
+END_TEST
+
 /* Conformance: every backend bit-identical to the interpreter, on a net
  * whose forward plan fuses convolution and pooling, and in training. */
 START_TEST(test_conformance) {
@@ -2288,6 +2434,7 @@ Suite *server_suite(void) {
   tcase_add_test(tc, test_entry_threads);
   tcase_add_test(tc, test_step_bit_identical);
   tcase_add_test(tc, test_blobs);
+  tcase_add_test(tc, test_blob_refs_in_step);
   tcase_add_test(tc, test_conformance);
   tcase_add_test(tc, test_blob_durability);
   suite_add_tcase(s, tc);

@@ -103,10 +103,10 @@ END_TEST
 /* Expects wire_tensor_from_proto to fail with `code` and a message that
  * contains `needle`. */
 static void expect_tensor_error(const Topos__V1__Tensor *m,
-                                const wire_resolver *res, int code,
+                                const wire_blobs *blobs, int code,
                                 const char *needle) {
   topos_error err = {0};
-  topos_tensor *t = wire_tensor_from_proto(m, res, "feeds[0].tensor", &err);
+  topos_tensor *t = wire_tensor_from_proto(m, blobs, "feeds[0].tensor", &err);
   ck_assert_msg(t == NULL, "accepted a hostile tensor (%s)", needle);
   ck_assert_msg(err.code == code, "code %d want %d: %s", err.code, code,
                 err.message);
@@ -177,38 +177,27 @@ START_TEST(test_tensor_hostile) {
 }
 END_TEST
 
-/* A resolver over one fixed parameter set, counting its calls. */
-typedef struct blob_ctx {
-  const char *id;
-  topos_params *p;
-  int calls;
-} blob_ctx;
-
-static topos_tensor *resolve_blob(void *ctx, const char *id, int index,
-                                  topos_error *err) {
-  blob_ctx *b = ctx;
-  b->calls++;
-  if (strcmp(id, b->id) != 0) {
-    err->code = TOPOS_ERR_NOT_FOUND;
-    snprintf(err->message, sizeof err->message, "blob %.8s is not stored", id);
-    return NULL;
-  }
-  if (index >= topos_params_count(b->p)) {
-    err->code = TOPOS_ERR_RANGE;
-    snprintf(err->message, sizeof err->message, "blob has no tensor %d", index);
-    return NULL;
-  }
-  return topos_tensor_retain(topos_params_get(b->p, index));
-}
-
 START_TEST(test_tensor_blob_refs) {
   static const char id[] =
       "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+  static const char other[] =
+      "00000000000000000000000000000000000000000000000000000000000000aa";
+  static const char failed[] =
+      "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff";
+  static const char absent[] =
+      "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
   topos_tensor *a = tt_random(TOPOS_F32, 1, SN_S(3), 1, -1, 1);
   topos_tensor *b = tt_random(TOPOS_F64, 2, SN_S(2, 2), 2, -1, 1);
+  topos_tensor *c = tt_random(TOPOS_F32, 1, SN_S(5), 3, -1, 1);
   topos_params *p = topos_params_new(2, (topos_tensor *[]){a, b}, NULL);
-  blob_ctx ctx = {id, p, 0};
-  wire_resolver res = {resolve_blob, &ctx};
+  /* What a daemon looked up: two blobs, given out of order (sorting is
+   * what makes the lookup find them), and one lookup that failed. */
+  topos_tensor *ab[2] = {a, b};
+  wire_blob v[2] = {{id, ab, 2}, {other, &c, 1}};
+  wire_blobs_sort(v, 2);
+  ck_assert_str_eq(v[0].id, other);
+  wire_blobs table = {
+      v, 2, failed, {TOPOS_ERR_NOT_FOUND, "blob is not stored"}};
   topos_error err = {0};
 
   Topos__V1__Tensor **refs = NULL;
@@ -222,14 +211,13 @@ START_TEST(test_tensor_blob_refs) {
   Topos__V1__ForwardRequest *u = (Topos__V1__ForwardRequest *)repack(&req.base);
   wire_tensors_free(refs, n);
   topos_params *got = NULL;
-  ck_assert_int_eq(wire_params_from_proto(u->parameters, u->n_parameters, &res,
-                                          "parameters", &got, &err),
+  ck_assert_int_eq(wire_params_from_proto(u->parameters, u->n_parameters,
+                                          &table, "parameters", &got, &err),
                    TOPOS_OK);
   ck_assert(topos_params_bitwise_equal(got, p));
-  ck_assert_int_eq(ctx.calls, 2);
   topos_params_free(got);
 
-  /* Without a resolver a reference is an error. */
+  /* Without a table a reference is an error. */
   ck_assert_int_eq(wire_params_from_proto(u->parameters, u->n_parameters, NULL,
                                           "parameters", &got, &err),
                    TOPOS_ERR_ARGUMENT);
@@ -239,25 +227,34 @@ START_TEST(test_tensor_blob_refs) {
                 "%s", err.message);
   wire_message_free(&u->base);
 
-  /* A bad id never reaches the resolver; an unknown one is NOT_FOUND; an
-   * index past the end is the resolver's RANGE. */
+  /* A bad id or index is refused before the table is read (the empty
+   * table would say "not looked up"); an index past the end is RANGE; the
+   * failed lookup is its own error in the field that referred to it; an id
+   * nobody looked up is STATE. */
+  wire_blobs empty = {0};
   Topos__V1__BlobRef ref = TOPOS__V1__BLOB_REF__INIT;
   Topos__V1__Tensor m = TOPOS__V1__TENSOR__INIT;
   m.blob = &ref;
   ref.id = "ABC";
-  ctx.calls = 0;
-  expect_tensor_error(&m, &res, TOPOS_ERR_ARGUMENT, "64 lowercase hex");
+  expect_tensor_error(&m, &empty, TOPOS_ERR_ARGUMENT, "64 lowercase hex");
   ref.id = "0123456789ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef";
-  expect_tensor_error(&m, &res, TOPOS_ERR_ARGUMENT, "64 lowercase hex");
+  expect_tensor_error(&m, &empty, TOPOS_ERR_ARGUMENT, "64 lowercase hex");
   ref.id = (char *)id;
   ref.index = -1;
-  expect_tensor_error(&m, &res, TOPOS_ERR_RANGE, "negative");
-  ck_assert_int_eq(ctx.calls, 0);
-  ref.index = 2;
-  expect_tensor_error(&m, &res, TOPOS_ERR_RANGE, "no tensor 2");
-  ref.id = "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff";
+  expect_tensor_error(&m, &empty, TOPOS_ERR_RANGE, "negative");
   ref.index = 0;
-  expect_tensor_error(&m, &res, TOPOS_ERR_NOT_FOUND, "not stored");
+  expect_tensor_error(&m, &empty, TOPOS_ERR_STATE, "not looked up");
+  ref.index = 2;
+  expect_tensor_error(&m, &table, TOPOS_ERR_RANGE, "holds 2 tensors; index 2");
+  ref.id = (char *)other;
+  ref.index = 0;
+  topos_tensor *t = wire_tensor_from_proto(&m, &table, NULL, &err);
+  ck_assert_ptr_eq(t, c);
+  topos_tensor_release(t);
+  ref.id = (char *)failed;
+  expect_tensor_error(&m, &table, TOPOS_ERR_NOT_FOUND, "not stored");
+  ref.id = (char *)absent;
+  expect_tensor_error(&m, &table, TOPOS_ERR_STATE, "not looked up");
 
   ck_assert(wire_id_valid(id));
   ck_assert(!wire_id_valid(NULL));
@@ -266,6 +263,7 @@ START_TEST(test_tensor_blob_refs) {
   topos_params_free(p);
   topos_tensor_release(a);
   topos_tensor_release(b);
+  topos_tensor_release(c);
 }
 END_TEST
 

@@ -2341,6 +2341,42 @@ START_TEST(test_padded_pool_chain) {
 }
 END_TEST
 
+/* Pool windows that stop short of the end: the rows and columns no window
+ * reads are sliced off before reduce_window (IREE 3.13 cannot compile the
+ * 1x1 case without; test_iree.c runs it). */
+START_TEST(test_pool_remainder_sliced) {
+  for (int d = 0; d < NFLOAT; d++) {
+    topos_dtype dt = float_dtypes[d];
+    topos_tape *t = topos_tape_new(dt);
+    topos_value x = sn_leaf(t, 2, dt, 4, S(2, 2, 3, 4), 1, -1, 1);
+    topos_value y = topos_max_pool2d(t, x, 3, 3); /* 1x1, one column left */
+    topos_value z = sn_leaf(t, 2, dt, 4, S(1, 2, 5, 5), 2, -1, 1);
+    topos_value w = topos_max_pool2d(t, z, 2, 2); /* 2x2, a row and a column */
+    topos_value v = topos_max_pool2d(t, z, 3, 1); /* 3x3, nothing left */
+    topos_network *net = seal(t);
+    emit_case c = {&y,
+                   1,
+                   NULL,
+                   0,
+                   TOPOS_POSTURE_FORWARD,
+                   1,
+                   "limit_indices = array<i64: 2, 2, 3, 3>",
+                   NULL,
+                   false,
+                   NULL};
+    check_emit(net, &c);
+    c.roots = &w;
+    c.contains = "limit_indices = array<i64: 1, 2, 4, 4>";
+    check_emit(net, &c);
+    c.roots = &v;
+    c.contains = "\"stablehlo.reduce_window\"";
+    c.lacks = "\"stablehlo.slice\"";
+    check_emit(net, &c);
+    topos_network_release(net);
+  }
+}
+END_TEST
+
 /* A group whose geometry disagrees with its nodes is emitted node by
  * node, still correct. */
 static void break_groups(topos_plan *plan) {
@@ -2779,6 +2815,7 @@ Suite *emit_suite(void) {
   tcase_add_test(nets, test_lenet_gradients);
   tcase_add_test(nets, test_conv_pool_geometry);
   tcase_add_test(nets, test_padded_pool_chain);
+  tcase_add_test(nets, test_pool_remainder_sliced);
   tcase_add_test(nets, test_group_fallback);
   suite_add_tcase(s, nets);
 

@@ -1,0 +1,277 @@
+/*
+ * specs.c - the spec resource: Record stores a spec (idempotent, by
+ * topos_network_id); Describe, Lower and Emit read a stored one.  Decoded
+ * networks and compiled plans are cached (cache.c) by spec id, and spec
+ * id + entry key: the cached values are immutable and shared by all
+ * workers.  Nothing ever rewrites a stored spec.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rooms.h"
+
+/* ----------------------------------------------------- cached networks */
+
+static void destroy_network(void *v) {
+  topos_network_release(v);
+}
+static void destroy_plan(void *v) {
+  topos_plan_free(v);
+}
+
+/* The stored spec `id` as a network (borrowed until *ref is released). */
+topos_network *spec_network(call_ctx *cx, const char *id, cache_entry **ref) {
+  *ref = NULL;
+  if (!call_check_id(cx, id, "id")) return NULL;
+  memcpy(cx->spec_id, id, 65);
+  char key[80];
+  snprintf(key, sizeof key, "net %s", id);
+  topos_network *net = cache_get(cx->d->cache, key, ref);
+  if (net != NULL) return net;
+  topos_error err = {0};
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  if (store_get_spec(cx->d->store, id, &bytes, &len, &err) != TOPOS_OK) {
+    if (err.code == TOPOS_ERR_NOT_FOUND)
+      call_fail(cx, WIRE_GRPC_NOT_FOUND, TOPOS_ERR_NOT_FOUND,
+                "no spec with id %s", id);
+    else
+      call_fail_err(cx, &err, "reading the spec");
+    return NULL;
+  }
+  net = topos_network_decode(bytes, len, &err);
+  free(bytes);
+  if (net == NULL) {
+    /* The store verified the hash, so this is a bug or a format change. */
+    call_fail(cx, WIRE_GRPC_INTERNAL, 0, "stored spec %s does not decode: %s",
+              id, err.message);
+    return NULL;
+  }
+  return cache_put(cx->d->cache, key, net, destroy_network, (int64_t)len, ref);
+}
+
+/* The plan of `entry` over net (borrowed until *ref is released).  The
+ * key holds everything a plan remembers of its entry, threads included,
+ * so entries that differ only in threads get plans of their own. */
+topos_plan *spec_plan(call_ctx *cx, const topos_network *net,
+                      const topos_entry *entry, cache_entry **ref) {
+  *ref = NULL;
+  char *entry_key = wire_entry_key(entry);
+  size_t klen = entry_key ? strlen(entry_key) + 80 : 0;
+  char *key = entry_key ? malloc(klen) : NULL;
+  if (key == NULL) {
+    free(entry_key);
+    call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY,
+              "out of memory");
+    return NULL;
+  }
+  snprintf(key, klen, "plan %s %s", cx->spec_id, entry_key);
+  free(entry_key);
+  topos_plan *plan = cache_get(cx->d->cache, key, ref);
+  if (plan == NULL) {
+    topos_error err = {0};
+    plan = topos_network_lower(net, entry, &err);
+    if (plan == NULL) {
+      call_fail_err(cx, &err, "lower");
+    } else {
+      plan = cache_put(cx->d->cache, key, plan, destroy_plan, 0, ref);
+    }
+  }
+  free(key);
+  return plan;
+}
+
+/* --------------------------------------------------------------- Record */
+
+/* One line about a network: dtype, counts, parameter elements, outputs. */
+static void summarize(const topos_network *net, topos_dtype dtype, char *out,
+                      size_t outlen) {
+  int n = topos_network_node_count(net);
+  int np = topos_network_parameter_count(net);
+  int64_t elements = 0;
+  for (int s = 0; s < np; s++) {
+    int rank = 0;
+    const int64_t *shape =
+        topos_network_value_shape(net, topos_network_parameter(net, s), &rank);
+    int64_t c = 1;
+    for (int k = 0; shape && k < rank; k++) c *= shape[k];
+    elements += c;
+  }
+  bool *used = calloc((size_t)n + 1, sizeof(bool));
+  size_t len = (size_t)snprintf(
+      out, outlen,
+      "%s network: %d nodes, %d parameters (%lld elements), %d "
+      "inputs; outputs:",
+      topos_dtype_name(dtype), n, np, (long long)elements,
+      topos_network_input_count(net));
+  if (used == NULL || len >= outlen) {
+    free(used);
+    return;
+  }
+  topos_node_info info;
+  for (int i = 0; i < n; i++)
+    if (topos_network_node(net, i, &info, NULL) == TOPOS_OK)
+      for (int k = 0; k < info.nin; k++) used[info.operands[k]] = true;
+  int shown = 0, outputs = 0;
+  for (int i = 0; i < n; i++) {
+    if (used[i]) continue;
+    outputs++;
+    if (shown == 8 || len + 40 >= outlen) continue;
+    if (topos_network_node(net, i, &info, NULL) != TOPOS_OK) continue;
+    int w = info.name ? snprintf(out + len, outlen - len, " %.32s", info.name)
+                      : snprintf(out + len, outlen - len, " %%%d", i);
+    if (w > 0) len += (size_t)w < outlen - len ? (size_t)w : outlen - len - 1;
+    shown++;
+  }
+  if (outputs > shown && len + 24 < outlen)
+    snprintf(out + len, outlen - len, " (+%d more)", outputs - shown);
+  free(used);
+}
+
+void handle_record(call_ctx *cx) {
+  Topos__V1__Spec *spec =
+      call_unpack(cx, &topos__v1__spec__descriptor, "Record", false);
+  if (spec == NULL) return;
+  topos_error err = {0};
+  topos_network *net = wire_spec_to_network(spec, &err);
+  if (net == NULL) {
+    call_fail_err(cx, &err, "spec");
+    return;
+  }
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  char id[65] = {0};
+  if (!call_continue(cx)) {
+  } else if (topos_network_encode(net, &bytes, &len, &err) != TOPOS_OK) {
+    call_fail_err(cx, &err, "encode");
+  } else if (store_put_spec(cx->d->store, bytes, len, id, &err) != TOPOS_OK) {
+    call_fail_err(cx, &err, "store");
+  }
+  topos_free(bytes);
+  if (cx->status != WIRE_GRPC_OK) {
+    topos_network_release(net);
+    return;
+  }
+  memcpy(cx->spec_id, id, sizeof id);
+  char summary[512];
+  summarize(net, (topos_dtype)spec->dtype, summary, sizeof summary);
+  Topos__V1__RecordReply r = TOPOS__V1__RECORD_REPLY__INIT;
+  r.id = id;
+  r.nodes = topos_network_node_count(net);
+  r.parameters = topos_network_parameter_count(net);
+  r.inputs = topos_network_input_count(net);
+  r.summary = summary;
+  /* The next request on this spec will want it decoded. */
+  char key[80];
+  snprintf(key, sizeof key, "net %s", id);
+  cache_entry *ref = NULL;
+  cache_put(cx->d->cache, key, net, destroy_network, (int64_t)len, &ref);
+  cache_release(cx->d->cache, ref);
+  call_reply(cx, &r.base);
+}
+
+/* -------------------------------------------------------------- Describe */
+
+void handle_describe(call_ctx *cx) {
+  Topos__V1__DescribeRequest *req = call_unpack(
+      cx, &topos__v1__describe_request__descriptor, "Describe", false);
+  if (req == NULL) return;
+  if (req->format < TOPOS__V1__FORMAT__TEXT ||
+      req->format > TOPOS__V1__FORMAT__DOT) {
+    call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
+              "format %d is not TEXT, JSON or DOT", (int)req->format);
+    return;
+  }
+  cache_entry *ref = NULL;
+  topos_network *net = spec_network(cx, req->id, &ref);
+  if (net == NULL) return;
+  topos_error err = {0};
+  char *text = topos_network_describe(net, (topos_format)req->format, &err);
+  cache_release(cx->d->cache, ref);
+  if (text == NULL) {
+    call_fail_err(cx, &err, "describe");
+    return;
+  }
+  Topos__V1__TextReply r = TOPOS__V1__TEXT_REPLY__INIT;
+  r.text = text;
+  call_reply(cx, &r.base);
+  topos_free(text);
+}
+
+/* ------------------------------------------------------------ Lower, Emit */
+
+void planned_clear(call_ctx *cx, planned *p) {
+  cache_release(cx->d->cache, p->plan_ref);
+  wire_entry_clear(&p->entry);
+  cache_release(cx->d->cache, p->net_ref);
+  memset(p, 0, sizeof *p);
+}
+
+bool plan_request(call_ctx *cx, const char *id, const Topos__V1__Entry *entry,
+                  planned *p) {
+  memset(p, 0, sizeof *p);
+  p->net = spec_network(cx, id, &p->net_ref);
+  if (p->net == NULL) return false;
+  topos_error err = {0};
+  if (wire_entry_from_proto(p->net, entry, &p->entry, &err) != TOPOS_OK) {
+    call_fail_err(cx, &err, "entry");
+    planned_clear(cx, p);
+    return false;
+  }
+  p->plan = spec_plan(cx, p->net, &p->entry.entry, &p->plan_ref);
+  if (p->plan == NULL || !call_continue(cx)) {
+    planned_clear(cx, p);
+    return false;
+  }
+  return true;
+}
+
+void handle_lower(call_ctx *cx) {
+  Topos__V1__LowerRequest *req =
+      call_unpack(cx, &topos__v1__lower_request__descriptor, "Lower", false);
+  planned p;
+  if (req == NULL || !plan_request(cx, req->id, req->entry, &p)) return;
+  topos_error err = {0};
+  char *text = topos_plan_describe(p.plan, &err);
+  if (text == NULL) {
+    call_fail_err(cx, &err, "plan describe");
+  } else {
+    Topos__V1__LowerReply r = TOPOS__V1__LOWER_REPLY__INIT;
+    r.text = text;
+    r.peak_bytes = (int64_t)topos_plan_peak_bytes(p.plan);
+    r.groups = topos_plan_group_count(p.plan);
+    call_reply(cx, &r.base);
+    topos_free(text);
+  }
+  planned_clear(cx, &p);
+}
+
+void handle_emit(call_ctx *cx) {
+  Topos__V1__EmitRequest *req =
+      call_unpack(cx, &topos__v1__emit_request__descriptor, "Emit", false);
+  if (req == NULL) return;
+  if (req->form != TOPOS__V1__FORM__PRETTY &&
+      req->form != TOPOS__V1__FORM__GENERIC) {
+    call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
+              "form %d is not PRETTY or GENERIC", (int)req->form);
+    return;
+  }
+  planned p;
+  if (!plan_request(cx, req->id, req->entry, &p)) return;
+  topos_error err = {0};
+  char *text = topos_plan_emit_stablehlo(p.plan,
+                                         req->form == TOPOS__V1__FORM__GENERIC
+                                             ? TOPOS_EMIT_GENERIC
+                                             : TOPOS_EMIT_PRETTY,
+                                         &err);
+  if (text == NULL) {
+    call_fail_err(cx, &err, "emit");
+  } else {
+    Topos__V1__TextReply r = TOPOS__V1__TEXT_REPLY__INIT;
+    r.text = text;
+    call_reply(cx, &r.base);
+    topos_free(text);
+  }
+  planned_clear(cx, &p);
+}

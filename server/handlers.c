@@ -67,7 +67,64 @@ topos_exec call_exec(call_ctx *cx, const topos_plan *plan) {
   topos_exec e = topos_plan_exec(plan);
   e.cancel = call_should_stop;
   e.cancel_ctx = cx;
+  e.report = &cx->report;
   return e;
+}
+
+bool call_exec_of(call_ctx *cx, const Topos__V1__ExecOptions *opts,
+                  const topos_plan *plan, const char *entry_backend,
+                  topos_exec *out) {
+  *out = call_exec(cx, plan);
+  if (opts) {
+    if (opts->numerics != TOPOS__V1__NUMERICS__EXACT &&
+        opts->numerics != TOPOS__V1__NUMERICS__FAST) {
+      call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
+                "exec: unknown numerics %d (EXACT 0, FAST 1)",
+                (int)opts->numerics);
+      return false;
+    }
+    if (opts->threads > TOPOS_THREADS_MAX) {
+      call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
+                "exec: threads %u is out of range (0 = the daemon's "
+                "default, at most %d)",
+                opts->threads, TOPOS_THREADS_MAX);
+      return false;
+    }
+    out->numerics = opts->numerics == TOPOS__V1__NUMERICS__FAST
+                        ? TOPOS_NUMERICS_FAST
+                        : TOPOS_NUMERICS_EXACT;
+    out->threads = (int)opts->threads;
+    out->backend = opts->backend;
+  } else {
+    out->backend = entry_backend;
+  }
+  topos_error err = {0};
+  if (topos_exec_check(out, &err) != TOPOS_OK) {
+    call_fail_err(cx, &err, "exec");
+    return false;
+  }
+  return true;
+}
+
+bool call_backends(call_ctx *cx, char ***names, size_t *n) {
+  *names = NULL;
+  *n = 0;
+  topos_backend_info info[TOPOS_BACKENDS_MAX];
+  int count = topos_backends_list(info, TOPOS_BACKENDS_MAX);
+  if (count > TOPOS_BACKENDS_MAX) count = TOPOS_BACKENDS_MAX;
+  char **v = call_scratch(cx, sizeof *v * (size_t)(count + 1));
+  if (v == NULL) return false;
+  /* Registry order, the reference (what no backend took) last. */
+  for (int k = 1; k <= count; k++) {
+    int i = k < count ? k : 0;
+    if (cx->report.tasks[i] == 0) continue;
+    char *name = call_scratch(cx, sizeof info[i].name);
+    if (name == NULL) return false;
+    memcpy(name, info[i].name, sizeof info[i].name);
+    v[(*n)++] = name;
+  }
+  *names = v;
+  return true;
 }
 
 bool call_continue(call_ctx *cx) {
@@ -170,6 +227,7 @@ const method_def handler_methods[] = {
     METHOD("StatBlob", handle_stat_blob),
     METHOD("Health", handle_health),
     METHOD("Stats", handle_stats),
+    METHOD("Backends", handle_backends),
 };
 
 const int handler_method_count =

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "daemon.h"
+#include "topos.h"
 
 typedef struct call_ctx {
   daemon_state *d;
@@ -30,6 +31,9 @@ typedef struct call_ctx {
   const _Atomic int *cancelled; /* set when the client cancels the call */
   ProtobufCAllocator *alloc;    /* request-lifetime memory for unpacking */
   uint64_t request_id;
+  /* What the call's engine runs ran: every context a handler builds
+   * (call_exec_of) reports here, and replies name the backends. */
+  topos_exec_report report;
 
   /* Results.  On OK, out/out_len is the packed reply (malloc'd; the front
    * frees it), possibly empty.  Otherwise status is a grpc_status_code,

@@ -42,8 +42,21 @@ void call_reply(call_ctx *cx, const ProtobufCMessage *m);
 void *call_scratch(call_ctx *cx, size_t n);
 /* The context a call's engine runs get: the plan's entry (numerics,
  * threads; the defaults without a plan), stopped at a node boundary by
- * call_should_stop. */
+ * call_should_stop, reporting into cx->report. */
 topos_exec call_exec(call_ctx *cx, const topos_plan *plan);
+/* The context of a request with execution options: opts when present
+ * (numerics, threads, backend), else the plan's entry with the entry's
+ * backend hint (entry_backend, "" or NULL for auto).  False with the call
+ * failed INVALID_ARGUMENT when it cannot run (threads out of range, an
+ * unknown backend or an envelope one under exact: the message names the
+ * known backends).  The backend string is borrowed from opts/entry. */
+bool call_exec_of(call_ctx *cx, const Topos__V1__ExecOptions *opts,
+                  const topos_plan *plan, const char *entry_backend,
+                  topos_exec *out);
+/* The names of the backends that ran tasks of the call (cx->report), as a
+ * reply's repeated string (call-lifetime memory).  False with the call
+ * failed when out of memory. */
+bool call_backends(call_ctx *cx, char ***names, size_t *n);
 /* Checks a spec or blob id from a request (`what` names it). */
 bool call_check_id(call_ctx *cx, const char *id, const char *what);
 
@@ -115,6 +128,7 @@ void run_inputs_clear(run_inputs *in);
 
 /* -------------------------------- the handlers, for the table in handlers.c */
 
+void handle_backends(call_ctx *cx);
 void handle_record(call_ctx *cx);
 void handle_describe(call_ctx *cx);
 void handle_lower(call_ctx *cx);

@@ -2,9 +2,10 @@
  * runs.c - the run resource: Forward, Backward and Step run the spec's
  * plan for the request's entry (plans are bit-identical to the reference
  * interpreter, docs/numerics.md), on the request's parameters (empty =
- * the spec's initials), feeds and optimizer state, so a remote Step is
- * exactly topos_plan_forward + topos_plan_gradients + topos_optimizer_step
- * in-process.  Blob references in any of them are looked up first
+ * the spec's initials), feeds and optimizer state, under the request's
+ * execution options (ExecOptions; absent: the entry's, or exact/auto), so
+ * a remote Step is exactly topos_plan_step in-process.  Replies name the
+ * backends that ran.  Blob references in any of them are looked up first
  * (blob_rpc.c), then converted by wire.c.
  */
 #include <stdio.h>
@@ -115,16 +116,20 @@ void handle_forward(call_ctx *cx) {
   if (run_inputs_read(cx, p.net, req->parameters, req->n_parameters, req->feeds,
                       req->n_feeds, &in)) {
     topos_error err = {0};
-    topos_exec ex = call_exec(cx, p.plan);
-    topos_run *run =
-        topos_plan_forward(p.plan, in.params, in.feeds, in.nfeeds, &ex, &err);
-    if (run == NULL) call_fail_err(cx, &err, "forward");
+    topos_exec ex;
+    topos_run *run = NULL;
+    if (call_exec_of(cx, req->exec, p.plan, p.entry.backend, &ex)) {
+      run = topos_plan_forward(p.plan, in.params, in.feeds, in.nfeeds, &ex,
+                               &err);
+      if (run == NULL) call_fail_err(cx, &err, "forward");
+    }
     Topos__V1__ForwardReply r = TOPOS__V1__FORWARD_REPLY__INIT;
     const topos_entry *e = &p.entry.entry;
     if (run != NULL && call_continue(cx) &&
         tensors_of_run(cx, run, e->roots, e->nroots, &r.roots, &r.n_roots) &&
         tensors_of_run(cx, run, e->observes, e->nobserves, &r.observes,
-                       &r.n_observes))
+                       &r.n_observes) &&
+        call_backends(cx, &r.backends, &r.n_backends))
       call_reply(cx, &r.base);
     wire_tensors_free(r.roots, r.n_roots);
     wire_tensors_free(r.observes, r.n_observes);
@@ -204,12 +209,11 @@ static void trained_clear(trained *t) {
 }
 
 static bool train_pass(call_ctx *cx, const planned *p, const run_inputs *in,
-                       trained *t) {
+                       const topos_exec *ex, trained *t) {
   memset(t, 0, sizeof *t);
   topos_error err = {0};
-  topos_exec ex = call_exec(cx, p->plan);
   t->run =
-      topos_plan_forward(p->plan, in->params, in->feeds, in->nfeeds, &ex, &err);
+      topos_plan_forward(p->plan, in->params, in->feeds, in->nfeeds, ex, &err);
   if (t->run == NULL) {
     call_fail_err(cx, &err, "forward");
     return false;
@@ -222,7 +226,7 @@ static bool train_pass(call_ctx *cx, const planned *p, const run_inputs *in,
   }
   /* The parameters' gradients only (topos_plan_gradients skips the
    * branches that reach no parameter; same bits). */
-  t->grads = topos_plan_gradients(p->plan, t->run, &ex, &err);
+  t->grads = topos_plan_gradients(p->plan, t->run, ex, &err);
   if (t->grads == NULL) {
     call_fail_err(cx, &err, "backward");
     return false;
@@ -239,15 +243,17 @@ void handle_backward(call_ctx *cx) {
   run_inputs in;
   if (run_inputs_read(cx, p.net, req->parameters, req->n_parameters, req->feeds,
                       req->n_feeds, &in)) {
-    trained t;
+    trained t = {0};
     Topos__V1__BackwardReply r = TOPOS__V1__BACKWARD_REPLY__INIT;
     topos_error err = {0};
-    if (train_pass(cx, &p, &in, &t)) {
+    topos_exec ex;
+    if (call_exec_of(cx, req->exec, p.plan, NULL, &ex) &&
+        train_pass(cx, &p, &in, &ex, &t)) {
       r.loss = t.loss;
       if (wire_tensors_from_params(t.grads, &r.gradients, &r.n_gradients,
                                    &err) != TOPOS_OK)
         call_fail_err(cx, &err, "encoding gradients");
-      else
+      else if (call_backends(cx, &r.backends, &r.n_backends))
         call_reply(cx, &r.base);
     }
     wire_tensors_free(r.gradients, r.n_gradients);
@@ -278,37 +284,29 @@ void handle_step(call_ctx *cx) {
     wire_optimizer_clear(&opt);
     return;
   }
-  /* The optimizer needs the parameters themselves: empty = initials. */
-  if (in.params == NULL) {
-    in.params = topos_network_parameters(p.net);
-    if (in.params == NULL)
-      call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY,
-                "out of memory copying the initial parameters");
-  }
   topos_opt_state *state = NULL;
   if (cx->status == WIRE_GRPC_OK) read_state(cx, req->state, &state);
-  if (cx->status == WIRE_GRPC_OK && state == NULL) {
-    state = topos_opt_state_new(&opt.opt, in.params, &err);
-    if (state == NULL) call_fail_err(cx, &err, "state");
-  }
-  trained t = {0};
-  topos_params *next = NULL;
-  topos_opt_state *next_state = NULL;
+  /* One engine call: forward, parameters' gradients and the optimizer
+   * (empty parameters are the initials, an absent state a fresh one). */
+  topos_step_result res = {0};
+  topos_exec ex;
   Topos__V1__StepReply r = TOPOS__V1__STEP_REPLY__INIT;
-  if (cx->status == WIRE_GRPC_OK && train_pass(cx, &p, &in, &t)) {
-    if (topos_optimizer_step(&opt.opt, in.params, t.grads, state, &next,
-                             &next_state, &err) != TOPOS_OK) {
-      call_fail_err(cx, &err, "optimizer step");
+  if (cx->status == WIRE_GRPC_OK &&
+      call_exec_of(cx, req->exec, p.plan, NULL, &ex)) {
+    if (topos_plan_step(p.plan, in.params, in.feeds, in.nfeeds, &opt.opt,
+                        state, &ex, &res, &err) != TOPOS_OK) {
+      call_fail_err(cx, &err, "step");
     } else if (call_continue(cx)) {
-      r.loss = t.loss;
+      r.loss = res.loss;
       const topos_entry *e = &p.entry.entry;
-      if (wire_tensors_from_params(next, &r.parameters, &r.n_parameters,
+      if (wire_tensors_from_params(res.params, &r.parameters, &r.n_parameters,
                                    &err) != TOPOS_OK) {
         call_fail_err(cx, &err, "encoding parameters");
-      } else if ((r.state = wire_state_new(next_state, &err)) == NULL) {
+      } else if ((r.state = wire_state_new(res.state, &err)) == NULL) {
         call_fail_err(cx, &err, "encoding the state");
-      } else if (tensors_of_run(cx, t.run, e->observes, e->nobserves,
-                                &r.observes, &r.n_observes)) {
+      } else if (tensors_of_run(cx, res.run, e->observes, e->nobserves,
+                                &r.observes, &r.n_observes) &&
+                 call_backends(cx, &r.backends, &r.n_backends)) {
         call_reply(cx, &r.base);
       }
     }
@@ -316,10 +314,8 @@ void handle_step(call_ctx *cx) {
   wire_tensors_free(r.parameters, r.n_parameters);
   wire_tensors_free(r.observes, r.n_observes);
   if (r.state) wire_message_free(&r.state->base);
-  topos_params_free(next);
-  topos_opt_state_free(next_state);
+  topos_step_result_clear(&res);
   topos_opt_state_free(state);
-  trained_clear(&t);
   run_inputs_clear(&in);
   planned_clear(cx, &p);
   wire_optimizer_clear(&opt);

@@ -219,6 +219,16 @@ bool plan_request(call_ctx *cx, const char *id, const Topos__V1__Entry *entry,
     planned_clear(cx, p);
     return false;
   }
+  /* The entry's backend is honoured: its runs default to it, so a name
+   * that could not run is refused here, for Lower and Emit too. */
+  topos_exec hint = {.numerics = p->entry.entry.numerics,
+                     .threads = p->entry.entry.threads,
+                     .backend = p->entry.backend};
+  if (topos_exec_check(&hint, &err) != TOPOS_OK) {
+    call_fail_err(cx, &err, "entry");
+    planned_clear(cx, p);
+    return false;
+  }
   p->plan = spec_plan(cx, p->net, &p->entry.entry, &p->plan_ref);
   if (p->plan == NULL || !call_continue(cx)) {
     planned_clear(cx, p);

@@ -1,6 +1,7 @@
 /*
  * status.c - the daemon's own state: Health (serving or draining, the
- * version) and Stats (workers, queue, requests, cache, store).
+ * version), Stats (workers, queue, requests, cache, store, tasks per
+ * backend) and Backends (the registry and its capabilities).
  */
 #include "rooms.h"
 #include "version.h"
@@ -43,5 +44,56 @@ void handle_stats(call_ctx *cx) {
   r.spec_bytes = si.spec_bytes;
   r.blobs = si.blob_count;
   r.blob_bytes = si.blob_bytes;
+  topos_backend_info info[TOPOS_BACKENDS_MAX];
+  int n = topos_backends_list(info, TOPOS_BACKENDS_MAX);
+  if (n > TOPOS_BACKENDS_MAX) n = TOPOS_BACKENDS_MAX;
+  Topos__V1__BackendCount counts[TOPOS_BACKENDS_MAX];
+  Topos__V1__BackendCount *ptrs[TOPOS_BACKENDS_MAX];
+  for (int i = 0; i < n; i++) {
+    topos__v1__backend_count__init(&counts[i]);
+    counts[i].backend = info[i].name;
+    counts[i].tasks = (int64_t)info[i].tasks_run;
+    ptrs[i] = &counts[i];
+  }
+  r.n_backend_tasks = (size_t)n;
+  r.backend_tasks = ptrs;
+  call_reply(cx, &r.base);
+}
+
+/* ------------------------------------------------------------- Backends */
+
+void handle_backends(call_ctx *cx) {
+  if (call_unpack(cx, &topos__v1__backends_request__descriptor, "Backends",
+                  true) == NULL)
+    return;
+  topos_backend_info info[TOPOS_BACKENDS_MAX];
+  int n = topos_backends_list(info, TOPOS_BACKENDS_MAX);
+  if (n > TOPOS_BACKENDS_MAX) n = TOPOS_BACKENDS_MAX;
+  Topos__V1__BackendInfo b[TOPOS_BACKENDS_MAX];
+  Topos__V1__BackendInfo *ptrs[TOPOS_BACKENDS_MAX];
+  char *ops[TOPOS_BACKENDS_MAX][4];
+  Topos__V1__DType dtypes[TOPOS_BACKENDS_MAX][4];
+  for (int i = 0; i < n; i++) {
+    topos__v1__backend_info__init(&b[i]);
+    b[i].name = info[i].name;
+    b[i].fidelity = info[i].fidelity;
+    b[i].device = info[i].device;
+    b[i].threads = info[i].threads;
+    b[i].tasks_run = (int64_t)info[i].tasks_run;
+    /* ops: the op lists of its task kinds (the reference: every op, and
+     * listed as the kinds it runs when no backend takes them). */
+    for (int k = 0; k < 4; k++)
+      if (info[i].tasks & (1u << k))
+        ops[i][b[i].n_ops++] = (char *)topos_task_ops(k);
+    b[i].ops = ops[i];
+    for (int d = 0; d < 4; d++)
+      if (info[i].dtypes & (1u << d))
+        dtypes[i][b[i].n_dtypes++] = (Topos__V1__DType)d;
+    b[i].dtypes = dtypes[i];
+    ptrs[i] = &b[i];
+  }
+  Topos__V1__BackendsReply r = TOPOS__V1__BACKENDS_REPLY__INIT;
+  r.n_backends = (size_t)n;
+  r.backends = ptrs;
   call_reply(cx, &r.base);
 }

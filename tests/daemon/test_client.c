@@ -79,7 +79,10 @@ static void daemon_up(void) {
     close(fds[1]);
     int log = open(daemon_.log, O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (log >= 0) dup2(log, STDERR_FILENO);
-    execl(bin, bin, "--listen", "127.0.0.1:0", "--store", store, (char *)NULL);
+    /* flip-test joins no chain unless named: the conformance tests ask
+     * for it to see a row turn red. */
+    execl(bin, bin, "--listen", "127.0.0.1:0", "--store", store,
+          "--test-backend", "flip-test", (char *)NULL);
     _exit(127);
   }
   close(fds[1]);
@@ -1217,6 +1220,213 @@ static char *cli(const char *args, int *status, char **err) {
   return run_cmd(cmd, status, err);
 }
 
+/* A GEMM-heavy spec: x[128,256]·w[256,128] -> tanh -> ·v[128,64], sum of
+ * squares; both products are above blas's threshold. */
+static topos_network *gemm_net(void) {
+  topos_tape *t = topos_tape_new(TOPOS_F32);
+  int64_t xs[2] = {128, 256}, ws[2] = {256, 128}, vs[2] = {128, 64};
+  topos_tensor *xt = topos_init_uniform(TOPOS_F32, 2, xs, -1, 1, 1, NULL);
+  topos_tensor *wt = topos_init_uniform(TOPOS_F32, 2, ws, -0.1, 0.1, 2, NULL);
+  topos_tensor *vt = topos_init_uniform(TOPOS_F32, 2, vs, -0.1, 0.1, 3, NULL);
+  topos_value x = topos_name(t, topos_input(t, xt), "x");
+  topos_value w = topos_name(t, topos_parameter(t, wt), "w");
+  topos_value v = topos_name(t, topos_parameter(t, vt), "v");
+  topos_tensor_release(xt);
+  topos_tensor_release(wt);
+  topos_tensor_release(vt);
+  topos_value y = topos_matmul(t, topos_tanh(t, topos_matmul(t, x, w)), v);
+  topos_name(t, topos_sum(t, topos_mul(t, y, y)), "loss");
+  topos_error err = {0};
+  topos_network *net = topos_tape_seal(t, &err);
+  ck_assert_msg(net != NULL, "%s", err.message);
+  return net;
+}
+
+/* Backends end to end: the registry over the wire and in-process, Forward
+ * and Step under fast blas (the daemon's counter moves, the reply names
+ * blas), exact requests never reaching blas, unknown backends refused by
+ * name, and conformance rows: blas within the envelope, flip-test red
+ * with the CLI's exit status 1. */
+START_TEST(test_backends_end_to_end) {
+  topos_client *c = connect_daemon();
+  topos_error err = {0};
+  topos_backend_info *info = NULL;
+  int n = 0;
+  ck_assert_int_eq(topos_client_backends(c, &info, &n, &err), TOPOS_OK);
+  ck_assert_int_ge(n, 4);
+  ck_assert_str_eq(info[0].name, "reference");
+  bool cpu = false, blas = false, flip = false;
+  for (int i = 1; i < n; i++) {
+    cpu |= strcmp(info[i].name, "cpu") == 0 &&
+           strcmp(info[i].fidelity, "exact") == 0 && info[i].tasks == 0xF;
+    blas |= strcmp(info[i].name, "blas") == 0 &&
+            strcmp(info[i].fidelity, "envelope") == 0 &&
+            info[i].tasks == 1u &&
+            strstr(info[i].device, "OpenBLAS") != NULL;
+    flip |= strcmp(info[i].name, "flip-test") == 0;
+  }
+  ck_assert(cpu && blas && flip);
+  topos_free(info);
+
+  topos_network *net = gemm_net();
+  char id[65];
+  record(c, net, id);
+  topos_value loss = topos_network_find(net, "loss");
+  topos_entry e = {.roots = &loss, .nroots = 1};
+  topos_client_stats_info s0, s1, s2;
+  int st = -1;
+  char *out, *errs, args[400];
+  ck_assert_int_eq(topos_client_stats(c, &s0, &err), TOPOS_OK);
+  int blas_at = -1;
+  for (int i = 0; i < s0.nbackends; i++)
+    if (strcmp(s0.backend_names[i], "blas") == 0) blas_at = i;
+  ck_assert_int_ge(blas_at, 1);
+
+  /* Exact (the default): blas never runs, the reply names cpu. */
+  char ran[128] = "";
+  topos_client_args exact = {.ran = ran, .ran_len = sizeof ran};
+  topos_tensor **roots = NULL;
+  ck_assert_msg(topos_client_forward_with(c, id, &e, &exact, &roots, NULL,
+                                          &err) == TOPOS_OK,
+                "%s", err.message);
+  ck_assert_msg(strstr(ran, "cpu") != NULL && strstr(ran, "blas") == NULL,
+                "ran: %s", ran);
+  double exact_loss = topos_tensor_get(roots[0], NULL, NULL);
+  topos_client_tensors_free(roots, 1);
+  ck_assert_int_eq(topos_client_stats(c, &s1, &err), TOPOS_OK);
+  ck_assert_int_eq(s1.backend_tasks[blas_at], s0.backend_tasks[blas_at]);
+
+  /* Fast with blas: the counter moves, the reply says so, the loss is
+   * within the envelope. */
+  topos_exec fast = {.numerics = TOPOS_NUMERICS_FAST, .backend = "blas"};
+  topos_client_args fa = {.exec = &fast, .ran = ran, .ran_len = sizeof ran};
+  ck_assert_msg(topos_client_forward_with(c, id, &e, &fa, &roots, NULL,
+                                          &err) == TOPOS_OK,
+                "%s", err.message);
+  ck_assert_msg(strstr(ran, "blas") != NULL, "ran: %s", ran);
+  double fast_loss = topos_tensor_get(roots[0], NULL, NULL);
+  topos_client_tensors_free(roots, 1);
+  ck_assert(fabs(fast_loss - exact_loss) <= 1e-5 * fabs(exact_loss));
+  ck_assert_int_eq(topos_client_stats(c, &s2, &err), TOPOS_OK);
+  ck_assert_int_ge(s2.backend_tasks[blas_at], s1.backend_tasks[blas_at] + 2);
+
+  /* Step and Backward run fast too. */
+  topos_optimizer opt = topos_sgd(0.01, 0);
+  ran[0] = '\0';
+  ck_assert_msg(topos_client_step_with(c, id, loss, &fa, &opt, NULL, NULL, NULL,
+                                       NULL, &err) == TOPOS_OK,
+                "%s", err.message);
+  ck_assert_msg(strstr(ran, "blas") != NULL, "step ran: %s", ran);
+  ran[0] = '\0';
+  ck_assert_int_eq(
+      topos_client_backward_with(c, id, loss, &fa, NULL, NULL, &err), TOPOS_OK);
+  ck_assert_msg(strstr(ran, "blas") != NULL, "backward ran: %s", ran);
+
+  /* Refusals: an unknown name lists the known ones; blas under exact. */
+  topos_exec foo = {.backend = "foo"};
+  topos_client_args fo = {.exec = &foo};
+  ck_assert_int_ne(
+      topos_client_forward_with(c, id, &e, &fo, NULL, NULL, &err), TOPOS_OK);
+  ck_assert_int_eq(topos_client_grpc_status(err.code), 3);
+  ck_assert_msg(strstr(err.message, "unknown backend 'foo'") &&
+                    strstr(err.message, "blas"),
+                "%s", err.message);
+  topos_exec eb = {.backend = "blas"};
+  topos_client_args ea = {.exec = &eb};
+  ck_assert_int_ne(topos_client_step_with(c, id, loss, &ea, &opt, NULL, NULL,
+                                          NULL, NULL, &err),
+                   TOPOS_OK);
+  ck_assert_int_eq(topos_client_grpc_status(err.code), 3);
+  /* The entry's backend is honoured, and checked, even by Lower. */
+  snprintf(args, sizeof args, "lower %s --roots loss --backend foo", id);
+  out = cli(args, &st, &errs);
+  ck_assert_msg(st == 1 && strstr(errs, "unknown backend 'foo'"),
+                "lower --backend foo: %d %s", st, errs);
+  free(out);
+  free(errs);
+  snprintf(args, sizeof args, "lower %s --roots loss --backend blas --fast",
+           id);
+  out = cli(args, &st, &errs);
+  ck_assert_msg(st == 0, "lower --backend blas --fast: %d %s", st, errs);
+  free(out);
+  free(errs);
+
+  /* Conformance through the client: blas holds the envelope, flip-test
+   * does not hold. */
+  topos_exec cands[2] = {
+      {.numerics = TOPOS_NUMERICS_FAST, .backend = "blas"},
+      {.backend = "flip-test"}};
+  topos_client_args ca = {.exec = cands, .nexec = 2};
+  topos_conformance *res = NULL;
+  /* Training: the gradients are GEMM outputs themselves, so the flipped
+   * bit reaches an output (a sum could round it away). */
+  topos_entry te = {
+      .roots = &loss, .nroots = 1, .posture = TOPOS_POSTURE_TRAINING};
+  ck_assert_msg(topos_client_conformance(c, id, &te, &ca, &res, &err) ==
+                    TOPOS_OK,
+                "%s", err.message);
+  ck_assert_int_eq(res->nrows, 2);
+  ck_assert_msg(res->rows[0].holds, "blas: %s", res->rows[0].note);
+  ck_assert_str_eq(res->rows[0].fidelity, "envelope");
+  ck_assert(res->rows[0].rel_l2 <= 1e-5);
+  ck_assert_ptr_nonnull(strstr(res->rows[0].ran, "blas"));
+  ck_assert(!res->rows[1].holds && !res->rows[1].bit_identical);
+  ck_assert(res->rows[1].max_ulp >= 1);
+  ck_assert_int_eq(res->rows[1].noutputs, 3); /* loss, dw, dv */
+  topos_conformance_free(res);
+
+  /* The CLI: backends (remote and local), conformance exit codes. */
+  out = cli("backends", &st, &errs);
+  ck_assert_msg(st == 0, "backends: %s", errs);
+  ck_assert_msg(strstr(out, "reference ") && strstr(out, "\ncpu ") &&
+                    strstr(out, "\nblas ") && strstr(out, "envelope"),
+                "%s", out);
+  free(out);
+  free(errs);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "'%s/bin/topos' backends --local", build_dir());
+  out = run_cmd(cmd, &st, &errs);
+  ck_assert_msg(st == 0 && strstr(out, "\ncpu ") && strstr(out, "\nblas "),
+                "backends --local: %d %s", st, out);
+  free(out);
+  free(errs);
+  snprintf(args, sizeof args, "conformance %s --roots loss --backend blas",
+           id);
+  out = cli(args, &st, &errs);
+  ck_assert_msg(st == 0, "conformance --backend blas: %d %s %s", st, out,
+                errs);
+  ck_assert_msg(strstr(out, "\nblas ") && strstr(out, "fast") &&
+                    strstr(out, "envelope") && strstr(out, "rel_l2"),
+                "%s", out);
+  free(out);
+  free(errs);
+  snprintf(args, sizeof args,
+           "conformance %s --roots loss --training --backend cpu,flip-test", id);
+  out = cli(args, &st, &errs);
+  ck_assert_msg(st == 1, "conformance --backend flip-test: %d %s %s", st, out,
+                errs);
+  ck_assert_msg(strstr(out, "\nflip-test ") && strstr(out, " NO "), "%s", out);
+  ck_assert_msg(strstr(out, "\ncpu ") && strstr(out, " bits "), "%s", out);
+  free(out);
+  free(errs);
+  snprintf(args, sizeof args, "conformance %s --backend nope", id);
+  out = cli(args, &st, &errs);
+  ck_assert_msg(st == 2 && strstr(errs, "unknown backend 'nope'"),
+                "conformance --backend nope: %d %s", st, errs);
+  free(out);
+  free(errs);
+  snprintf(cmd, sizeof cmd,
+           "'%s/bin/topos' --server 127.0.0.1:1 --deadline 2 conformance %s",
+           build_dir(), id);
+  out = run_cmd(cmd, &st, &errs);
+  ck_assert_int_eq(st, 2);
+  free(out);
+  free(errs);
+  topos_network_release(net);
+  topos_client_close(c);
+}
+END_TEST
+
 START_TEST(test_cli) {
   topos_network *net = sn_mlp();
   char local[65], path[400], args[1200];
@@ -1304,8 +1514,10 @@ START_TEST(test_cli) {
   snprintf(args, sizeof args, "conformance %s --roots loss --training", local);
   out = cli(args, &st, &err);
   ck_assert_msg(st == 0, "conformance: %d %s %s", st, out, err);
-  ck_assert_ptr_nonnull(strstr(out, "bit-identical"));
-  ck_assert_ptr_null(strstr(out, "MISMATCH"));
+  ck_assert_ptr_nonnull(strstr(out, "\nreference "));
+  ck_assert_ptr_nonnull(strstr(out, "\ncpu "));
+  ck_assert_ptr_nonnull(strstr(out, " bits "));
+  ck_assert_ptr_null(strstr(out, " NO "));
   free(out);
   free(err);
   snprintf(args, sizeof args, "conformance %s", local);
@@ -1479,6 +1691,7 @@ Suite *client_suite(void) {
   tcase_add_test(tools, test_gradient_descent_remote);
   tcase_add_test(tools, test_makemore_remote);
   tcase_add_test(tools, test_cli);
+  tcase_add_test(tools, test_backends_end_to_end);
   tcase_add_test(tools, test_python_client);
   suite_add_tcase(s, tools);
   return s;

@@ -1245,15 +1245,23 @@ START_TEST(test_conformance) {
     Topos__V1__ConformanceReply *rep = NULL;
     CALL_OK(&C, "Conformance", &cr, &topos__v1__conformance_reply__descriptor,
             &rep);
-    ck_assert_int_ge(rep->n_results, 3);
+    /* The defaults: the reference backend, then every exact backend by
+     * name; each bit-identical to the interpreter. */
+    ck_assert_int_ge(rep->n_results, 2);
+    ck_assert_str_eq(rep->results[0]->backend, "reference");
     for (size_t i = 0; i < rep->n_results; i++) {
-      ck_assert_msg(rep->results[i]->bit_identical, "%s: %s",
-                    rep->results[i]->backend, rep->results[i]->note);
+      ck_assert_msg(rep->results[i]->holds && rep->results[i]->bit_identical,
+                    "%s: %s", rep->results[i]->backend,
+                    rep->results[i]->note);
+      ck_assert_str_eq(rep->results[i]->fidelity, "exact");
       ck_assert(rep->results[i]->max_ulp == 0);
+      ck_assert_uint_eq(
+          rep->results[i]->n_outputs,
+          posture ? 1 + (size_t)topos_network_parameter_count(net) : 1);
     }
     if (posture == 0)
-      ck_assert_msg(strstr(rep->results[1]->note, "2 fused groups") != NULL,
-                    "plan note: %s", rep->results[1]->note);
+      ck_assert_msg(strstr(rep->results[0]->note, "2 fused groups") != NULL,
+                    "plan note: %s", rep->results[0]->note);
     wire_message_free(&rep->base);
     wire_message_free(&cr.entry->base);
   }
@@ -1283,7 +1291,8 @@ static void expect_msg(client *c, const char *method, const ProtobufCMessage *m,
 
 static const char *const all_methods[] = {
     "Record", "Describe",    "Lower",   "Emit",     "Forward", "Backward",
-    "Step",   "Conformance", "PutBlob", "StatBlob", "Health",  "Stats"};
+    "Step",   "Conformance", "PutBlob", "StatBlob", "Health",  "Stats",
+    "Backends"};
 
 START_TEST(test_hostile_random_and_truncated) {
   start_default();
@@ -1362,10 +1371,11 @@ START_TEST(test_hostile_random_and_truncated) {
   assert_serving(&C);
 
   /* No message at all (only SEND_CLOSE): a request body is required,
-   * except by Health and Stats. */
+   * except by Health, Stats and Backends. */
   for (size_t k = 0; k < sizeof all_methods / sizeof *all_methods; k++) {
     bool bodyless = strcmp(all_methods[k], "Health") == 0 ||
-                    strcmp(all_methods[k], "Stats") == 0;
+                    strcmp(all_methods[k], "Stats") == 0 ||
+                    strcmp(all_methods[k], "Backends") == 0;
     expect_status(&C, all_methods[k], NULL, 0,
                   bodyless ? GRPC_STATUS_OK : GRPC_STATUS_INVALID_ARGUMENT,
                   "no message");

@@ -598,9 +598,8 @@ static int cmd_conformance(topos_client *c, const options *o) {
   }
   Topos__V1__ConformanceReply *reply = (Topos__V1__ConformanceReply *)r;
   int red = 0;
-  printf("%-12s %-8s %-8s %-6s %-10s %-10s %-10s %s\n", "backend",
-         "numerics", "fidelity", "holds", "max_ulp", "max_rel", "rel_l2",
-         "ran");
+  printf("%-12s %-8s %-8s %-6s %-10s %-10s %-10s %s\n", "backend", "numerics",
+         "fidelity", "holds", "max_ulp", "max_rel", "rel_l2", "ran");
   for (size_t i = 0; i < reply->n_results; i++) {
     const Topos__V1__BackendResult *b = reply->results[i];
     if (!b->holds) red++;
@@ -645,7 +644,8 @@ static int print_backends(const topos_backend_info *info, int n) {
            (unsigned long long)b->tasks_run, b->device);
     printf("    dtypes:");
     for (int d = 0; d < 4; d++)
-      if (b->dtypes & (1u << d)) printf(" %s", topos_dtype_name((topos_dtype)d));
+      if (b->dtypes & (1u << d))
+        printf(" %s", topos_dtype_name((topos_dtype)d));
     putchar('\n');
     if (i == 0) {
       printf("    ops: every op (what no backend takes)\n");

@@ -49,9 +49,9 @@ enum method {
 };
 
 static const char *const method_names[M_COUNT] = {
-    "Record", "Describe",    "Lower",   "Emit",     "Forward", "Backward",
-    "Step",   "Conformance", "PutBlob", "StatBlob", "Health",  "Stats",
-    "Backends",
+    "Record",   "Describe", "Lower",       "Emit",    "Forward",
+    "Backward", "Step",     "Conformance", "PutBlob", "StatBlob",
+    "Health",   "Stats",    "Backends",
 };
 
 struct topos_client {
@@ -545,7 +545,7 @@ static Topos__V1__ExecOptions *exec_new(const topos_exec *x, topos_error *err) {
   }
   topos__v1__exec_options__init(o);
   o->numerics = x->numerics == TOPOS_NUMERICS_FAST ? TOPOS__V1__NUMERICS__FAST
-                                                    : TOPOS__V1__NUMERICS__EXACT;
+                                                   : TOPOS__V1__NUMERICS__EXACT;
   o->threads = (uint32_t)x->threads;
   o->backend = name;
   return o;
@@ -860,9 +860,9 @@ static int row_from_proto(const Topos__V1__BackendResult *b,
   row->numerics = b->numerics == TOPOS__V1__NUMERICS__FAST
                       ? TOPOS_NUMERICS_FAST
                       : TOPOS_NUMERICS_EXACT;
-  row->fidelity =
-      b->fidelity && strcmp(b->fidelity, "envelope") == 0 ? "envelope"
-                                                          : "exact";
+  row->fidelity = b->fidelity && strcmp(b->fidelity, "envelope") == 0
+                      ? "envelope"
+                      : "exact";
   row->holds = b->holds;
   row->bit_identical = b->bit_identical;
   row->max_ulp = b->max_ulp;
@@ -913,8 +913,10 @@ int topos_client_conformance(topos_client *c, const char *id,
     if (!req.candidates) rc = fail(err, TOPOS_ERR_MEMORY, "out of memory");
     for (int i = 0; rc == TOPOS_OK && i < ncand; i++) {
       req.candidates[i] = exec_new(&args->exec[i], err);
-      if (!req.candidates[i]) rc = err_code(err, TOPOS_ERR_MEMORY);
-      else req.n_candidates++;
+      if (!req.candidates[i])
+        rc = err_code(err, TOPOS_ERR_MEMORY);
+      else
+        req.n_candidates++;
     }
   }
   ProtobufCMessage *r = NULL;
@@ -947,8 +949,8 @@ int topos_client_conformance(topos_client *c, const char *id,
   return TOPOS_OK;
 }
 
-int topos_client_backends(topos_client *c, topos_backend_info **out,
-                          int *count, topos_error *err) {
+int topos_client_backends(topos_client *c, topos_backend_info **out, int *count,
+                          topos_error *err) {
   if (!out || !count)
     return fail(err, TOPOS_ERR_ARGUMENT, "backends: out is NULL");
   *out = NULL;

@@ -206,8 +206,8 @@ int topos_client_conformance(topos_client *c, const char *id,
 /* Backends: the daemon's registry (the reference first), as
  * topos_backends_list gives it in-process.  *out is a new array of *count
  * entries (topos_free). */
-int topos_client_backends(topos_client *c, topos_backend_info **out,
-                          int *count, topos_error *err);
+int topos_client_backends(topos_client *c, topos_backend_info **out, int *count,
+                          topos_error *err);
 
 /* --------------------------------------------------------------- blobs */
 

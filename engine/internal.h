@@ -330,8 +330,8 @@ int run_eval_node(const exec_env *env, topos_run *run, int i,
                   const topos_params *params, const topos_tensor **fed,
                   topos_error *err);
 /* The gradient of rank-0 node `target` w.r.t. every node (new field). */
-topos_field *run_backward(const exec_env *env, const topos_run *run,
-                          int target, topos_error *err);
+topos_field *run_backward(const exec_env *env, const topos_run *run, int target,
+                          topos_error *err);
 /* The parameters' gradients only (backward_scan with params_only). */
 topos_params *run_gradients(const exec_env *env, const topos_run *run,
                             int target, topos_error *err);

@@ -36,16 +36,16 @@ extern "C" {
 
 typedef enum topos_status {
   TOPOS_OK = 0,
-  TOPOS_ERR_ARGUMENT = 1,  /* NULL, foreign value, bad attribute */
-  TOPOS_ERR_SHAPE = 2,     /* operand shapes do not fit the op */
-  TOPOS_ERR_DTYPE = 3,     /* operand dtypes do not fit the op */
-  TOPOS_ERR_RANGE = 4,     /* an index out of range at run time */
-  TOPOS_ERR_MEMORY = 5,    /* allocation failed or a size overflows */
-  TOPOS_ERR_STATE = 6,     /* e.g. reading a value a run did not evaluate */
-  TOPOS_ERR_NOT_FOUND = 7, /* an unknown spec or blob id */
-  TOPOS_ERR_CORRUPT = 8,   /* bytes that do not match their id, or are not
-                              a valid encoding */
-  TOPOS_ERR_IO = 9,        /* the store's file could not be used */
+  TOPOS_ERR_ARGUMENT = 1,   /* NULL, foreign value, bad attribute */
+  TOPOS_ERR_SHAPE = 2,      /* operand shapes do not fit the op */
+  TOPOS_ERR_DTYPE = 3,      /* operand dtypes do not fit the op */
+  TOPOS_ERR_RANGE = 4,      /* an index out of range at run time */
+  TOPOS_ERR_MEMORY = 5,     /* allocation failed or a size overflows */
+  TOPOS_ERR_STATE = 6,      /* e.g. reading a value a run did not evaluate */
+  TOPOS_ERR_NOT_FOUND = 7,  /* an unknown spec or blob id */
+  TOPOS_ERR_CORRUPT = 8,    /* bytes that do not match their id, or are not
+                               a valid encoding */
+  TOPOS_ERR_IO = 9,         /* the store's file could not be used */
   TOPOS_ERR_CANCELLED = 10, /* the context's cancel check said stop */
   TOPOS_ERR_DEADLINE = 11   /* the context's deadline passed */
 } topos_status;
@@ -555,8 +555,8 @@ typedef enum topos_posture {
 
 /* What to compile: the values the caller wants (roots), values it also
  * wants to read (observes), the posture, and the numerics and threads its
- * runs use by default (when a run is given no context).  `threads` is last so that positional initialisers that
- * stop at `numerics` keep meaning 0. */
+ * runs use by default (when a run is given no context).  `threads` is last so
+ * that positional initialisers that stop at `numerics` keep meaning 0. */
 typedef struct topos_entry {
   const topos_value *roots;
   int nroots;
@@ -645,14 +645,14 @@ typedef struct topos_conformance_output {
 
 /* One candidate context compared with the reference. */
 typedef struct topos_conformance_row {
-  char backend[32];       /* the candidate's backend ("auto" for NULL) */
+  char backend[32]; /* the candidate's backend ("auto" for NULL) */
   topos_numerics numerics;
-  const char *fidelity;   /* what was promised: "exact" or "envelope" */
-  bool holds;             /* every output holds */
-  bool bit_identical;     /* every output bit-identical */
+  const char *fidelity; /* what was promised: "exact" or "envelope" */
+  bool holds;           /* every output holds */
+  bool bit_identical;   /* every output bit-identical */
   double max_ulp, max_relative, rel_l2; /* the worst over the outputs */
-  char ran[160];          /* the backends that ran tasks, comma-separated */
-  char note[320];         /* why a row failed to run, or a summary */
+  char ran[160];  /* the backends that ran tasks, comma-separated */
+  char note[320]; /* why a row failed to run, or a summary */
   int noutputs;
   topos_conformance_output *outputs;
 } topos_conformance_row;

@@ -108,15 +108,14 @@ void handle_conformance(call_ctx *cx) {
   if (req == NULL) return;
   if (req->n_candidates > MAX_CANDIDATES) {
     call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
-              "%zu candidates (at most %d)", req->n_candidates,
-              MAX_CANDIDATES);
+              "%zu candidates (at most %d)", req->n_candidates, MAX_CANDIDATES);
     return;
   }
   if (!plan_request(cx, req->id, req->entry, &p)) return;
   topos_exec cands[MAX_CANDIDATES];
   int n = 0;
   for (size_t i = 0; i < req->n_candidates; i++) {
-    char what[32];
+    char what[48];
     snprintf(what, sizeof what, "candidates[%zu]", i);
     if (req->candidates[i] == NULL) {
       call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
@@ -129,12 +128,11 @@ void handle_conformance(call_ctx *cx) {
   if (req->n_candidates == 0) n = default_candidates(cx, &p, cands);
   run_inputs in;
   if (cx->status == WIRE_GRPC_OK &&
-      run_inputs_read(cx, p.net, req->parameters, req->n_parameters,
-                      req->feeds, req->n_feeds, &in)) {
+      run_inputs_read(cx, p.net, req->parameters, req->n_parameters, req->feeds,
+                      req->n_feeds, &in)) {
     topos_error err = {0};
-    topos_conformance *c =
-        topos_conformance_run(p.plan, in.params, in.feeds, in.nfeeds, cands,
-                              n, &err);
+    topos_conformance *c = topos_conformance_run(p.plan, in.params, in.feeds,
+                                                 in.nfeeds, cands, n, &err);
     if (c == NULL) call_fail_err(cx, &err, "conformance");
     Topos__V1__BackendResult **rows =
         c ? call_scratch(cx, sizeof *rows * (size_t)(c->nrows + 1)) : NULL;

@@ -119,8 +119,8 @@ void handle_forward(call_ctx *cx) {
     topos_exec ex;
     topos_run *run = NULL;
     if (call_exec_of(cx, req->exec, p.plan, p.entry.backend, &ex)) {
-      run = topos_plan_forward(p.plan, in.params, in.feeds, in.nfeeds, &ex,
-                               &err);
+      run =
+          topos_plan_forward(p.plan, in.params, in.feeds, in.nfeeds, &ex, &err);
       if (run == NULL) call_fail_err(cx, &err, "forward");
     }
     Topos__V1__ForwardReply r = TOPOS__V1__FORWARD_REPLY__INIT;
@@ -293,8 +293,8 @@ void handle_step(call_ctx *cx) {
   Topos__V1__StepReply r = TOPOS__V1__STEP_REPLY__INIT;
   if (cx->status == WIRE_GRPC_OK &&
       call_exec_of(cx, req->exec, p.plan, NULL, &ex)) {
-    if (topos_plan_step(p.plan, in.params, in.feeds, in.nfeeds, &opt.opt,
-                        state, &ex, &res, &err) != TOPOS_OK) {
+    if (topos_plan_step(p.plan, in.params, in.feeds, in.nfeeds, &opt.opt, state,
+                        &ex, &res, &err) != TOPOS_OK) {
       call_fail_err(cx, &err, "step");
     } else if (call_continue(cx)) {
       r.loss = res.loss;

@@ -529,8 +529,7 @@ START_TEST(engine_matmul) {
       backend_set_threads(th);
       topos_error err = {0};
       unsigned long long before = topos_cpu_tasks_run();
-      topos_run *ref =
-          topos_forward(net, NULL, NULL, 0, &TEST_REFERENCE, &err);
+      topos_run *ref = topos_forward(net, NULL, NULL, 0, &TEST_REFERENCE, &err);
       ck_assert_msg(ref != NULL, "%s", err.message);
       ck_assert_int_eq(topos_cpu_tasks_run(), before);
       topos_run *got = topos_forward(net, NULL, NULL, 0, NULL, &err);

@@ -1260,8 +1260,7 @@ START_TEST(test_backends_end_to_end) {
     cpu |= strcmp(info[i].name, "cpu") == 0 &&
            strcmp(info[i].fidelity, "exact") == 0 && info[i].tasks == 0xF;
     blas |= strcmp(info[i].name, "blas") == 0 &&
-            strcmp(info[i].fidelity, "envelope") == 0 &&
-            info[i].tasks == 1u &&
+            strcmp(info[i].fidelity, "envelope") == 0 && info[i].tasks == 1u &&
             strstr(info[i].device, "OpenBLAS") != NULL;
     flip |= strcmp(info[i].name, "flip-test") == 0;
   }
@@ -1300,9 +1299,9 @@ START_TEST(test_backends_end_to_end) {
    * within the envelope. */
   topos_exec fast = {.numerics = TOPOS_NUMERICS_FAST, .backend = "blas"};
   topos_client_args fa = {.exec = &fast, .ran = ran, .ran_len = sizeof ran};
-  ck_assert_msg(topos_client_forward_with(c, id, &e, &fa, &roots, NULL,
-                                          &err) == TOPOS_OK,
-                "%s", err.message);
+  ck_assert_msg(
+      topos_client_forward_with(c, id, &e, &fa, &roots, NULL, &err) == TOPOS_OK,
+      "%s", err.message);
   ck_assert_msg(strstr(ran, "blas") != NULL, "ran: %s", ran);
   double fast_loss = topos_tensor_get(roots[0], NULL, NULL);
   topos_client_tensors_free(roots, 1);
@@ -1325,8 +1324,8 @@ START_TEST(test_backends_end_to_end) {
   /* Refusals: an unknown name lists the known ones; blas under exact. */
   topos_exec foo = {.backend = "foo"};
   topos_client_args fo = {.exec = &foo};
-  ck_assert_int_ne(
-      topos_client_forward_with(c, id, &e, &fo, NULL, NULL, &err), TOPOS_OK);
+  ck_assert_int_ne(topos_client_forward_with(c, id, &e, &fo, NULL, NULL, &err),
+                   TOPOS_OK);
   ck_assert_int_eq(topos_client_grpc_status(err.code), 3);
   ck_assert_msg(strstr(err.message, "unknown backend 'foo'") &&
                     strstr(err.message, "blas"),
@@ -1353,18 +1352,17 @@ START_TEST(test_backends_end_to_end) {
 
   /* Conformance through the client: blas holds the envelope, flip-test
    * does not hold. */
-  topos_exec cands[2] = {
-      {.numerics = TOPOS_NUMERICS_FAST, .backend = "blas"},
-      {.backend = "flip-test"}};
+  topos_exec cands[2] = {{.numerics = TOPOS_NUMERICS_FAST, .backend = "blas"},
+                         {.backend = "flip-test"}};
   topos_client_args ca = {.exec = cands, .nexec = 2};
   topos_conformance *res = NULL;
   /* Training: the gradients are GEMM outputs themselves, so the flipped
    * bit reaches an output (a sum could round it away). */
   topos_entry te = {
       .roots = &loss, .nroots = 1, .posture = TOPOS_POSTURE_TRAINING};
-  ck_assert_msg(topos_client_conformance(c, id, &te, &ca, &res, &err) ==
-                    TOPOS_OK,
-                "%s", err.message);
+  ck_assert_msg(
+      topos_client_conformance(c, id, &te, &ca, &res, &err) == TOPOS_OK, "%s",
+      err.message);
   ck_assert_int_eq(res->nrows, 2);
   ck_assert_msg(res->rows[0].holds, "blas: %s", res->rows[0].note);
   ck_assert_str_eq(res->rows[0].fidelity, "envelope");
@@ -1390,18 +1388,17 @@ START_TEST(test_backends_end_to_end) {
                 "backends --local: %d %s", st, out);
   free(out);
   free(errs);
-  snprintf(args, sizeof args, "conformance %s --roots loss --backend blas",
-           id);
+  snprintf(args, sizeof args, "conformance %s --roots loss --backend blas", id);
   out = cli(args, &st, &errs);
-  ck_assert_msg(st == 0, "conformance --backend blas: %d %s %s", st, out,
-                errs);
+  ck_assert_msg(st == 0, "conformance --backend blas: %d %s %s", st, out, errs);
   ck_assert_msg(strstr(out, "\nblas ") && strstr(out, "fast") &&
                     strstr(out, "envelope") && strstr(out, "rel_l2"),
                 "%s", out);
   free(out);
   free(errs);
   snprintf(args, sizeof args,
-           "conformance %s --roots loss --training --backend cpu,flip-test", id);
+           "conformance %s --roots loss --training --backend cpu,flip-test",
+           id);
   out = cli(args, &st, &errs);
   ck_assert_msg(st == 1, "conformance --backend flip-test: %d %s %s", st, out,
                 errs);

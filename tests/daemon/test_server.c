@@ -1251,8 +1251,7 @@ START_TEST(test_conformance) {
     ck_assert_str_eq(rep->results[0]->backend, "reference");
     for (size_t i = 0; i < rep->n_results; i++) {
       ck_assert_msg(rep->results[i]->holds && rep->results[i]->bit_identical,
-                    "%s: %s", rep->results[i]->backend,
-                    rep->results[i]->note);
+                    "%s: %s", rep->results[i]->backend, rep->results[i]->note);
       ck_assert_str_eq(rep->results[i]->fidelity, "exact");
       ck_assert(rep->results[i]->max_ulp == 0);
       ck_assert_uint_eq(
@@ -1290,9 +1289,9 @@ static void expect_msg(client *c, const char *method, const ProtobufCMessage *m,
 }
 
 static const char *const all_methods[] = {
-    "Record", "Describe",    "Lower",   "Emit",     "Forward", "Backward",
-    "Step",   "Conformance", "PutBlob", "StatBlob", "Health",  "Stats",
-    "Backends"};
+    "Record",   "Describe", "Lower",       "Emit",    "Forward",
+    "Backward", "Step",     "Conformance", "PutBlob", "StatBlob",
+    "Health",   "Stats",    "Backends"};
 
 START_TEST(test_hostile_random_and_truncated) {
   start_default();

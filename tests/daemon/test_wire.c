@@ -718,7 +718,8 @@ static void check_optimizer_trip(const topos_optimizer *opt) {
   topos_error err = {0};
   topos_params *params = topos_network_parameters(net);
   topos_run *run = topos_forward(net, params, NULL, 0, NULL, &err);
-  topos_field *g = topos_backward(run, topos_network_find(net, "loss"), NULL, &err);
+  topos_field *g =
+      topos_backward(run, topos_network_find(net, "loss"), NULL, &err);
   topos_params *grads = topos_parameters_of(g, &err);
   topos_opt_state *s0 = topos_opt_state_new(opt, params, &err);
   ck_assert_msg(s0 != NULL, "%s", err.message);

@@ -164,7 +164,8 @@ static void free_fixture(fixture *f) {
 START_TEST(foreign_values) {
   fixture f = make_fixture();
   /* A value of another tape, used on this network, is an error. */
-  EXPECT_NULL(topos_forward_for(f.net, NULL, NULL, 0, &f.foreign, 1, NULL, &err));
+  EXPECT_NULL(
+      topos_forward_for(f.net, NULL, NULL, 0, &f.foreign, 1, NULL, &err));
   topos_run *run = topos_forward(f.net, NULL, NULL, 0, NULL, &err);
   ck_assert_ptr_nonnull(run);
   EXPECT_NULL(topos_run_of(run, f.foreign, &err));

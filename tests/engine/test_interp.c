@@ -383,14 +383,17 @@ START_TEST(forward_for_only_ancestors) {
   /* bad targets */
   topos_value bad = TOPOS_NONE;
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_forward_for(f.net, NULL, NULL, 0, &bad, 1, NULL, &err));
+  ck_assert_ptr_null(
+      topos_forward_for(f.net, NULL, NULL, 0, &bad, 1, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   fixture g = make_fixture();
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_forward_for(f.net, NULL, NULL, 0, &g.loss, 1, NULL, &err));
+  ck_assert_ptr_null(
+      topos_forward_for(f.net, NULL, NULL, 0, &g.loss, 1, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   memset(&err, 0, sizeof err);
-  ck_assert_ptr_null(topos_forward_for(f.net, NULL, NULL, 0, NULL, 1, NULL, &err));
+  ck_assert_ptr_null(
+      topos_forward_for(f.net, NULL, NULL, 0, NULL, 1, NULL, &err));
   ck_assert_int_ne(err.code, TOPOS_OK);
   topos_network_release(g.net);
   topos_network_release(f.net);

@@ -1107,11 +1107,13 @@ static void training_matches(model *m, const char *what) {
   for (int nr = 1; nr <= 2; nr++) {
     topos_plan *plan =
         lower(m->net, roots, nr, NULL, 0, TOPOS_POSTURE_TRAINING);
-    topos_run *run = topos_plan_forward(plan, NULL, m->feeds, m->nfeeds, NULL, &err);
+    topos_run *run =
+        topos_plan_forward(plan, NULL, m->feeds, m->nfeeds, NULL, &err);
     ck_assert_msg(run != NULL, "%s: plan forward: %s", what, err.message);
     topos_field *pf = topos_plan_backward(plan, run, NULL, &err);
     ck_assert_msg(pf != NULL, "%s: plan backward: %s", what, err.message);
-    topos_run *ref = topos_forward(m->net, NULL, m->feeds, m->nfeeds, NULL, &err);
+    topos_run *ref =
+        topos_forward(m->net, NULL, m->feeds, m->nfeeds, NULL, &err);
     ck_assert_ptr_nonnull(ref);
     topos_field *rf = topos_backward(ref, m->loss, NULL, &err);
     ck_assert_ptr_nonnull(rf);
@@ -1381,8 +1383,8 @@ static void *work(void *arg) {
   worker *w = arg;
   for (int it = 0; it < 20; it++) {
     topos_error err = {0};
-    topos_run *run =
-        topos_plan_forward(w->plan, NULL, w->m->feeds, w->m->nfeeds, NULL, &err);
+    topos_run *run = topos_plan_forward(w->plan, NULL, w->m->feeds,
+                                        w->m->nfeeds, NULL, &err);
     if (!run) {
       w->failures++;
       continue;
@@ -1435,8 +1437,8 @@ static void *train_work(void *arg) {
   trainer *w = arg;
   for (int it = 0; it < 20; it++) {
     topos_error err = {0};
-    topos_run *run =
-        topos_plan_forward(w->plan, NULL, w->m->feeds, w->m->nfeeds, NULL, &err);
+    topos_run *run = topos_plan_forward(w->plan, NULL, w->m->feeds,
+                                        w->m->nfeeds, NULL, &err);
     topos_field *f = run ? topos_plan_backward(w->plan, run, NULL, &err) : NULL;
     topos_params *g = f ? topos_parameters_of(f, &err) : NULL;
     if (!g)

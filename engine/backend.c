@@ -174,14 +174,12 @@ int exec_resolve(const topos_exec *ctx, exec_env *env, topos_error *err) {
   int n = topos_backend_count();
   const char *name = ctx->backend;
   if (!name || !*name || strcmp(name, "auto") == 0) {
-    /* auto: under fast the envelope backends first (they exist to be
-     * faster), then the exact ones; under exact the exact ones. */
-    for (int i = 0; fast && i < n; i++)
-      if (chain[i]->fidelity == TOPOS_FIDELITY_ENVELOPE &&
-          !chain[i]->named_only)
-        chain_add(env, i);
+    /* auto: registration order is preference order (the defaults put
+     * the exact cpu backend before blas, which it outruns on this
+     * hardware: docs/decisions.md); fast admits the envelope ones. */
     for (int i = 0; i < n; i++)
-      if (chain[i]->fidelity == TOPOS_FIDELITY_EXACT && !chain[i]->named_only)
+      if ((fast || chain[i]->fidelity == TOPOS_FIDELITY_EXACT) &&
+          !chain[i]->named_only)
         chain_add(env, i);
     return 0;
   }

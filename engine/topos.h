@@ -409,8 +409,8 @@ typedef struct topos_exec_report {
  *
  * Backend choice (docs/backends.md, "Choosing a backend"):
  *  - NULL or "" (`auto`): every registered backend the numerics allows, in
- *    registration order, envelope ones first under fast (backends marked
- *    named_only, such as test backends, join only when named);
+ *    registration order (backends marked named_only, such as test
+ *    backends, join only when named);
  *  - "reference": no backend at all, the reference kernels only;
  *  - a registered name: that backend first; a task it declines goes to the
  *    exact backends in registration order, then to the reference, never to

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends.h"
 #include "topos.h"
 #include "topos_client.h"
 
@@ -60,15 +61,27 @@ static int dump_params(const char *path, const topos_params *p,
 }
 
 int main(int argc, char **argv) {
+  /* Exact backends give the reference's bits; blas runs when named. */
+  topos_backends_register_defaults();
   topos_error err = {0};
   const char *server = NULL, *dump = NULL;
+  /* How steps run (in-process or on the daemon): the backend by name
+   * ("reference", "cpu", "blas" with --fast) and the numerics. */
+  topos_exec exec = {0};
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--server") == 0 && i + 1 < argc) {
       server = argv[++i];
     } else if (strcmp(argv[i], "--dump") == 0 && i + 1 < argc) {
       dump = argv[++i];
+    } else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
+      exec.backend = argv[++i];
+    } else if (strcmp(argv[i], "--fast") == 0) {
+      exec.numerics = TOPOS_NUMERICS_FAST;
     } else {
-      fprintf(stderr, "usage: %s [--server ADDRESS] [--dump FILE]\n", argv[0]);
+      fprintf(stderr,
+              "usage: %s [--server ADDRESS] [--dump FILE] [--backend NAME] "
+              "[--fast]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -98,11 +111,11 @@ int main(int argc, char **argv) {
     if (client != NULL && topos_client_record(client, net, id, &err) == 0 &&
         topos_client_describe(client, id, TOPOS_FORMAT_TEXT, &listing, &err) ==
             0)
-      trainer = topos_client_trainer(client, id, loss, NULL, &err);
+      trainer = topos_client_trainer(client, id, loss, &exec, &err);
   } else {
     listing = topos_network_describe(net, TOPOS_FORMAT_TEXT, &err);
     if (listing != NULL)
-      trainer = topos_trainer_local(net, loss, NULL, 0, NULL, &err);
+      trainer = topos_trainer_local(net, loss, NULL, 0, &exec, &err);
   }
   int rc = 0;
   if (trainer == NULL)

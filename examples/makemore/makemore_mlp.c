@@ -208,6 +208,9 @@ int main(int argc, char **argv) {
   const char *path = "examples/makemore/names.txt";
   const char *server = NULL, *dump = NULL;
   int steps = 5000;
+  /* How steps run, in-process or on the daemon: --backend NAME
+   * ("reference", "cpu", "blas" with --fast), --fast. */
+  topos_exec exec = {0};
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--data") == 0 && i + 1 < argc) {
       path = argv[++i];
@@ -217,10 +220,14 @@ int main(int argc, char **argv) {
       server = argv[++i];
     } else if (strcmp(argv[i], "--dump") == 0 && i + 1 < argc) {
       dump = argv[++i];
+    } else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
+      exec.backend = argv[++i];
+    } else if (strcmp(argv[i], "--fast") == 0) {
+      exec.numerics = TOPOS_NUMERICS_FAST;
     } else {
       fprintf(stderr,
               "usage: %s [--data PATH] [--steps N] [--server ADDRESS] "
-              "[--dump FILE]\n",
+              "[--dump FILE] [--backend NAME] [--fast]\n",
               argv[0]);
       return 2;
     }
@@ -258,9 +265,9 @@ int main(int argc, char **argv) {
     where = " remote";
     client = topos_client_connect(server, &err);
     if (client != NULL && topos_client_record(client, m.net, id, &err) == 0)
-      trainer = topos_client_trainer(client, id, m.loss, NULL, &err);
+      trainer = topos_client_trainer(client, id, m.loss, &exec, &err);
   } else {
-    trainer = topos_trainer_local(m.net, m.loss, NULL, 0, NULL, &err);
+    trainer = topos_trainer_local(m.net, m.loss, NULL, 0, &exec, &err);
   }
   int rc = 0;
   if (trainer == NULL)

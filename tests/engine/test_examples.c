@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 /* Runs `$TOPOS_BUILD/examples/<name> <args>` and returns everything it
  * wrote to stdout (new, free it) and its exit status in *status. */
@@ -91,6 +92,55 @@ START_TEST(test_makemore_mlp) {
 }
 END_TEST
 
+/* The same 200 steps on the reference backend, on cpu (auto) and on cpu by
+ * name give the same bits (the dumped parameters' bytes); asking for blas
+ * without --fast, or an unknown backend, is refused by name. */
+static char *makemore_dump(const char *args, const char *path, size_t *len) {
+  char full[512];
+  snprintf(full, sizeof full, "--steps 200 --dump '%s' %s", path, args);
+  int status = 0;
+  char *out = run_example("makemore_mlp", full, &status);
+  ck_assert_msg(status == 0, "%s: exit status %d:\n%s", args, status, out);
+  free(out);
+  FILE *f = fopen(path, "rb");
+  ck_assert_ptr_nonnull(f);
+  char *bytes = calloc(1, 1 << 20);
+  ck_assert_ptr_nonnull(bytes);
+  size_t n = fread(bytes, 1, (1 << 20) - 1, f);
+  fclose(f);
+  ck_assert_uint_gt(n, 0);
+  *len = n;
+  return bytes;
+}
+
+START_TEST(test_example_backends) {
+  if (getenv("TOPOS_SKIP_SLOW") != NULL) return;
+  const char *tmp = getenv("TMPDIR");
+  char path[256];
+  snprintf(path, sizeof path, "%s/topos-ex-%d.dump", tmp && *tmp ? tmp : "/tmp",
+           (int)getpid());
+  size_t na, nb, nc;
+  char *a = makemore_dump("", path, &na);
+  char *b = makemore_dump("--backend reference", path, &nb);
+  char *c = makemore_dump("--backend cpu", path, &nc);
+  ck_assert_msg(na == nb && memcmp(a, b, na) == 0, "reference differs");
+  ck_assert_msg(na == nc && memcmp(a, c, na) == 0, "cpu differs from auto");
+  free(a);
+  free(b);
+  free(c);
+  remove(path);
+  int status = 0;
+  char *out = run_example("makemore_mlp", "--steps 1 --backend blas 2>&1",
+                          &status);
+  ck_assert_msg(status != 0 && strstr(out, "envelope"), "%d: %s", status, out);
+  free(out);
+  out = run_example("gradient_descent", "--backend nope 2>&1", &status);
+  ck_assert_msg(status != 0 && strstr(out, "unknown backend 'nope'"), "%d: %s",
+                status, out);
+  free(out);
+}
+END_TEST
+
 Suite *examples_suite(void) {
   Suite *s = suite_create("examples");
   TCase *quick = tcase_create("gradient_descent");
@@ -99,6 +149,7 @@ Suite *examples_suite(void) {
   TCase *slow = tcase_create("makemore_mlp");
   tcase_set_timeout(slow, 600);
   tcase_add_test(slow, test_makemore_mlp);
+  tcase_add_test(slow, test_example_backends);
   suite_add_tcase(s, slow);
   return s;
 }

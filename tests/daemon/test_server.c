@@ -682,6 +682,93 @@ END_TEST
  * 300x300x300 product; an exp and a sum over 2^20 elements); Lower names
  * the count (each count is its own cached plan); above 1024 is
  * INVALID_ARGUMENT naming the field, and the daemon keeps serving. */
+/* Hostile execution options: every bad field is INVALID_ARGUMENT with a
+ * message naming it, nothing runs, and the daemon keeps serving. */
+START_TEST(test_exec_options_hostile) {
+  start_default();
+  topos_error err = {0};
+  gd_net g = gd_network(0);
+  char id[65];
+  record(&C, g.net, id);
+  topos_value roots[1] = {g.loss};
+  topos_entry e = {roots, 1, NULL, 0, TOPOS_POSTURE_FORWARD,
+                   TOPOS_NUMERICS_EXACT};
+  char long_name[4096];
+  memset(long_name, 'x', sizeof long_name - 1);
+  long_name[sizeof long_name - 1] = '\0';
+  struct {
+    int numerics;
+    uint32_t threads;
+    const char *backend;
+    const char *expect;
+  } bad[] = {
+      {0, 5000, "", "threads 5000"},
+      {7, 0, "", "numerics 7"},
+      {0, 0, "nope", "unknown backend 'nope' (known: reference, cpu, blas"},
+      {0, 0, "blas", "envelope"},
+      {0, 0, long_name, "unknown backend 'xxxx"},
+      {0, 0, "auto\x01", "unknown backend"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    Topos__V1__ExecOptions x = TOPOS__V1__EXEC_OPTIONS__INIT;
+    x.numerics = (Topos__V1__Numerics)bad[i].numerics;
+    x.threads = bad[i].threads;
+    x.backend = (char *)bad[i].backend;
+    Topos__V1__ForwardRequest fr = TOPOS__V1__FORWARD_REQUEST__INIT;
+    fr.id = id;
+    fr.entry = wire_entry_new(&e, NULL, &err);
+    fr.exec = &x;
+    reply r;
+    call_msg(&C, "Forward", &fr.base, NULL, NULL, &r);
+    ck_assert_msg(r.status == GRPC_STATUS_INVALID_ARGUMENT &&
+                      strstr(r.details, bad[i].expect) != NULL,
+                  "case %zu: status %d: %s", i, r.status, r.details);
+    ck_assert_msg(strlen(r.details) < 1024, "case %zu: an unbounded message",
+                  i);
+    reply_clear(&r);
+    Topos__V1__StepRequest sr = TOPOS__V1__STEP_REQUEST__INIT;
+    Topos__V1__Optimizer opt = TOPOS__V1__OPTIMIZER__INIT;
+    opt.lr = 0.1;
+    sr.id = id;
+    sr.loss = wire_value_new_index(g.loss.index);
+    sr.optimizer = &opt;
+    sr.exec = &x;
+    call_msg(&C, "Step", &sr.base, NULL, NULL, &r);
+    ck_assert_msg(r.status == GRPC_STATUS_INVALID_ARGUMENT,
+                  "step case %zu: status %d: %s", i, r.status, r.details);
+    reply_clear(&r);
+    wire_message_free(&sr.loss->base);
+    wire_message_free(&fr.entry->base);
+  }
+  /* Conformance: more than 16 candidates, or an empty one. */
+  Topos__V1__ExecOptions one = TOPOS__V1__EXEC_OPTIONS__INIT;
+  Topos__V1__ExecOptions *many[17];
+  for (int i = 0; i < 17; i++) many[i] = &one;
+  Topos__V1__ConformanceRequest cr = TOPOS__V1__CONFORMANCE_REQUEST__INIT;
+  cr.id = id;
+  cr.entry = wire_entry_new(&e, NULL, &err);
+  cr.candidates = many;
+  cr.n_candidates = 17;
+  reply r;
+  call_msg(&C, "Conformance", &cr.base, NULL, NULL, &r);
+  ck_assert_msg(r.status == GRPC_STATUS_INVALID_ARGUMENT &&
+                    strstr(r.details, "17 candidates"),
+                "%d %s", r.status, r.details);
+  reply_clear(&r);
+  one.backend = "flip-test"; /* not registered on this daemon */
+  cr.n_candidates = 1;
+  call_msg(&C, "Conformance", &cr.base, NULL, NULL, &r);
+  ck_assert_msg(r.status == GRPC_STATUS_INVALID_ARGUMENT &&
+                    strstr(r.details, "unknown backend 'flip-test'"),
+                "%d %s", r.status, r.details);
+  reply_clear(&r);
+  wire_message_free(&cr.entry->base);
+  assert_serving(&C);
+  topos_network_release(g.net);
+  stop_default();
+}
+END_TEST
+
 START_TEST(test_entry_threads) {
   start_default();
   topos_error err = {0};
@@ -2445,6 +2532,7 @@ Suite *server_suite(void) {
   tcase_add_test(tc, test_blobs);
   tcase_add_test(tc, test_blob_refs_in_step);
   tcase_add_test(tc, test_conformance);
+  tcase_add_test(tc, test_exec_options_hostile);
   tcase_add_test(tc, test_blob_durability);
   suite_add_tcase(s, tc);
   TCase *units = tcase_create("units");

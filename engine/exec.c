@@ -80,8 +80,10 @@ static void strides3(const topos_tensor *t, int64_t s[3]) {
   for (int i = 0; i < t->rank; i++) s[3 - t->rank + i] = t->stride[i];
 }
 
-/* Each offer returns 1 and *res when a backend ran the task, 0 when the
- * reference must, -1 with err when memory ran out. */
+/* Each offer returns 1 and *res when the node is computed (by a backend,
+ * or for maps and sums by the reference loop on the arrays the offer
+ * prepared), 0 when op_eval must compute it, -1 with err when memory ran
+ * out. */
 
 static int offer_gemm(const exec_env *env, topos_tensor *const *in,
                       const tensor_meta *out, topos_tensor **res,
@@ -142,13 +144,12 @@ static int offer_map(const exec_env *env, op_code op, const node_attrs *at,
       .b = nin > 1 ? v[1].data : NULL,
       .y = ob.data,
   };
-  if (exec_offer(env, &task) == 0) {
-    *res = out_end(&ob);
-    rc = 1;
-  } else {
-    out_abort(&ob);
-    rc = 0;
-  }
+  /* Declined: the reference loop on the arrays already prepared. */
+  if (exec_offer(env, &task) != 0)
+    kernel_elementwise(op, at->p, out->dtype, nin, v[0].data,
+                       nin > 1 ? v[1].data : NULL, ob.data, task.u.map.n);
+  *res = out_end(&ob);
+  rc = 1;
 done:
   for (int i = 0; i < got; i++) compute_view_done(&v[i]);
   return rc;
@@ -179,15 +180,12 @@ static int offer_reduce(const exec_env *env, op_code op, const node_attrs *at,
       .x = v.data,
       .y = ob.data,
   };
-  int rc = 0;
-  if (exec_offer(env, &task) == 0) {
-    *res = out_end(&ob);
-    rc = 1;
-  } else {
-    out_abort(&ob);
-  }
+  /* Declined: the reference loop on the arrays already prepared. */
+  if (exec_offer(env, &task) != 0)
+    kernel_sum_rows(a->dtype, v.data, ob.data, outer, L, inner);
+  *res = out_end(&ob);
   compute_view_done(&v);
-  return rc;
+  return 1;
 }
 
 topos_tensor *exec_eval(const exec_env *env, op_code op, const node_attrs *at,

@@ -188,6 +188,15 @@ topos_tensor *op_eval(op_code op, const node_attrs *at, int nin,
                       topos_tensor *const *in, const tensor_meta *out,
                       topos_error *err);
 
+/* The reference loops over contiguous compute arrays (float for f32 and
+ * bf16, double for f64; y written, never read), which op_eval runs and
+ * the dispatch runs on the arrays it prepared when no backend takes a map
+ * or a sum (so nothing is prepared twice). */
+void kernel_elementwise(op_code op, double p, topos_dtype dtype, int nin,
+                        const void *a, const void *b, void *y, int64_t n);
+void kernel_sum_rows(topos_dtype dtype, const void *x, void *y, int64_t outer,
+                     int64_t L, int64_t inner);
+
 /* ------------------------------------------------------------ tape / network
  */
 

@@ -186,6 +186,19 @@ static topos_tensor *eval_binary_views(op_code op, topos_tensor *const *in,
   return out_end(&ob);
 }
 
+void kernel_elementwise(op_code op, double p, topos_dtype dtype, int nin,
+                        const void *a, const void *b, void *y, int64_t n) {
+  if (nin == 1)
+    DISPATCH(dtype, unary, op, p, a, y, n);
+  else
+    DISPATCH(dtype, binary, op, a, b, y, n);
+}
+
+void kernel_sum_rows(topos_dtype dtype, const void *x, void *y, int64_t outer,
+                     int64_t L, int64_t inner) {
+  DISPATCH(dtype, sum_rows, x, y, outer, L, inner);
+}
+
 static topos_tensor *eval_elementwise(op_code op, const node_attrs *at, int nin,
                                       topos_tensor *const *in,
                                       const tensor_meta *out,
@@ -203,10 +216,8 @@ static topos_tensor *eval_elementwise(op_code op, const node_attrs *at, int nin,
     if (compute_view_of(in[got], &v[got], err)) goto fail;
   if (out_begin(&ob, out, err)) goto fail;
   int64_t n = shape_count(out->rank, out->shape);
-  if (nin == 1)
-    DISPATCH(out->dtype, unary, op, at->p, v[0].data, ob.data, n);
-  else
-    DISPATCH(out->dtype, binary, op, v[0].data, v[1].data, ob.data, n);
+  kernel_elementwise(op, at->p, out->dtype, nin, v[0].data,
+                     nin > 1 ? v[1].data : NULL, ob.data, n);
   for (int i = 0; i < nin; i++) compute_view_done(&v[i]);
   return out_end(&ob);
 fail:
@@ -285,7 +296,7 @@ static topos_tensor *eval_rows(op_code op, const node_attrs *at,
   switch (op) {
     case OP_SUM:
     case OP_SUM_ALONG:
-      DISPATCH(a->dtype, sum_rows, v.data, ob.data, outer, L, inner);
+      kernel_sum_rows(a->dtype, v.data, ob.data, outer, L, inner);
       break;
     case OP_MAX_ALONG:
       DISPATCH(a->dtype, max_rows, v.data, ob.data, outer, L, inner);

@@ -559,14 +559,18 @@ static int put_exec(const topos_client_args *a, Topos__V1__ExecOptions **out,
   return *out ? TOPOS_OK : err_code(err, TOPOS_ERR_MEMORY);
 }
 
+/* A reply's repeated backend names, comma-separated, into buf. */
+static void join_names(char *const *names, size_t n, char *buf, size_t len) {
+  size_t at = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < n && at < len; i++)
+    at += (size_t)snprintf(buf + at, len - at, "%s%s", i ? "," : "",
+                           names[i] ? names[i] : "");
+}
+
 /* Writes a reply's `backends` into args->ran. */
 static void take_ran(const topos_client_args *a, char **names, size_t n) {
-  if (!a || !a->ran || a->ran_len == 0) return;
-  size_t at = 0;
-  a->ran[0] = '\0';
-  for (size_t i = 0; i < n && at < a->ran_len; i++)
-    at += (size_t)snprintf(a->ran + at, a->ran_len - at, "%s%s", i ? "," : "",
-                           names[i] ? names[i] : "");
+  if (a && a->ran && a->ran_len > 0) join_names(names, n, a->ran, a->ran_len);
 }
 
 /* ------------------------------------------------------------ specs */
@@ -868,10 +872,7 @@ static int row_from_proto(const Topos__V1__BackendResult *b,
   row->max_ulp = b->max_ulp;
   row->max_relative = b->max_relative;
   row->rel_l2 = b->rel_l2;
-  size_t at = 0;
-  for (size_t i = 0; i < b->n_ran && at < sizeof row->ran; i++)
-    at += (size_t)snprintf(row->ran + at, sizeof row->ran - at, "%s%s",
-                           i ? "," : "", b->ran[i] ? b->ran[i] : "");
+  join_names(b->ran, b->n_ran, row->ran, sizeof row->ran);
   snprintf(row->note, sizeof row->note, "%s", b->note ? b->note : "");
   row->outputs = calloc(b->n_outputs + 1, sizeof *row->outputs);
   if (!row->outputs) return TOPOS_ERR_MEMORY;

@@ -159,11 +159,7 @@ static int offer_reduce(const exec_env *env, op_code op, const node_attrs *at,
                         const topos_tensor *a, const tensor_meta *out,
                         topos_tensor **res, topos_error *err) {
   int64_t outer = 1, L = shape_count(a->rank, a->shape), inner = 1;
-  if (op == OP_SUM_ALONG) {
-    outer = shape_count(at->axis, a->shape);
-    L = a->shape[at->axis];
-    inner = shape_count(a->rank - at->axis - 1, a->shape + at->axis + 1);
-  }
+  if (op == OP_SUM_ALONG) around_axis(a, at->axis, &outer, &L, &inner);
   compute_view v;
   out_buf ob;
   if (compute_view_of(a, &v, err)) return -1;

@@ -196,6 +196,10 @@ void kernel_elementwise(op_code op, double p, topos_dtype dtype, int nin,
                         const void *a, const void *b, void *y, int64_t n);
 void kernel_sum_rows(topos_dtype dtype, const void *x, void *y, int64_t outer,
                      int64_t L, int64_t inner);
+/* Splits t's shape around `axis` into (outer, L, inner): the rows an
+ * `_along` op folds. */
+void around_axis(const topos_tensor *t, int axis, int64_t *outer, int64_t *L,
+                 int64_t *inner);
 
 /* ------------------------------------------------------------ tape / network
  */

@@ -104,9 +104,8 @@ static void copy_into_axis(const topos_tensor *src, topos_tensor *dst, int axis,
 
 /* --------------------------------------------------------- op families */
 
-/* Splits a shape around `axis` into (outer, L, inner). */
-static void around_axis(const topos_tensor *t, int axis, int64_t *outer,
-                        int64_t *L, int64_t *inner) {
+void around_axis(const topos_tensor *t, int axis, int64_t *outer, int64_t *L,
+                 int64_t *inner) {
   *outer = shape_count(axis, t->shape);
   *L = t->shape[axis];
   *inner = shape_count(t->rank - axis - 1, t->shape + axis + 1);

@@ -44,24 +44,6 @@ static int default_candidates(call_ctx *cx, const planned *p, topos_exec *c) {
   return n;
 }
 
-/* "cpu,blas" as a repeated string in call memory. */
-static bool split_names(call_ctx *cx, const char *list, char ***out,
-                        size_t *n) {
-  *out = NULL;
-  *n = 0;
-  size_t len = strlen(list);
-  if (len == 0) return true;
-  char *copy = call_scratch(cx, len + 1);
-  char **v = call_scratch(cx, sizeof *v * (len / 2 + 2));
-  if (copy == NULL || v == NULL) return false;
-  memcpy(copy, list, len + 1);
-  for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok;
-       tok = strtok_r(NULL, ",", &save))
-    v[(*n)++] = tok;
-  *out = v;
-  return true;
-}
-
 /* The reply's BackendResult of one row, in call memory. */
 static Topos__V1__BackendResult *result_of(call_ctx *cx,
                                            const topos_conformance_row *row) {
@@ -83,7 +65,7 @@ static Topos__V1__BackendResult *result_of(call_ctx *cx,
   b->max_relative = row->max_relative;
   b->rel_l2 = row->rel_l2;
   b->note = (char *)row->note;
-  if (!split_names(cx, row->ran, &b->ran, &b->n_ran)) return NULL;
+  if (!call_split_names(cx, row->ran, &b->ran, &b->n_ran)) return NULL;
   for (int k = 0; k < row->noutputs; k++) {
     const topos_conformance_output *src = &row->outputs[k];
     topos__v1__output_result__init(&o[k]);

@@ -18,6 +18,7 @@
  */
 #include "handlers.h"
 
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,24 +77,10 @@ bool call_exec_of(call_ctx *cx, const Topos__V1__ExecOptions *opts,
                   topos_exec *out) {
   *out = call_exec(cx, plan);
   if (opts) {
-    if (opts->numerics != TOPOS__V1__NUMERICS__EXACT &&
-        opts->numerics != TOPOS__V1__NUMERICS__FAST) {
-      call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
-                "exec: unknown numerics %d (EXACT 0, FAST 1)",
-                (int)opts->numerics);
-      return false;
-    }
-    if (opts->threads > TOPOS_THREADS_MAX) {
-      call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
-                "exec: threads %u is out of range (0 = the daemon's "
-                "default, at most %d)",
-                opts->threads, TOPOS_THREADS_MAX);
-      return false;
-    }
-    out->numerics = opts->numerics == TOPOS__V1__NUMERICS__FAST
-                        ? TOPOS_NUMERICS_FAST
-                        : TOPOS_NUMERICS_EXACT;
-    out->threads = (int)opts->threads;
+    /* The proto numbers numerics as the engine does; the engine's check
+     * below refuses any other value and threads out of range. */
+    out->numerics = (topos_numerics)opts->numerics;
+    out->threads = opts->threads > INT_MAX ? INT_MAX : (int)opts->threads;
     out->backend = opts->backend;
   } else {
     out->backend = entry_backend;
@@ -106,25 +93,26 @@ bool call_exec_of(call_ctx *cx, const Topos__V1__ExecOptions *opts,
   return true;
 }
 
-bool call_backends(call_ctx *cx, char ***names, size_t *n) {
-  *names = NULL;
+bool call_split_names(call_ctx *cx, const char *list, char ***out, size_t *n) {
+  *out = NULL;
   *n = 0;
-  topos_backend_info info[TOPOS_BACKENDS_MAX];
-  int count = topos_backends_list(info, TOPOS_BACKENDS_MAX);
-  if (count > TOPOS_BACKENDS_MAX) count = TOPOS_BACKENDS_MAX;
-  char **v = call_scratch(cx, sizeof *v * (size_t)(count + 1));
-  if (v == NULL) return false;
-  /* Registry order, the reference (what no backend took) last. */
-  for (int k = 1; k <= count; k++) {
-    int i = k < count ? k : 0;
-    if (cx->report.tasks[i] == 0) continue;
-    char *name = call_scratch(cx, sizeof info[i].name);
-    if (name == NULL) return false;
-    memcpy(name, info[i].name, sizeof info[i].name);
-    v[(*n)++] = name;
-  }
-  *names = v;
+  size_t len = strlen(list);
+  if (len == 0) return true;
+  char *copy = call_scratch(cx, len + 1);
+  char **v = call_scratch(cx, sizeof *v * (len / 2 + 2));
+  if (copy == NULL || v == NULL) return false;
+  memcpy(copy, list, len + 1);
+  for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok;
+       tok = strtok_r(NULL, ",", &save))
+    v[(*n)++] = tok;
+  *out = v;
   return true;
+}
+
+bool call_backends(call_ctx *cx, char ***names, size_t *n) {
+  char list[TOPOS_BACKENDS_MAX * 33];
+  topos_exec_report_names(&cx->report, list, sizeof list);
+  return call_split_names(cx, list, names, n);
 }
 
 bool call_continue(call_ctx *cx) {

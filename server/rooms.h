@@ -57,6 +57,9 @@ bool call_exec_of(call_ctx *cx, const Topos__V1__ExecOptions *opts,
  * reply's repeated string (call-lifetime memory).  False with the call
  * failed when out of memory. */
 bool call_backends(call_ctx *cx, char ***names, size_t *n);
+/* "cpu,blas" as a repeated string in call memory (false with the call
+ * failed when out of memory). */
+bool call_split_names(call_ctx *cx, const char *list, char ***out, size_t *n);
 /* Checks a spec or blob id from a request (`what` names it). */
 bool call_check_id(call_ctx *cx, const char *id, const char *what);
 

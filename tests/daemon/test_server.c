@@ -677,11 +677,6 @@ START_TEST(test_forward_backward_lower_emit) {
 }
 END_TEST
 
-/* Entry.threads: the same Forward at threads 0, 1 and 4 answers the same
- * bytes (and the engine's bits) on a net the cpu backend splits (a
- * 300x300x300 product; an exp and a sum over 2^20 elements); Lower names
- * the count (each count is its own cached plan); above 1024 is
- * INVALID_ARGUMENT naming the field, and the daemon keeps serving. */
 /* Hostile execution options: every bad field is INVALID_ARGUMENT with a
  * message naming it, nothing runs, and the daemon keeps serving. */
 START_TEST(test_exec_options_hostile) {
@@ -691,8 +686,8 @@ START_TEST(test_exec_options_hostile) {
   char id[65];
   record(&C, g.net, id);
   topos_value roots[1] = {g.loss};
-  topos_entry e = {roots, 1, NULL, 0, TOPOS_POSTURE_FORWARD,
-                   TOPOS_NUMERICS_EXACT};
+  topos_entry e = {
+      roots, 1, NULL, 0, TOPOS_POSTURE_FORWARD, TOPOS_NUMERICS_EXACT};
   char long_name[4096];
   memset(long_name, 'x', sizeof long_name - 1);
   long_name[sizeof long_name - 1] = '\0';
@@ -769,6 +764,11 @@ START_TEST(test_exec_options_hostile) {
 }
 END_TEST
 
+/* Entry.threads: the same Forward at threads 0, 1 and 4 answers the same
+ * bytes (and the engine's bits) on a net the cpu backend splits (a
+ * 300x300x300 product; an exp and a sum over 2^20 elements); Lower names
+ * the count (each count is its own cached plan); above 1024 is
+ * INVALID_ARGUMENT naming the field, and the daemon keeps serving. */
 START_TEST(test_entry_threads) {
   start_default();
   topos_error err = {0};

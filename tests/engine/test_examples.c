@@ -130,8 +130,8 @@ START_TEST(test_example_backends) {
   free(c);
   remove(path);
   int status = 0;
-  char *out = run_example("makemore_mlp", "--steps 1 --backend blas 2>&1",
-                          &status);
+  char *out =
+      run_example("makemore_mlp", "--steps 1 --backend blas 2>&1", &status);
   ck_assert_msg(status != 0 && strstr(out, "envelope"), "%d: %s", status, out);
   free(out);
   out = run_example("gradient_descent", "--backend nope 2>&1", &status);

@@ -49,6 +49,21 @@ const char config_usage[] =
     "  --cache-bytes N          bytes of decoded blobs cached (default 1G)\n"
     "  --grace-ms N             on SIGTERM, how long in-flight work may run\n"
     "                           before it is cancelled (default 5000)\n"
+    "  --max-connections N      client connections open at once; past it the\n"
+    "                           longest-silent one is shed (default 1024)\n"
+    "  --idle-timeout-ms N      a connection silent this long may be shed,\n"
+    "                           and one with no call this long is closed\n"
+    "                           (default 300000)\n"
+    "  --run-bytes N            peak memory one Forward/Backward/Step may\n"
+    "                           use; larger runs are RESOURCE_EXHAUSTED\n"
+    "                           (default: a quarter of --memory-bytes)\n"
+    "  --memory-bytes N         peak memory of all runs in flight together\n"
+    "                           (default: half the machine's memory)\n"
+    "  --spec-bytes N           stored spec bytes kept; past it the least\n"
+    "                           recently used unused spec is dropped\n"
+    "                           (default 1G)\n"
+    "  --store-bytes N          the store file's budget; a write past it is\n"
+    "                           RESOURCE_EXHAUSTED (default 16G)\n"
     "  --test-backend NAME      also register a test backend: flip-test\n"
     "                           (claims exact, flips one GEMM bit; used\n"
     "                           only when named) for conformance tests\n"
@@ -72,6 +87,14 @@ void config_defaults(toposd_config *cfg) {
   cfg->cache_entries = 256;
   cfg->cache_bytes = (int64_t)1 << 30;
   cfg->grace_ms = 5000;
+  cfg->max_connections = 1024;
+  cfg->idle_timeout_ms = 300000;
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  int64_t ram = pages > 0 && page > 0 ? (int64_t)pages * page : (int64_t)8 << 30;
+  cfg->memory_bytes = ram / 2;
+  cfg->run_bytes = 0; /* resolved by config_parse: memory_bytes / 4 */
+  cfg->spec_bytes = (int64_t)1 << 30;
+  cfg->store_bytes = (int64_t)16 << 30;
 }
 
 static int config_error(char *msg, size_t msglen, const char *fmt, ...)
@@ -191,6 +214,33 @@ static int apply(toposd_config *cfg, const char *key, const char *value,
       return config_error(msg, msglen, "grace-ms: '%s' is not in 0..3600000",
                           value);
     cfg->grace_ms = v;
+  } else if (strcmp(name, "max-connections") == 0) {
+    if (!parse_int64(value, false, &v) || v < 1 || v > 1000000)
+      return config_error(msg, msglen,
+                          "max-connections: '%s' is not in 1..1000000", value);
+    cfg->max_connections = (int)v;
+  } else if (strcmp(name, "idle-timeout-ms") == 0) {
+    if (!parse_int64(value, false, &v) || v < 100 || v > (int64_t)1 << 40)
+      return config_error(msg, msglen,
+                          "idle-timeout-ms: '%s' is not a duration of at "
+                          "least 100",
+                          value);
+    cfg->idle_timeout_ms = v;
+  } else if (strcmp(name, "run-bytes") == 0 ||
+             strcmp(name, "memory-bytes") == 0 ||
+             strcmp(name, "spec-bytes") == 0 ||
+             strcmp(name, "store-bytes") == 0) {
+    if (!parse_int64(value, true, &v) || v < 1024)
+      return config_error(msg, msglen, "%s: '%s' is not a size of at least 1K",
+                          name, value);
+    if (strcmp(name, "run-bytes") == 0)
+      cfg->run_bytes = v;
+    else if (strcmp(name, "memory-bytes") == 0)
+      cfg->memory_bytes = v;
+    else if (strcmp(name, "spec-bytes") == 0)
+      cfg->spec_bytes = v;
+    else
+      cfg->store_bytes = v;
   } else if (strcmp(name, "test-backend") == 0) {
     if (strcmp(value, "flip-test") != 0)
       return config_error(msg, msglen,
@@ -323,5 +373,11 @@ int config_parse(toposd_config *cfg, int argc, char **argv, char *msg,
     if (apply(cfg, key, value, inner, sizeof inner) != 0)
       return config_error(msg, msglen, "--%s", inner);
   }
+  if (cfg->run_bytes == 0) cfg->run_bytes = cfg->memory_bytes / 4;
+  if (cfg->run_bytes > cfg->memory_bytes)
+    return config_error(msg, msglen,
+                        "run-bytes (%lld) is over memory-bytes (%lld)",
+                        (long long)cfg->run_bytes,
+                        (long long)cfg->memory_bytes);
   return 0;
 }

@@ -25,6 +25,20 @@ typedef struct toposd_config {
   int64_t cache_bytes;        /* tensor bytes of the decoded blobs cached */
   int64_t grace_ms;           /* shutdown: in-flight work gets this long */
   char test_backend[32];      /* a test backend to register ("" = none) */
+  /* Connections (rpc.c, docs/daemon.md "Hostile load"). */
+  int max_connections;     /* open client connections at once */
+  int64_t idle_timeout_ms; /* a connection that sent nothing this long is
+                            * shed when descriptors or the cap run short;
+                            * gRPC also closes connections idle (no call)
+                            * this long */
+  /* Memory admission (runs.c): the peak bytes of one run, and of all runs
+   * in flight together. */
+  int64_t run_bytes;
+  int64_t memory_bytes;
+  /* Retention (specs.c, store.c): stored spec bytes kept before the least
+   * recently used unreferenced spec is dropped, and the whole store file. */
+  int64_t spec_bytes;
+  int64_t store_bytes;
 } toposd_config;
 
 /* Fills *cfg with the defaults. */

@@ -52,10 +52,11 @@ STORE_SRC  := $(sort $(wildcard store/*.c))
 STORE_OBJ  := $(STORE_SRC:%.c=$(BUILD)/obj/%.o)
 # The daemon side: generated protobuf-c code, the wire glue, the client
 # library, the daemon and the CLI.
-GEN_C      := $(BUILD)/gen/topos.pb-c.c
-GEN_H      := $(BUILD)/gen/topos.pb-c.h
+PROTOS     := topos health
+GEN_C      := $(PROTOS:%=$(BUILD)/gen/%.pb-c.c)
+GEN_H      := $(PROTOS:%=$(BUILD)/gen/%.pb-c.h)
 CLIENT_SRC := $(sort $(wildcard proto/*.c) $(filter-out client/cli.c,$(wildcard client/*.c)))
-CLIENT_OBJ := $(CLIENT_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/topos.pb-c.o
+CLIENT_OBJ := $(CLIENT_SRC:%.c=$(BUILD)/obj/%.o) $(PROTOS:%=$(BUILD)/obj/gen/%.pb-c.o)
 SERVER_SRC := $(sort $(wildcard server/*.c))
 SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 LIB_CLIENT := $(BUILD)/lib/libtoposclient.a
@@ -96,12 +97,12 @@ $(BUILD)/obj/client/cli.o: LAYER_INC = $(INC_CLIENT) -Ibackends
 # Tests reach into every layer, and share tests/engine's helpers.
 $(BUILD)/obj/tests/%.o:    LAYER_INC = $(INC_ALL) -Itests/engine
 
-$(GEN_C) $(GEN_H): proto/topos.proto
+$(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h: proto/%.proto
 	@mkdir -p $(BUILD)/gen
-	protoc-c --c_out=$(BUILD)/gen -Iproto proto/topos.proto
+	protoc-c --c_out=$(BUILD)/gen -Iproto $<
 
 # Generated code is compiled without -Werror: its warnings are protoc-c's.
-$(BUILD)/obj/gen/topos.pb-c.o: $(GEN_C)
+$(BUILD)/obj/gen/%.pb-c.o: $(BUILD)/gen/%.pb-c.c $(GEN_H)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c17 $(OPT) -g -fPIC -I$(BUILD)/gen $(SAN) -c $< -o $@
 

@@ -10,6 +10,7 @@
 #include "config.h"
 
 #include <cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -90,7 +91,8 @@ void config_defaults(toposd_config *cfg) {
   cfg->max_connections = 1024;
   cfg->idle_timeout_ms = 300000;
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  int64_t ram = pages > 0 && page > 0 ? (int64_t)pages * page : (int64_t)8 << 30;
+  int64_t ram =
+      pages > 0 && page > 0 ? (int64_t)pages * page : (int64_t)8 << 30;
   cfg->memory_bytes = ram / 2;
   cfg->run_bytes = 0; /* resolved by config_parse: memory_bytes / 4 */
   cfg->spec_bytes = (int64_t)1 << 30;
@@ -141,6 +143,56 @@ static bool parse_int64(const char *s, bool bytes, int64_t *out) {
   return true;
 }
 
+int config_split_listen(const char *text, char *host, size_t hostlen, int *port,
+                        char *msg, size_t msglen) {
+  const char *colon = strrchr(text, ':');
+  if (colon == NULL)
+    return config_error(msg, msglen, "listen: '%s' is not HOST:PORT", text);
+  const char *h = text;
+  size_t hl = (size_t)(colon - text);
+  if (hl > 0 && text[0] == '[') {
+    if (text[hl - 1] != ']' || hl < 3)
+      return config_error(msg, msglen,
+                          "listen: '%s': an IPv6 host is written [ADDR]:PORT",
+                          text);
+    h = text + 1;
+    hl -= 2;
+    for (size_t i = 0; i < hl; i++)
+      if (!(isxdigit((unsigned char)h[i]) || h[i] == ':' || h[i] == '.'))
+        return config_error(
+            msg, msglen, "listen: '%s': '%c' in an IPv6 address", text, h[i]);
+  } else {
+    if (hl == 0)
+      return config_error(msg, msglen,
+                          "listen: '%s' has no host (0.0.0.0 or [::] serve "
+                          "every interface)",
+                          text);
+    for (size_t i = 0; i < hl; i++)
+      if (!(isalnum((unsigned char)h[i]) || h[i] == '.' || h[i] == '-' ||
+            h[i] == '_'))
+        return config_error(msg, msglen,
+                            "listen: '%s': '%c' in the host (IPv6 hosts go "
+                            "in brackets; only TCP addresses are served)",
+                            text, h[i]);
+  }
+  const char *p = colon + 1;
+  size_t pl = strlen(p);
+  bool digits = pl >= 1 && pl <= 5;
+  for (size_t i = 0; digits && i < pl; i++)
+    digits = isdigit((unsigned char)p[i]) != 0;
+  long v = digits ? strtol(p, NULL, 10) : -1;
+  if (v < 0 || v > 65535)
+    return config_error(
+        msg, msglen, "listen: '%s': the port '%s' is not in 0..65535", text, p);
+  if (hl + 1 > hostlen)
+    return config_error(msg, msglen, "listen: '%s': the host is too long",
+                        text);
+  memcpy(host, h, hl);
+  host[hl] = '\0';
+  *port = (int)v;
+  return 0;
+}
+
 /* Applies one setting given by name (flag spelling, '-' or '_' alike). */
 static int apply(toposd_config *cfg, const char *key, const char *value,
                  char *msg, size_t msglen) {
@@ -151,9 +203,12 @@ static int apply(toposd_config *cfg, const char *key, const char *value,
   for (size_t i = 0; i <= n; i++) name[i] = key[i] == '_' ? '-' : key[i];
   int64_t v = 0;
   if (strcmp(name, "listen") == 0) {
-    if (value[0] == '\0' || strlen(value) >= sizeof cfg->listen ||
-        strrchr(value, ':') == NULL)
-      return config_error(msg, msglen, "listen: '%s' is not HOST:PORT", value);
+    char host[sizeof cfg->listen];
+    int port = 0;
+    if (strlen(value) >= sizeof cfg->listen)
+      return config_error(msg, msglen, "listen: the address is too long");
+    if (config_split_listen(value, host, sizeof host, &port, msg, msglen) != 0)
+      return -1;
     snprintf(cfg->listen, sizeof cfg->listen, "%s", value);
   } else if (strcmp(name, "store") == 0) {
     if (value[0] == '\0' || strlen(value) >= sizeof cfg->store)
@@ -375,9 +430,8 @@ int config_parse(toposd_config *cfg, int argc, char **argv, char *msg,
   }
   if (cfg->run_bytes == 0) cfg->run_bytes = cfg->memory_bytes / 4;
   if (cfg->run_bytes > cfg->memory_bytes)
-    return config_error(msg, msglen,
-                        "run-bytes (%lld) is over memory-bytes (%lld)",
-                        (long long)cfg->run_bytes,
-                        (long long)cfg->memory_bytes);
+    return config_error(
+        msg, msglen, "run-bytes (%lld) is over memory-bytes (%lld)",
+        (long long)cfg->run_bytes, (long long)cfg->memory_bytes);
   return 0;
 }

@@ -200,7 +200,7 @@ bool call_check_id(call_ctx *cx, const char *id, const char *what) {
 /* ------------------------------------------------------------ the table */
 
 #define METHOD(name, fn) \
-  { name, "/topos.v1.Topos/" name, fn }
+  { name, "/topos.v1.Topos/" name, fn, false }
 
 const method_def handler_methods[] = {
     METHOD("Record", handle_record),
@@ -213,9 +213,11 @@ const method_def handler_methods[] = {
     METHOD("Conformance", handle_conformance),
     METHOD("PutBlob", handle_put_blob),
     METHOD("StatBlob", handle_stat_blob),
-    METHOD("Health", handle_health),
+    {"Health", "/topos.v1.Topos/Health", handle_health, true},
     METHOD("Stats", handle_stats),
     METHOD("Backends", handle_backends),
+    {"grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Check",
+     handle_health_check, true},
 };
 
 const int handler_method_count =

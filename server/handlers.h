@@ -52,6 +52,9 @@ typedef struct method_def {
   const char *name; /* "Forward" */
   const char *path; /* "/topos.v1.Topos/Forward" */
   handler_fn handler;
+  /* A health probe: answered on the front's own thread (never queued
+   * behind work), and still answered while the daemon drains. */
+  bool probe;
 } method_def;
 
 extern const method_def handler_methods[];

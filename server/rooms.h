@@ -143,6 +143,7 @@ void handle_conformance(call_ctx *cx);
 void handle_put_blob(call_ctx *cx);
 void handle_stat_blob(call_ctx *cx);
 void handle_health(call_ctx *cx);
+void handle_health_check(call_ctx *cx); /* grpc.health.v1.Health/Check */
 void handle_stats(call_ctx *cx);
 
 #endif /* TOPOSD_ROOMS_H */

@@ -37,6 +37,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <limits.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -46,6 +47,7 @@
 
 #include "arena.h"
 #include "handlers.h"
+#include "listener.h"
 #include "log.h"
 #include "wire.h"
 
@@ -58,8 +60,11 @@
 /* After the grace period, how long cancelled jobs get to notice before
  * the daemon gives up on them. */
 #define ABANDON_MS 10000
+/* While idle, freed memory is handed back to the system this often. */
+#define TRIM_MS 1000
 /* Per-worker memory kept across requests (arena and input buffer). */
 #define WORKER_RETAIN_BYTES ((size_t)256 << 20)
+#define PROBER_RETAIN_BYTES ((size_t)64 << 10)
 
 typedef enum tag_kind {
   TAG_REQUEST, /* a posted request slot received a call */
@@ -97,6 +102,8 @@ struct job {
   grpc_byte_buffer *payload;
   grpc_metadata_array metadata;
   int64_t arrival_ns, deadline_ns;
+  uint64_t conn; /* listener_call_begin's handle: pins the connection */
+  char peer[64]; /* the client's address for the request log */
   _Atomic int cancelled;
   int close_cancelled; /* written by gRPC for the close batch */
   /* What the reply batch sends; lives until the batch completes. */
@@ -128,6 +135,7 @@ struct rpc_server {
   daemon_state *d;
   grpc_server *server;
   grpc_completion_queue *cq;
+  listener *listener;
   void *methods[32]; /* registered method handles */
   request_slot *slots;
   int nslots;
@@ -135,9 +143,11 @@ struct rpc_server {
   job_queue queue;
   worker *workers;
   int nworkers;
+  worker prober; /* answers health probes on the queue thread */
+  listener_counts last_counts;
   _Atomic int live_jobs;
   _Atomic uint64_t next_request_id;
-  bool shutdown_started, shutdown_done, destroyed_server;
+  bool drain_started, shutdown_started, shutdown_done, destroyed_server;
 };
 
 int64_t daemon_now_ns(void) {
@@ -218,6 +228,7 @@ static void job_free(job *j) {
   }
   grpc_metadata_array_destroy(&j->metadata);
   if (j->call) grpc_call_unref(j->call);
+  listener_call_end(s->listener, j->conn);
   gpr_free(j->unknown_name);
   free(j);
   atomic_fetch_sub(&s->live_jobs, 1);
@@ -357,7 +368,15 @@ static void worker_run_job(worker *w, job *j) {
 
   grpc_slice hold = grpc_empty_slice();
   size_t bytes_in = 0;
-  if (j->payload != NULL) {
+  if (j->payload != NULL &&
+      j->payload->data.raw.compression != GRPC_COMPRESS_NONE) {
+    /* Never inflated (rpc_server_start): refused as the gRPC spec asks. */
+    cx.status = GRPC_STATUS_UNIMPLEMENTED;
+    snprintf(cx.message, sizeof cx.message,
+             "%s: compressed requests are not accepted; send the message "
+             "uncompressed (grpc-encoding identity)",
+             m->name);
+  } else if (j->payload != NULL) {
     if (read_payload(w, j->payload, &cx.in, &cx.in_len, &hold) != 0) {
       cx.status = GRPC_STATUS_RESOURCE_EXHAUSTED;
       snprintf(cx.message, sizeof cx.message,
@@ -388,12 +407,11 @@ static void worker_run_job(worker *w, job *j) {
   }
 
   int64_t done_ns = daemon_now_ns();
-  char *peer = grpc_call_get_peer(j->call);
   log_request_line line = {
       .request_id = cx.request_id,
       .method = m->name,
       .spec_id = cx.spec_id,
-      .peer = peer,
+      .peer = j->peer,
       .status = cx.status,
       .message = cx.message,
       .bytes_in = (int64_t)bytes_in,
@@ -403,7 +421,6 @@ static void worker_run_job(worker *w, job *j) {
       .cpu_us = micros_between(cpu_start_ns, thread_cpu_ns()),
   };
   log_request(&line);
-  gpr_free(peer);
   atomic_fetch_add(&d->requests, 1);
   if (cx.status != GRPC_STATUS_OK) atomic_fetch_add(&d->errors, 1);
 
@@ -449,13 +466,12 @@ static void post_request(rpc_server *s, request_slot *slot) {
  * full queue, shutting down). */
 static void reject(rpc_server *s, job *j, int status, const char *message,
                    const char *method, bool with_close) {
-  char *peer = grpc_call_get_peer(j->call);
   uint64_t id = atomic_fetch_add(&s->next_request_id, 1) + 1;
   log_request_line line = {
       .request_id = id,
       .method = method,
       .spec_id = "",
-      .peer = peer,
+      .peer = j->peer,
       .status = status,
       .message = message,
       .bytes_in = j->payload ? (int64_t)grpc_byte_buffer_length(j->payload) : 0,
@@ -465,7 +481,6 @@ static void reject(rpc_server *s, job *j, int status, const char *message,
       .cpu_us = -1,
   };
   log_request(&line);
-  gpr_free(peer);
   atomic_fetch_add(&s->d->requests, 1);
   atomic_fetch_add(&s->d->errors, 1);
   job_send(j, status, message, 0, NULL, 0, with_close);
@@ -515,6 +530,10 @@ static void on_request(rpc_server *s, request_slot *slot, bool ok) {
   j->status_details = grpc_empty_slice();
   j->arrival_ns = now;
   j->deadline_ns = deadline_of(s, slot->deadline, now);
+  char *peer = grpc_call_get_peer(j->call);
+  j->conn = listener_call_begin(s->listener, peer, j->peer, sizeof j->peer);
+  if (j->peer[0] == '\0') snprintf(j->peer, sizeof j->peer, "%s", peer);
+  gpr_free(peer);
   if (slot->method < 0) {
     j->unknown_name = grpc_slice_to_c_string(slot->details.method);
     grpc_call_details_destroy(&slot->details);
@@ -537,15 +556,23 @@ static void on_request(rpc_server *s, request_slot *slot, bool ok) {
   if (grpc_call_start_batch(j->call, &op, 1, &j->close_tag, NULL) !=
       GRPC_CALL_OK)
     atomic_store(&j->refs, 1);
-  const char *name = handler_methods[j->method].name;
-  if (atomic_load(&s->d->cancel_all)) {
-    reject(s, j, GRPC_STATUS_UNAVAILABLE, "toposd is shutting down", name,
+  const method_def *m = &handler_methods[j->method];
+  if (m->probe) {
+    /* Probes never wait behind work, and are answered while draining. */
+    worker_run_job(&s->prober, j);
+  } else if (atomic_load(&s->d->cancel_all)) {
+    reject(s, j, GRPC_STATUS_UNAVAILABLE, "toposd is shutting down", m->name,
            false);
+  } else if (atomic_load(&s->d->draining)) {
+    reject(s, j, GRPC_STATUS_UNAVAILABLE,
+           "toposd is draining (SIGTERM): it takes no new work; retry on "
+           "another server",
+           m->name, false);
   } else if (!queue_push(&s->queue, j, &s->d->queue_depth)) {
     char message[128];
     snprintf(message, sizeof message, "job queue full (%d jobs)",
              s->queue.capacity);
-    reject(s, j, GRPC_STATUS_UNAVAILABLE, message, name, false);
+    reject(s, j, GRPC_STATUS_UNAVAILABLE, message, m->name, false);
   }
 }
 
@@ -593,7 +620,9 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
 
   int max_bytes =
       cfg->max_message_bytes > INT_MAX ? INT_MAX : (int)cfg->max_message_bytes;
-  grpc_arg args[3];
+  int64_t idle =
+      cfg->idle_timeout_ms > INT_MAX ? INT_MAX : cfg->idle_timeout_ms;
+  grpc_arg args[5];
   memset(args, 0, sizeof args);
   args[0].type = GRPC_ARG_INTEGER;
   args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -601,12 +630,24 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
   args[1].type = GRPC_ARG_INTEGER;
   args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
   args[1].value.integer = max_bytes;
-  /* Two daemons must not share a port silently (gRPC sets SO_REUSEPORT
-   * by default on Linux). */
+  /* Compressed requests are refused, never inflated: gRPC would inflate a
+   * message before checking the size limit, so 1 MB of gzip could cost
+   * 256 MiB.  Only identity is enabled (a compressed call is answered
+   * UNIMPLEMENTED, as the gRPC spec asks) and decompression is off, so
+   * nothing is ever inflated even if a message slips through; the worker
+   * refuses any payload still marked compressed. */
   args[2].type = GRPC_ARG_INTEGER;
-  args[2].key = GRPC_ARG_ALLOW_REUSEPORT;
-  args[2].value.integer = 0;
-  grpc_channel_args channel_args = {3, args};
+  args[2].key = GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET;
+  args[2].value.integer = 1 << GRPC_COMPRESS_NONE;
+  args[3].type = GRPC_ARG_INTEGER;
+  args[3].key = GRPC_ARG_ENABLE_PER_MESSAGE_DECOMPRESSION;
+  args[3].value.integer = 0;
+  /* A connection with no call this long gets a GOAWAY from gRPC itself;
+   * the listener sheds silent ones (listener.c). */
+  args[4].type = GRPC_ARG_INTEGER;
+  args[4].key = GRPC_ARG_MAX_CONNECTION_IDLE_MS;
+  args[4].value.integer = (int)idle;
+  grpc_channel_args channel_args = {5, args};
   s->server = grpc_server_create(&channel_args, NULL);
   s->cq = grpc_completion_queue_create_for_next(NULL);
   grpc_server_register_completion_queue(s->server, s->cq, NULL);
@@ -615,11 +656,16 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
         s->server, handler_methods[i].path, NULL,
         GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
   }
-  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
-  int port = grpc_server_add_http2_port(s->server, cfg->listen, creds);
-  grpc_server_credentials_release(creds);
-  if (port <= 0) {
-    snprintf(msg, msglen, "cannot listen on %s", cfg->listen);
+  /* gRPC gets no port of its own: the listener accepts and hands it each
+   * connection (listener.h says why). */
+  grpc_server_start(s->server);
+  s->listener = listener_start(s->server, cfg, bound, boundlen, msg, msglen);
+  if (s->listener == NULL) {
+    grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
+    while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                      NULL)
+               .tag != &s->shutdown_tag) {
+    }
     grpc_server_destroy(s->server);
     grpc_completion_queue_shutdown(s->cq);
     while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
@@ -631,10 +677,6 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
     free(s);
     return NULL;
   }
-  const char *colon = strrchr(cfg->listen, ':');
-  snprintf(bound, boundlen, "%.*s:%d", (int)(colon - cfg->listen), cfg->listen,
-           port);
-  grpc_server_start(s->server);
 
   s->nslots =
       handler_method_count * REQUESTS_PER_METHOD + UNREGISTERED_REQUESTS;
@@ -662,6 +704,9 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
                        : -1;
     post_request(s, slot);
   }
+  s->prober.server = s;
+  arena_init(&s->prober.arena, PROBER_RETAIN_BYTES);
+  s->prober.input.retain = PROBER_RETAIN_BYTES;
   for (int i = 0; i < s->nworkers; i++) {
     worker *w = &s->workers[i];
     w->server = s;
@@ -676,19 +721,31 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
 int rpc_server_run(rpc_server *s, volatile sig_atomic_t *stop) {
   daemon_state *d = s->d;
   int64_t grace_end = 0, abandon_end = 0;
+  int64_t next_trim = daemon_now_ns() + (int64_t)TRIM_MS * 1000000;
   bool cancelled = false;
   int rc = 0;
   for (;;) {
-    if (*stop && !s->shutdown_started) {
-      s->shutdown_started = true;
+    int64_t now = daemon_now_ns();
+    if (*stop && !s->drain_started) {
+      /* Draining: work calls are refused UNAVAILABLE, health probes say
+       * NOT_SERVING, the calls in flight go on. */
+      s->drain_started = true;
       atomic_store(&d->draining, 1);
+      log_event("drain", "draining: no new work, %d calls in flight",
+                atomic_load(&s->live_jobs));
+      grace_end = now + d->cfg->grace_ms * 1000000;
+    }
+    if (s->drain_started && !s->shutdown_started &&
+        (atomic_load(&s->live_jobs) == 0 || now >= grace_end || *stop > 1)) {
+      /* The work is done (or out of time): stop taking connections and
+       * calls. */
+      s->shutdown_started = true;
+      listener_stop(s->listener);
       log_event("drain", "stopping: no new calls, %d in flight",
                 atomic_load(&s->live_jobs));
       grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
-      grace_end = daemon_now_ns() + d->cfg->grace_ms * 1000000;
     }
     if (s->shutdown_started) {
-      int64_t now = daemon_now_ns();
       /* A second signal cancels at once. */
       if (!cancelled && (now >= grace_end || *stop > 1)) {
         cancelled = true;
@@ -706,6 +763,13 @@ int rpc_server_run(rpc_server *s, volatile sig_atomic_t *stop) {
         rc = 1;
         break;
       }
+    }
+    if (now >= next_trim) {
+      /* Memory freed after large messages and runs goes back to the
+       * system while the daemon is idle (glibc keeps freed heap pages
+       * otherwise: a rejected 512 MiB message left 410 MB behind). */
+      if (atomic_load(&s->live_jobs) == 0) malloc_trim(0);
+      next_trim = now + (int64_t)TRIM_MS * 1000000;
     }
     grpc_event ev = grpc_completion_queue_next(
         s->cq,
@@ -739,7 +803,10 @@ void rpc_server_destroy(rpc_server *s) {
     arena_destroy(&s->workers[i].arena);
     reuse_buf_destroy(&s->workers[i].input);
   }
+  arena_destroy(&s->prober.arena);
+  reuse_buf_destroy(&s->prober.input);
   queue_destroy(&s->queue);
+  listener_free(s->listener);
   free(s->workers);
   free(s->slots);
   free(s);

@@ -3,6 +3,9 @@
  * version), Stats (workers, queue, requests, cache, store, tasks per
  * backend) and Backends (the registry and its capabilities).
  */
+#include <string.h>
+
+#include "health.pb-c.h"
 #include "rooms.h"
 #include "version.h"
 
@@ -15,6 +18,29 @@ void handle_health(call_ctx *cx) {
   Topos__V1__HealthReply r = TOPOS__V1__HEALTH_REPLY__INIT;
   r.status = atomic_load(&cx->d->draining) ? "draining" : "serving";
   r.version = TOPOSD_VERSION;
+  call_reply(cx, &r.base);
+}
+
+/* The standard health protocol: "" is the whole server, and the one
+ * service it serves is topos.v1.Topos. */
+void handle_health_check(call_ctx *cx) {
+  Grpc__Health__V1__HealthCheckRequest *req =
+      call_unpack(cx, &grpc__health__v1__health_check_request__descriptor,
+                  "HealthCheckRequest", true);
+  if (req == NULL) return;
+  if (req->service[0] != '\0' && strcmp(req->service, "topos.v1.Topos") != 0) {
+    call_fail(cx, WIRE_GRPC_NOT_FOUND, 0,
+              "HealthCheckRequest.service: '%s' is not served here (\"\" "
+              "and \"topos.v1.Topos\" are)",
+              req->service);
+    return;
+  }
+  Grpc__Health__V1__HealthCheckResponse r =
+      GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+  r.status =
+      atomic_load(&cx->d->draining)
+          ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
+          : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
   call_reply(cx, &r.base);
 }
 

@@ -1282,20 +1282,6 @@ END_TEST
 
 /* ------------------------------------------------ deadlines, queue full */
 
-static void slow_forward_request(const topos_network *net, topos_value out,
-                                 const char *id, uint8_t **bytes, size_t *len) {
-  topos_error err = {0};
-  topos_value roots[1] = {out};
-  topos_entry e = {
-      roots, 1, NULL, 0, TOPOS_POSTURE_FORWARD, TOPOS_NUMERICS_EXACT};
-  Topos__V1__ForwardRequest fr = TOPOS__V1__FORWARD_REQUEST__INIT;
-  fr.id = (char *)id;
-  fr.entry = wire_entry_new(&e, NULL, &err);
-  (void)net;
-  *bytes = pack(&fr.base, len);
-  wire_message_free(&fr.entry->base);
-}
-
 START_TEST(test_deadlines) {
   memset(&D, 0, sizeof D);
   daemon_dir(&D);
@@ -1370,25 +1356,6 @@ START_TEST(test_deadline_stops_mid_run) {
   topos_network_release(net);
 }
 END_TEST
-
-typedef struct flood_arg {
-  int port;
-  const uint8_t *bytes;
-  size_t len;
-  int status;
-} flood_arg;
-
-static void *flood_one(void *p) {
-  flood_arg *a = p;
-  client c;
-  client_open(&c, a->port);
-  reply r;
-  call_raw(&c, "Forward", a->bytes, a->len, 0, &r);
-  a->status = r.status;
-  reply_clear(&r);
-  client_close(&c);
-  return NULL;
-}
 
 /* One worker, a queue of one: of 8 concurrent slow calls some must be
  * answered UNAVAILABLE at once, the rest OK. */

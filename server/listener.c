@@ -1,0 +1,496 @@
+/*
+ * listener.c - the accept thread, the connection table and shedding.
+ *
+ * The table is indexed by descriptor number.  A connection handed to gRPC
+ * is gRPC's to close, and the number may then be reused by anything
+ * (another connection, a store file), so each entry remembers the
+ * socket's inode: an entry whose descriptor no longer names that inode is
+ * gone.  The sweep (every second, and before any shedding) drops such
+ * entries; a connection is shed with shutdown(2) on a descriptor whose
+ * inode still matches, after which gRPC reads EOF and closes it.
+ *
+ * Calls pin their connection: rpc.c tells us when a call starts and ends
+ * (gRPC names a channel made from a descriptor "fd:N"), and a connection
+ * with a call in flight is never shed, whatever its silence.
+ */
+#include "listener.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grpc/grpc_posix.h>
+#include <grpc/grpc_security.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "log.h"
+
+/* Descriptors kept free for everything but connections (the store and
+ * its WAL, the blob writer, gRPC's own, logs): the cap is clamped to the
+ * descriptor limit minus this much. */
+#define FD_HEADROOM_MIN 32
+#define FD_HEADROOM_MAX 256
+/* How often the table is swept for closed and idle connections. */
+#define SWEEP_MS 1000
+/* After running out of descriptors, accepting pauses this long so gRPC
+ * can close what was shed (the backlog keeps the waiting clients). */
+#define PAUSE_MS 50
+/* Handles pack the descriptor in the low bits and the connection's
+ * serial number above them. */
+#define HANDLE_FD_BITS 24
+
+typedef struct conn {
+  bool used;
+  bool shed; /* shutdown sent; gRPC has yet to close it */
+  int calls; /* calls in flight */
+  ino_t ino;
+  dev_t dev;
+  uint64_t serial;
+  int64_t accepted_ns;
+  char addr[64]; /* "ipv4:127.0.0.1:40000" */
+} conn;
+
+struct listener {
+  grpc_server *server;
+  grpc_server_credentials *creds;
+  int fd;      /* the listening socket */
+  int reserve; /* /dev/null, spent when descriptors run out */
+  int wake[2]; /* listener_stop writes here */
+  pthread_t thread;
+  bool started;
+  int64_t idle_ns;
+  int cap;
+
+  pthread_mutex_t lock; /* the table and the counts */
+  conn *conns;          /* indexed by descriptor */
+  int nconns;           /* entries allocated */
+  uint64_t next_serial;
+  int64_t open, accepted, shed, refused;
+};
+
+static int64_t now_ns(void) {
+  return daemon_now_ns();
+}
+
+/* ------------------------------------------------------------ addresses */
+
+static void format_addr(const struct sockaddr *sa, char *out, size_t outlen) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (sa->sa_family == AF_INET) {
+    const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    port = ntohs(in->sin_port);
+    snprintf(out, outlen, "ipv4:%s:%d", host, port);
+  } else if (sa->sa_family == AF_INET6) {
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    port = ntohs(in6->sin6_port);
+    snprintf(out, outlen, "ipv6:[%s]:%d", host, port);
+  } else {
+    snprintf(out, outlen, "unknown");
+  }
+}
+
+/* Binds and listens on host:port; the first resolved address that binds
+ * wins (IPv4 first, as "localhost" means 127.0.0.1 to most clients). */
+static int bind_listen(const char *host, int port, int *bound_port, char *msg,
+                       size_t msglen) {
+  struct addrinfo hints;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | AI_PASSIVE;
+  char service[16];
+  snprintf(service, sizeof service, "%d", port);
+  struct addrinfo *res = NULL;
+  int g = getaddrinfo(host[0] ? host : NULL, service, &hints, &res);
+  if (g != 0) {
+    snprintf(msg, msglen, "cannot resolve '%s': %s", host, gai_strerror(g));
+    return -1;
+  }
+  int fd = -1, last_errno = 0;
+  for (int pass = 0; pass < 2 && fd < 0; pass++) {
+    for (struct addrinfo *ai = res; ai != NULL && fd < 0; ai = ai->ai_next) {
+      if ((pass == 0) != (ai->ai_family == AF_INET)) continue;
+      int s =
+          socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (s < 0) {
+        last_errno = errno;
+        continue;
+      }
+      int one = 1, zero = 0;
+      setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (ai->ai_family == AF_INET6)
+        setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+      if (bind(s, ai->ai_addr, ai->ai_addrlen) != 0 || listen(s, 1024) != 0) {
+        last_errno = errno;
+        close(s);
+        continue;
+      }
+      fd = s;
+    }
+  }
+  freeaddrinfo(res);
+  if (fd < 0) {
+    snprintf(msg, msglen, "cannot listen on %s:%d: %s", host, port,
+             strerror(last_errno));
+    return -1;
+  }
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  getsockname(fd, (struct sockaddr *)&ss, &sl);
+  *bound_port = ss.ss_family == AF_INET
+                    ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
+                    : ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+  return fd;
+}
+
+/* ---------------------------------------------------------------- table */
+
+static bool conn_alive(const conn *c, int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 && st.st_ino == c->ino && st.st_dev == c->dev;
+}
+
+/* Milliseconds since the connection last carried data either way. */
+static int64_t silence_ms(int fd, const conn *c) {
+  struct tcp_info ti;
+  socklen_t len = sizeof ti;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0)
+    return (now_ns() - c->accepted_ns) / 1000000;
+  uint32_t quiet = ti.tcpi_last_data_recv < ti.tcpi_last_data_sent
+                       ? ti.tcpi_last_data_recv
+                       : ti.tcpi_last_data_sent;
+  return quiet;
+}
+
+static void conn_shed(listener *l, int fd, const char *why) {
+  conn *c = &l->conns[fd];
+  shutdown(fd, SHUT_RDWR);
+  c->shed = true;
+  l->shed++;
+  log_event("shed", "connection %s: %s", c->addr, why);
+}
+
+/* Drops entries gRPC has closed; sheds connections silent past the idle
+ * timeout.  Caller holds the lock. */
+static void sweep(listener *l) {
+  for (int fd = 0; fd < l->nconns; fd++) {
+    conn *c = &l->conns[fd];
+    if (!c->used) continue;
+    if (!conn_alive(c, fd)) {
+      c->used = false;
+      l->open--;
+      continue;
+    }
+    if (!c->shed && c->calls == 0 && silence_ms(fd, c) * 1000000 >= l->idle_ns)
+      conn_shed(l, fd, "idle past the timeout");
+  }
+}
+
+/* Connections counted against the cap: open and not being shed. */
+static int64_t live(listener *l) {
+  int64_t n = 0;
+  for (int fd = 0; fd < l->nconns; fd++)
+    if (l->conns[fd].used && !l->conns[fd].shed) n++;
+  return n;
+}
+
+typedef struct candidate {
+  int fd;
+  int64_t silence_ms;
+} candidate;
+
+static int by_silence_desc(const void *a, const void *b) {
+  int64_t x = ((const candidate *)a)->silence_ms;
+  int64_t y = ((const candidate *)b)->silence_ms;
+  return (x < y) - (x > y);
+}
+
+/* Sheds up to `want` of the longest-silent connections without a call in
+ * flight (one TCP_INFO read each); returns how many.  Caller holds the
+ * lock. */
+static int shed_silent(listener *l, int want, const char *why) {
+  candidate *cand = malloc((size_t)(l->nconns ? l->nconns : 1) * sizeof *cand);
+  if (cand == NULL) return 0;
+  int n = 0;
+  for (int fd = 0; fd < l->nconns; fd++) {
+    conn *c = &l->conns[fd];
+    if (!c->used || c->shed || c->calls > 0) continue;
+    cand[n++] = (candidate){fd, silence_ms(fd, c)};
+  }
+  qsort(cand, (size_t)n, sizeof *cand, by_silence_desc);
+  int done = n < want ? n : want;
+  for (int i = 0; i < done; i++) conn_shed(l, cand[i].fd, why);
+  free(cand);
+  return done;
+}
+
+static bool table_fit(listener *l, int fd) {
+  if (fd < l->nconns) return true;
+  if (fd >= (1 << HANDLE_FD_BITS)) return false;
+  int n = l->nconns ? l->nconns : 256;
+  while (n <= fd) n *= 2;
+  conn *grown = realloc(l->conns, (size_t)n * sizeof *grown);
+  if (grown == NULL) return false;
+  memset(grown + l->nconns, 0, (size_t)(n - l->nconns) * sizeof *grown);
+  l->conns = grown;
+  l->nconns = n;
+  return true;
+}
+
+/* ---------------------------------------------------------------- accept */
+
+static void refuse(listener *l, int fd, const char *why) {
+  close(fd);
+  pthread_mutex_lock(&l->lock);
+  l->refused++;
+  pthread_mutex_unlock(&l->lock);
+  log_event("shed", "connection refused: %s", why);
+}
+
+/* Takes a freshly accepted connection: into the table, then to gRPC. */
+static void admit(listener *l, int fd, const struct sockaddr *peer) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    refuse(l, fd, "fstat failed");
+    return;
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  pthread_mutex_lock(&l->lock);
+  if (live(l) >= l->cap) {
+    sweep(l);
+    if (live(l) >= l->cap) shed_silent(l, 1 + l->cap / 32, "connection cap");
+  }
+  bool room = live(l) < l->cap && table_fit(l, fd);
+  if (room) {
+    conn *c = &l->conns[fd];
+    if (c->used) l->open--; /* the number was reused: the old one closed */
+    memset(c, 0, sizeof *c);
+    c->used = true;
+    c->ino = st.st_ino;
+    c->dev = st.st_dev;
+    c->serial = ++l->next_serial;
+    c->accepted_ns = now_ns();
+    format_addr(peer, c->addr, sizeof c->addr);
+    l->open++;
+    l->accepted++;
+  }
+  pthread_mutex_unlock(&l->lock);
+  if (!room) {
+    refuse(l, fd, "connection cap reached with every connection busy");
+    return;
+  }
+  grpc_server_add_channel_from_fd(l->server, fd, l->creds);
+}
+
+/* Out of descriptors: shed, and spend the reserve to take the waiting
+ * connection off the backlog (closing it at once) so the clients behind
+ * it are not stuck; the reserve is reopened once a descriptor is free. */
+static void out_of_descriptors(listener *l) {
+  pthread_mutex_lock(&l->lock);
+  sweep(l);
+  int n = shed_silent(l, 1 + l->cap / 32, "out of descriptors");
+  pthread_mutex_unlock(&l->lock);
+  if (n > 0) return; /* gRPC closes them; the client is taken next round */
+  if (l->reserve >= 0) {
+    close(l->reserve);
+    l->reserve = -1;
+    int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd >= 0) refuse(l, fd, "out of descriptors, every connection busy");
+  }
+}
+
+static void *accept_main(void *arg) {
+  listener *l = arg;
+  int64_t next_sweep = now_ns() + (int64_t)SWEEP_MS * 1000000;
+  int64_t paused_until = 0;
+  for (;;) {
+    if (l->reserve < 0) l->reserve = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    int64_t now = now_ns();
+    bool paused = now < paused_until;
+    struct pollfd p[2] = {{l->wake[0], POLLIN, 0}, {l->fd, POLLIN, 0}};
+    int wait_ms = paused ? PAUSE_MS : SWEEP_MS;
+    if (poll(p, paused ? 1 : 2, wait_ms) < 0 && errno != EINTR) break;
+    if (p[0].revents) break;
+    now = now_ns();
+    if (now >= next_sweep) {
+      pthread_mutex_lock(&l->lock);
+      sweep(l);
+      pthread_mutex_unlock(&l->lock);
+      next_sweep = now + (int64_t)SWEEP_MS * 1000000;
+    }
+    if (paused || !(p[1].revents & POLLIN)) continue;
+    for (int i = 0; i < 64; i++) {
+      struct sockaddr_storage ss;
+      socklen_t sl = sizeof ss;
+      int fd = accept4(l->fd, (struct sockaddr *)&ss, &sl,
+                       SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd >= 0) {
+        admit(l, fd, (struct sockaddr *)&ss);
+        continue;
+      }
+      if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+          errno == ENOMEM) {
+        log_event("shed", "accept: %s", strerror(errno));
+        out_of_descriptors(l);
+        paused_until = now_ns() + (int64_t)PAUSE_MS * 1000000;
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        log_event("error", "accept: %s", strerror(errno));
+        paused_until = now_ns() + (int64_t)PAUSE_MS * 1000000;
+      }
+      break;
+    }
+  }
+  return NULL;
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+/* The cap: the configured one, clamped below the descriptor limit. */
+static int connection_cap(int configured) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+    return configured;
+  int64_t limit = (int64_t)rl.rlim_cur;
+  int64_t headroom = limit / 8;
+  if (headroom < FD_HEADROOM_MIN) headroom = FD_HEADROOM_MIN;
+  if (headroom > FD_HEADROOM_MAX) headroom = FD_HEADROOM_MAX;
+  int64_t room = limit - headroom;
+  if (room < 1) room = 1;
+  return room < configured ? (int)room : configured;
+}
+
+listener *listener_start(grpc_server *server, const toposd_config *cfg,
+                         char *bound, size_t boundlen, char *msg,
+                         size_t msglen) {
+  char host[256];
+  int port = 0;
+  if (config_split_listen(cfg->listen, host, sizeof host, &port, msg, msglen) !=
+      0)
+    return NULL;
+  listener *l = calloc(1, sizeof *l);
+  if (l == NULL) {
+    snprintf(msg, msglen, "out of memory");
+    return NULL;
+  }
+  int bound_port = 0;
+  l->fd = bind_listen(host, port, &bound_port, msg, msglen);
+  if (l->fd < 0) {
+    free(l);
+    return NULL;
+  }
+  if (pipe2(l->wake, O_CLOEXEC) != 0) {
+    snprintf(msg, msglen, "pipe: %s", strerror(errno));
+    close(l->fd);
+    free(l);
+    return NULL;
+  }
+  l->server = server;
+  l->creds = grpc_insecure_server_credentials_create();
+  l->reserve = -1;
+  l->idle_ns = cfg->idle_timeout_ms * 1000000;
+  l->cap = connection_cap(cfg->max_connections);
+  pthread_mutex_init(&l->lock, NULL);
+  if (strchr(host, ':') != NULL)
+    snprintf(bound, boundlen, "[%s]:%d", host, bound_port);
+  else
+    snprintf(bound, boundlen, "%s:%d", host, bound_port);
+  if (l->cap < cfg->max_connections)
+    log_event("start",
+              "connection cap %d (the descriptor limit allows no "
+              "more than --max-connections %d)",
+              l->cap, cfg->max_connections);
+  l->started = pthread_create(&l->thread, NULL, accept_main, l) == 0;
+  if (!l->started) {
+    snprintf(msg, msglen, "cannot start the accept thread");
+    listener_free(l);
+    return NULL;
+  }
+  return l;
+}
+
+void listener_stop(listener *l) {
+  if (l == NULL || l->fd < 0) return;
+  if (l->started) {
+    ssize_t w = write(l->wake[1], "x", 1);
+    (void)w;
+    pthread_join(l->thread, NULL);
+    l->started = false;
+  }
+  close(l->fd);
+  close(l->wake[0]);
+  close(l->wake[1]);
+  l->fd = l->wake[0] = l->wake[1] = -1;
+  if (l->reserve >= 0) close(l->reserve);
+  l->reserve = -1;
+}
+
+void listener_free(listener *l) {
+  if (l == NULL) return;
+  listener_stop(l);
+  grpc_server_credentials_release(l->creds);
+  pthread_mutex_destroy(&l->lock);
+  free(l->conns);
+  free(l);
+}
+
+/* ----------------------------------------------------------------- calls */
+
+uint64_t listener_call_begin(listener *l, const char *peer, char *addr,
+                             size_t addrlen) {
+  if (addrlen) addr[0] = '\0';
+  if (l == NULL || peer == NULL || strncmp(peer, "fd:", 3) != 0) return 0;
+  char *end = NULL;
+  long fd = strtol(peer + 3, &end, 10);
+  if (end == peer + 3 || *end != '\0' || fd < 0) return 0;
+  uint64_t handle = 0;
+  pthread_mutex_lock(&l->lock);
+  if (fd < l->nconns && l->conns[fd].used) {
+    conn *c = &l->conns[fd];
+    c->calls++;
+    handle = (c->serial << HANDLE_FD_BITS) | (uint64_t)fd;
+    if (addrlen) snprintf(addr, addrlen, "%s", c->addr);
+  }
+  pthread_mutex_unlock(&l->lock);
+  return handle;
+}
+
+void listener_call_end(listener *l, uint64_t handle) {
+  if (l == NULL || handle == 0) return;
+  int fd = (int)(handle & ((1u << HANDLE_FD_BITS) - 1));
+  uint64_t serial = handle >> HANDLE_FD_BITS;
+  pthread_mutex_lock(&l->lock);
+  if (fd < l->nconns && l->conns[fd].used && l->conns[fd].serial == serial &&
+      l->conns[fd].calls > 0)
+    l->conns[fd].calls--;
+  pthread_mutex_unlock(&l->lock);
+}
+
+void listener_get_counts(listener *l, listener_counts *out) {
+  memset(out, 0, sizeof *out);
+  if (l == NULL) return;
+  pthread_mutex_lock(&l->lock);
+  out->open = l->open;
+  out->accepted = l->accepted;
+  out->shed = l->shed;
+  out->refused = l->refused;
+  out->cap = l->cap;
+  pthread_mutex_unlock(&l->lock);
+}

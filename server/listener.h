@@ -1,0 +1,59 @@
+/*
+ * listener.h - toposd's own TCP listener in front of gRPC.
+ *
+ * Why not gRPC's: gRPC C core 1.51 stops accepting for good after one
+ * accept4 fails with EMFILE, while the connections it has keep working,
+ * so a flood of idle connections leaves a daemon that looks healthy and
+ * serves nobody new.  Here one thread accepts, hands each connection to
+ * the server (grpc_server_add_channel_from_fd), and keeps the descriptor
+ * budget: a connection cap clamped below the descriptor limit, a reserve
+ * descriptor spent to drain the backlog when the process runs out anyway,
+ * and shedding of the longest-silent connection that has no call in
+ * flight when the cap is reached or a connection has been silent for the
+ * idle timeout.  docs/daemon.md ("Hostile load") has the rules.
+ */
+#ifndef TOPOSD_LISTENER_H
+#define TOPOSD_LISTENER_H
+
+#include <grpc/grpc.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+typedef struct listener listener;
+
+/* Binds cfg->listen (strictly parsed: config_split_listen) and starts the
+ * accept thread over `server` (already started).  bound gets HOST:PORT
+ * with the actual port.  NULL with a message when the address does not
+ * resolve or cannot be bound. */
+listener *listener_start(grpc_server *server, const toposd_config *cfg,
+                         char *bound, size_t boundlen, char *msg,
+                         size_t msglen);
+/* Stops accepting: joins the thread and closes the listening socket (a
+ * no-op the second time).  The connections handed over stay the
+ * server's, and calls may still begin and end. */
+void listener_stop(listener *l);
+/* Frees a stopped listener (after the last call ended). */
+void listener_free(listener *l);
+
+/* A call arrived on the connection gRPC names `peer` ("fd:N" for the
+ * channels made here): while it is in flight the connection is never
+ * shed.  Returns a handle for listener_call_end (0 when unknown).  addr
+ * gets the connection's remote address for the request log ("" when
+ * unknown). */
+uint64_t listener_call_begin(listener *l, const char *peer, char *addr,
+                             size_t addrlen);
+void listener_call_end(listener *l, uint64_t handle);
+
+typedef struct listener_counts {
+  int64_t open;     /* connections handed to gRPC and not yet closed */
+  int64_t accepted; /* since start */
+  int64_t shed;     /* closed by the daemon: cap, idle, descriptors */
+  int64_t refused;  /* closed at once: no descriptor or room left */
+  int cap;          /* the connection cap in force */
+} listener_counts;
+
+void listener_get_counts(listener *l, listener_counts *out);
+
+#endif /* TOPOSD_LISTENER_H */

@@ -1075,6 +1075,10 @@ int topos_client_stats(topos_client *c, topos_client_stats_info *out,
       .spec_bytes = s->spec_bytes,
       .blobs = s->blobs,
       .blob_bytes = s->blob_bytes,
+      .connections = s->connections,
+      .connections_shed = s->connections_shed,
+      .connections_refused = s->connections_refused,
+      .connection_cap = s->connection_cap,
   };
   for (size_t i = 0; i < s->n_backend_tasks && i < TOPOS_BACKENDS_MAX; i++) {
     const Topos__V1__BackendCount *b = s->backend_tasks[i];

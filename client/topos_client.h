@@ -234,6 +234,9 @@ typedef struct topos_client_stats_info {
   int64_t requests, errors;
   int64_t cache_entries, cache_hits, cache_misses;
   int64_t specs, spec_bytes, blobs, blob_bytes;
+  /* Client connections: open, shed and refused since start, the cap. */
+  int64_t connections, connections_shed, connections_refused;
+  int connection_cap;
   /* Tasks each backend ran since the daemon started, registry order
    * (the reference first: the tasks no backend took). */
   int nbackends;

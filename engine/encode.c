@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "utf8.h"
 
 /* "TPOS", then the format version this file writes and reads. */
 static const uint8_t MAGIC[4] = {'T', 'P', 'O', 'S'};
@@ -538,10 +539,15 @@ static bool decode_node(reader *r, topos_tape *tape, int i) {
   if (ok && nbytes) {
     ok = need(r, nbytes, "name");
     if (ok) {
+      size_t at = 0;
+      const char *why = NULL;
       memcpy(name, take(r, nbytes), nbytes);
       name[nbytes] = '\0';
-      if (strlen(name) != nbytes) {
-        decode_fail(r, TOPOS_ERR_CORRUPT, "the name contains a NUL byte");
+      /* topos_name would refuse it too; saying so here names the byte
+       * and keeps a NUL from shortening the name before it is seen. */
+      if (!utf8_check(name, nbytes, &at, &why)) {
+        decode_fail(r, TOPOS_ERR_CORRUPT, "name of %u bytes: %s at byte %zu",
+                    nbytes, why, at);
         ok = false;
       }
     }

@@ -12,10 +12,38 @@
  *
  * Each task's contract (backend.h) is the reference kernel's arithmetic,
  * so an exact backend that takes a task returns the reference's bits.
+ *
+ * A large task is offered in blocks - a GEMM by rows (and matrices of a
+ * batch), a map by elements, a reduction by whole rows, a convolution by
+ * images - of about TASK_BLOCK multiply-adds or elements, and the run's
+ * cancel and deadline are asked between blocks, so a cancelled run stops
+ * within one block even inside one huge node.  Every output of a task
+ * depends only on its own chain, so a block gives the bits the whole task
+ * would; each block counts as one task in the reports.  The first block's
+ * answer decides: declined, the whole node goes to the reference kernel
+ * (which stops between blocks too); a later block a backend declines is
+ * computed by the reference loop on the same arrays.
  */
 #include <string.h>
 
 #include "internal.h"
+
+/* Work per block of a split task: ~5 ms on the exact cpu backend here
+ * for a GEMM, a few ms of map or reduction. */
+#define TASK_BLOCK ((int64_t)1 << 27)
+#define MAP_BLOCK ((int64_t)1 << 22)
+/* A GEMM block keeps at least this many rows, so its B panel's packing
+ * stays a small part of the block's work. */
+#define GEMM_MIN_ROWS 32
+
+static int64_t mul_sat(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+static size_t compute_size(topos_dtype dtype) {
+  return dtype == TOPOS_F64 ? sizeof(double) : sizeof(float);
+}
 
 /* The map-task op of an elementwise op, or -1. */
 static int map_op_of(op_code op) {
@@ -91,35 +119,71 @@ static int offer_gemm(const exec_env *env, topos_tensor *const *in,
   const topos_tensor *a = in[0], *b = in[1];
   int r = a->rank;
   int64_t m = a->shape[r - 2], k = a->shape[r - 1], n = b->shape[r - 1];
+  int64_t batch = r == 3 ? a->shape[0] : 1;
   topos_tensor *c = tensor_new_meta(out, err);
   if (!c) return -1;
   int64_t sa[3], sb[3];
   strides3(a, sa);
   strides3(b, sb);
-  topos_task task = {.kind = TOPOS_TASK_GEMM};
-  task.u.gemm = (topos_gemm_task){
-      .dtype = out->dtype,
-      .batch = r == 3 ? a->shape[0] : 1,
-      .m = m,
-      .n = n,
-      .k = k,
-      .a = tensor_data(a),
-      .a_row = sa[1],
-      .a_col = sa[2],
-      .a_batch = sa[0],
-      .b = tensor_data(b),
-      .b_row = sb[1],
-      .b_col = sb[2],
-      .b_batch = sb[0],
-      .c = tensor_data(c),
-      .c_row = n,
-      .c_col = 1,
-      .c_batch = m * n,
-  };
-  if (exec_offer(env, &task) != 0) {
-    topos_tensor_release(c);
-    return 0;
+  size_t es = compute_size(out->dtype);
+  /* Rows per block: the whole task when it is small. */
+  int64_t per_row = mul_sat(k, n);
+  int64_t rows = m;
+  if (mul_sat(mul_sat(batch, m), per_row) > TASK_BLOCK) {
+    rows = per_row > 0 ? TASK_BLOCK / per_row : m;
+    if (rows < GEMM_MIN_ROWS) rows = GEMM_MIN_ROWS;
+    if (rows > m) rows = m;
   }
+  bool whole = rows == m;
+  const char *A = tensor_data(a), *B = tensor_data(b);
+  char *C = tensor_data(c);
+  bool first = true;
+  /* A small batch goes as one task; a large one matrix by matrix. */
+  int64_t nb =
+      whole && mul_sat(mul_sat(batch, m), per_row) <= TASK_BLOCK ? batch : 1;
+  for (int64_t bi = 0; bi < batch; bi += nb)
+    for (int64_t i = 0; i < m; i += rows) {
+      int64_t mr = m - i < rows ? m - i : rows;
+      if (!first && kernel_stop(env, err)) {
+        topos_tensor_release(c);
+        return -1;
+      }
+      topos_task task = {.kind = TOPOS_TASK_GEMM};
+      task.u.gemm = (topos_gemm_task){
+          .dtype = out->dtype,
+          .batch = nb,
+          .m = mr,
+          .n = n,
+          .k = k,
+          .a = A + (bi * sa[0] + i * sa[1]) * (int64_t)es,
+          .a_row = sa[1],
+          .a_col = sa[2],
+          .a_batch = sa[0],
+          .b = B + bi * sb[0] * (int64_t)es,
+          .b_row = sb[1],
+          .b_col = sb[2],
+          .b_batch = sb[0],
+          .c = C + (bi * m * n + i * n) * (int64_t)es,
+          .c_row = n,
+          .c_col = 1,
+          .c_batch = m * n,
+      };
+      if (exec_offer(env, &task) == 0) {
+        first = false;
+        continue;
+      }
+      if (first) { /* declined: the reference computes the whole node */
+        topos_tensor_release(c);
+        return 0;
+      }
+      /* A later block declined: the reference loop on this block. */
+      if (kernel_matmul(env, out->dtype, task.u.gemm.a, sa[1], sa[2],
+                        task.u.gemm.b, sb[1], sb[2], task.u.gemm.c, mr, k, n,
+                        err)) {
+        topos_tensor_release(c);
+        return -1;
+      }
+    }
   *res = c;
   return 1;
 }
@@ -144,10 +208,29 @@ static int offer_map(const exec_env *env, op_code op, const node_attrs *at,
       .b = nin > 1 ? v[1].data : NULL,
       .y = ob.data,
   };
-  /* Declined: the reference loop on the arrays already prepared. */
-  if (exec_offer(env, &task) != 0)
-    kernel_elementwise(op, at->p, out->dtype, nin, v[0].data,
-                       nin > 1 ? v[1].data : NULL, ob.data, task.u.map.n);
+  /* In blocks of MAP_BLOCK elements; a declined block runs the reference
+   * loop on the arrays already prepared. */
+  int64_t total = task.u.map.n;
+  size_t es = task.u.map.dtype == TOPOS_F64 ? sizeof(double) : sizeof(float);
+  for (int64_t i = 0; i < total || i == 0; i += MAP_BLOCK) {
+    int64_t len = total - i < MAP_BLOCK ? total - i : MAP_BLOCK;
+    if (i > 0 && kernel_stop(env, err)) {
+      out_abort(&ob);
+      goto done;
+    }
+    topos_task blk = task;
+    blk.u.map.n = len;
+    blk.u.map.a = (const char *)v[0].data + i * (int64_t)es;
+    blk.u.map.b = nin > 1 ? (const char *)v[1].data + i * (int64_t)es : NULL;
+    blk.u.map.y = (char *)ob.data + i * (int64_t)es;
+    if (exec_offer(env, &blk) != 0 &&
+        kernel_elementwise(env, op, at->p, out->dtype, nin, blk.u.map.a,
+                           blk.u.map.b, blk.u.map.y, len, err)) {
+      out_abort(&ob);
+      goto done;
+    }
+    if (len <= 0) break;
+  }
   *res = out_end(&ob);
   rc = 1;
 done:
@@ -176,9 +259,35 @@ static int offer_reduce(const exec_env *env, op_code op, const node_attrs *at,
       .x = v.data,
       .y = ob.data,
   };
-  /* Declined: the reference loop on the arrays already prepared. */
-  if (exec_offer(env, &task) != 0)
-    kernel_sum_rows(a->dtype, v.data, ob.data, outer, L, inner);
+  /* In blocks of whole rows; a declined block runs the reference loop on
+   * the arrays already prepared. */
+  size_t es = compute_size(a->dtype);
+  int64_t row = mul_sat(L, inner);
+  int64_t step = outer;
+  if (mul_sat(outer, row) > TASK_BLOCK) {
+    step = row > 0 ? TASK_BLOCK / row : outer;
+    if (step < 1) step = 1;
+  }
+  for (int64_t o = 0; o < outer || o == 0; o += step) {
+    int64_t nb = outer - o < step ? outer - o : step;
+    if (o > 0 && kernel_stop(env, err)) {
+      out_abort(&ob);
+      compute_view_done(&v);
+      return -1;
+    }
+    topos_task blk = task;
+    blk.u.reduce.outer = nb;
+    blk.u.reduce.x = (const char *)v.data + o * row * (int64_t)es;
+    blk.u.reduce.y = (char *)ob.data + o * inner * (int64_t)es;
+    if (exec_offer(env, &blk) != 0 &&
+        kernel_sum_rows(env, a->dtype, blk.u.reduce.x, blk.u.reduce.y, nb, L,
+                        inner, err)) {
+      out_abort(&ob);
+      compute_view_done(&v);
+      return -1;
+    }
+    if (nb <= 0) break;
+  }
   *res = out_end(&ob);
   compute_view_done(&v);
   return 1;
@@ -188,10 +297,10 @@ topos_tensor *exec_eval(const exec_env *env, op_code op, const node_attrs *at,
                         int nin, topos_tensor *const *in,
                         const tensor_meta *out, topos_error *err) {
   int kind = task_kind_of(op, nin, in, out);
-  if (kind < 0) return op_eval(op, at, nin, in, out, err);
+  if (kind < 0) return op_eval_in(env, op, at, nin, in, out, err);
   if (env->nchain == 0) {
     exec_reference_ran(env);
-    return op_eval(op, at, nin, in, out, err);
+    return op_eval_in(env, op, at, nin, in, out, err);
   }
   topos_tensor *res = NULL;
   int rc;
@@ -203,17 +312,17 @@ topos_tensor *exec_eval(const exec_env *env, op_code op, const node_attrs *at,
     rc = offer_map(env, op, at, nin, in, out, &res, err);
   if (rc > 0) return res;
   if (rc < 0) return NULL;
-  return op_eval(op, at, nin, in, out, err);
+  return op_eval_in(env, op, at, nin, in, out, err);
 }
 
 topos_tensor *exec_group(const exec_env *env, const plan_group *g,
                          const tensor_meta *out, const topos_tensor *x,
                          const topos_tensor *weight, topos_error *err) {
   if (g->kind != GROUP_CONV || !is_real(out->dtype))
-    return group_eval(g, out, x, weight, err);
+    return group_eval_in(env, g, out, x, weight, err);
   if (env->nchain == 0) {
     exec_reference_ran(env);
-    return group_eval(g, out, x, weight, err);
+    return group_eval_in(env, g, out, x, weight, err);
   }
   compute_view xv;
   if (compute_view_of(x, &xv, err)) return NULL;
@@ -248,9 +357,44 @@ topos_tensor *exec_group(const exec_env *env, const plan_group *g,
       .ow = g->ow,
       .out = tensor_data(y),
   };
-  int rc = exec_offer(env, &task);
+  /* In blocks of whole images. */
+  size_t es = compute_size(out->dtype);
+  int64_t image = g->C * g->H * g->W, image_out = g->oh * g->ow * g->nout;
+  int64_t per = mul_sat(image_out, g->C * g->kh * g->kw);
+  int64_t step = g->N;
+  if (mul_sat(g->N, per) > TASK_BLOCK) {
+    step = per > 0 ? TASK_BLOCK / per : g->N;
+    if (step < 1) step = 1;
+  }
+  int rc = 0;
+  for (int64_t n = 0; n < g->N || n == 0; n += step) {
+    int64_t nb = g->N - n < step ? g->N - n : step;
+    if (n > 0 && kernel_stop(env, err)) {
+      rc = -1;
+      break;
+    }
+    topos_task blk = task;
+    blk.u.window.n = nb;
+    blk.u.window.x = (const char *)xv.data + n * image * (int64_t)es;
+    blk.u.window.out = (char *)tensor_data(y) + n * image_out * (int64_t)es;
+    if (exec_offer(env, &blk) != 0) {
+      if (n == 0) { /* declined: the reference computes the whole group */
+        rc = 1;
+        break;
+      }
+      plan_group sub = *g;
+      sub.N = nb;
+      if (kernel_window(env, &sub, out->dtype, blk.u.window.x,
+                        blk.u.window.weight, sw[1], sw[2], blk.u.window.out,
+                        err)) {
+        rc = -1;
+        break;
+      }
+    }
+    if (nb <= 0) break;
+  }
   compute_view_done(&xv);
   if (rc == 0) return y;
   topos_tensor_release(y);
-  return group_eval(g, out, x, weight, err);
+  return rc > 0 ? group_eval_in(env, g, out, x, weight, err) : NULL;
 }

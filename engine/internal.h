@@ -7,6 +7,7 @@
 #ifndef TOPOS_INTERNAL_H
 #define TOPOS_INTERNAL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 
@@ -49,6 +50,24 @@ void pool_free(void *p, size_t capacity);
 size_t pool_idle_bytes(void);
 /* Hands every idle buffer back to the system (tests, valgrind). */
 void pool_trim(void);
+/* The capacity pool_alloc(bytes) hands out (SIZE_MAX when none can). */
+size_t pool_capacity_of(size_t bytes);
+/* Bytes handed out and not returned (at class sizes), and their
+ * high-water mark since the last pool_peak_reset (which sets it to the
+ * bytes handed out now): what tests hold memory estimates against. */
+size_t pool_used_bytes(void);
+size_t pool_peak_bytes(void);
+void pool_peak_reset(void);
+
+/* Saturating size arithmetic for memory estimates. */
+static inline size_t size_add(size_t a, size_t b) {
+  return a > SIZE_MAX - b ? SIZE_MAX : a + b;
+}
+static inline size_t size_mul(size_t a, size_t b) {
+  return b != 0 && a > SIZE_MAX / b ? SIZE_MAX : a * b;
+}
+/* The pool capacity of a buffer of count elements of es bytes. */
+size_t pool_bytes_of(int64_t count, size_t es);
 
 /* -------------------------------------------------------------------- tensors
  */
@@ -187,15 +206,44 @@ int op_infer(op_code op, const node_attrs *at, int nin, const tensor_meta *in,
 topos_tensor *op_eval(op_code op, const node_attrs *at, int nin,
                       topos_tensor *const *in, const tensor_meta *out,
                       topos_error *err);
+/* The same under a run's context (NULL: none): long kernels (matmul, the
+ * maps, the row ops) ask env's cancel and deadline between blocks of
+ * whole rows, a few milliseconds of work apart, and stop with
+ * TOPOS_ERR_CANCELLED / TOPOS_ERR_DEADLINE; the bits never depend on
+ * the blocks. */
+typedef struct exec_env exec_env;
+topos_tensor *op_eval_in(const exec_env *env, op_code op, const node_attrs *at,
+                         int nin, topos_tensor *const *in,
+                         const tensor_meta *out, topos_error *err);
+/* True (err set) when env says stop, asked from inside a long kernel or a
+ * task split into blocks; false for a NULL env. */
+bool kernel_stop(const exec_env *env, topos_error *err);
+/* Pool bytes a kernel takes beside its output while computing op's value
+ * from operands of these metas (contig[j]: operand j is known to be
+ * contiguous): compute-type copies of bf16 or strided operands, a bf16
+ * output's f32 scratch, work rows.  An upper bound at pool capacities,
+ * for plan.c's memory bounds; kept in step with the kernels. */
+size_t op_scratch_bytes(op_code op, const node_attrs *at, int nin,
+                        const tensor_meta *in, const bool *contig,
+                        const tensor_meta *out);
 
 /* The reference loops over contiguous compute arrays (float for f32 and
  * bf16, double for f64; y written, never read), which op_eval runs and
  * the dispatch runs on the arrays it prepared when no backend takes a map
  * or a sum (so nothing is prepared twice). */
-void kernel_elementwise(op_code op, double p, topos_dtype dtype, int nin,
-                        const void *a, const void *b, void *y, int64_t n);
-void kernel_sum_rows(topos_dtype dtype, const void *x, void *y, int64_t outer,
-                     int64_t L, int64_t inner);
+int kernel_elementwise(const exec_env *env, op_code op, double p,
+                       topos_dtype dtype, int nin, const void *a, const void *b,
+                       void *y, int64_t n, topos_error *err);
+int kernel_sum_rows(const exec_env *env, topos_dtype dtype, const void *x,
+                    void *y, int64_t outer, int64_t L, int64_t inner,
+                    topos_error *err);
+/* c[m,n] = a[m,k]·b[k,n] on the reference loop (a, b by row and column
+ * strides, c contiguous), in blocks of rows.  These three return 0, or -1
+ * with err when env said stop between blocks. */
+int kernel_matmul(const exec_env *env, topos_dtype dtype, const void *a,
+                  int64_t as0, int64_t as1, const void *b, int64_t bs0,
+                  int64_t bs1, void *c, int64_t m, int64_t k, int64_t n,
+                  topos_error *err);
 /* Splits t's shape around `axis` into (outer, L, inner): the rows an
  * `_along` op folds. */
 void around_axis(const topos_tensor *t, int axis, int64_t *outer, int64_t *L,
@@ -330,6 +378,14 @@ struct topos_plan {
   plan_group *groups;
   int ngroups;
   size_t peak_bytes;
+  /* Memory bounds of its runs (plan.c, topos_plan_run_bytes), the
+   * optimizer's per-slot conversions at their worst (topos_plan_step_bytes)
+   * and the reference interpreter's run.  A training plan's backward
+   * figures are metered when first asked, once, under meter_lock. */
+  topos_run_bytes bytes;
+  size_t opt_slot_scratch, interp_bytes;
+  pthread_mutex_t meter_lock;
+  atomic_bool metered;
 };
 
 /* Interpreter pieces plans reuse (interp.c). */
@@ -348,12 +404,48 @@ topos_field *run_backward(const exec_env *env, const topos_run *run, int target,
 /* The parameters' gradients only (backward_scan with params_only). */
 topos_params *run_gradients(const exec_env *env, const topos_run *run,
                             int target, topos_error *err);
+/* What run_gradients (params_only) or run_backward would allocate, without
+ * running: the reverse scan through a builder that only infers shapes and
+ * keeps the bytes the evaluating builder would hold (buffers at pool
+ * capacities, shared by views, released at each settle) plus each op's
+ * kernel scratch.  contig[i]: node i's forward value is contiguous.
+ * *peak is the most held at once on top of the run, *held what the
+ * result keeps.  Returns 0, or -1 when the scan could not be metered. */
+int backward_meter(const topos_network *net, int target, bool params_only,
+                   const bool *contig, size_t *peak, size_t *held);
+
+/* The heap block glibc's malloc gives a request of n bytes (an 8-byte
+ * header, 16-byte granules, 32 bytes at least), for memory bounds. */
+static inline size_t malloc_block(size_t n) {
+  if (n == 0) return 0;
+  if (n > SIZE_MAX - 32) return SIZE_MAX;
+  size_t c = (n + 8 + 15) & ~(size_t)15;
+  return c < 32 ? 32 : c;
+}
+/* A tensor's struct, and a buffer's (its data is a pool block). */
+#define TENSOR_STRUCT_BYTES malloc_block(sizeof(topos_tensor))
+#define BUFFER_STRUCT_BYTES malloc_block(sizeof(tensor_buffer))
 
 /* Runs one fused group on the reference kernels: the head's value from x
  * (and the weight). */
 topos_tensor *group_eval(const plan_group *g, const tensor_meta *out,
                          const topos_tensor *x, const topos_tensor *weight,
                          topos_error *err);
+/* The same under a run's context: a convolution asks env between blocks
+ * of output rows, a max-pool between images. */
+topos_tensor *group_eval_in(const exec_env *env, const plan_group *g,
+                            const tensor_meta *out, const topos_tensor *x,
+                            const topos_tensor *weight, topos_error *err);
+/* The reference window walk of a group over x (contiguous compute
+ * array) and w (by strides) into y, in blocks (0, or -1 with err when env
+ * said stop). */
+int kernel_window(const exec_env *env, const plan_group *g, topos_dtype dtype,
+                  const void *x, const void *w, int64_t ws0, int64_t ws1,
+                  void *y, topos_error *err);
+/* op_scratch_bytes for a fused group (x_contig: x is contiguous). */
+size_t group_scratch_bytes(const plan_group *g, const tensor_meta *x,
+                           bool x_contig, const tensor_meta *weight,
+                           const tensor_meta *out);
 
 /* ------------------------------------------------------------ the builder */
 

@@ -502,3 +502,284 @@ done:
   backward_done(&eb, grads);
   return p;
 }
+
+/* ------------------------------------------------- the metering builder */
+
+/* A handle: where its shape is (a slot, recycled once the handle is
+ * released: the scan makes millions of handles on a large graph and
+ * keeps few), the buffer it holds (-1: none, or the run's), the struct
+ * it owns, and whether its value is contiguous. */
+typedef struct meter_handle {
+  int32_t slot; /* into metas; -1 once released */
+  int32_t buf;
+  bool contig;
+  bool own; /* a tensor struct of its own (not a value of the run) */
+} meter_handle;
+
+typedef struct meter_builder {
+  builder base;
+  const topos_network *net;
+  const bool *contig; /* per node */
+  meter_handle *h;
+  int n, cap, settled;
+  tensor_meta *metas;
+  int32_t *free_slots;
+  int nmetas, metacap, nfree;
+  size_t *bytes; /* per buffer */
+  int32_t *refs; /* handles holding it */
+  int nbuf, bufcap;
+  size_t live, peak;
+  bool failed;
+} meter_builder;
+
+static void mb_note(meter_builder *mb, size_t extra) {
+  size_t at = size_add(mb->live, extra);
+  if (at > mb->peak) mb->peak = at;
+}
+
+static int32_t mb_slot(meter_builder *mb, const tensor_meta *m) {
+  if (mb->nfree > 0) {
+    int32_t slot = mb->free_slots[--mb->nfree];
+    mb->metas[slot] = *m;
+    return slot;
+  }
+  if (mb->nmetas == mb->metacap) {
+    int cap = mb->metacap ? mb->metacap * 2 : 64;
+    tensor_meta *nm = realloc(mb->metas, sizeof(*nm) * (size_t)cap);
+    if (nm) mb->metas = nm;
+    int32_t *nf = realloc(mb->free_slots, sizeof(*nf) * (size_t)cap);
+    if (nf) mb->free_slots = nf;
+    if (!nm || !nf) return -1;
+    mb->metacap = cap;
+  }
+  mb->metas[mb->nmetas] = *m;
+  return mb->nmetas++;
+}
+
+static int32_t mb_push(meter_builder *mb, const tensor_meta *m, int32_t buf,
+                       bool contig, bool own) {
+  if (mb->n == mb->cap) {
+    int cap = mb->cap ? mb->cap * 2 : 64;
+    meter_handle *nh = realloc(mb->h, sizeof(*nh) * (size_t)cap);
+    if (!nh) {
+      mb->failed = true;
+      return -1;
+    }
+    mb->h = nh;
+    mb->cap = cap;
+  }
+  int32_t slot = mb_slot(mb, m);
+  if (slot < 0) {
+    mb->failed = true;
+    return -1;
+  }
+  mb->h[mb->n] = (meter_handle){slot, buf, contig, own};
+  if (own) mb->live = size_add(mb->live, TENSOR_STRUCT_BYTES);
+  if (buf >= 0) mb->refs[buf]++;
+  mb_note(mb, 0);
+  return mb->n++;
+}
+
+/* A new buffer for a value of meta m (not yet held by a handle). */
+static int32_t mb_buffer(meter_builder *mb, const tensor_meta *m) {
+  if (mb->nbuf == mb->bufcap) {
+    int cap = mb->bufcap ? mb->bufcap * 2 : 64;
+    size_t *nb = realloc(mb->bytes, sizeof(*nb) * (size_t)cap);
+    if (nb) mb->bytes = nb;
+    int32_t *nr = realloc(mb->refs, sizeof(*nr) * (size_t)cap);
+    if (nr) mb->refs = nr;
+    if (!nb || !nr) {
+      mb->failed = true;
+      return -1;
+    }
+    mb->bufcap = cap;
+  }
+  size_t b = size_add(
+      pool_bytes_of(shape_count(m->rank, m->shape), topos_dtype_size(m->dtype)),
+      BUFFER_STRUCT_BYTES);
+  mb->bytes[mb->nbuf] = b;
+  mb->refs[mb->nbuf] = 0;
+  mb->live = size_add(mb->live, b);
+  return mb->nbuf++;
+}
+
+static void mb_drop(meter_builder *mb, int32_t h) {
+  meter_handle *x = &mb->h[h];
+  if (x->own) mb->live -= TENSOR_STRUCT_BYTES;
+  x->own = false;
+  if (x->buf >= 0 && --mb->refs[x->buf] == 0) mb->live -= mb->bytes[x->buf];
+  x->buf = -1;
+  if (x->slot >= 0) mb->free_slots[mb->nfree++] = x->slot;
+  x->slot = -1;
+}
+
+/* The shape of a live handle; a released one (which the evaluating
+ * builder would hold no value for) fails the meter. */
+static const tensor_meta *mb_meta_of(meter_builder *mb, int32_t h) {
+  static const tensor_meta none = {0};
+  if (h < 0 || h >= mb->n || mb->h[h].slot < 0) {
+    mb->failed = true;
+    return &none;
+  }
+  return &mb->metas[mb->h[h].slot];
+}
+
+static bool is_view_op(op_code op) {
+  switch (op) {
+    case OP_TRANSPOSE:
+    case OP_PERMUTE:
+    case OP_NARROW:
+    case OP_BROADCAST:
+    case OP_BROADCAST_ALONG:
+    case OP_UNFOLD:
+      return true;
+    default:
+      return false;
+  }
+}
+
+static int32_t mb_emit(builder *b, op_code op, const int32_t *in, int nin,
+                       const node_attrs *at) {
+  meter_builder *mb = (meter_builder *)b;
+  tensor_meta stack_m[4];
+  bool stack_c[4];
+  if (nin > 4) {
+    mb->failed = true;
+    return -1;
+  }
+  for (int i = 0; i < nin; i++) {
+    if (in[i] < 0 || in[i] >= mb->n || mb->h[in[i]].slot < 0) {
+      mb->failed = true;
+      return -1;
+    }
+    stack_m[i] = mb->metas[mb->h[in[i]].slot];
+    stack_c[i] = mb->h[in[i]].contig;
+  }
+  node_attrs attrs = at ? *at : (node_attrs){0};
+  tensor_meta out;
+  char msg[400];
+  if (op_infer(op, &attrs, nin, stack_m, &out, msg, sizeof msg)) {
+    mb->failed = true;
+    return -1;
+  }
+  /* Views share their operand's buffer (a reshape of a contiguous one
+   * too); everything else gets a buffer of its own, written while the
+   * kernel's scratch is held. */
+  if (is_view_op(op) || (op == OP_RESHAPE && stack_c[0]))
+    return mb_push(mb, &out, mb->h[in[0]].buf, op == OP_RESHAPE, true);
+  size_t scratch = op_scratch_bytes(op, &attrs, nin, stack_m, stack_c, &out);
+  int32_t buf = mb_buffer(mb, &out);
+  if (buf < 0) return -1;
+  mb_note(mb, scratch);
+  return mb_push(mb, &out, buf, true, true);
+}
+
+static int32_t mb_scalar(builder *b, topos_dtype dtype, double value) {
+  (void)value;
+  meter_builder *mb = (meter_builder *)b;
+  tensor_meta m = {.dtype = dtype, .rank = 0};
+  int32_t buf = mb_buffer(mb, &m);
+  return buf < 0 ? -1 : mb_push(mb, &m, buf, true, true);
+}
+
+static const tensor_meta *mb_meta(builder *b, int32_t h) {
+  return mb_meta_of((meter_builder *)b, h);
+}
+
+static int32_t mb_value(builder *b, int32_t index, bool needed) {
+  (void)needed; /* the run's value: retained, nothing new */
+  meter_builder *mb = (meter_builder *)b;
+  return mb_push(mb, &mb->net->nodes[index].meta, -1, mb->contig[index], false);
+}
+
+static const node *mb_node_at(builder *b, int32_t i) {
+  return &((meter_builder *)b)->net->nodes[i];
+}
+
+static void mb_settle(builder *b, const int32_t *keep, int nkeep) {
+  meter_builder *mb = (meter_builder *)b;
+  for (int h = mb->settled; h < mb->n; h++) {
+    bool kept = false;
+    for (int k = 0; k < nkeep; k++) kept |= keep[k] == h;
+    if (!kept) mb_drop(mb, h);
+  }
+  mb->settled = mb->n;
+}
+
+/* A zero tensor_zeros_like_meta makes: a one-element buffer and a
+ * broadcast view of it. */
+static size_t zeros_bytes(const tensor_meta *m) {
+  return size_add(size_add(pool_bytes_of(1, topos_dtype_size(m->dtype)),
+                           BUFFER_STRUCT_BYTES),
+                  2 * TENSOR_STRUCT_BYTES);
+}
+
+int backward_meter(const topos_network *net, int target, bool params_only,
+                   const bool *contig, size_t *peak, size_t *held) {
+  meter_builder mb = {
+      .base = {mb_emit, mb_scalar, mb_meta, mb_value, mb_settle, mb_node_at},
+      .net = net,
+      .contig = contig,
+  };
+  *peak = *held = 0;
+  int32_t *grads = malloc(sizeof(int32_t) * (size_t)(target + 1));
+  topos_error err = {0};
+  int rc = grads
+               ? backward_scan(&mb.base, target, grads, params_only, NULL, &err)
+               : -1;
+  if (rc != 0 || mb.failed) {
+    free(grads);
+    free(mb.h);
+    free(mb.metas);
+    free(mb.free_slots);
+    free(mb.bytes);
+    free(mb.refs);
+    return -1;
+  }
+  /* The result: the gradients it retains (each buffer once, with its
+   * struct), zeros where none reached (made while every handle is still
+   * held), and its own tables. */
+  int count = params_only ? net->nparams : net->n;
+  bool *seen = calloc((size_t)mb.nbuf + 1, sizeof(bool));
+  size_t result = malloc_block(sizeof(void *) * (size_t)(count + 1));
+  result = size_add(result, malloc_block(sizeof(topos_field)));
+  size_t zeros = 0;
+  for (int k = 0; k < count && seen; k++) {
+    int i = params_only ? net->param_nodes[k] : k;
+    int32_t g = i <= target ? grads[i] : -1;
+    if (g < 0) {
+      zeros = size_add(zeros, zeros_bytes(&net->nodes[i].meta));
+      continue;
+    }
+    result = size_add(result, TENSOR_STRUCT_BYTES);
+    int32_t buf = mb.h[g].buf;
+    if (buf >= 0 && !seen[buf]) {
+      seen[buf] = true;
+      result = size_add(result, mb.bytes[buf]);
+    }
+  }
+  result = size_add(result, zeros);
+  size_t end = size_add(
+      mb.live,
+      size_add(zeros, malloc_block(sizeof(void *) * (size_t)(count + 1))));
+  /* The evaluating builder's tables, grown by doubling (the old and the
+   * new array at once while they grow), and the scan's per-node arrays. */
+  size_t tables =
+      size_mul(malloc_block((sizeof(topos_tensor *) + sizeof(tensor_meta)) *
+                            (size_t)(mb.cap > 0 ? mb.cap : 1)),
+               2);
+  tables =
+      size_add(tables, malloc_block(sizeof(int32_t) * (size_t)(target + 1)));
+  tables = size_add(tables, 2 * malloc_block((size_t)target + 1));
+  *peak = size_add(mb.peak > end ? mb.peak : end, tables);
+  *held = result;
+  if (!seen) *peak = *held = SIZE_MAX;
+  free(seen);
+  free(grads);
+  free(mb.h);
+  free(mb.metas);
+  free(mb.free_slots);
+  free(mb.bytes);
+  free(mb.refs);
+  return 0;
+}

@@ -9,6 +9,17 @@
  * f64 for f64), run the loops of kernels_real.h, and round once to bf16
  * where the output is bf16.  Run-time failures (an index out of range, an
  * integer overflow) come back as errors; the caller adds the node.
+ *
+ * Long kernels stop early: given a run's context (op_eval_in), the
+ * matmul, the fused convolution and max-pool, the maps and the row ops
+ * ask its cancel and deadline between blocks of rows (about STOP_MACS
+ * multiply-adds or STOP_ELEMENTS elements, milliseconds here), so a
+ * cancelled run leaves even a single huge node within that much work.
+ * Blocks are whole rows / whole elements, so the bits never change.
+ *
+ * op_scratch_bytes says how much pool memory a kernel takes beside its
+ * output (compute-type copies, bf16 scratch, work rows), for the plan's
+ * memory bounds (plan.c): keep it in step with the kernels.
  */
 #include <assert.h>
 #include <math.h>
@@ -52,6 +63,32 @@
 #undef TANH
 #undef POW
 #undef FMA
+
+/* ------------------------------------------------------- stopping inside */
+
+#define STOP_MACS ((int64_t)1 << 24)
+#define STOP_ELEMENTS ((int64_t)1 << 20)
+
+bool kernel_stop(const exec_env *env, topos_error *err) {
+  if (!env || (!env->cancel && env->deadline_ns <= 0)) return false;
+  topos_error e = {0};
+  if (!exec_stop(env, &e)) return false;
+  error_set(err, e.code, "%s inside the node",
+            e.code == TOPOS_ERR_DEADLINE ? "the deadline passed" : "cancelled");
+  return true;
+}
+
+static int64_t mul_sat(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+/* Units of `per`-sized work per block between two looks (at least one). */
+static int64_t block_of(int64_t per, int64_t budget) {
+  if (per <= 0) return INT64_MAX;
+  int64_t b = budget / per;
+  return b > 0 ? b : 1;
+}
 
 /* Calls name_f64 for f64 and name_f32 for f32/bf16. */
 #define DISPATCH(dtype, name, ...) \
@@ -143,7 +180,8 @@ static topos_tensor *eval_int_add(topos_tensor *const *in,
  * and neighbours that both operands step through as one are merged; the
  * innermost axis is a row for K(binary_strided).
  */
-static topos_tensor *eval_binary_views(op_code op, topos_tensor *const *in,
+static topos_tensor *eval_binary_views(const exec_env *env, op_code op,
+                                       topos_tensor *const *in,
                                        const tensor_meta *out,
                                        topos_error *err) {
   int64_t shape[TOPOS_MAX_RANK], sa[TOPOS_MAX_RANK], sb[TOPOS_MAX_RANK];
@@ -160,8 +198,17 @@ static topos_tensor *eval_binary_views(op_code op, topos_tensor *const *in,
   int64_t idx[TOPOS_MAX_RANK] = {0}, pa = 0, pb = 0, py = 0;
   bool f64 = out->dtype == TOPOS_F64;
   const char *A = tensor_data(in[0]), *B = tensor_data(in[1]);
+  int64_t since = 0; /* elements since the last look at env */
   if (shape_count(out->rank, out->shape) > 0)
     for (;;) {
+      if (since >= STOP_ELEMENTS) {
+        since = 0;
+        if (kernel_stop(env, err)) {
+          out_abort(&ob);
+          return NULL;
+        }
+      }
+      since += n1 * n0;
       if (f64)
         binary_block_f64(op, (const double *)A + pa, a1, a0,
                          (const double *)B + pb, b1, b0, (double *)ob.data + py,
@@ -185,20 +232,83 @@ static topos_tensor *eval_binary_views(op_code op, topos_tensor *const *in,
   return out_end(&ob);
 }
 
-void kernel_elementwise(op_code op, double p, topos_dtype dtype, int nin,
-                        const void *a, const void *b, void *y, int64_t n) {
-  if (nin == 1)
-    DISPATCH(dtype, unary, op, p, a, y, n);
-  else
-    DISPATCH(dtype, binary, op, a, b, y, n);
+int kernel_elementwise(const exec_env *env, op_code op, double p,
+                       topos_dtype dtype, int nin, const void *a, const void *b,
+                       void *y, int64_t n, topos_error *err) {
+  size_t es = compute_size(dtype);
+  for (int64_t i = 0; i < n; i += STOP_ELEMENTS) {
+    if (i > 0 && kernel_stop(env, err)) return -1;
+    int64_t len = n - i < STOP_ELEMENTS ? n - i : STOP_ELEMENTS;
+    const char *ai = (const char *)a + i * (int64_t)es;
+    char *yi = (char *)y + i * (int64_t)es;
+    if (nin == 1)
+      DISPATCH(dtype, unary, op, p, ai, yi, len);
+    else
+      DISPATCH(dtype, binary, op, ai, (const char *)b + i * (int64_t)es, yi,
+               len);
+  }
+  return 0;
 }
 
-void kernel_sum_rows(topos_dtype dtype, const void *x, void *y, int64_t outer,
-                     int64_t L, int64_t inner) {
-  DISPATCH(dtype, sum_rows, x, y, outer, L, inner);
+/* The row ops over blocks of whole rows (outer indices): x is [outer, L,
+ * inner], y [outer, y_row] with y_row the output's elements per outer
+ * index. */
+typedef enum rows_kind {
+  ROWS_SUM,
+  ROWS_MAX,
+  ROWS_LSE,
+  ROWS_LOG_SOFTMAX
+} rows_kind;
+
+static int rows_blocks(const exec_env *env, rows_kind kind, topos_dtype dtype,
+                       const void *x, void *y, int64_t outer, int64_t L,
+                       int64_t inner, void *tmp, topos_error *err) {
+  size_t es = compute_size(dtype);
+  int64_t row = L * inner, y_row = kind == ROWS_LOG_SOFTMAX ? row : inner;
+  int64_t step = block_of(row, STOP_ELEMENTS);
+  for (int64_t o = 0; o < outer; o += step) {
+    if (o > 0 && kernel_stop(env, err)) return -1;
+    int64_t nb = outer - o < step ? outer - o : step;
+    const char *xo = (const char *)x + o * row * (int64_t)es;
+    char *yo = (char *)y + o * y_row * (int64_t)es;
+    switch (kind) {
+      case ROWS_SUM:
+        DISPATCH(dtype, sum_rows, xo, yo, nb, L, inner);
+        break;
+      case ROWS_MAX:
+        DISPATCH(dtype, max_rows, xo, yo, nb, L, inner);
+        break;
+      default:
+        DISPATCH(dtype, lse_rows, xo, yo, nb, L, inner,
+                 kind == ROWS_LOG_SOFTMAX, tmp);
+    }
+  }
+  return 0;
 }
 
-static topos_tensor *eval_elementwise(op_code op, const node_attrs *at, int nin,
+int kernel_sum_rows(const exec_env *env, topos_dtype dtype, const void *x,
+                    void *y, int64_t outer, int64_t L, int64_t inner,
+                    topos_error *err) {
+  return rows_blocks(env, ROWS_SUM, dtype, x, y, outer, L, inner, NULL, err);
+}
+
+int kernel_matmul(const exec_env *env, topos_dtype dtype, const void *a,
+                  int64_t as0, int64_t as1, const void *b, int64_t bs0,
+                  int64_t bs1, void *c, int64_t m, int64_t k, int64_t n,
+                  topos_error *err) {
+  size_t es = compute_size(dtype);
+  int64_t step = block_of(mul_sat(k, n), STOP_MACS);
+  for (int64_t i = 0; i < m; i += step) {
+    if (i > 0 && kernel_stop(env, err)) return -1;
+    int64_t rows = m - i < step ? m - i : step;
+    DISPATCH(dtype, matmul, (const char *)a + i * as0 * (int64_t)es, as0, as1,
+             b, bs0, bs1, (char *)c + i * n * (int64_t)es, rows, k, n);
+  }
+  return 0;
+}
+
+static topos_tensor *eval_elementwise(const exec_env *env, op_code op,
+                                      const node_attrs *at, int nin,
                                       topos_tensor *const *in,
                                       const tensor_meta *out,
                                       topos_error *err) {
@@ -207,7 +317,7 @@ static topos_tensor *eval_elementwise(op_code op, const node_attrs *at, int nin,
   if (nin == 2 && (out->dtype == TOPOS_F32 || out->dtype == TOPOS_F64) &&
       (!topos_tensor_is_contiguous(in[0]) ||
        !topos_tensor_is_contiguous(in[1])))
-    return eval_binary_views(op, in, out, err);
+    return eval_binary_views(env, op, in, out, err);
   compute_view v[2];
   int got = 0;
   out_buf ob;
@@ -215,10 +325,12 @@ static topos_tensor *eval_elementwise(op_code op, const node_attrs *at, int nin,
     if (compute_view_of(in[got], &v[got], err)) goto fail;
   if (out_begin(&ob, out, err)) goto fail;
   int64_t n = shape_count(out->rank, out->shape);
-  kernel_elementwise(op, at->p, out->dtype, nin, v[0].data,
-                     nin > 1 ? v[1].data : NULL, ob.data, n);
+  int rc = kernel_elementwise(env, op, at->p, out->dtype, nin, v[0].data,
+                              nin > 1 ? v[1].data : NULL, ob.data, n, err);
   for (int i = 0; i < nin; i++) compute_view_done(&v[i]);
-  return out_end(&ob);
+  if (rc == 0) return out_end(&ob);
+  out_abort(&ob);
+  return NULL;
 fail:
   for (int i = 0; i < got; i++) compute_view_done(&v[i]);
   return NULL;
@@ -250,7 +362,7 @@ static int mm_operand_of(const topos_tensor *t, mm_operand *o,
   return 0;
 }
 
-static topos_tensor *eval_matmul(topos_tensor *const *in,
+static topos_tensor *eval_matmul(const exec_env *env, topos_tensor *const *in,
                                  const tensor_meta *out, topos_error *err) {
   const topos_tensor *a = in[0], *b = in[1];
   int r = a->rank;
@@ -262,14 +374,20 @@ static topos_tensor *eval_matmul(topos_tensor *const *in,
   if (mm_operand_of(b, &B, err)) goto fail_a;
   if (out_begin(&ob, out, err)) goto fail_b;
   size_t es = compute_size(out->dtype);
-  for (int64_t bi = 0; bi < batch; bi++) {
-    DISPATCH(out->dtype, matmul, A.data + bi * A.s[0] * (int64_t)es, A.s[1],
-             A.s[2], B.data + bi * B.s[0] * (int64_t)es, B.s[1], B.s[2],
-             (char *)ob.data + bi * m * n * (int64_t)es, m, k, n);
+  int rc = 0;
+  for (int64_t bi = 0; bi < batch && rc == 0; bi++) {
+    if (bi > 0 && kernel_stop(env, err)) rc = -1;
+    if (rc == 0)
+      rc = kernel_matmul(
+          env, out->dtype, A.data + bi * A.s[0] * (int64_t)es, A.s[1], A.s[2],
+          B.data + bi * B.s[0] * (int64_t)es, B.s[1], B.s[2],
+          (char *)ob.data + bi * m * n * (int64_t)es, m, k, n, err);
   }
   compute_view_done(&A.view);
   compute_view_done(&B.view);
-  return out_end(&ob);
+  if (rc == 0) return out_end(&ob);
+  out_abort(&ob);
+  return NULL;
 fail_b:
   compute_view_done(&B.view);
 fail_a:
@@ -278,9 +396,9 @@ fail_a:
 }
 
 /* sum, sum_along, max_along, logsumexp, log_softmax. */
-static topos_tensor *eval_rows(op_code op, const node_attrs *at,
-                               const topos_tensor *a, const tensor_meta *out,
-                               topos_error *err) {
+static topos_tensor *eval_rows(const exec_env *env, op_code op,
+                               const node_attrs *at, const topos_tensor *a,
+                               const tensor_meta *out, topos_error *err) {
   int64_t outer = 1, L = shape_count(a->rank, a->shape), inner = 1;
   if (op != OP_SUM) around_axis(a, at->axis, &outer, &L, &inner);
   compute_view v;
@@ -292,21 +410,17 @@ static topos_tensor *eval_rows(op_code op, const node_attrs *at,
   bool rows_of_exp = op == OP_LOGSUMEXP || op == OP_LOG_SOFTMAX;
   if (rows_of_exp && !scratch_get(&tmp, L, compute_size(a->dtype), err))
     goto fail_out;
-  switch (op) {
-    case OP_SUM:
-    case OP_SUM_ALONG:
-      kernel_sum_rows(a->dtype, v.data, ob.data, outer, L, inner);
-      break;
-    case OP_MAX_ALONG:
-      DISPATCH(a->dtype, max_rows, v.data, ob.data, outer, L, inner);
-      break;
-    default:
-      DISPATCH(a->dtype, lse_rows, v.data, ob.data, outer, L, inner,
-               op == OP_LOG_SOFTMAX, tmp.p);
-  }
+  rows_kind kind = op == OP_SUM || op == OP_SUM_ALONG ? ROWS_SUM
+                   : op == OP_MAX_ALONG               ? ROWS_MAX
+                   : op == OP_LOG_SOFTMAX             ? ROWS_LOG_SOFTMAX
+                                                      : ROWS_LSE;
+  int rc = rows_blocks(env, kind, a->dtype, v.data, ob.data, outer, L, inner,
+                       tmp.p, err);
   scratch_done(&tmp);
   compute_view_done(&v);
-  return out_end(&ob);
+  if (rc == 0) return out_end(&ob);
+  out_abort(&ob);
+  return NULL;
 fail_out:
   out_abort(&ob);
 fail_v:
@@ -481,6 +595,12 @@ static topos_tensor *eval_broadcast_along(const node_attrs *at,
 topos_tensor *op_eval(op_code op, const node_attrs *at, int nin,
                       topos_tensor *const *in, const tensor_meta *out,
                       topos_error *err) {
+  return op_eval_in(NULL, op, at, nin, in, out, err);
+}
+
+topos_tensor *op_eval_in(const exec_env *env, op_code op, const node_attrs *at,
+                         int nin, topos_tensor *const *in,
+                         const tensor_meta *out, topos_error *err) {
   switch (op) {
     case OP_CONSTANT:
     case OP_PARAMETER:
@@ -499,9 +619,9 @@ topos_tensor *op_eval(op_code op, const node_attrs *at, int nin,
     case OP_TANH:
     case OP_POW:
     case OP_RELU:
-      return eval_elementwise(op, at, nin, in, out, err);
+      return eval_elementwise(env, op, at, nin, in, out, err);
     case OP_MATMUL:
-      return eval_matmul(in, out, err);
+      return eval_matmul(env, in, out, err);
     case OP_TRANSPOSE:
       return topos_tensor_transpose(in[0], err);
     case OP_PERMUTE:
@@ -528,7 +648,7 @@ topos_tensor *op_eval(op_code op, const node_attrs *at, int nin,
     case OP_MAX_ALONG:
     case OP_LOG_SOFTMAX:
     case OP_LOGSUMEXP:
-      return eval_rows(op, at, in[0], out, err);
+      return eval_rows(env, op, at, in[0], out, err);
     case OP_GATHER:
       return eval_gather(in, out, err);
     case OP_SCATTER:
@@ -543,23 +663,162 @@ topos_tensor *op_eval(op_code op, const node_attrs *at, int nin,
 topos_tensor *group_eval(const plan_group *g, const tensor_meta *out,
                          const topos_tensor *x, const topos_tensor *weight,
                          topos_error *err) {
+  return group_eval_in(NULL, g, out, x, weight, err);
+}
+
+/* The window walks over blocks: a convolution by output rows (n, oi) -
+ * a block's geometry is the group's with oh cut and pad_top shifted, so
+ * every output keeps its chain - and a max-pool by whole images. */
+int kernel_window(const exec_env *env, const plan_group *g, topos_dtype dtype,
+                  const void *x, const void *w, int64_t ws0, int64_t ws1,
+                  void *y, topos_error *err) {
+  size_t es = compute_size(dtype);
+  int64_t image = g->C * g->H * g->W;
+  if (g->kind == GROUP_POOL) {
+    int64_t per = mul_sat(mul_sat(g->C * g->oh, g->ow), g->kh * g->kw);
+    int64_t step = block_of(per, STOP_ELEMENTS);
+    for (int64_t n = 0; n < g->N; n += step) {
+      if (n > 0 && kernel_stop(env, err)) return -1;
+      plan_group sub = *g;
+      sub.N = g->N - n < step ? g->N - n : step;
+      DISPATCH(dtype, pool_window, &sub,
+               (const char *)x + n * image * (int64_t)es,
+               (char *)y + n * g->C * g->oh * g->ow * (int64_t)es);
+    }
+    return 0;
+  }
+  int64_t per = mul_sat(mul_sat(g->ow, g->nout), g->C * g->kh * g->kw);
+  int64_t step = block_of(per, STOP_MACS);
+  bool first = true;
+  for (int64_t n = 0; n < g->N; n++)
+    for (int64_t oi = 0; oi < g->oh; oi += step) {
+      if (!first && kernel_stop(env, err)) return -1;
+      first = false;
+      plan_group sub = *g;
+      sub.N = 1;
+      sub.oh = g->oh - oi < step ? g->oh - oi : step;
+      sub.pad_top = g->pad_top - oi * g->stride_h;
+      DISPATCH(dtype, conv_window, &sub,
+               (const char *)x + n * image * (int64_t)es, w, ws0, ws1,
+               (char *)y + (n * g->oh + oi) * g->ow * g->nout * (int64_t)es);
+    }
+  return 0;
+}
+
+topos_tensor *group_eval_in(const exec_env *env, const plan_group *g,
+                            const tensor_meta *out, const topos_tensor *x,
+                            const topos_tensor *weight, topos_error *err) {
   compute_view xv;
   mm_operand W = {0};
   out_buf ob;
   if (compute_view_of(x, &xv, err)) return NULL;
   if (g->kind == GROUP_CONV && mm_operand_of(weight, &W, err)) goto fail_x;
   if (out_begin(&ob, out, err)) goto fail_w;
-  if (g->kind == GROUP_CONV)
-    DISPATCH(out->dtype, conv_window, g, xv.data, W.data, W.s[1], W.s[2],
-             ob.data);
-  else
-    DISPATCH(out->dtype, pool_window, g, xv.data, ob.data);
+  int rc = kernel_window(env, g, out->dtype, xv.data, W.data, W.s[1], W.s[2],
+                         ob.data, err);
   compute_view_done(&W.view);
   compute_view_done(&xv);
-  return out_end(&ob);
+  if (rc == 0) return out_end(&ob);
+  out_abort(&ob);
+  return NULL;
 fail_w:
   compute_view_done(&W.view);
 fail_x:
   compute_view_done(&xv);
   return NULL;
+}
+
+/* ------------------------------------------------------ scratch estimates */
+
+size_t pool_bytes_of(int64_t count, size_t es) {
+  if (count < 0) return SIZE_MAX;
+  size_t n = (size_t)count;
+  if (es != 0 && n > SIZE_MAX / es) return SIZE_MAX;
+  return pool_capacity_of(n * es);
+}
+
+/* A compute view of an operand: a copy when it is bf16 or strided. */
+static size_t view_bytes(const tensor_meta *m, bool contig) {
+  if (m->dtype != TOPOS_BF16 && contig) return 0;
+  return pool_bytes_of(shape_count(m->rank, m->shape), compute_size(m->dtype));
+}
+
+/* The f32 scratch a bf16 output is computed in. */
+static size_t out_scratch_bytes(const tensor_meta *m) {
+  if (m->dtype != TOPOS_BF16) return 0;
+  return pool_bytes_of(shape_count(m->rank, m->shape), sizeof(float));
+}
+
+size_t op_scratch_bytes(op_code op, const node_attrs *at, int nin,
+                        const tensor_meta *in, const bool *contig,
+                        const tensor_meta *out) {
+  size_t s = 0;
+  switch (op) {
+    case OP_ADD:
+    case OP_SUB:
+    case OP_MUL:
+    case OP_DIV:
+    case OP_MAXIMUM:
+    case OP_STEP:
+    case OP_NEG:
+    case OP_EXP:
+    case OP_LOG:
+    case OP_SQRT:
+    case OP_TANH:
+    case OP_POW:
+    case OP_RELU: {
+      bool real = out->dtype == TOPOS_F32 || out->dtype == TOPOS_F64;
+      /* Strided real operands are walked in place (eval_binary_views). */
+      if (nin == 2 && real && (!contig[0] || !contig[1])) return 0;
+      for (int j = 0; j < nin; j++)
+        s = size_add(s, view_bytes(&in[j], contig[j]));
+      return size_add(s, out_scratch_bytes(out));
+    }
+    case OP_MATMUL: /* bf16 operands are widened; f32/f64 read in place */
+      if (out->dtype != TOPOS_BF16) return 0;
+      s = size_add(view_bytes(&in[0], false), view_bytes(&in[1], false));
+      return size_add(s, out_scratch_bytes(out));
+    case OP_SUM:
+    case OP_SUM_ALONG:
+    case OP_MAX_ALONG:
+    case OP_LOG_SOFTMAX:
+    case OP_LOGSUMEXP:
+      s = size_add(view_bytes(&in[0], contig[0]), out_scratch_bytes(out));
+      if (op == OP_LOG_SOFTMAX || op == OP_LOGSUMEXP)
+        s = size_add(
+            s,
+            pool_bytes_of(in[0].shape[at->axis] > 0 ? in[0].shape[at->axis] : 1,
+                          compute_size(in[0].dtype)));
+      return s;
+    case OP_FOLD: {
+      int64_t count = in[0].shape[at->axis];
+      s = size_add(view_bytes(&in[0], contig[0]), out_scratch_bytes(out));
+      s = size_add(
+          s, pool_bytes_of(count > 0 ? count : 1, compute_size(in[0].dtype)));
+      s = size_add(s, pool_bytes_of(count > 0 ? count : 1, sizeof(int64_t)));
+      return size_add(s, pool_bytes_of(at->extent > 0 ? at->extent : 1, 1));
+    }
+    case OP_GATHER:
+      return view_bytes(&in[1], contig[1]);
+    case OP_SCATTER: {
+      int64_t n = in[0].shape[0];
+      s = size_add(view_bytes(&in[1], contig[1]),
+                   view_bytes(&in[0], contig[0]));
+      s = size_add(s, pool_bytes_of(n > 0 ? n : 1, sizeof(int64_t)));
+      s = size_add(s, pool_bytes_of(at->extent + 1, sizeof(int64_t)));
+      s = size_add(s, pool_bytes_of(n > 0 ? n : 1, compute_size(in[0].dtype)));
+      return size_add(s, out_scratch_bytes(out));
+    }
+    default: /* leaves, views, copies into the output */
+      return 0;
+  }
+}
+
+size_t group_scratch_bytes(const plan_group *g, const tensor_meta *x,
+                           bool x_contig, const tensor_meta *weight,
+                           const tensor_meta *out) {
+  size_t s = size_add(view_bytes(x, x_contig), out_scratch_bytes(out));
+  if (g->kind == GROUP_CONV && weight && weight->dtype == TOPOS_BF16)
+    s = size_add(s, view_bytes(weight, false));
+  return s;
 }

@@ -33,13 +33,21 @@
  * A state rebuilt with topos_opt_state_from therefore steps to exactly
  * the bits the original would have.
  *
- * Validation happens before anything is built: on any error the outputs
- * are left untouched.  Accepted: lr finite and >= 0, weight_decay finite,
- * SGD momentum finite and >= 0, beta1 and beta2 in [0, 1), eps finite
- * and > 0; parameters f32, f64 or bf16, gradients and moments matching
- * them slot by slot (moments in the moment dtype), a step that can
- * advance.  NaN or Inf inside gradients, parameters or moments
- * is data, not an error, and propagates as IEEE arithmetic says.
+ * Validation: on any error the outputs are left untouched.  Accepted:
+ * lr finite and >= 0 (0 holds the parameters still, as a warm-up
+ * schedule's first step may), weight_decay finite and >= 0, SGD momentum
+ * in [0, 1), beta1 and beta2 in [0, 1), eps finite and > 0, and nothing
+ * set that the kind does not read (SGD: beta1, beta2, eps 0; Adam and
+ * AdamW: momentum 0; a decay predicate only for AdamW); parameters f32,
+ * f64 or bf16, gradients and moments matching them slot by slot (moments
+ * in the moment dtype), a step that can advance, and moments a valid
+ * step could have made: every element of a first moment finite, of a
+ * second moment >= 0 and not NaN (the error names the slot and the
+ * element).  topos_optimizer_check reads every moment element before any
+ * work; a step checks each as it reads it.  NaN or Inf inside gradients
+ * and parameters is data, not an error, and propagates as IEEE arithmetic
+ * says, into the state a step returns too (which the next step then
+ * refuses).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -98,7 +106,39 @@ static topos_dtype moment_dtype(topos_dtype param) {
   return param == TOPOS_BF16 ? TOPOS_F32 : param;
 }
 
-/* The hyperparameters the optimizer's kind reads. */
+/* A number the optimizer's kind does not read must be left 0 (and a
+ * decay predicate is AdamW's): a setting that would silently do nothing
+ * is a mistake, refused like an out-of-range one. */
+static int check_unread(const topos_optimizer *opt, const char *fn,
+                        const char *k, topos_error *err) {
+  const char *field = NULL;
+  double value = 0;
+  if (opt->kind == TOPOS_SGD) {
+    if (opt->beta1 != 0)
+      field = "beta1", value = opt->beta1;
+    else if (opt->beta2 != 0)
+      field = "beta2", value = opt->beta2;
+    else if (opt->eps != 0)
+      field = "eps", value = opt->eps;
+  } else if (opt->momentum != 0) {
+    field = "momentum", value = opt->momentum;
+  }
+  if (field)
+    return error_set(
+        err, TOPOS_ERR_ARGUMENT,
+        "%s: %s does not read %s (%g); leave it 0 (%s)", fn, k, field, value,
+        opt->kind == TOPOS_SGD ? "beta1, beta2 and eps are adam's and adamw's"
+                               : "momentum is sgd's");
+  if (opt->decay && opt->kind != TOPOS_ADAMW)
+    return error_set(err, TOPOS_ERR_ARGUMENT,
+                     "%s: %s does not read a decay predicate (adamw's); its "
+                     "weight_decay is L2 on every slot",
+                     fn, k);
+  return TOPOS_OK;
+}
+
+/* The hyperparameters the optimizer's kind reads, and nothing set that it
+ * does not. */
 static int check_optimizer(const topos_optimizer *opt, const char *fn,
                            topos_error *err) {
   if (opt == NULL)
@@ -111,14 +151,16 @@ static int check_optimizer(const topos_optimizer *opt, const char *fn,
   if (!isfinite(opt->lr) || opt->lr < 0)
     return error_set(err, TOPOS_ERR_ARGUMENT,
                      "%s: %s lr %g must be finite and >= 0", fn, k, opt->lr);
-  if (!isfinite(opt->weight_decay))
+  if (!isfinite(opt->weight_decay) || opt->weight_decay < 0)
     return error_set(err, TOPOS_ERR_ARGUMENT,
-                     "%s: %s weight_decay %g must be finite", fn, k,
+                     "%s: %s weight_decay %g must be finite and >= 0", fn, k,
                      opt->weight_decay);
+  int rc = check_unread(opt, fn, k, err);
+  if (rc != TOPOS_OK) return rc;
   if (opt->kind == TOPOS_SGD) {
-    if (!isfinite(opt->momentum) || opt->momentum < 0)
+    if (!(opt->momentum >= 0 && opt->momentum < 1))
       return error_set(err, TOPOS_ERR_ARGUMENT,
-                       "%s: sgd momentum %g must be finite and >= 0", fn,
+                       "%s: sgd momentum %g is not in [0,1)", fn,
                        opt->momentum);
     return TOPOS_OK;
   }
@@ -330,7 +372,34 @@ static double view_at(const compute_view *v, topos_dtype dtype, int64_t i) {
 typedef struct step_ctx {
   const topos_optimizer *opt;
   double bc1, bc2;
+  const char *fn; /* the public call, for messages */
 } step_ctx;
+
+/* A moment element no step from a valid state can make: a first moment
+ * must be finite, a second moment >= 0 and not NaN (v' = b2*v + (1-b2)*g*g
+ * keeps v >= 0 from v >= 0; NaN there is a NaN gradient of an earlier
+ * step).  Checked when a state is used, never when a step writes one, so
+ * a NaN gradient still propagates into the state it returns. */
+static bool first_moment_ok(double x) {
+  return isfinite(x);
+}
+
+static bool second_moment_ok(double x) {
+  return x >= 0; /* false for NaN; -0 and +inf pass */
+}
+
+static int moment_fault(const char *fn, bool second, int slot, int64_t i,
+                        double x, topos_error *err) {
+  if (second)
+    return error_set(err, TOPOS_ERR_ARGUMENT,
+                     "%s: state second moment (v) slot %d element %lld is %g; "
+                     "second moments must be >= 0 and not NaN",
+                     fn, slot, (long long)i, x);
+  return error_set(err, TOPOS_ERR_ARGUMENT,
+                   "%s: state first moment (m) slot %d element %lld is %g; "
+                   "first moments must be finite",
+                   fn, slot, (long long)i, x);
+}
 
 /* next = p − lr·g (g + wd·p with L2) in double, rounded once to T. */
 #define SGD_LOOP(T, P, G, D, n, l2, wd, lr)                         \
@@ -392,16 +461,27 @@ static int step_slot(const step_ctx *c, int slot, const topos_tensor *p,
     double next;
     if (opt->kind == TOPOS_SGD) {
       if (mo) {
-        double vel = mu * view_at(&vm, md, i) + gv;
+        double m0 = view_at(&vm, md, i);
+        if (!first_moment_ok(m0)) {
+          rc = moment_fault(c->fn, false, slot, i, m0, err);
+          goto done;
+        }
+        double vel = mu * m0 + gv;
         store_rounded(dm, md, i, vel);
         next = pv - lr * vel;
       } else {
         next = pv - lr * gv;
       }
     } else {
+      double m0 = view_at(&vm, md, i), v0 = view_at(&vv, md, i);
+      if (!first_moment_ok(m0) || !second_moment_ok(v0)) {
+        bool second = first_moment_ok(m0);
+        rc = moment_fault(c->fn, second, slot, i, second ? v0 : m0, err);
+        goto done;
+      }
       if (decoupled) pv = pv - lr_wd * pv;
-      double m1 = b1 * view_at(&vm, md, i) + (1 - b1) * gv;
-      double v1 = b2 * view_at(&vv, md, i) + (1 - b2) * gv * gv;
+      double m1 = b1 * m0 + (1 - b1) * gv;
+      double v1 = b2 * v0 + (1 - b2) * gv * gv;
       store_rounded(dm, md, i, m1);
       store_rounded(dv, md, i, v1);
       next = pv - lr * (m1 / c->bc1) / (sqrt(v1 / c->bc2) + eps);
@@ -428,11 +508,43 @@ done:
   return rc;
 }
 
+/* Every element of the moments opt reads holds (first_moment_ok,
+ * second_moment_ok), element by element and the first moment first, the
+ * order in which step_slot meets them, so both name the same element. */
+static int check_moment_values(const topos_optimizer *opt,
+                               const topos_opt_state *state, const char *fn,
+                               topos_error *err) {
+  bool need_m = needs_first_moment(opt), need_v = needs_second_moment(opt);
+  int n = need_m ? state->m->n : need_v ? state->v->n : 0;
+  for (int s = 0; s < n; s++) {
+    const topos_tensor *m = need_m ? state->m->t[s] : NULL;
+    const topos_tensor *v = need_v ? state->v->t[s] : NULL;
+    const topos_tensor *any = m ? m : v;
+    compute_view vm = {0}, vv = {0};
+    int rc = m ? compute_view_of(m, &vm, err) : TOPOS_OK;
+    if (rc == TOPOS_OK && v) rc = compute_view_of(v, &vv, err);
+    int64_t count = shape_count(any->rank, any->shape);
+    for (int64_t i = 0; rc == TOPOS_OK && i < count; i++) {
+      double mx = m ? view_at(&vm, m->dtype, i) : 0;
+      double vx = v ? view_at(&vv, v->dtype, i) : 0;
+      if (!first_moment_ok(mx))
+        rc = moment_fault(fn, false, s, i, mx, err);
+      else if (!second_moment_ok(vx))
+        rc = moment_fault(fn, true, s, i, vx, err);
+    }
+    compute_view_done(&vm);
+    compute_view_done(&vv);
+    if (rc != TOPOS_OK) return rc;
+  }
+  return TOPOS_OK;
+}
+
 /* The state fits params under opt: the moments opt reads match params,
- * and the step count can advance. */
+ * and the step count can advance; with `values`, every moment element
+ * holds too (the step checks them as it reads them instead). */
 static int check_state(const topos_optimizer *opt, const topos_params *params,
-                       const topos_opt_state *state, const char *fn,
-                       topos_error *err) {
+                       const topos_opt_state *state, bool values,
+                       const char *fn, topos_error *err) {
   int rc = TOPOS_OK;
   if (needs_first_moment(opt) &&
       (rc = check_matches(params, state->m, "first moment", true, fn, err)) !=
@@ -445,7 +557,7 @@ static int check_state(const topos_optimizer *opt, const topos_params *params,
   if (state->step < 0 || state->step == INT64_MAX)
     return error_set(err, TOPOS_ERR_RANGE, "%s: step %lld cannot advance", fn,
                      (long long)state->step);
-  return TOPOS_OK;
+  return values ? check_moment_values(opt, state, fn, err) : TOPOS_OK;
 }
 
 int topos_optimizer_check(const topos_optimizer *opt,
@@ -454,7 +566,8 @@ int topos_optimizer_check(const topos_optimizer *opt,
   const char *fn = "optimizer_check";
   int rc = check_optimizer(opt, fn, err);
   if (rc == TOPOS_OK) rc = check_float_set(params, "params", fn, err);
-  if (rc == TOPOS_OK && state) rc = check_state(opt, params, state, fn, err);
+  if (rc == TOPOS_OK && state)
+    rc = check_state(opt, params, state, true, fn, err);
   return rc;
 }
 
@@ -474,11 +587,11 @@ int topos_optimizer_step(const topos_optimizer *opt, const topos_params *params,
   if ((rc = check_float_set(params, "params", fn, err)) != TOPOS_OK ||
       (rc = check_matches(params, grads, "grads", false, fn, err)) !=
           TOPOS_OK ||
-      (rc = check_state(opt, params, state, fn, err)) != TOPOS_OK)
+      (rc = check_state(opt, params, state, false, fn, err)) != TOPOS_OK)
     return rc;
   bool need_m = needs_first_moment(opt), need_v = needs_second_moment(opt);
 
-  step_ctx c = {.opt = opt, .bc1 = 1, .bc2 = 1};
+  step_ctx c = {.opt = opt, .bc1 = 1, .bc2 = 1, .fn = fn};
   if (opt->kind != TOPOS_SGD) {
     int64_t t = state->step + 1;
     c.bc1 = 1 - exact_pow(opt->beta1, t);

@@ -6,7 +6,10 @@
  *  - the keep-set: only roots and observes can be read from a plan's run;
  *  - liveness: every other buffer is released right after its last
  *    consumer (training plans also keep what backward's adjoints read);
- *  - a static peak-live-bytes figure from those spans;
+ *  - a static peak-live-bytes figure from those spans, and upper bounds
+ *    of what each kind of run allocates (topos_plan_run_bytes: buffers at
+ *    pool capacities, kernel scratch, structs; the backward's through a
+ *    metering builder, interp.c), for admission control;
  *  - pattern offers: the conv2d chain (pad -> unfold -> unfold -> permute
  *    -> reshape -> matmul) runs as one direct windowed product and the
  *    max-pool chain (unfold -> unfold -> permute -> reshape -> max_along)
@@ -17,6 +20,7 @@
  * Running a plan gives the interpreter's bits: the same kernels, the same
  * adjoint scan, only fewer live buffers.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -204,6 +208,218 @@ static bool owns_buffer(const node *n, const bool *contiguous) {
   }
 }
 
+/* ------------------------------------------------------------- memory */
+
+static bool is_leaf(op_code op) {
+  return op == OP_CONSTANT || op == OP_PARAMETER || op == OP_INPUT;
+}
+
+/* A buffer of meta m: its pool block and its struct. */
+static size_t buffer_bytes(const tensor_meta *m) {
+  return size_add(
+      pool_bytes_of(shape_count(m->rank, m->shape), topos_dtype_size(m->dtype)),
+      BUFFER_STRUCT_BYTES);
+}
+
+static size_t data_bytes(const tensor_meta *m) {
+  return (size_t)shape_count(m->rank, m->shape) * topos_dtype_size(m->dtype);
+}
+
+/* The kernel scratch of node i evaluated alone (not fused), its operands'
+ * contiguity from contig. */
+static size_t node_scratch(const topos_network *net, int32_t i,
+                           const bool *contig) {
+  const node *nd = &net->nodes[i];
+  tensor_meta in[4];
+  bool c[4];
+  int k = nd->nin < 4 ? nd->nin : 4; /* only 1- and 2-operand ops have any */
+  for (int j = 0; j < k; j++) {
+    in[j] = net->nodes[nd->in[j]].meta;
+    c[j] = contig[nd->in[j]];
+  }
+  return op_scratch_bytes(nd->op, &nd->at, nd->nin, in, c, &nd->meta);
+}
+
+/* What a run holds besides its values: the run, its value and
+ * readability tables, the feed table. */
+static size_t run_tables(const topos_network *net) {
+  size_t t = malloc_block(sizeof(topos_run));
+  t = size_add(t, malloc_block(sizeof(topos_tensor *) * (size_t)(net->n + 1)));
+  t = size_add(t, malloc_block(sizeof(bool) * (size_t)(net->n + 1)));
+  return size_add(
+      t, malloc_block(sizeof(topos_tensor *) * (size_t)(net->ninputs + 1)));
+}
+
+/* Per live node: its value is contiguous as the interpreter computes it
+ * (leaves and views are not known to be; a reshape is what its operand
+ * is, or a contiguous copy; everything else is a new contiguous tensor). */
+static void value_contiguity(const topos_plan *p, bool *contig) {
+  const topos_network *net = p->net;
+  for (int i = 0; i < net->n; i++) {
+    const node *nd = &net->nodes[i];
+    if (!p->live[i] || is_leaf(nd->op))
+      contig[i] = false;
+    else if (nd->op == OP_RESHAPE)
+      contig[i] = true; /* a view of a contiguous operand, or a copy */
+    else
+      contig[i] = !(nd->op == OP_TRANSPOSE || nd->op == OP_PERMUTE ||
+                    nd->op == OP_NARROW || nd->op == OP_BROADCAST ||
+                    nd->op == OP_BROADCAST_ALONG || nd->op == OP_UNFOLD);
+  }
+}
+
+/* The reference interpreter over the live nodes (topos_forward_for, as
+ * conformance runs it): nothing is freed and no group is fused. */
+static size_t interp_bytes(const topos_plan *p, const bool *contig) {
+  const topos_network *net = p->net;
+  size_t held = size_add(run_tables(net),
+                         malloc_block(sizeof(bool) * (size_t)(net->n + 1)));
+  size_t scratch = 0;
+  for (int i = 0; i < net->n; i++) {
+    const node *nd = &net->nodes[i];
+    if (!p->live[i] || is_leaf(nd->op)) continue;
+    held = size_add(held, TENSOR_STRUCT_BYTES);
+    bool copy = nd->op == OP_RESHAPE ? !contig[nd->in[0]] : contig[i];
+    if (copy) held = size_add(held, buffer_bytes(&nd->meta));
+    size_t sc = node_scratch(net, i, contig);
+    if (sc > scratch) scratch = sc;
+  }
+  return size_add(held, scratch);
+}
+
+/* The bounds of topos_plan_run_bytes, from the liveness spans: buffer
+ * `owner` lives over [its step, end[owner]], each value's struct over
+ * [its step, its death], and each step adds its kernel's scratch. */
+static int plan_bounds(topos_plan *p, const int32_t *owner, const int32_t *end,
+                       topos_error *err) {
+  const topos_network *net = p->net;
+  int n = net->n, S = p->nschedule;
+  topos_run_bytes *b = &p->bytes;
+  bool *contig = calloc((size_t)n + 1, sizeof(bool));
+  size_t *up = calloc((size_t)S + 2, sizeof(size_t));
+  size_t *down = calloc((size_t)S + 2, sizeof(size_t));
+  if (!contig || !up || !down) {
+    free(contig);
+    free(up);
+    free(down);
+    return error_set(err, TOPOS_ERR_MEMORY, "lower: out of memory");
+  }
+  value_contiguity(p, contig);
+  for (int s = 0; s < S; s++) {
+    int32_t i = p->schedule[s];
+    const node *nd = &net->nodes[i];
+    if (is_leaf(nd->op)) continue; /* the caller's or the network's */
+    int32_t d = p->retain[i] ? S : (p->last_use[i] >= 0 ? p->last_use[i] : s);
+    up[s] = size_add(up[s], TENSOR_STRUCT_BYTES);
+    down[d + 1] = size_add(down[d + 1], TENSOR_STRUCT_BYTES);
+    if (owner[i] == i) {
+      size_t bytes = buffer_bytes(&nd->meta);
+      up[s] = size_add(up[s], bytes);
+      down[end[i] + 1] = size_add(down[end[i] + 1], bytes);
+    }
+  }
+  /* live never goes below zero: each `down` matches an earlier `up`. */
+  size_t live = 0, peak = 0;
+  for (int s = 0; s < S; s++) {
+    live = size_add(live, up[s]);
+    live = live == SIZE_MAX ? live : live - down[s];
+    int32_t i = p->schedule[s];
+    int g = p->group_of[i];
+    size_t scratch;
+    if (g >= 0) {
+      const plan_group *grp = &p->groups[g];
+      scratch = group_scratch_bytes(
+          grp, &net->nodes[grp->x].meta, contig[grp->x],
+          grp->weight >= 0 ? &net->nodes[grp->weight].meta : NULL,
+          &net->nodes[i].meta);
+    } else {
+      scratch = node_scratch(net, i, contig);
+    }
+    size_t at = size_add(live, scratch);
+    if (at > peak) peak = at;
+  }
+  live = live == SIZE_MAX ? live : live - down[S];
+  size_t tables = run_tables(net);
+  b->forward = size_add(peak, tables);
+  b->retained = size_add(live, tables);
+  size_t interp = interp_bytes(p, contig);
+  /* Sizes of a request's tensors and a reply's. */
+  b->parameters = b->moments = b->inputs = b->outputs = 0;
+  for (int k = 0; k < net->nparams; k++) {
+    tensor_meta m = net->nodes[net->param_nodes[k]].meta;
+    b->parameters = size_add(b->parameters, data_bytes(&m));
+    if (m.dtype == TOPOS_BF16) m.dtype = TOPOS_F32;
+    b->moments = size_add(b->moments, data_bytes(&m));
+  }
+  for (int k = 0; k < net->ninputs; k++)
+    b->inputs =
+        size_add(b->inputs, data_bytes(&net->nodes[net->input_nodes[k]].meta));
+  for (int k = 0; k < p->nroots; k++)
+    b->outputs =
+        size_add(b->outputs, data_bytes(&net->nodes[p->roots[k]].meta));
+  for (int k = 0; k < p->nobserves; k++)
+    b->outputs =
+        size_add(b->outputs, data_bytes(&net->nodes[p->observes[k]].meta));
+  /* Training plans meter their reverse scan when first asked
+   * (plan_meter): it costs about what a backward's bookkeeping does. */
+  b->gradients = b->backward = b->gradients_held = 0;
+  p->interp_bytes = interp;
+  b->conformance = size_add(size_add(interp, b->forward), 64 * 1024);
+  /* The optimizer's worst slot: every operand converted (a broadcast zero
+   * gradient, a strided or bf16 parameter or moment). */
+  p->opt_slot_scratch = 0;
+  for (int k = 0; k < net->nparams; k++) {
+    const tensor_meta *m = &net->nodes[net->param_nodes[k]].meta;
+    size_t cs = m->dtype == TOPOS_F64 ? 8 : 4;
+    size_t one = pool_bytes_of(shape_count(m->rank, m->shape), cs);
+    size_t slot = size_mul(one, 4);
+    if (slot > p->opt_slot_scratch) p->opt_slot_scratch = slot;
+  }
+  free(contig);
+  free(up);
+  free(down);
+  return 0;
+}
+
+/* A training plan's backward figures: the reverse scan metered with and
+ * without params_only; a scan that cannot be metered (never expected) is
+ * bounded by every value three times over.  Conformance keeps the
+ * reference's gradients while a candidate runs forward and gradients. */
+static void plan_meter(topos_plan *p) {
+  const topos_network *net = p->net;
+  topos_run_bytes *b = &p->bytes;
+  bool *contig = calloc((size_t)net->n + 1, sizeof(bool));
+  size_t peak_g, held_g, peak_b, held_b;
+  int32_t loss = p->roots[0];
+  if (contig) value_contiguity(p, contig);
+  if (!contig || backward_meter(net, loss, true, contig, &peak_g, &held_g) ||
+      backward_meter(net, loss, false, contig, &peak_b, &held_b))
+    peak_g = peak_b = held_g = size_mul(p->interp_bytes, 3);
+  free(contig);
+  b->gradients = peak_g;
+  b->backward = peak_b;
+  b->gradients_held = held_g;
+  b->conformance = size_add(size_add(p->interp_bytes, peak_g),
+                            size_add(b->forward, b->gradients));
+  b->conformance = size_add(b->conformance, 64 * 1024); /* rows, tables */
+}
+
+/* The figures of a plan, metering a training plan's scan once (plans are
+ * shared by threads: under the plan's lock). */
+static const topos_run_bytes *plan_bytes(const topos_plan *plan) {
+  topos_plan *p = (topos_plan *)plan; /* the figures are a cache */
+  if (p->posture == TOPOS_POSTURE_TRAINING &&
+      !atomic_load_explicit(&p->metered, memory_order_acquire)) {
+    pthread_mutex_lock(&p->meter_lock);
+    if (!atomic_load_explicit(&p->metered, memory_order_relaxed)) {
+      plan_meter(p);
+      atomic_store_explicit(&p->metered, true, memory_order_release);
+    }
+    pthread_mutex_unlock(&p->meter_lock);
+  }
+  return &p->bytes;
+}
+
 /* Liveness, free lists and peak bytes over the schedule. */
 static int plan_liveness(topos_plan *p, topos_error *err) {
   const topos_network *net = p->net;
@@ -294,6 +510,7 @@ static int plan_liveness(topos_plan *p, topos_error *err) {
   }
   p->peak_bytes = peak;
   free(delta);
+  rc = plan_bounds(p, owner, end, err);
 done:
   free(pos);
   free(owner);
@@ -305,6 +522,7 @@ done:
 
 void topos_plan_free(topos_plan *p) {
   if (!p) return;
+  pthread_mutex_destroy(&p->meter_lock);
   free(p->roots);
   free(p->observes);
   free(p->schedule);
@@ -379,6 +597,7 @@ topos_plan *topos_network_lower(const topos_network *net,
     error_set(err, TOPOS_ERR_MEMORY, "lower: out of memory");
     return NULL;
   }
+  pthread_mutex_init(&p->meter_lock, NULL);
   int n = net->n;
   p->net = topos_network_retain(net);
   p->posture = entry->posture;
@@ -452,6 +671,60 @@ fail:
 
 size_t topos_plan_peak_bytes(const topos_plan *plan) {
   return plan ? plan->peak_bytes : 0;
+}
+
+void topos_plan_run_bytes(const topos_plan *plan, topos_run_bytes *out) {
+  if (!out) return;
+  if (!plan) {
+    memset(out, 0, sizeof *out);
+    return;
+  }
+  *out = *plan_bytes(plan);
+}
+
+/* A set of tensors shaped like the parameters, in dtype `moment` (bf16
+ * parameters keep f32 moments) or their own. */
+static size_t param_set_bytes(const topos_network *net, bool moment) {
+  size_t total = malloc_block(sizeof(topos_params));
+  total = size_add(
+      total, malloc_block(sizeof(topos_tensor *) * (size_t)(net->nparams + 1)));
+  for (int k = 0; k < net->nparams; k++) {
+    tensor_meta m = net->nodes[net->param_nodes[k]].meta;
+    if (moment && m.dtype == TOPOS_BF16) m.dtype = TOPOS_F32;
+    total = size_add(total, size_add(buffer_bytes(&m), TENSOR_STRUCT_BYTES));
+  }
+  return total;
+}
+
+size_t topos_plan_step_bytes(const topos_plan *plan,
+                             const struct topos_optimizer *opt,
+                             bool params_given, bool state_given) {
+  if (!plan || plan->posture != TOPOS_POSTURE_TRAINING) return 0;
+  const topos_run_bytes *b = plan_bytes(plan);
+  /* Moments: none for plain SGD, one with momentum, two for Adam(W);
+   * the worst when the optimizer is not known. */
+  int moments = 2;
+  if (opt && opt->kind == TOPOS_SGD) moments = opt->momentum != 0 ? 1 : 0;
+  size_t params = param_set_bytes(plan->net, false);
+  size_t state =
+      size_add(malloc_block(64),
+               size_mul(param_set_bytes(plan->net, true), (size_t)moments));
+  size_t before = 0;
+  if (!params_given) before = size_add(before, params); /* the initials */
+  if (!state_given) before = size_add(before, state);   /* a fresh state */
+  /* Forward; then gradients on top of the run; then the update on top of
+   * the run and the gradients, converting one slot at a time. */
+  size_t phase = b->forward;
+  size_t grads = size_add(b->retained, b->gradients);
+  if (grads > phase) phase = grads;
+  size_t update =
+      size_add(size_add(b->retained, b->gradients_held),
+               size_add(size_add(params, state), plan->opt_slot_scratch));
+  if (update > phase) phase = update;
+  /* The observes taken from the run. */
+  phase = size_add(phase, malloc_block(sizeof(topos_tensor *) *
+                                       (size_t)(plan->nobserves + 1)));
+  return size_add(before, phase);
 }
 
 int topos_plan_group_count(const topos_plan *plan) {

@@ -16,6 +16,13 @@
  *  - Every buffer is 64-byte aligned (one cache line, one AVX-512 vector).
  *  - At most TOPOS_POOL_BYTES (read once from the environment, default
  *    1 GiB) of memory sits idle; a buffer that would exceed it is freed.
+ *    topos_pool_set_cap changes the cap (the daemon sets its
+ *    --pool-bytes), and topos_pool_release hands idle buffers back,
+ *    largest first, so a run that peaked high leaves nothing of its size
+ *    behind.
+ *  - The bytes handed out and not yet returned, and their high-water
+ *    mark, are counted (at class sizes) so tests can hold the engine's
+ *    memory estimates (topos_plan_run_bytes) against what runs take.
  *  - All entry points are thread-safe (one mutex; the lock is never held
  *    across a call into the system allocator).
  */
@@ -46,6 +53,7 @@ static size_t class_size[POOL_CLASSES];
 static free_block *free_list[POOL_CLASSES];
 static size_t pool_idle;
 static size_t pool_cap = POOL_DEFAULT_CAP;
+static size_t pool_used, pool_used_peak; /* handed out, at class sizes */
 
 static void pool_init(void) {
   /* 2^(f/4) for f = 0..3; the products are rounded up to 64 bytes, so a
@@ -95,13 +103,26 @@ void *pool_alloc(size_t bytes, size_t *capacity) {
     free_list[k] = b->next;
     pool_idle -= size;
   }
+  pool_used += size;
+  if (pool_used > pool_used_peak) pool_used_peak = pool_used;
   pthread_mutex_unlock(&pool_lock);
   if (b == NULL) {
     b = aligned_alloc(POOL_ALIGN, size);
-    if (b == NULL) return NULL;
+    if (b == NULL) {
+      pthread_mutex_lock(&pool_lock);
+      pool_used -= size;
+      pthread_mutex_unlock(&pool_lock);
+      return NULL;
+    }
   }
   if (capacity != NULL) *capacity = size;
   return b;
+}
+
+size_t pool_capacity_of(size_t bytes) {
+  pthread_once(&pool_once, pool_init);
+  int k = class_for(bytes);
+  return k < 0 ? SIZE_MAX : class_size[k];
 }
 
 void pool_free(void *p, size_t capacity) {
@@ -116,6 +137,7 @@ void pool_free(void *p, size_t capacity) {
   }
   free_block *b = p;
   pthread_mutex_lock(&pool_lock);
+  pool_used -= capacity < pool_used ? capacity : pool_used;
   bool keep = capacity <= pool_cap && pool_idle <= pool_cap - capacity;
   if (keep) {
     b->next = free_list[k];
@@ -133,21 +155,80 @@ size_t pool_idle_bytes(void) {
   return idle;
 }
 
-void pool_trim(void) {
-  free_block *lists[POOL_CLASSES];
+size_t pool_used_bytes(void) {
   pthread_mutex_lock(&pool_lock);
-  for (int k = 0; k < POOL_CLASSES; k++) {
-    lists[k] = free_list[k];
-    free_list[k] = NULL;
-  }
-  pool_idle = 0;
+  size_t used = pool_used;
   pthread_mutex_unlock(&pool_lock);
-  for (int k = 0; k < POOL_CLASSES; k++) {
-    free_block *b = lists[k];
-    while (b != NULL) {
-      free_block *next = b->next;
-      free(b);
-      b = next;
+  return used;
+}
+
+size_t pool_peak_bytes(void) {
+  pthread_mutex_lock(&pool_lock);
+  size_t peak = pool_used_peak;
+  pthread_mutex_unlock(&pool_lock);
+  return peak;
+}
+
+void pool_peak_reset(void) {
+  pthread_mutex_lock(&pool_lock);
+  pool_used_peak = pool_used;
+  pthread_mutex_unlock(&pool_lock);
+}
+
+/* Unlinks idle buffers, largest class first, until at most `keep` bytes
+ * are idle; the caller frees the returned chain (outside the lock).  The
+ * chain is threaded through the blocks themselves. */
+static free_block *take_idle_above(size_t keep) {
+  free_block *chain = NULL;
+  for (int k = POOL_CLASSES - 1; k >= 0 && pool_idle > keep; k--) {
+    while (free_list[k] != NULL && pool_idle > keep) {
+      free_block *b = free_list[k];
+      free_list[k] = b->next;
+      pool_idle -= class_size[k];
+      b->next = chain;
+      chain = b;
     }
   }
+  return chain;
+}
+
+static void free_chain(free_block *b) {
+  while (b != NULL) {
+    free_block *next = b->next;
+    free(b);
+    b = next;
+  }
+}
+
+void pool_trim(void) {
+  topos_pool_release(0);
+}
+
+void topos_pool_release(size_t keep) {
+  pthread_once(&pool_once, pool_init);
+  pthread_mutex_lock(&pool_lock);
+  free_block *chain = take_idle_above(keep);
+  pthread_mutex_unlock(&pool_lock);
+  free_chain(chain);
+}
+
+void topos_pool_set_cap(size_t idle_bytes) {
+  pthread_once(&pool_once, pool_init);
+  pthread_mutex_lock(&pool_lock);
+  pool_cap = idle_bytes;
+  free_block *chain = take_idle_above(idle_bytes);
+  pthread_mutex_unlock(&pool_lock);
+  free_chain(chain);
+}
+
+size_t topos_pool_cap(void) {
+  pthread_once(&pool_once, pool_init);
+  pthread_mutex_lock(&pool_lock);
+  size_t cap = pool_cap;
+  pthread_mutex_unlock(&pool_lock);
+  return cap;
+}
+
+size_t topos_pool_idle_bytes(void) {
+  return pool_idle_bytes();
 }

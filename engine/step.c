@@ -99,6 +99,13 @@ int topos_plan_step(const topos_plan *plan, const topos_params *params,
     grads = topos_plan_gradients(plan, run, ctx, &e);
     if (!grads) rc = code_of(&e);
   }
+  /* The update is one pass over the parameters: a cancel or deadline is
+   * asked once more before it. */
+  if (rc == TOPOS_OK && ctx) {
+    exec_env env;
+    if (exec_resolve(ctx, &env, &e) == TOPOS_OK && exec_stop(&env, &e))
+      rc = e.code;
+  }
   if (rc == TOPOS_OK)
     rc = topos_optimizer_step(opt, params, grads, state, &out->params,
                               &out->state, &e);

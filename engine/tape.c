@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "utf8.h"
 
 const op_info op_table[OP_COUNT] = {
 #define OP_INFO(E, name, arity, family, reads, linear, rule, attrs) \
@@ -894,6 +895,15 @@ topos_value topos_name(topos_tape *tape, topos_value value, const char *name) {
   if (len == 0 || len > 255) {
     tape_fail(tape, TOPOS_ERR_ARGUMENT,
               "name (node %d): a name must have 1 to 255 bytes", value.index);
+    return TOPOS_NONE;
+  }
+  /* Names go out in proto3 `string` fields (Record replies, describes),
+   * which must be UTF-8: the one rule for every name is utf8.h's. */
+  size_t at = 0;
+  const char *why = NULL;
+  if (!utf8_check(name, len, &at, &why)) {
+    tape_fail(tape, TOPOS_ERR_ARGUMENT, "name (node %d): %s at byte %zu",
+              value.index, why, at);
     return TOPOS_NONE;
   }
   int other = name_lookup(tape, name);

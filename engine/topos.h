@@ -177,7 +177,8 @@ topos_value topos_constant(topos_tape *tape, const topos_tensor *tensor);
 /* A rank-0 constant in the tape's dtype. */
 topos_value topos_scalar(topos_tape *tape, double value);
 
-/* Names a value (unique per tape); returns the value for chaining. */
+/* Names a value (unique per tape; 1..255 bytes of UTF-8 without NUL);
+ * returns the value for chaining. */
 topos_value topos_name(topos_tape *tape, topos_value value, const char *name);
 
 /* Records a caller's own error on the tape, as a composite written outside
@@ -425,12 +426,14 @@ typedef struct topos_exec {
    * many, above the default too (each backend caps it at its pool). */
   int threads;
   const char *backend;
-  /* Asked at every node boundary; true stops the run with
-   * TOPOS_ERR_CANCELLED, releasing what it built. */
+  /* Asked at every node boundary, and inside long nodes between blocks
+   * of a few milliseconds of work (kernels.c, exec.c); true stops the run
+   * with TOPOS_ERR_CANCELLED, releasing what it built.  Called from the
+   * run's own thread; it must be cheap and thread-safe. */
   topos_cancel_fn cancel;
   void *cancel_ctx;
   /* CLOCK_MONOTONIC nanoseconds after which a run stops at its next node
-   * boundary with TOPOS_ERR_DEADLINE; 0 = none. */
+   * boundary or block with TOPOS_ERR_DEADLINE; 0 = none. */
   int64_t deadline_ns;
   topos_exec_report *report; /* optional: what ran */
 } topos_exec;
@@ -589,6 +592,64 @@ size_t topos_plan_peak_bytes(const topos_plan *plan);
 int topos_plan_group_count(const topos_plan *plan);
 /* The entry's threads the plan runs with (0 = the process default). */
 int topos_plan_threads(const topos_plan *plan);
+
+/*
+ * What running a plan costs in memory: upper bounds, in bytes, of what
+ * each call allocates at once - tensor buffers at the pool's capacities
+ * (pool.c), compute-type copies and kernel scratch, tensor structs and
+ * the run's tables - for admission control (the daemon refuses a run
+ * whose bound is over its budget before anything is allocated).  The
+ * caller's own parameters, feeds and state are not counted (they exist
+ * before the call), nor are a backend's per-thread packing buffers (kept
+ * for the thread's life).  Computed when the plan is lowered; a training
+ * plan's backward figures the first time they are asked for (metering
+ * the reverse scan costs about what a backward's bookkeeping does).
+ */
+typedef struct topos_run_bytes {
+  size_t forward;  /* topos_plan_forward, at its peak */
+  size_t retained; /* what the run it returns holds */
+  /* Training plans (0 for forward ones), on top of the run's `retained`:
+   * topos_plan_gradients and topos_plan_backward at their peaks, and what
+   * the gradients topos_plan_gradients returns hold. */
+  size_t gradients, backward, gradients_held;
+  /* topos_conformance_run with any number of candidates: the reference
+   * interpreter's run (which frees nothing) and, for training plans, its
+   * gradients, plus one candidate's run at a time. */
+  size_t conformance;
+  /* Data bytes (raw, not pool capacities) of one set of the network's
+   * parameters, of one set of optimizer moments for them (f32 for bf16
+   * parameters), of a feed for every input, and of the roots and
+   * observes: what decoding a request's tensors or encoding a reply's
+   * takes. */
+  size_t parameters, moments, inputs, outputs;
+} topos_run_bytes;
+
+/* Fills *out for plan (all zero for NULL). */
+void topos_plan_run_bytes(const topos_plan *plan, topos_run_bytes *out);
+
+/* An upper bound of what topos_plan_step allocates at once under opt:
+ * the forward, the gradients and the optimizer's new parameters and
+ * moments with their conversions, plus a copy of the initial parameters
+ * when the step is given none (params_given false) and a fresh state when
+ * it is given none (state_given false).  0 for a forward plan. */
+struct topos_optimizer;
+size_t topos_plan_step_bytes(const topos_plan *plan,
+                             const struct topos_optimizer *opt,
+                             bool params_given, bool state_given);
+
+/*
+ * The buffer pool: tensor buffers freed by runs are kept for the next
+ * run (first touch of fresh pages is slow), at most a cap of idle bytes
+ * (TOPOS_POOL_BYTES, else 1 GiB).  A process that serves runs of very
+ * different sizes lowers the cap, or releases idle buffers after a large
+ * run, so one large run does not pin its memory.
+ */
+/* Sets the cap; idle buffers above it are freed at once, largest first. */
+void topos_pool_set_cap(size_t idle_bytes);
+size_t topos_pool_cap(void);
+/* Frees idle buffers, largest first, until at most `keep` bytes are idle. */
+void topos_pool_release(size_t keep);
+size_t topos_pool_idle_bytes(void);
 /* The schedule, liveness spans, fused groups and peak bytes as text (new,
  * topos_free). */
 char *topos_plan_describe(const topos_plan *plan, topos_error *err);
@@ -596,6 +657,15 @@ char *topos_plan_describe(const topos_plan *plan, topos_error *err);
 /* The context a plan's runs get when given none: the entry's numerics and
  * threads, the auto backend, no cancellation or deadline. */
 topos_exec topos_plan_exec(const topos_plan *plan);
+
+/* Memory footprints (footprint.c): the heap memory an object keeps,
+ * rounded as malloc rounds blocks, tensor buffers at their capacity; for
+ * caches bounded in bytes.  A network counts its nodes, operand lists,
+ * names and leaf tensors; a plan only its own tables (the network it
+ * retains is the network's figure); a tensor its struct and buffer. */
+size_t topos_network_memory_bytes(const topos_network *net);
+size_t topos_plan_memory_bytes(const topos_plan *plan);
+size_t topos_tensor_memory_bytes(const topos_tensor *t);
 
 /* Runs the plan: bits identical to topos_forward under exact numerics.
  * Only roots and observes can be read from the run (anything else is an

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "ops.h"
+#include "utf8.h"
 
 /* ------------------------------------------------------------ errors */
 
@@ -189,6 +190,162 @@ int wire_pack(const ProtobufCMessage *m, uint8_t **bytes, size_t *len,
   *bytes = buf;
   *len = n;
   return TOPOS_OK;
+}
+
+/* ------------------------------------------------------------ strings */
+
+/* Where the walk of a packed message (wire_check_strings) is: a chain of
+ * the fields entered, innermost last, rendered as a path
+ * ("Spec.nodes[3].name") only when something fails, so a valid message
+ * costs no formatting. */
+typedef struct walk_frame {
+  const struct walk_frame *up;
+  const ProtobufCFieldDescriptor *field;
+  long index; /* the element of a repeated field; -1 otherwise */
+} walk_frame;
+
+typedef struct string_walk {
+  const uint8_t *base; /* the whole buffer, for offsets */
+  const char *root;    /* the message's short name */
+  topos_error *err;
+} string_walk;
+
+/* Appends the path of frame f to buf (at least cap bytes, NUL-kept). */
+static size_t walk_path(const string_walk *w, const walk_frame *f, char *buf,
+                        size_t cap) {
+  size_t used = f ? walk_path(w, f->up, buf, cap)
+                  : (size_t)snprintf(buf, cap, "%s", w->root);
+  if (!f || used >= cap) return used < cap ? used : cap - 1;
+  int n = f->index >= 0
+              ? snprintf(buf + used, cap - used, ".%s[%ld]", f->field->name,
+                         f->index)
+              : snprintf(buf + used, cap - used, ".%s", f->field->name);
+  used += n > 0 ? (size_t)n : 0;
+  return used < cap ? used : cap - 1;
+}
+
+static int walk_fail(const string_walk *w, const walk_frame *f,
+                     const char *why) {
+  char path[512];
+  walk_path(w, f, path, sizeof path);
+  return fail(w->err, TOPOS_ERR_ARGUMENT, "%s: %s", path, why);
+}
+
+/* A varint at *p (at most 10 bytes, inside [*p, end)); advances *p. */
+static bool walk_varint(const uint8_t **p, const uint8_t *end, uint64_t *out) {
+  uint64_t v = 0;
+  for (int i = 0; i < 10; i++) {
+    if (*p >= end) return false;
+    uint8_t b = *(*p)++;
+    if (i == 9 && b > 1) return false; /* past 64 bits */
+    v |= (uint64_t)(b & 0x7F) << (7 * i);
+    if (!(b & 0x80)) {
+      *out = v;
+      return true;
+    }
+  }
+  return false;
+}
+
+static int walk_malformed(const string_walk *w, const walk_frame *f,
+                          const uint8_t *at, const char *why) {
+  char text[160];
+  snprintf(text, sizeof text, "malformed at byte %zu (%s)",
+           (size_t)(at - w->base), why);
+  return walk_fail(w, f, text);
+}
+
+/* The field of d numbered `id`, or NULL (a linear scan: only the
+ * descriptor's fields array is read). */
+static const ProtobufCFieldDescriptor *walk_field(
+    const ProtobufCMessageDescriptor *d, uint64_t id) {
+  for (unsigned i = 0; i < d->n_fields; i++)
+    if (d->fields[i].id == id) return &d->fields[i];
+  return NULL;
+}
+
+static int walk_message(const string_walk *w, const walk_frame *here,
+                        const ProtobufCMessageDescriptor *d, const uint8_t *p,
+                        const uint8_t *end, int depth) {
+  /* Occurrences so far of each repeated field (its element index), for
+   * the first 64 fields of d; a later one is named without an index. */
+  uint32_t seen[64] = {0};
+  while (p < end) {
+    const uint8_t *at = p;
+    uint64_t tag = 0, len = 0;
+    if (!walk_varint(&p, end, &tag))
+      return walk_malformed(w, here, at, "a tag cut short");
+    uint64_t id = tag >> 3;
+    unsigned type = (unsigned)(tag & 7);
+    if (id == 0 || id > 536870911)
+      return walk_malformed(w, here, at, "field number 0 or above 2^29 - 1");
+    const ProtobufCFieldDescriptor *f = walk_field(d, id);
+    bool walked = f && (f->type == PROTOBUF_C_TYPE_STRING ||
+                        f->type == PROTOBUF_C_TYPE_MESSAGE);
+    if (walked && type != PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED)
+      return walk_malformed(w, here, at,
+                            "a string or message field not length-prefixed");
+    switch (type) {
+      case PROTOBUF_C_WIRE_TYPE_VARINT:
+        if (!walk_varint(&p, end, &len))
+          return walk_malformed(w, here, at,
+                                "a varint cut short or past 64 bits");
+        continue;
+      case PROTOBUF_C_WIRE_TYPE_64BIT:
+      case PROTOBUF_C_WIRE_TYPE_32BIT: {
+        size_t n = type == PROTOBUF_C_WIRE_TYPE_64BIT ? 8 : 4;
+        if ((size_t)(end - p) < n)
+          return walk_malformed(w, here, at, "a truncated fixed-width value");
+        p += n;
+        continue;
+      }
+      case PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED:
+        if (!walk_varint(&p, end, &len) || len > (uint64_t)(end - p))
+          return walk_malformed(w, here, at, "a truncated length");
+        break;
+      default:
+        return walk_malformed(w, here, at,
+                              "groups and wire types 6, 7 are not accepted");
+    }
+    const uint8_t *v = p;
+    p += len;
+    if (!walked) continue;
+    size_t k = (size_t)(f - d->fields);
+    walk_frame frame = {here, f, -1};
+    if (f->label == PROTOBUF_C_LABEL_REPEATED && k < 64)
+      frame.index = (long)seen[k]++;
+    if (f->type == PROTOBUF_C_TYPE_STRING) {
+      size_t bad = 0;
+      const char *why = NULL;
+      if (!utf8_check((const char *)v, (size_t)len, &bad, &why)) {
+        char text[160];
+        snprintf(text, sizeof text, "%s at byte %zu", why, bad);
+        return walk_fail(w, &frame, text);
+      }
+      continue;
+    }
+    if (depth + 1 > WIRE_STRING_DEPTH) {
+      char text[64];
+      snprintf(text, sizeof text, "messages nested deeper than %d",
+               WIRE_STRING_DEPTH);
+      return walk_fail(w, &frame, text);
+    }
+    if (!f->descriptor) return walk_fail(w, &frame, "no descriptor");
+    int rc = walk_message(w, &frame, f->descriptor, v, v + len, depth + 1);
+    if (rc != TOPOS_OK) return rc;
+  }
+  return TOPOS_OK;
+}
+
+int wire_check_strings(const ProtobufCMessageDescriptor *desc,
+                       const uint8_t *bytes, size_t len, topos_error *err) {
+  if (!desc || (len && !bytes))
+    return fail(err, TOPOS_ERR_ARGUMENT, "check strings: a NULL argument");
+  if (len == 0) return TOPOS_OK;
+  string_walk w = {.base = bytes,
+                   .root = desc->short_name ? desc->short_name : "message",
+                   .err = err};
+  return walk_message(&w, NULL, desc, bytes, bytes + len, 0);
 }
 
 /* Allocates a zeroed array of n pointers (n may be 0: NULL). */
@@ -1240,65 +1397,162 @@ static bool decay_listed(int slot, const topos_tensor *param, void *ctx) {
   return false;
 }
 
-int wire_optimizer_from_proto(const Topos__V1__Optimizer *m,
+/* The numbers of an Optimizer message with their presence (each sits
+ * alone in a oneof: proto3 `optional` on the wire). */
+enum { NUM_LR, NUM_MOMENTUM, NUM_BETA1, NUM_BETA2, NUM_EPS, NUM_WD, NUMS };
+
+static const char *const num_names[NUMS] = {
+    "lr", "momentum", "beta1", "beta2", "eps", "weight_decay"};
+
+static void numbers_of(const Topos__V1__Optimizer *m, bool given[NUMS],
+                       double value[NUMS]) {
+  given[NUM_LR] = m->lr_given_case == TOPOS__V1__OPTIMIZER__LR_GIVEN_LR;
+  given[NUM_MOMENTUM] =
+      m->momentum_given_case == TOPOS__V1__OPTIMIZER__MOMENTUM_GIVEN_MOMENTUM;
+  given[NUM_BETA1] =
+      m->beta1_given_case == TOPOS__V1__OPTIMIZER__BETA1_GIVEN_BETA1;
+  given[NUM_BETA2] =
+      m->beta2_given_case == TOPOS__V1__OPTIMIZER__BETA2_GIVEN_BETA2;
+  given[NUM_EPS] = m->eps_given_case == TOPOS__V1__OPTIMIZER__EPS_GIVEN_EPS;
+  given[NUM_WD] = m->weight_decay_given_case ==
+                  TOPOS__V1__OPTIMIZER__WEIGHT_DECAY_GIVEN_WEIGHT_DECAY;
+  value[NUM_LR] = m->lr;
+  value[NUM_MOMENTUM] = m->momentum;
+  value[NUM_BETA1] = m->beta1;
+  value[NUM_BETA2] = m->beta2;
+  value[NUM_EPS] = m->eps;
+  value[NUM_WD] = m->weight_decay;
+}
+
+/* Which numbers a kind reads, and the defaults of those not given (lr has
+ * none): PyTorch's, so a settings file means the same in both. */
+static bool kind_reads(topos_optimizer_kind kind, int num) {
+  switch (num) {
+    case NUM_LR:
+    case NUM_WD:
+      return true;
+    case NUM_MOMENTUM:
+      return kind == TOPOS_SGD;
+    default:
+      return kind != TOPOS_SGD;
+  }
+}
+
+static double num_default(topos_optimizer_kind kind, int num) {
+  if (!kind_reads(kind, num)) return 0.0; /* the engine wants it 0 */
+  switch (num) {
+    case NUM_BETA1:
+      return 0.9;
+    case NUM_BETA2:
+      return 0.999;
+    case NUM_EPS:
+      return 1e-8;
+    case NUM_WD:
+      return kind == TOPOS_ADAMW ? 0.01 : 0.0;
+    default:
+      return 0.0;
+  }
+}
+
+int wire_optimizer_from_proto(const Topos__V1__Optimizer *m, int nslots,
                               wire_optimizer *out, topos_error *err) {
   if (!out) return fail(err, TOPOS_ERR_ARGUMENT, "optimizer: out is NULL");
   memset(out, 0, sizeof *out);
   if (!m) return fail(err, TOPOS_ERR_ARGUMENT, "optimizer is missing");
   topos_optimizer_kind kind;
+  const char *kname;
   switch ((int)m->kind) {
     case TOPOS__V1__OPTIMIZER_KIND__SGD:
-      kind = TOPOS_SGD;
+      kind = TOPOS_SGD, kname = "SGD";
       break;
     case TOPOS__V1__OPTIMIZER_KIND__ADAM:
-      kind = TOPOS_ADAM;
+      kind = TOPOS_ADAM, kname = "ADAM";
       break;
     case TOPOS__V1__OPTIMIZER_KIND__ADAMW:
-      kind = TOPOS_ADAMW;
+      kind = TOPOS_ADAMW, kname = "ADAMW";
       break;
     default:
       return fail(err, TOPOS_ERR_ARGUMENT,
                   "optimizer: unknown kind %d (SGD 0, ADAM 1, ADAMW 2)",
                   (int)m->kind);
   }
+  bool given[NUMS];
+  double value[NUMS];
+  numbers_of(m, given, value);
+  if (!given[NUM_LR])
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "optimizer.lr is missing (the learning rate has no default)");
+  for (int i = 0; i < NUMS; i++) {
+    if (given[i] && !kind_reads(kind, i))
+      return fail(err, TOPOS_ERR_ARGUMENT,
+                  "optimizer.%s is given, but %s does not read it (%s)",
+                  num_names[i], kname,
+                  i == NUM_MOMENTUM ? "momentum is SGD's"
+                                    : "beta1, beta2 and eps are ADAM's and "
+                                      "ADAMW's");
+    if (!given[i]) value[i] = num_default(kind, i);
+  }
   int rule = (int)m->decay;
   if (rule != TOPOS__V1__DECAY_RULE__RANK_AT_LEAST_2 &&
       rule != TOPOS__V1__DECAY_RULE__ALL_SLOTS &&
       rule != TOPOS__V1__DECAY_RULE__LISTED_SLOTS)
     return fail(err, TOPOS_ERR_ARGUMENT,
-                "optimizer: unknown decay rule %d (RANK_AT_LEAST_2 0, "
+                "optimizer.decay: unknown decay rule %d (RANK_AT_LEAST_2 0, "
                 "ALL_SLOTS 1, LISTED_SLOTS 2)",
                 rule);
+  if (kind != TOPOS_ADAMW &&
+      (rule != TOPOS__V1__DECAY_RULE__RANK_AT_LEAST_2 || m->n_decay_slots))
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "optimizer.decay%s is given, but %s does not read it (the "
+                "decay rule is ADAMW's; SGD and ADAM apply weight_decay to "
+                "every slot)",
+                rule != TOPOS__V1__DECAY_RULE__RANK_AT_LEAST_2 ? "" : "_slots",
+                kname);
   if (rule != TOPOS__V1__DECAY_RULE__LISTED_SLOTS && m->n_decay_slots)
     return fail(err, TOPOS_ERR_ARGUMENT,
-                "optimizer: decay_slots given without the LISTED_SLOTS rule");
+                "optimizer.decay_slots given without the LISTED_SLOTS rule");
   if (m->n_decay_slots > 1u << 20)
-    return fail(err, TOPOS_ERR_ARGUMENT, "optimizer: %zu decay slots",
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "optimizer.decay_slots: %zu slots (at most 2^20)",
                 m->n_decay_slots);
   int *slots = NULL;
   if (m->n_decay_slots) {
     if (!m->decay_slots)
-      return fail(err, TOPOS_ERR_ARGUMENT, "optimizer: decay_slots is NULL");
+      return fail(err, TOPOS_ERR_ARGUMENT, "optimizer.decay_slots is NULL");
     slots = malloc(sizeof(int) * m->n_decay_slots);
     if (!slots) return fail(err, TOPOS_ERR_MEMORY, "optimizer: out of memory");
     for (size_t i = 0; i < m->n_decay_slots; i++) {
-      if (m->decay_slots[i] < 0) {
+      int32_t s = m->decay_slots[i];
+      int rc = TOPOS_OK;
+      if (s < 0)
+        rc = fail(err, TOPOS_ERR_ARGUMENT,
+                  "optimizer.decay_slots[%zu] = %d is negative", i, (int)s);
+      else if (nslots >= 0 && s >= nslots)
+        rc = fail(err, TOPOS_ERR_ARGUMENT,
+                  "optimizer.decay_slots[%zu] = %d is not a parameter slot "
+                  "(the spec has %d: 0..%d)",
+                  i, (int)s, nslots, nslots - 1);
+      for (size_t j = 0; rc == TOPOS_OK && j < i; j++)
+        if (slots[j] == s)
+          rc = fail(err, TOPOS_ERR_ARGUMENT,
+                    "optimizer.decay_slots[%zu] = %d repeats "
+                    "decay_slots[%zu]",
+                    i, (int)s, j);
+      if (rc != TOPOS_OK) {
         free(slots);
-        return fail(err, TOPOS_ERR_ARGUMENT,
-                    "optimizer: decay_slots[%zu] = %d is negative", i,
-                    (int)m->decay_slots[i]);
+        return rc;
       }
-      slots[i] = m->decay_slots[i];
+      slots[i] = s;
     }
   }
   out->opt = (topos_optimizer){
       .kind = kind,
-      .lr = m->lr,
-      .momentum = m->momentum,
-      .beta1 = m->beta1,
-      .beta2 = m->beta2,
-      .eps = m->eps,
-      .weight_decay = m->weight_decay,
+      .lr = value[NUM_LR],
+      .momentum = value[NUM_MOMENTUM],
+      .beta1 = value[NUM_BETA1],
+      .beta2 = value[NUM_BETA2],
+      .eps = value[NUM_EPS],
+      .weight_decay = value[NUM_WD],
   };
   out->rule = rule;
   out->slots = slots;
@@ -1328,12 +1582,21 @@ int wire_optimizer_to_proto(const topos_optimizer *opt,
     return fail(err, TOPOS_ERR_ARGUMENT, "optimizer: unknown kind %d",
                 (int)opt->kind);
   out->kind = (Topos__V1__OptimizerKind)opt->kind;
-  out->lr = opt->lr;
-  out->momentum = opt->momentum;
-  out->beta1 = opt->beta1;
-  out->beta2 = opt->beta2;
-  out->eps = opt->eps;
-  out->weight_decay = opt->weight_decay;
+  /* What the kind reads goes out given, so the wire defaults never stand
+   * in for the engine's values; what it does not read goes out only when
+   * it is set, to be refused as the engine refuses it. */
+#define WIRE_SEND(num, field, CASE)                                        \
+  if (kind_reads(opt->kind, num) || opt->field != 0) {                     \
+    out->field##_given_case = TOPOS__V1__OPTIMIZER__##CASE##_GIVEN_##CASE; \
+    out->field = opt->field;                                               \
+  }
+  WIRE_SEND(NUM_LR, lr, LR)
+  WIRE_SEND(NUM_MOMENTUM, momentum, MOMENTUM)
+  WIRE_SEND(NUM_BETA1, beta1, BETA1)
+  WIRE_SEND(NUM_BETA2, beta2, BETA2)
+  WIRE_SEND(NUM_EPS, eps, EPS)
+  WIRE_SEND(NUM_WD, weight_decay, WEIGHT_DECAY)
+#undef WIRE_SEND
   out->decay = TOPOS__V1__DECAY_RULE__RANK_AT_LEAST_2;
   if (opt->decay) {
     if (!params)

@@ -124,6 +124,28 @@ void wire_message_free(ProtobufCMessage *m);
 int wire_pack(const ProtobufCMessage *m, uint8_t **bytes, size_t *len,
               topos_error *err);
 
+/* ----------------------------------------------------------------- strings */
+
+/* How deep wire_check_strings follows sub-messages (the schema nests four
+ * deep; the cap only bounds the recursion for any descriptor). */
+#define WIRE_STRING_DEPTH 32
+
+/* Checks every string field of a packed message of type desc: walks the
+ * protobuf wire bytes field by field as desc describes them, recursing
+ * into sub-message fields (repeated and oneof ones too) at most
+ * WIRE_STRING_DEPTH deep, and holds every occurrence of a string field to
+ * utf8_check's rule (engine/utf8.h): UTF-8 without NUL.  It reads the raw
+ * bytes because protobuf-c hands strings over NUL-terminated, so after
+ * unpacking "loss\0x" already reads "loss".  Unknown fields, bytes and
+ * scalars are skipped by their wire type.  Returns TOPOS_OK, or
+ * TOPOS_ERR_ARGUMENT with a message naming the field's path and the byte
+ * ("Spec.nodes[3].name: not valid UTF-8 (an overlong encoding) at byte 2",
+ * "StepRequest.loss.name: contains NUL at byte 4"), or where bytes that
+ * do not parse stop ("Spec.nodes[1]: malformed at byte 17 (a truncated
+ * length)").  Never reads outside bytes[0, len). */
+int wire_check_strings(const ProtobufCMessageDescriptor *desc,
+                       const uint8_t *bytes, size_t len, topos_error *err);
+
 /* ------------------------------------------------------------------ dtypes */
 
 /* Proto DType -> engine dtype.  Unknown values give TOPOS_ERR_DTYPE with a
@@ -314,20 +336,30 @@ typedef struct wire_optimizer {
   size_t nslots;
 } wire_optimizer;
 
-/* Optimizer message -> engine optimizer: kind SGD/ADAM/ADAMW, decay rule
- * known (RANK_AT_LEAST_2 gives decay = NULL, the engine's default;
- * ALL_SLOTS and LISTED_SLOTS give predicates), listed slots >= 0.  The
- * numbers (lr, betas, eps, ...) are copied bit for bit; the engine checks
- * their ranges when it steps.  A NULL message is "optimizer is missing".
- * Clear with wire_optimizer_clear. */
-int wire_optimizer_from_proto(const Topos__V1__Optimizer *m,
+/* Optimizer message -> engine optimizer (proto/topos.proto has the
+ * table): kind SGD/ADAM/ADAMW; lr given; no number given that the kind
+ * does not read (momentum is SGD's, beta1/beta2/eps Adam's and AdamW's);
+ * the defaults for what is not given (momentum 0, beta1 0.9, beta2 0.999,
+ * eps 1e-8, weight_decay 0 and AdamW's 0.01); a known decay rule, other
+ * than RANK_AT_LEAST_2 only for AdamW (RANK_AT_LEAST_2 gives decay =
+ * NULL, the engine's default; ALL_SLOTS and LISTED_SLOTS give
+ * predicates); decay_slots only under LISTED_SLOTS, each in [0, nslots)
+ * (nslots < 0: not bounded above) and none twice.  The numbers are copied
+ * bit for bit; the engine checks their ranges (topos_optimizer_check).
+ * A NULL message is "optimizer is missing".  Errors are
+ * TOPOS_ERR_ARGUMENT naming the field ("optimizer.beta1 ...").  Clear
+ * with wire_optimizer_clear. */
+int wire_optimizer_from_proto(const Topos__V1__Optimizer *m, int nslots,
                               wire_optimizer *out, topos_error *err);
 void wire_optimizer_clear(wire_optimizer *o);
 
-/* Engine optimizer -> an init'ed message.  A custom decay predicate cannot
- * cross the wire, so it is evaluated on `params` (slot by slot) and sent as
- * LISTED_SLOTS; decay NULL is sent as RANK_AT_LEAST_2.  params may be NULL
- * only when opt->decay is NULL.  Clear with wire_message_clear. */
+/* Engine optimizer -> an init'ed message.  lr and every number the kind
+ * reads are sent as given (so the engine's values, not the wire defaults,
+ * apply); a number the kind does not read is sent only when it is not 0,
+ * so the daemon refuses it as the engine would.  A custom decay predicate
+ * cannot cross the wire, so it is evaluated on `params` (slot by slot) and
+ * sent as LISTED_SLOTS; decay NULL is sent as RANK_AT_LEAST_2.  params may
+ * be NULL only when opt->decay is NULL.  Clear with wire_message_clear. */
 int wire_optimizer_to_proto(const topos_optimizer *opt,
                             const topos_params *params,
                             Topos__V1__Optimizer *out, topos_error *err);

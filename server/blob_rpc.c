@@ -2,8 +2,9 @@
  * blob_rpc.c - the blob resource: PutBlob validates and names an upload,
  * StatBlob says whether one is held, and the other rooms' requests refer
  * to blob tensors by {id, index}.  Decoded blobs are cached (cache.c,
- * "blob <id>"); the bytes come from the write-behind queue (blobs.c) until
- * the store has them.
+ * "blob <id>"); the bytes come from the store, or with early
+ * acknowledgement from the write-behind queue (blobs.c) until the store
+ * has them.
  *
  * References are looked up here, before a request's tensors are
  * converted (blob_refs, rooms.h): wire.c converts from the table of what
@@ -31,11 +32,6 @@ static void destroy_blob_set(void *v) {
   free(b);
 }
 
-static int64_t tensor_bytes(const topos_tensor *t) {
-  return topos_tensor_count(t) *
-         (int64_t)topos_dtype_size(topos_tensor_dtype(t));
-}
-
 /* Caches a set of tensors under "blob <id>" (takes ownership of them). */
 static blob_set *cache_blob_set(call_ctx *cx, const char *id,
                                 topos_tensor **tensors, int n,
@@ -47,8 +43,11 @@ static blob_set *cache_blob_set(call_ctx *cx, const char *id,
   }
   b->n = n;
   b->tensors = tensors;
-  int64_t bytes = 0;
-  for (int i = 0; i < n; i++) bytes += tensor_bytes(tensors[i]);
+  /* The memory the entry keeps: tensors (structs and buffers), the array
+   * and the set. */
+  int64_t bytes = (int64_t)(sizeof *b + sizeof *tensors * (size_t)n);
+  for (int i = 0; i < n; i++)
+    bytes += (int64_t)topos_tensor_memory_bytes(tensors[i]);
   char key[80];
   snprintf(key, sizeof key, "blob %s", id);
   return cache_put(cx->d->cache, key, b, destroy_blob_set, bytes, ref);
@@ -178,8 +177,9 @@ void blob_refs_clear(call_ctx *cx, blob_refs *b) {
  * client that sent the canonical form (protobuf-c does; so do the other
  * protobuf libraries for these messages) gets the helper's hash; any
  * other encoding is hashed again from the packed bytes.  The blob then
- * goes to the write-behind (blobs.h); its tensors are decoded on first
- * use.
+ * goes to the blob writer (blobs.h), which commits it before PutBlob
+ * answers unless the operator opted into early acknowledgement; its
+ * tensors are decoded on first use.
  */
 #define PARALLEL_HASH_BYTES ((size_t)4 << 20)
 

@@ -4,6 +4,16 @@
  * compares; nothing slow (decoding, lowering, destroying) happens under
  * the lock, except freeing entries evicted by a put, which is moved out
  * of the lock too.
+ *
+ * Invariants (under the lock):
+ *  - An entry is in exactly one of: the table and the recency list
+ *    (cached), the retired list (out of the table but still referenced:
+ *    evicted while held, or never kept), or nowhere (unreferenced and
+ *    about to be destroyed, or an entry made without a key when memory
+ *    ran out).
+ *  - A cached child's parent is cached; evicting a parent evicts its
+ *    children first, so c->bytes is the memory of everything the table
+ *    keeps alive.
  */
 #include "cache.h"
 
@@ -15,21 +25,34 @@
 
 struct cache_entry {
   char *key;
+  char *group; /* a child's parent key: in-use questions after eviction */
   uint64_t hash;
   void *value;
   cache_destroy_fn destroy;
   int64_t bytes;
-  int refs;    /* references handed out and not yet released */
-  bool cached; /* still in the table (false once evicted) */
+  int refs;     /* references handed out and not yet released */
+  bool cached;  /* in the table */
+  bool retired; /* on the retired list */
   cache_entry *next_in_bucket;
-  cache_entry *newer, *older; /* recency list */
+  cache_entry *newer, *older; /* recency list, or the retired list */
+  cache_entry *parent;        /* cached children only */
+  cache_entry *children, *next_sibling, *prev_sibling;
 };
+
+/* A key being loaded (cache_pin). */
+typedef struct pin {
+  char *key;
+  int count;
+  struct pin *next;
+} pin;
 
 struct cache {
   pthread_mutex_t lock;
   cache_entry **buckets;
   size_t nbuckets;
   cache_entry *newest, *oldest;
+  cache_entry *retired;
+  pin *pins;
   int max_entries;
   int64_t max_bytes;
   int64_t entries, bytes, hits, misses, evictions;
@@ -61,11 +84,13 @@ cache *cache_new(int max_entries, int64_t max_bytes) {
 static void entry_destroy(cache_entry *e) {
   if (e->destroy != NULL && e->value != NULL) e->destroy(e->value);
   free(e->key);
+  free(e->group);
   free(e);
 }
 
 void cache_free(cache *c) {
   if (c == NULL) return;
+  assert(c->retired == NULL && c->pins == NULL);
   cache_entry *e = c->newest;
   while (e != NULL) {
     cache_entry *next = e->older;
@@ -98,6 +123,33 @@ static void list_push_newest(cache *c, cache_entry *e) {
   if (c->oldest == NULL) c->oldest = e;
 }
 
+static void touch(cache *c, cache_entry *e) {
+  if (c->newest != e) {
+    list_unlink(c, e);
+    list_push_newest(c, e);
+  }
+}
+
+/* The retired list is singly headed and doubly linked through
+ * newer/older, which an entry out of the recency list does not use. */
+static void retire(cache *c, cache_entry *e) {
+  e->retired = true;
+  e->newer = NULL;
+  e->older = c->retired;
+  if (c->retired) c->retired->newer = e;
+  c->retired = e;
+}
+
+static void unretire(cache *c, cache_entry *e) {
+  if (e->newer)
+    e->newer->older = e->older;
+  else
+    c->retired = e->older;
+  if (e->older) e->older->newer = e->newer;
+  e->newer = e->older = NULL;
+  e->retired = false;
+}
+
 static cache_entry *find(cache *c, const char *key, uint64_t h) {
   for (cache_entry *e = c->buckets[h & (c->nbuckets - 1)]; e;
        e = e->next_in_bucket)
@@ -105,18 +157,42 @@ static cache_entry *find(cache *c, const char *key, uint64_t h) {
   return NULL;
 }
 
-/* Takes e out of the table and the list; the caller destroys it when it
- * has no references (returns true then). */
-static bool evict(cache *c, cache_entry *e) {
+/* Takes e and its children out of the table and the list.  Those without
+ * references go onto *dead (linked through next_in_bucket) for the
+ * caller to destroy outside the lock; the others are retired. */
+static void evict(cache *c, cache_entry *e, cache_entry **dead) {
+  while (e->children != NULL) evict(c, e->children, dead);
+  if (e->parent != NULL) {
+    if (e->prev_sibling)
+      e->prev_sibling->next_sibling = e->next_sibling;
+    else
+      e->parent->children = e->next_sibling;
+    if (e->next_sibling) e->next_sibling->prev_sibling = e->prev_sibling;
+    e->parent = e->next_sibling = e->prev_sibling = NULL;
+  }
   cache_entry **p = &c->buckets[e->hash & (c->nbuckets - 1)];
   while (*p != e) p = &(*p)->next_in_bucket;
   *p = e->next_in_bucket;
+  e->next_in_bucket = NULL;
   list_unlink(c, e);
   e->cached = false;
   c->entries--;
   c->bytes -= e->bytes;
   c->evictions++;
-  return e->refs == 0;
+  if (e->refs == 0) {
+    e->next_in_bucket = *dead;
+    *dead = e;
+  } else {
+    retire(c, e);
+  }
+}
+
+static void destroy_all(cache_entry *dead) {
+  while (dead != NULL) {
+    cache_entry *next = dead->next_in_bucket;
+    entry_destroy(dead);
+    dead = next;
+  }
 }
 
 void *cache_get(cache *c, const char *key, cache_entry **ref) {
@@ -131,24 +207,24 @@ void *cache_get(cache *c, const char *key, cache_entry **ref) {
   }
   c->hits++;
   e->refs++;
-  if (c->newest != e) {
-    list_unlink(c, e);
-    list_push_newest(c, e);
-  }
+  touch(c, e);
   void *value = e->value;
   pthread_mutex_unlock(&c->lock);
   *ref = e;
   return value;
 }
 
-void *cache_put(cache *c, const char *key, void *value,
-                cache_destroy_fn destroy, int64_t bytes, cache_entry **ref) {
+static void *put(cache *c, const char *parent_key, const void *parent_value,
+                 const char *key, void *value, cache_destroy_fn destroy,
+                 int64_t bytes, cache_entry **ref) {
   *ref = NULL;
   cache_entry *e = calloc(1, sizeof *e);
   char *k = strdup(key);
-  if (e == NULL || k == NULL) {
+  char *g = parent_key != NULL ? strdup(parent_key) : NULL;
+  if (e == NULL || k == NULL || (parent_key != NULL && g == NULL)) {
     /* Uncached: the caller keeps a reference that destroys on release. */
     free(k);
+    free(g);
     if (e != NULL) {
       e->value = value;
       e->destroy = destroy;
@@ -161,6 +237,7 @@ void *cache_put(cache *c, const char *key, void *value,
     return value;
   }
   e->key = k;
+  e->group = g;
   e->hash = hash_key(key);
   e->value = value;
   e->destroy = destroy;
@@ -174,42 +251,66 @@ void *cache_put(cache *c, const char *key, void *value,
   if (old != NULL) {
     /* Lost a race: use the value already cached. */
     old->refs++;
-    if (c->newest != old) {
-      list_unlink(c, old);
-      list_push_newest(c, old);
-    }
+    touch(c, old);
     pthread_mutex_unlock(&c->lock);
     entry_destroy(e);
     *ref = old;
     return old->value;
   }
+  cache_entry *parent = NULL;
+  if (parent_key != NULL) {
+    parent = find(c, parent_key, hash_key(parent_key));
+    if (parent == NULL || parent->value != parent_value ||
+        parent->parent != NULL) {
+      retire(c, e); /* no parent to hang from: refs only */
+      pthread_mutex_unlock(&c->lock);
+      return value;
+    }
+    touch(c, parent); /* evicted last by the loop below */
+  }
   if (c->max_bytes > 0 && e->bytes > c->max_bytes) {
-    pthread_mutex_unlock(&c->lock); /* too large to keep: refs only */
+    retire(c, e); /* too large to keep: refs only */
+    pthread_mutex_unlock(&c->lock);
     return value;
   }
   while (c->oldest != NULL &&
          (c->entries + 1 > c->max_entries ||
-          (c->max_bytes > 0 && c->bytes + e->bytes > c->max_bytes))) {
-    cache_entry *victim = c->oldest;
-    if (evict(c, victim)) {
-      victim->next_in_bucket = dead;
-      dead = victim;
+          (c->max_bytes > 0 && c->bytes + e->bytes > c->max_bytes)))
+    evict(c, c->oldest, &dead);
+  if (parent != NULL && !parent->cached) {
+    /* Making room took the parent (still alive until dead is destroyed
+     * below, or retired): the child cannot stay either. */
+    retire(c, e);
+  } else {
+    size_t b = e->hash & (c->nbuckets - 1);
+    e->next_in_bucket = c->buckets[b];
+    c->buckets[b] = e;
+    list_push_newest(c, e);
+    e->cached = true;
+    c->entries++;
+    c->bytes += e->bytes;
+    if (parent != NULL) {
+      e->parent = parent;
+      e->next_sibling = parent->children;
+      if (parent->children) parent->children->prev_sibling = e;
+      parent->children = e;
     }
   }
-  size_t b = e->hash & (c->nbuckets - 1);
-  e->next_in_bucket = c->buckets[b];
-  c->buckets[b] = e;
-  list_push_newest(c, e);
-  e->cached = true;
-  c->entries++;
-  c->bytes += e->bytes;
   pthread_mutex_unlock(&c->lock);
-  while (dead != NULL) {
-    cache_entry *next = dead->next_in_bucket;
-    entry_destroy(dead);
-    dead = next;
-  }
+  destroy_all(dead);
   return value;
+}
+
+void *cache_put(cache *c, const char *key, void *value,
+                cache_destroy_fn destroy, int64_t bytes, cache_entry **ref) {
+  return put(c, NULL, NULL, key, value, destroy, bytes, ref);
+}
+
+void *cache_put_child(cache *c, const char *parent_key,
+                      const void *parent_value, const char *key, void *value,
+                      cache_destroy_fn destroy, int64_t bytes,
+                      cache_entry **ref) {
+  return put(c, parent_key, parent_value, key, value, destroy, bytes, ref);
 }
 
 void cache_release(cache *c, cache_entry *ref) {
@@ -217,8 +318,91 @@ void cache_release(cache *c, cache_entry *ref) {
   pthread_mutex_lock(&c->lock);
   assert(ref->refs > 0);
   bool destroy = --ref->refs == 0 && !ref->cached;
+  if (destroy && ref->retired) unretire(c, ref);
   pthread_mutex_unlock(&c->lock);
   if (destroy) entry_destroy(ref);
+}
+
+/* ------------------------------------------------------------ in use */
+
+static pin *find_pin(cache *c, const char *key) {
+  for (pin *p = c->pins; p != NULL; p = p->next)
+    if (strcmp(p->key, key) == 0) return p;
+  return NULL;
+}
+
+bool cache_pin(cache *c, const char *key) {
+  pin *fresh = malloc(sizeof *fresh);
+  char *k = strdup(key);
+  pthread_mutex_lock(&c->lock);
+  pin *p = find_pin(c, key);
+  if (p != NULL) {
+    p->count++;
+  } else if (fresh != NULL && k != NULL) {
+    fresh->key = k;
+    fresh->count = 1;
+    fresh->next = c->pins;
+    c->pins = fresh;
+    fresh = NULL;
+    k = NULL;
+  }
+  bool ok = p != NULL || fresh == NULL;
+  pthread_mutex_unlock(&c->lock);
+  free(fresh);
+  free(k);
+  return ok;
+}
+
+void cache_unpin(cache *c, const char *key) {
+  pin *gone = NULL;
+  pthread_mutex_lock(&c->lock);
+  for (pin **p = &c->pins; *p != NULL; p = &(*p)->next) {
+    if (strcmp((*p)->key, key) != 0) continue;
+    if (--(*p)->count == 0) {
+      gone = *p;
+      *p = gone->next;
+    }
+    break;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (gone != NULL) {
+    free(gone->key);
+    free(gone);
+  }
+}
+
+static bool in_use(cache *c, const char *key, cache_entry **found) {
+  cache_entry *e = find(c, key, hash_key(key));
+  *found = e;
+  if (e != NULL) {
+    if (e->refs > 0) return true;
+    for (cache_entry *k = e->children; k != NULL; k = k->next_sibling)
+      if (k->refs > 0) return true;
+  }
+  /* Retired entries are referenced by definition. */
+  for (cache_entry *r = c->retired; r != NULL; r = r->older)
+    if (strcmp(r->key, key) == 0 ||
+        (r->group != NULL && strcmp(r->group, key) == 0))
+      return true;
+  return find_pin(c, key) != NULL;
+}
+
+bool cache_in_use(cache *c, const char *key) {
+  cache_entry *e;
+  pthread_mutex_lock(&c->lock);
+  bool used = in_use(c, key, &e);
+  pthread_mutex_unlock(&c->lock);
+  return used;
+}
+
+bool cache_drop(cache *c, const char *key) {
+  cache_entry *e, *dead = NULL;
+  pthread_mutex_lock(&c->lock);
+  bool used = in_use(c, key, &e);
+  if (!used && e != NULL) evict(c, e, &dead);
+  pthread_mutex_unlock(&c->lock);
+  destroy_all(dead);
+  return !used;
 }
 
 void cache_stats(cache *c, cache_counters *out) {

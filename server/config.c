@@ -42,12 +42,15 @@ const char config_usage[] =
     "                           (default 60000)\n"
     "  --log-format text|json   request log format on stderr (default text)\n"
     "  --blob-cap-bytes N       bytes of uploaded blobs kept (default 1G)\n"
-    "  --blob-pending-bytes N   uploaded bytes that may wait to be written\n"
-    "                           to the store; 0 = PutBlob writes before it\n"
-    "                           answers (default 1G)\n"
+    "  --blob-pending-bytes N   early acknowledgement: up to N uploaded\n"
+    "                           bytes may wait to be written to the store\n"
+    "                           after PutBlob answered, and a kill -9 loses\n"
+    "                           them; 0 = PutBlob answers once the blob is\n"
+    "                           durable (default 0)\n"
     "  --cache-entries N        cached networks, plans and blobs (default\n"
     "                           256)\n"
-    "  --cache-bytes N          bytes of decoded blobs cached (default 1G)\n"
+    "  --cache-bytes N          memory of the cached networks, plans and\n"
+    "                           blobs (default 1G)\n"
     "  --grace-ms N             on SIGTERM, how long in-flight work may run\n"
     "                           before it is cancelled (default 5000)\n"
     "  --max-connections N      client connections open at once; past it the\n"
@@ -60,6 +63,8 @@ const char config_usage[] =
     "                           (default: a quarter of --memory-bytes)\n"
     "  --memory-bytes N         peak memory of all runs in flight together\n"
     "                           (default: half the machine's memory)\n"
+    "  --pool-bytes N           freed tensor memory kept for later runs; the\n"
+    "                           rest goes back to the system (default 256M)\n"
     "  --spec-bytes N           stored spec bytes kept; past it the least\n"
     "                           recently used unused spec is dropped\n"
     "                           (default 1G)\n"
@@ -84,17 +89,17 @@ void config_defaults(toposd_config *cfg) {
   cfg->deadline_ms = 60000;
   cfg->log_format = LOG_TEXT;
   cfg->blob_cap_bytes = STORE_DEFAULT_BLOB_CAP;
-  cfg->blob_pending_bytes = (int64_t)1 << 30;
+  cfg->blob_pending_bytes = 0; /* durable PutBlob; > 0 opts into early acks */
   cfg->cache_entries = 256;
   cfg->cache_bytes = (int64_t)1 << 30;
   cfg->grace_ms = 5000;
   cfg->max_connections = 1024;
   cfg->idle_timeout_ms = 300000;
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  int64_t ram =
-      pages > 0 && page > 0 ? (int64_t)pages * page : (int64_t)8 << 30;
+  int64_t ram = pages > 0 && page > 0 ? (int64_t)pages * page : (int64_t)8 << 30;
   cfg->memory_bytes = ram / 2;
   cfg->run_bytes = 0; /* resolved by config_parse: memory_bytes / 4 */
+  cfg->pool_bytes = (int64_t)256 << 20;
   cfg->spec_bytes = (int64_t)1 << 30;
   cfg->store_bytes = (int64_t)16 << 30;
 }
@@ -143,8 +148,8 @@ static bool parse_int64(const char *s, bool bytes, int64_t *out) {
   return true;
 }
 
-int config_split_listen(const char *text, char *host, size_t hostlen, int *port,
-                        char *msg, size_t msglen) {
+int config_split_listen(const char *text, char *host, size_t hostlen,
+                        int *port, char *msg, size_t msglen) {
   const char *colon = strrchr(text, ':');
   if (colon == NULL)
     return config_error(msg, msglen, "listen: '%s' is not HOST:PORT", text);
@@ -159,8 +164,9 @@ int config_split_listen(const char *text, char *host, size_t hostlen, int *port,
     hl -= 2;
     for (size_t i = 0; i < hl; i++)
       if (!(isxdigit((unsigned char)h[i]) || h[i] == ':' || h[i] == '.'))
-        return config_error(
-            msg, msglen, "listen: '%s': '%c' in an IPv6 address", text, h[i]);
+        return config_error(msg, msglen,
+                            "listen: '%s': '%c' in an IPv6 address", text,
+                            h[i]);
   } else {
     if (hl == 0)
       return config_error(msg, msglen,
@@ -182,8 +188,9 @@ int config_split_listen(const char *text, char *host, size_t hostlen, int *port,
     digits = isdigit((unsigned char)p[i]) != 0;
   long v = digits ? strtol(p, NULL, 10) : -1;
   if (v < 0 || v > 65535)
-    return config_error(
-        msg, msglen, "listen: '%s': the port '%s' is not in 0..65535", text, p);
+    return config_error(msg, msglen,
+                        "listen: '%s': the port '%s' is not in 0..65535", text,
+                        p);
   if (hl + 1 > hostlen)
     return config_error(msg, msglen, "listen: '%s': the host is too long",
                         text);
@@ -281,6 +288,10 @@ static int apply(toposd_config *cfg, const char *key, const char *value,
                           "least 100",
                           value);
     cfg->idle_timeout_ms = v;
+  } else if (strcmp(name, "pool-bytes") == 0) {
+    if (!parse_int64(value, true, &v) || v < 0)
+      return config_error(msg, msglen, "pool-bytes: '%s' is not a size", value);
+    cfg->pool_bytes = v;
   } else if (strcmp(name, "run-bytes") == 0 ||
              strcmp(name, "memory-bytes") == 0 ||
              strcmp(name, "spec-bytes") == 0 ||
@@ -430,8 +441,9 @@ int config_parse(toposd_config *cfg, int argc, char **argv, char *msg,
   }
   if (cfg->run_bytes == 0) cfg->run_bytes = cfg->memory_bytes / 4;
   if (cfg->run_bytes > cfg->memory_bytes)
-    return config_error(
-        msg, msglen, "run-bytes (%lld) is over memory-bytes (%lld)",
-        (long long)cfg->run_bytes, (long long)cfg->memory_bytes);
+    return config_error(msg, msglen,
+                        "run-bytes (%lld) is over memory-bytes (%lld)",
+                        (long long)cfg->run_bytes,
+                        (long long)cfg->memory_bytes);
   return 0;
 }

@@ -22,7 +22,7 @@ typedef struct toposd_config {
   int64_t blob_cap_bytes;     /* the store's blob cap */
   int64_t blob_pending_bytes; /* uploads not yet in the store; 0 = sync */
   int cache_entries;          /* networks, plans and decoded blobs */
-  int64_t cache_bytes;        /* tensor bytes of the decoded blobs cached */
+  int64_t cache_bytes;        /* memory the cached entries keep */
   int64_t grace_ms;           /* shutdown: in-flight work gets this long */
   char test_backend[32];      /* a test backend to register ("" = none) */
   /* Connections (rpc.c, docs/daemon.md "Hostile load"). */
@@ -35,6 +35,9 @@ typedef struct toposd_config {
    * in flight together. */
   int64_t run_bytes;
   int64_t memory_bytes;
+  /* Freed tensor buffers the engine's pool keeps for later runs (the
+   * rest go back to the system). */
+  int64_t pool_bytes;
   /* Retention (specs.c, store.c): stored spec bytes kept before the least
    * recently used unreferenced spec is dropped, and the whole store file. */
   int64_t spec_bytes;

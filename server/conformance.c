@@ -8,12 +8,15 @@
  * backend (the plan itself, fusion and all, on the reference kernels),
  * then every exact backend by name, and under an entry of fast numerics
  * also every envelope backend; an entry naming a backend makes that one
- * the only candidate.
+ * the only candidate.  The run is admitted first (admission.h) with the
+ * plan's conformance bound: the reference interpreter's run, which frees
+ * nothing, beside one candidate's at a time.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "admission.h"
 #include "backend.h"
 #include "rooms.h"
 
@@ -108,8 +111,19 @@ void handle_conformance(call_ctx *cx) {
     n++;
   }
   if (req->n_candidates == 0) n = default_candidates(cx, &p, cands);
+  topos_run_bytes b;
+  topos_plan_run_bytes(p.plan, &b);
+  size_t need = b.conformance;
+  if (req->n_parameters > 0)
+    need += admission_decoded(b.parameters,
+                              (size_t)topos_network_parameter_count(p.net));
+  if (req->n_feeds > 0)
+    need +=
+        admission_decoded(b.inputs, (size_t)topos_network_input_count(p.net));
+  admission adm = {0};
   run_inputs in;
   if (cx->status == WIRE_GRPC_OK &&
+      admission_take(cx, "Conformance", need, 0, &adm) &&
       run_inputs_read(cx, p.net, req->parameters, req->n_parameters, req->feeds,
                       req->n_feeds, &in)) {
     topos_error err = {0};
@@ -130,5 +144,6 @@ void handle_conformance(call_ctx *cx) {
     topos_conformance_free(c);
     run_inputs_clear(&in);
   }
+  admission_give(cx, &adm);
   planned_clear(cx, &p);
 }

@@ -20,6 +20,7 @@ typedef struct daemon_state {
   topos_store *store;
   cache *cache;
   blob_writer *blobs; /* uploaded blobs on their way into the store */
+  struct listener *listener; /* the front's connections (Stats reads) */
   /* Set once SIGTERM/SIGINT arrived: Health says "draining". */
   _Atomic int draining;
   /* Set when the grace period ran out: workers abandon their jobs at the
@@ -29,6 +30,9 @@ typedef struct daemon_state {
   _Atomic int64_t requests; /* calls answered, any status */
   _Atomic int64_t errors;   /* calls answered with a status other than OK */
   _Atomic int queue_depth;  /* jobs waiting for a worker */
+  /* Memory admission (admission.c): the peak bytes reserved by the runs
+   * in flight, at most cfg->memory_bytes. */
+  _Atomic int64_t reserved_bytes;
   int queue_capacity;
   int workers;
 } daemon_state;

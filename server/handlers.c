@@ -12,7 +12,8 @@
  * Errors: the engine's topos_error becomes the gRPC status of
  * wire_grpc_status_of, its message the status details and its code the
  * trailing "topos-status".  A request message that does not parse is
- * INVALID_ARGUMENT; a malformed id INVALID_ARGUMENT; an unknown id
+ * INVALID_ARGUMENT, and so is one with a string field that is not UTF-8
+ * or holds a NUL; a malformed id INVALID_ARGUMENT; an unknown id
  * NOT_FOUND.  The request's message is unpacked into the worker's arena
  * (cx->alloc), so nothing unpacked is freed by a handler.
  */
@@ -144,10 +145,22 @@ void *call_unpack(call_ctx *cx, const ProtobufCMessageDescriptor *desc,
     return NULL;
   }
   void *m = protobuf_c_message_unpack(desc, cx->alloc, cx->in_len, cx->in);
-  if (m == NULL)
+  if (m == NULL) {
     call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
               "%s: malformed message (%zu bytes do not parse as %s)", what,
               cx->in_len, desc->name);
+    return NULL;
+  }
+  /* Every string field of every request is UTF-8 without NUL before
+   * anything is stored or run (so whatever a reply echoes parses in any
+   * proto3 client); the raw bytes are read, as unpacking has already cut
+   * a string at its first NUL. */
+  topos_error err = {0};
+  if (wire_check_strings(desc, cx->in, cx->in_len, &err) != TOPOS_OK) {
+    call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, err.code, "%s: %s", what,
+              err.message);
+    return NULL;
+  }
   return m;
 }
 

@@ -33,7 +33,20 @@ static void on_signal(int sig) {
   if (stop_requested < 2) stop_requested++;
 }
 
-/* mkdir -p of the directory part of path. */
+/* Spec retention's question (store.h, store_in_use_fn): is spec `id` in
+ * use?  Its network's cache entry ("net <id>", specs.c) is referenced by
+ * every call that uses the spec, from before its plan is made until its
+ * run ends, and pinned while it is loaded.  cache_drop answers and, when
+ * the spec is not in use, drops the cached network and plans with the
+ * check, so a dropped spec is not served from memory afterwards. */
+static bool spec_in_use(void *cache_of_daemon, const char *id) {
+  char key[80];
+  snprintf(key, sizeof key, "net %s", id);
+  return !cache_drop(cache_of_daemon, key);
+}
+
+/* mkdir -p of the directory part of path.  Folders it creates are 0700:
+ * the store holds what clients recorded.  Existing ones keep their mode. */
 static int make_parent_dirs(const char *path, char *msg, size_t msglen) {
   char dir[4096];
   snprintf(dir, sizeof dir, "%s", path);
@@ -43,13 +56,13 @@ static int make_parent_dirs(const char *path, char *msg, size_t msglen) {
   for (char *p = dir + 1; *p; p++) {
     if (*p != '/') continue;
     *p = '\0';
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
       snprintf(msg, msglen, "cannot create %.900s: %s", dir, strerror(errno));
       return -1;
     }
     *p = '/';
   }
-  if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
     snprintf(msg, msglen, "cannot create %.900s: %s", dir, strerror(errno));
     return -1;
   }
@@ -70,6 +83,8 @@ int main(int argc, char **argv) {
   /* Exact backends reproduce the reference's bits, so registering them
    * changes no reply; envelope ones serve only `fast` entries. */
   topos_backends_register_defaults();
+  /* What runs free stays in the engine's pool only up to pool_bytes. */
+  topos_pool_set_cap((size_t)cfg.pool_bytes);
   if (strcmp(cfg.test_backend, "flip-test") == 0)
     topos_backend_register(topos_flip_test_backend());
 
@@ -98,9 +113,23 @@ int main(int argc, char **argv) {
     store_close(store);
     return 1;
   }
+  /* Before the blob writer opens its handle: the budget is kept in the
+   * file, where every handle reads it. */
+  if (store_set_store_budget(store, cfg.store_bytes, &err) != TOPOS_OK) {
+    fprintf(stderr, "toposd: store budget: %s\n", err.message);
+    store_close(store);
+    return 1;
+  }
   cache *c = cache_new(cfg.cache_entries, cfg.cache_bytes);
   if (c == NULL) {
     fprintf(stderr, "toposd: out of memory\n");
+    store_close(store);
+    return 1;
+  }
+  if (store_set_spec_budget(store, cfg.spec_bytes, spec_in_use, c, &err) !=
+      TOPOS_OK) {
+    fprintf(stderr, "toposd: spec budget: %s\n", err.message);
+    cache_free(c);
     store_close(store);
     return 1;
   }

@@ -660,6 +660,7 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
    * connection (listener.h says why). */
   grpc_server_start(s->server);
   s->listener = listener_start(s->server, cfg, bound, boundlen, msg, msglen);
+  d->listener = s->listener;
   if (s->listener == NULL) {
     grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
     while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME),

@@ -7,11 +7,18 @@
  * a remote Step is exactly topos_plan_step in-process.  Replies name the
  * backends that ran.  Blob references in any of them are looked up first
  * (blob_rpc.c), then converted by wire.c.
+ *
+ * Every run is admitted first (admission.h): once the plan is known and
+ * before the request's tensors are decoded, its peak bytes - the plan's
+ * bounds, the tensors decoded from the request, the tensors encoded
+ * into the reply - are reserved against the run and global budgets, and
+ * given back when the handler is done.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "admission.h"
 #include "rooms.h"
 
 /* ---------------------------------------------------------- run inputs */
@@ -105,6 +112,34 @@ static bool tensors_of_run(call_ctx *cx, const topos_run *run,
   return ok;
 }
 
+/* ------------------------------------------------------------ admission */
+
+/* The request's parameters and feeds decoded (0 when it sends none: the
+ * spec's own tensors are used in place). */
+static size_t decoded_inputs(const topos_network *net, const topos_run_bytes *b,
+                             size_t nparams, size_t nfeeds) {
+  size_t need = 0;
+  if (nparams > 0)
+    need += admission_decoded(b->parameters,
+                              (size_t)topos_network_parameter_count(net));
+  if (nfeeds > 0)
+    need +=
+        admission_decoded(b->inputs, (size_t)topos_network_input_count(net));
+  return need;
+}
+
+/* Forward: the plan's run, the inputs, the roots and observes encoded. */
+static bool admit_forward(call_ctx *cx, const planned *p, size_t nparams,
+                          size_t nfeeds, admission *adm) {
+  topos_run_bytes b;
+  topos_plan_run_bytes(p->plan, &b);
+  const topos_entry *e = &p->entry.entry;
+  size_t need =
+      b.forward + decoded_inputs(p->net, &b, nparams, nfeeds) +
+      admission_encoded(b.outputs, (size_t)(e->nroots + e->nobserves));
+  return admission_take(cx, "Forward", need, b.outputs, adm);
+}
+
 /* --------------------------------------------------------------- Forward */
 
 void handle_forward(call_ctx *cx) {
@@ -112,8 +147,10 @@ void handle_forward(call_ctx *cx) {
       cx, &topos__v1__forward_request__descriptor, "Forward", false);
   planned p;
   if (req == NULL || !plan_request(cx, req->id, req->entry, &p)) return;
+  admission adm = {0};
   run_inputs in;
-  if (run_inputs_read(cx, p.net, req->parameters, req->n_parameters, req->feeds,
+  if (admit_forward(cx, &p, req->n_parameters, req->n_feeds, &adm) &&
+      run_inputs_read(cx, p.net, req->parameters, req->n_parameters, req->feeds,
                       req->n_feeds, &in)) {
     topos_error err = {0};
     topos_exec ex;
@@ -136,6 +173,7 @@ void handle_forward(call_ctx *cx) {
     topos_run_free(run);
     run_inputs_clear(&in);
   }
+  admission_give(cx, &adm);
   planned_clear(cx, &p);
 }
 
@@ -234,14 +272,31 @@ static bool train_pass(call_ctx *cx, const planned *p, const run_inputs *in,
   return true;
 }
 
+/* Backward: the forward, the gradients on top of its run, and the
+ * gradients encoded. */
+static bool admit_backward(call_ctx *cx, const planned *p, size_t nparams,
+                           size_t nfeeds, admission *adm) {
+  topos_run_bytes b;
+  topos_plan_run_bytes(p->plan, &b);
+  size_t run = b.retained + b.gradients;
+  if (b.forward > run) run = b.forward;
+  size_t need =
+      run + decoded_inputs(p->net, &b, nparams, nfeeds) +
+      admission_encoded(b.parameters,
+                        (size_t)topos_network_parameter_count(p->net));
+  return admission_take(cx, "Backward", need, b.parameters, adm);
+}
+
 void handle_backward(call_ctx *cx) {
   Topos__V1__BackwardRequest *req = call_unpack(
       cx, &topos__v1__backward_request__descriptor, "Backward", false);
   planned p;
   if (req == NULL || !plan_training(cx, req->id, req->loss, NULL, 0, &p))
     return;
+  admission adm = {0};
   run_inputs in;
-  if (run_inputs_read(cx, p.net, req->parameters, req->n_parameters, req->feeds,
+  if (admit_backward(cx, &p, req->n_parameters, req->n_feeds, &adm) &&
+      run_inputs_read(cx, p.net, req->parameters, req->n_parameters, req->feeds,
                       req->n_feeds, &in)) {
     trained t = {0};
     Topos__V1__BackwardReply r = TOPOS__V1__BACKWARD_REPLY__INIT;
@@ -260,7 +315,30 @@ void handle_backward(call_ctx *cx) {
     trained_clear(&t);
     run_inputs_clear(&in);
   }
+  admission_give(cx, &adm);
   planned_clear(cx, &p);
+}
+
+/* Step: topos_plan_step's bound, the inputs and the state decoded, the
+ * new parameters, state and observes encoded. */
+static bool admit_step(call_ctx *cx, const planned *p,
+                       const Topos__V1__StepRequest *req,
+                       const topos_optimizer *opt, admission *adm) {
+  topos_run_bytes b;
+  topos_plan_run_bytes(p->plan, &b);
+  int np = topos_network_parameter_count(p->net);
+  size_t moments = opt->kind != TOPOS_SGD ? 2 : opt->momentum != 0 ? 1 : 0;
+  size_t need = topos_plan_step_bytes(p->plan, opt, req->n_parameters > 0,
+                                      req->state != NULL) +
+                decoded_inputs(p->net, &b, req->n_parameters, req->n_feeds);
+  if (req->state != NULL) {
+    size_t sets = (req->state->n_m > 0) + (req->state->n_v > 0);
+    need += admission_decoded(sets * b.moments, sets * (size_t)np);
+  }
+  size_t reply = b.parameters + moments * b.moments + b.outputs;
+  need += admission_encoded(
+      reply, (moments + 1) * (size_t)np + (size_t)p->entry.entry.nobserves);
+  return admission_take(cx, "Step", need, reply, adm);
 }
 
 void handle_step(call_ctx *cx) {
@@ -272,14 +350,19 @@ void handle_step(call_ctx *cx) {
     return;
   wire_optimizer opt;
   topos_error err = {0};
-  if (wire_optimizer_from_proto(req->optimizer, &opt, &err) != TOPOS_OK) {
+  if (wire_optimizer_from_proto(req->optimizer,
+                                topos_network_parameter_count(p.net), &opt,
+                                &err) != TOPOS_OK) {
     call_fail_err(cx, &err, "optimizer");
     planned_clear(cx, &p);
     return;
   }
+  admission adm = {0};
   run_inputs in;
-  if (!run_inputs_read(cx, p.net, req->parameters, req->n_parameters,
+  if (!admit_step(cx, &p, req, &opt.opt, &adm) ||
+      !run_inputs_read(cx, p.net, req->parameters, req->n_parameters,
                        req->feeds, req->n_feeds, &in)) {
+    admission_give(cx, &adm);
     planned_clear(cx, &p);
     wire_optimizer_clear(&opt);
     return;
@@ -317,6 +400,7 @@ void handle_step(call_ctx *cx) {
   topos_step_result_clear(&res);
   topos_opt_state_free(state);
   run_inputs_clear(&in);
+  admission_give(cx, &adm);
   planned_clear(cx, &p);
   wire_optimizer_clear(&opt);
 }

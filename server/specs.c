@@ -3,7 +3,16 @@
  * topos_network_id); Describe, Lower and Emit read a stored one.  Decoded
  * networks and compiled plans are cached (cache.c) by spec id, and spec
  * id + entry key: the cached values are immutable and shared by all
- * workers.  Nothing ever rewrites a stored spec.
+ * workers.  Nothing ever rewrites a stored spec, but retention may drop
+ * one (store.c, docs/daemon.md "Retention and budgets"): every use marks
+ * it used (store_touch_spec), and a spec whose network is in use here
+ * (referenced, or being loaded: cache_in_use) is never dropped.
+ *
+ * Cache entries count the memory their values keep: a network its
+ * decoded nodes, names and tensors (topos_network_memory_bytes), a plan
+ * its own tables as a child of its network's entry (a plan retains its
+ * network, so the network must not be evicted from the count while the
+ * plan stays cached).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,14 +37,30 @@ topos_network *spec_network(call_ctx *cx, const char *id, cache_entry **ref) {
   char key[80];
   snprintf(key, sizeof key, "net %s", id);
   topos_network *net = cache_get(cx->d->cache, key, ref);
-  if (net != NULL) return net;
+  if (net != NULL) {
+    /* A use, for retention: kept in memory, written in batches. */
+    store_touch_spec(cx->d->store, id, NULL);
+    return net;
+  }
+  /* Pinned while it is read and decoded, so retention cannot drop the
+   * spec between the read and the cache_put. */
+  if (!cache_pin(cx->d->cache, key)) {
+    call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY,
+              "out of memory");
+    return NULL;
+  }
   topos_error err = {0};
   uint8_t *bytes = NULL;
   size_t len = 0;
   if (store_get_spec(cx->d->store, id, &bytes, &len, &err) != TOPOS_OK) {
+    cache_unpin(cx->d->cache, key);
     if (err.code == TOPOS_ERR_NOT_FOUND)
       call_fail(cx, WIRE_GRPC_NOT_FOUND, TOPOS_ERR_NOT_FOUND,
-                "no spec with id %s", id);
+                "no spec with id %s: it was never recorded here, or "
+                "retention dropped it (once stored specs pass the spec "
+                "budget, --spec-bytes, the least recently used are "
+                "dropped); record it again",
+                id);
     else
       call_fail_err(cx, &err, "reading the spec");
     return NULL;
@@ -43,12 +68,17 @@ topos_network *spec_network(call_ctx *cx, const char *id, cache_entry **ref) {
   net = topos_network_decode(bytes, len, &err);
   free(bytes);
   if (net == NULL) {
+    cache_unpin(cx->d->cache, key);
     /* The store verified the hash, so this is a bug or a format change. */
     call_fail(cx, WIRE_GRPC_INTERNAL, 0, "stored spec %s does not decode: %s",
               id, err.message);
     return NULL;
   }
-  return cache_put(cx->d->cache, key, net, destroy_network, (int64_t)len, ref);
+  net = cache_put(cx->d->cache, key, net, destroy_network,
+                  (int64_t)topos_network_memory_bytes(net), ref);
+  cache_unpin(cx->d->cache, key);
+  store_touch_spec(cx->d->store, id, NULL);
+  return net;
 }
 
 /* The plan of `entry` over net (borrowed until *ref is released).  The
@@ -75,7 +105,11 @@ topos_plan *spec_plan(call_ctx *cx, const topos_network *net,
     if (plan == NULL) {
       call_fail_err(cx, &err, "lower");
     } else {
-      plan = cache_put(cx->d->cache, key, plan, destroy_plan, 0, ref);
+      char net_key[80];
+      snprintf(net_key, sizeof net_key, "net %s", cx->spec_id);
+      plan =
+          cache_put_child(cx->d->cache, net_key, net, key, plan, destroy_plan,
+                          (int64_t)topos_plan_memory_bytes(plan), ref);
     }
   }
   free(key);
@@ -166,7 +200,8 @@ void handle_record(call_ctx *cx) {
   char key[80];
   snprintf(key, sizeof key, "net %s", id);
   cache_entry *ref = NULL;
-  cache_put(cx->d->cache, key, net, destroy_network, (int64_t)len, &ref);
+  cache_put(cx->d->cache, key, net, destroy_network,
+            (int64_t)topos_network_memory_bytes(net), &ref);
   cache_release(cx->d->cache, ref);
   call_reply(cx, &r.base);
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "health.pb-c.h"
+#include "listener.h"
 #include "rooms.h"
 #include "version.h"
 
@@ -51,6 +52,11 @@ void handle_stats(call_ctx *cx) {
   daemon_state *d = cx->d;
   cache_counters cc;
   cache_stats(d->cache, &cc);
+  /* Blobs count what was acknowledged: with blobs pending (early
+   * acknowledgement) the writer's counts, else the store's, read after
+   * that check so that a blob written meanwhile is in them. */
+  int64_t blobs = 0, blob_bytes = 0;
+  bool pending = blob_writer_acknowledged(d->blobs, &blobs, &blob_bytes);
   store_stats_info si;
   topos_error err = {0};
   if (store_stats(d->store, &si, &err) != TOPOS_OK) {
@@ -66,10 +72,13 @@ void handle_stats(call_ctx *cx) {
   r.cache_entries = cc.entries;
   r.cache_hits = cc.hits;
   r.cache_misses = cc.misses;
+  r.cache_bytes = cc.bytes;
+  r.reserved_bytes = atomic_load(&d->reserved_bytes);
+  r.memory_budget = d->cfg->memory_bytes;
   r.specs = si.spec_count;
   r.spec_bytes = si.spec_bytes;
-  r.blobs = si.blob_count;
-  r.blob_bytes = si.blob_bytes;
+  r.blobs = pending ? blobs : si.blob_count;
+  r.blob_bytes = pending ? blob_bytes : si.blob_bytes;
   topos_backend_info info[TOPOS_BACKENDS_MAX];
   int n = topos_backends_list(info, TOPOS_BACKENDS_MAX);
   if (n > TOPOS_BACKENDS_MAX) n = TOPOS_BACKENDS_MAX;
@@ -81,6 +90,12 @@ void handle_stats(call_ctx *cx) {
     counts[i].tasks = (int64_t)info[i].tasks_run;
     ptrs[i] = &counts[i];
   }
+  listener_counts lc;
+  listener_get_counts(d->listener, &lc);
+  r.connections = lc.open;
+  r.connections_shed = lc.shed;
+  r.connections_refused = lc.refused;
+  r.connection_cap = lc.cap;
   r.n_backend_tasks = (size_t)n;
   r.backend_tasks = ptrs;
   call_reply(cx, &r.base);

@@ -22,6 +22,20 @@
  * Payloads (the bytes column) are written with zeroblob + incremental
  * blob I/O and read straight into the caller's buffer, so a large blob
  * costs one copy in memory, not three.
+ *
+ * Retention and budgets (docs/store.md):
+ *  - Specs carry last_used_ms.  Uses (store_touch_spec) are collected in
+ *    memory under their own mutex and written in one transaction before
+ *    the next spec put, so a call that only reads a spec never waits for
+ *    the write lock; a put marks its spec used in its own transaction.
+ *  - A spec put then deletes least recently used specs, never the one put
+ *    nor one the handle's in_use callback claims, while the spec bytes
+ *    are over the handle's spec budget, all in the put's transaction.
+ *  - The file's budget lives in meta ('store_bytes'), and every write
+ *    transaction turns it into SQLite's max_page_count for its
+ *    connection, so all handles on the file enforce it.  A put checks it
+ *    first (pages in use + the payload) and SQLITE_FULL, the backstop, is
+ *    reported the same way; either rolls the transaction back.
  */
 #include "store.h"
 
@@ -48,12 +62,34 @@
 #define WAL_SIZE_LIMIT ((int64_t)64 << 20)
 /* Room left in SQLite's largest value for the record around a payload. */
 #define ROW_OVERHEAD 4096
+/* Spec uses waiting in memory before they are written on their own. */
+#define TOUCH_BATCH 1024
+#define TOUCH_SLOTS (2 * TOUCH_BATCH) /* open addressing, half full at most */
+/* Specs examined per query while retention looks for victims. */
+#define RETENTION_BATCH 64
+
+/* One waiting use: a spec id and when (ms since the epoch). */
+typedef struct touch {
+  char id[65];
+  int64_t ms;
+} touch;
 
 struct topos_store {
   sqlite3 *db;
   pthread_mutex_t lock; /* serialises every use of db */
   int64_t blob_cap;
   int64_t max_payload; /* the largest payload SQLite can store */
+  /* Spec retention (store_set_spec_budget); under lock. */
+  int64_t spec_budget; /* 0 = none */
+  store_in_use_fn in_use;
+  void *in_use_ctx;
+  /* The file's budget as last read from meta (0 = none); under lock. */
+  int64_t store_budget;
+  /* Waiting spec uses (store_touch_spec); under touch_lock, which is
+   * never held while taking lock. */
+  pthread_mutex_t touch_lock;
+  touch *touches; /* TOUCH_SLOTS slots, id[0] == '\0' when empty */
+  int ntouches;
 };
 
 /* --------------------------------------------------------------- errors */
@@ -220,7 +256,8 @@ static const kind SPECS = {
     "spec_bytes",
     "SELECT s.seq, s.size, p.seq IS NOT NULL FROM specs AS s "
     "LEFT JOIN spec_bytes AS p ON p.seq = s.seq WHERE s.id = ?1",
-    "INSERT INTO specs (id, size, created_ms) VALUES (?1, ?2, ?3)",
+    "INSERT INTO specs (id, size, created_ms, last_used_ms) "
+    "VALUES (?1, ?2, ?3, ?3)",
     "INSERT OR REPLACE INTO spec_bytes (seq, bytes) "
     "VALUES (?1, zeroblob(?2))",
     "DELETE FROM specs WHERE id = ?1",
@@ -387,7 +424,8 @@ static int payload_equals(sqlite3 *db, const kind *k, const row *r,
 }
 
 static int insert_row(sqlite3 *db, const kind *k, const char *id,
-                      const uint8_t *bytes, size_t len, topos_error *err) {
+                      const uint8_t *bytes, size_t len, int64_t *seq,
+                      topos_error *err) {
   sqlite3_stmt *stmt;
   int status = prepare(db, k->insert, &stmt, err);
   if (status != TOPOS_OK) return status;
@@ -397,7 +435,8 @@ static int insert_row(sqlite3 *db, const kind *k, const char *id,
   status = step_done(db, stmt, err, "insert a row");
   sqlite3_finalize(stmt);
   if (status != TOPOS_OK) return status;
-  return write_payload(db, k, sqlite3_last_insert_rowid(db), bytes, len, err);
+  *seq = sqlite3_last_insert_rowid(db);
+  return write_payload(db, k, *seq, bytes, len, err);
 }
 
 /* Runs one statement with ?1 = id and reports how many rows it changed. */
@@ -451,15 +490,358 @@ static int evict(sqlite3 *db, int64_t cap, int64_t incoming, topos_error *err) {
   return status;
 }
 
-/* ------------------------------------------------- put, get, has, delete */
+/* ------------------------------------------------------------- budgets */
 
 static int check_store(topos_store *st, topos_error *err) {
   return st != NULL ? TOPOS_OK
                     : fail(err, TOPOS_ERR_ARGUMENT, "store: store is NULL");
 }
 
-/* Refuses a payload the store cannot hold, before hashing it.  The cap is
- * checked again inside the write transaction, where it cannot change. */
+/* "16 GiB", "880.0 KiB", "512 bytes": sizes in messages. */
+static const char *human(char buf[32], int64_t bytes) {
+  static const char *const units[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) {
+    snprintf(buf, 32, "%lld bytes", (long long)bytes);
+    return buf;
+  }
+  double v = (double)bytes;
+  int u = -1;
+  while (v >= 1024 && u < 3) {
+    v /= 1024;
+    u++;
+  }
+  if (v == (double)(int64_t)v)
+    snprintf(buf, 32, "%lld %s", (long long)v, units[u]);
+  else
+    snprintf(buf, 32, "%.1f %s", v, units[u]);
+  return buf;
+}
+
+/* The file's budget from meta (0 when none was set). */
+static int read_store_budget(sqlite3 *db, int64_t *out, topos_error *err) {
+  return query_int64(db,
+                     "SELECT CAST(value AS INTEGER) FROM meta "
+                     "WHERE key = 'store_bytes'",
+                     out, err);
+}
+
+/* BEGIN IMMEDIATE, then the file's budget as this connection's
+ * max_page_count: read inside the transaction, so a budget another handle
+ * set is the one enforced. */
+static int begin_write(topos_store *st, topos_error *err) {
+  sqlite3 *db = st->db;
+  int status = begin(db, true, err);
+  if (status != TOPOS_OK) return status;
+  int64_t budget = 0;
+  status = read_store_budget(db, &budget, err);
+  if (status == TOPOS_OK) st->store_budget = budget;
+  if (status == TOPOS_OK && budget > 0) {
+    int64_t page_size = 0;
+    status = query_int64(db, "PRAGMA page_size", &page_size, err);
+    if (status == TOPOS_OK && page_size > 0) {
+      /* SQLite keeps the limit at least the file's current size. */
+      int64_t pages = budget / page_size > 0 ? budget / page_size : 1;
+      char sql[64];
+      snprintf(sql, sizeof sql, "PRAGMA max_page_count = %lld",
+               (long long)pages);
+      status = exec(db, sql, err, "apply the store budget");
+    }
+  }
+  if (status != TOPOS_OK) rollback(db);
+  return status;
+}
+
+/* Bytes of the file's pages that hold data (free pages are reused first). */
+static int used_bytes(sqlite3 *db, int64_t *out, topos_error *err) {
+  int64_t pages = 0, free_pages = 0, page_size = 0;
+  int status = query_int64(db, "PRAGMA page_count", &pages, err);
+  if (status == TOPOS_OK)
+    status = query_int64(db, "PRAGMA freelist_count", &free_pages, err);
+  if (status == TOPOS_OK)
+    status = query_int64(db, "PRAGMA page_size", &page_size, err);
+  *out = (pages - free_pages) * page_size;
+  return status;
+}
+
+static int store_full(topos_store *st, const kind *k, size_t len, int64_t used,
+                      topos_error *err) {
+  char b[32], u[32], a[32], exact[40] = "";
+  if (len >= 1024) snprintf(exact, sizeof exact, " (%zu bytes)", len);
+  return fail(err, TOPOS_ERR_MEMORY,
+              "store full: %s budget (toposd --store-bytes), %s in use; "
+              "storing a %s of %s%s would pass it, so nothing was stored "
+              "(delete specs or blobs, or raise the budget)",
+              human(b, st->store_budget), human(u, used), k->noun,
+              human(a, (int64_t)len), exact);
+}
+
+/* Refuses, inside the write transaction, a payload that cannot fit under
+ * the file's budget: at least len more bytes of pages are needed. */
+static int check_room(topos_store *st, const kind *k, size_t len,
+                      topos_error *err) {
+  if (st->store_budget <= 0) return TOPOS_OK;
+  int64_t used = 0;
+  int status = used_bytes(st->db, &used, err);
+  if (status != TOPOS_OK) return status;
+  if (used + (int64_t)len > st->store_budget)
+    return store_full(st, k, len, used, err);
+  return TOPOS_OK;
+}
+
+int store_set_store_budget(topos_store *st, int64_t bytes, topos_error *err) {
+  int status = check_store(st, err);
+  if (status != TOPOS_OK) return status;
+  if (bytes < 4096) {
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "store: the store budget must be at least 4096 bytes (one "
+                "page), not %lld",
+                (long long)bytes);
+  }
+  pthread_mutex_lock(&st->lock);
+  sqlite3 *db = st->db;
+  /* Written before this connection applies the budget (begin, not
+   * begin_write), so setting it on a file already over it succeeds. */
+  status = begin(db, true, err);
+  if (status == TOPOS_OK) {
+    sqlite3_stmt *stmt;
+    status = prepare(db,
+                     "INSERT OR REPLACE INTO meta (key, value) "
+                     "VALUES ('store_bytes', CAST(?1 AS TEXT))",
+                     &stmt, err);
+    if (status == TOPOS_OK) {
+      sqlite3_bind_int64(stmt, 1, bytes);
+      status = step_done(db, stmt, err, "set the store budget");
+      sqlite3_finalize(stmt);
+    }
+    if (status == TOPOS_OK) status = commit(db, err);
+    if (status == TOPOS_OK) {
+      st->store_budget = bytes;
+    } else {
+      rollback(db);
+    }
+  }
+  pthread_mutex_unlock(&st->lock);
+  return status;
+}
+
+/* ------------------------------------------------------------ touches */
+
+static size_t touch_slot(const touch *slots, const char *id) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a over the first 16 chars */
+  for (int i = 0; i < 16; i++)
+    h = (h ^ (unsigned char)id[i]) * 1099511628211ull;
+  size_t i = (size_t)h & (TOUCH_SLOTS - 1);
+  while (slots[i].id[0] != '\0' && memcmp(slots[i].id, id, 64) != 0)
+    i = (i + 1) & (TOUCH_SLOTS - 1);
+  return i;
+}
+
+/* Moves the waiting touches into a new array (under touch_lock).  On
+ * allocation failure they stay where they are. */
+static int take_touches(topos_store *st, touch **out) {
+  *out = NULL;
+  if (st->ntouches == 0) return 0;
+  touch *batch = malloc(sizeof *batch * (size_t)st->ntouches);
+  if (batch == NULL) return 0;
+  int n = 0;
+  for (size_t i = 0; i < TOUCH_SLOTS; i++) {
+    if (st->touches[i].id[0] == '\0') continue;
+    batch[n++] = st->touches[i];
+    st->touches[i].id[0] = '\0';
+  }
+  st->ntouches = 0;
+  *out = batch;
+  return n;
+}
+
+/* Writes touches in one transaction (lock held).  Marking specs used only
+ * steers retention, so it commits without waiting for the disk, as a
+ * blob's use does. */
+static int write_touches(topos_store *st, const touch *t, int n,
+                         topos_error *err) {
+  if (n == 0) return TOPOS_OK;
+  sqlite3 *db = st->db;
+  int status = exec(db, "PRAGMA synchronous = NORMAL", err, "configure");
+  if (status != TOPOS_OK) return status;
+  status = begin_write(st, err);
+  if (status == TOPOS_OK) {
+    sqlite3_stmt *stmt;
+    status = prepare(db,
+                     "UPDATE specs SET last_used_ms = max(last_used_ms, ?2) "
+                     "WHERE id = ?1",
+                     &stmt, err);
+    for (int i = 0; status == TOPOS_OK && i < n; i++) {
+      sqlite3_bind_text(stmt, 1, t[i].id, 64, SQLITE_STATIC);
+      sqlite3_bind_int64(stmt, 2, t[i].ms);
+      status = step_done(db, stmt, err, "mark specs used");
+      sqlite3_reset(stmt);
+    }
+    sqlite3_finalize(stmt);
+    if (status == TOPOS_OK) {
+      status = commit(db, err);
+    } else {
+      rollback(db);
+    }
+  }
+  exec(db, "PRAGMA synchronous = FULL", NULL, "");
+  return status;
+}
+
+/* Writes what is waiting (lock held). */
+static int flush_touches_locked(topos_store *st, topos_error *err) {
+  touch *batch;
+  pthread_mutex_lock(&st->touch_lock);
+  int n = take_touches(st, &batch);
+  pthread_mutex_unlock(&st->touch_lock);
+  int status = write_touches(st, batch, n, err);
+  free(batch);
+  return status;
+}
+
+int store_touch_spec(topos_store *st, const char *id, topos_error *err) {
+  int status = check_store(st, err);
+  if (status == TOPOS_OK) status = check_id(id, err);
+  if (status != TOPOS_OK) return status;
+  int64_t now = now_ms();
+  touch *batch = NULL;
+  int n = 0;
+  pthread_mutex_lock(&st->touch_lock);
+  size_t i = touch_slot(st->touches, id);
+  if (st->touches[i].id[0] == '\0') {
+    memcpy(st->touches[i].id, id, 65);
+    st->touches[i].ms = now;
+    st->ntouches++;
+  } else if (st->touches[i].ms < now) {
+    st->touches[i].ms = now;
+  }
+  if (st->ntouches >= TOUCH_BATCH) n = take_touches(st, &batch);
+  pthread_mutex_unlock(&st->touch_lock);
+  if (n > 0) {
+    pthread_mutex_lock(&st->lock);
+    status = write_touches(st, batch, n, err);
+    pthread_mutex_unlock(&st->lock);
+    free(batch);
+  }
+  return status;
+}
+
+int store_flush_touches(topos_store *st, topos_error *err) {
+  int status = check_store(st, err);
+  if (status != TOPOS_OK) return status;
+  pthread_mutex_lock(&st->lock);
+  status = flush_touches_locked(st, err);
+  pthread_mutex_unlock(&st->lock);
+  return status;
+}
+
+/* ----------------------------------------------------------- retention */
+
+/* One candidate of a retention pass. */
+typedef struct victim {
+  int64_t seq, size, last_used_ms;
+  char id[65];
+} victim;
+
+/* Deletes least recently used specs other than keep_seq, skipping those
+ * in use, until the specs fit the spec budget (inside the caller's write
+ * transaction, lock held).  When they cannot be made to fit and `incoming`
+ * (the new spec's size) is >= 0, the put is refused. */
+static int retain_specs(topos_store *st, int64_t keep_seq, int64_t incoming,
+                        topos_error *err) {
+  if (st->spec_budget <= 0) return TOPOS_OK;
+  sqlite3 *db = st->db;
+  int64_t total = 0;
+  int status =
+      query_int64(db, "SELECT coalesce(sum(size), 0) FROM specs", &total, err);
+  if (status != TOPOS_OK || total <= st->spec_budget) return status;
+  sqlite3_stmt *oldest = NULL, *drop = NULL;
+  status = prepare(db,
+                   "SELECT seq, id, size, last_used_ms FROM specs "
+                   "WHERE seq != ?1 AND (last_used_ms > ?2 OR "
+                   "(last_used_ms = ?2 AND seq > ?3)) "
+                   "ORDER BY last_used_ms, seq LIMIT ?4",
+                   &oldest, err);
+  if (status == TOPOS_OK)
+    status = prepare(db, "DELETE FROM specs WHERE seq = ?1", &drop, err);
+  int64_t after_ms = INT64_MIN, after_seq = INT64_MIN, held = 0;
+  victim batch[RETENTION_BATCH];
+  while (status == TOPOS_OK && total > st->spec_budget) {
+    /* A batch is read whole before anything is deleted, so no statement
+     * steps over rows that are being deleted under it. */
+    sqlite3_bind_int64(oldest, 1, keep_seq);
+    sqlite3_bind_int64(oldest, 2, after_ms);
+    sqlite3_bind_int64(oldest, 3, after_seq);
+    sqlite3_bind_int(oldest, 4, RETENTION_BATCH);
+    int n = 0, rc;
+    while ((rc = sqlite3_step(oldest)) == SQLITE_ROW) {
+      victim *v = &batch[n++];
+      v->seq = sqlite3_column_int64(oldest, 0);
+      const unsigned char *id = sqlite3_column_text(oldest, 1);
+      snprintf(v->id, sizeof v->id, "%s", id ? (const char *)id : "");
+      v->size = sqlite3_column_int64(oldest, 2);
+      v->last_used_ms = sqlite3_column_int64(oldest, 3);
+    }
+    if (rc != SQLITE_DONE) status = sql_fail(db, rc, err, "find old specs");
+    sqlite3_reset(oldest);
+    if (status != TOPOS_OK || n == 0) break;
+    for (int i = 0; i < n && status == TOPOS_OK && total > st->spec_budget;
+         i++) {
+      if (st->in_use != NULL && st->in_use(st->in_use_ctx, batch[i].id)) {
+        held += batch[i].size;
+        continue;
+      }
+      sqlite3_bind_int64(drop, 1, batch[i].seq);
+      status = step_done(db, drop, err, "drop a spec");
+      sqlite3_reset(drop);
+      if (status == TOPOS_OK) total -= batch[i].size;
+    }
+    after_ms = batch[n - 1].last_used_ms;
+    after_seq = batch[n - 1].seq;
+  }
+  sqlite3_finalize(oldest);
+  sqlite3_finalize(drop);
+  if (status == TOPOS_OK && total > st->spec_budget && incoming >= 0) {
+    char b[32], t[32], h[32];
+    status = fail(err, TOPOS_ERR_MEMORY,
+                  "store: spec budget full: %s budget (toposd --spec-bytes), "
+                  "%s of specs would stay, %s of them in use by running "
+                  "calls; a new spec of %lld bytes does not fit, so nothing "
+                  "was stored or dropped",
+                  human(b, st->spec_budget), human(t, total), human(h, held),
+                  (long long)incoming);
+  }
+  return status;
+}
+
+int store_set_spec_budget(topos_store *st, int64_t bytes,
+                          store_in_use_fn in_use, void *ctx, topos_error *err) {
+  int status = check_store(st, err);
+  if (status != TOPOS_OK) return status;
+  if (bytes < 0) {
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "store: the spec budget must not be negative (%lld)",
+                (long long)bytes);
+  }
+  pthread_mutex_lock(&st->lock);
+  st->spec_budget = bytes;
+  st->in_use = in_use;
+  st->in_use_ctx = ctx;
+  if (bytes > 0) {
+    flush_touches_locked(st, NULL);
+    status = begin_write(st, err);
+    if (status == TOPOS_OK) status = retain_specs(st, -1, -1, err);
+    if (status == TOPOS_OK) status = commit(st->db, err);
+    if (status != TOPOS_OK) rollback(st->db);
+  }
+  pthread_mutex_unlock(&st->lock);
+  return status;
+}
+
+/* ------------------------------------------------- put, get, has, delete */
+
+/* Refuses a payload the store cannot hold, before hashing it: cap is the
+ * blob cap for a blob, the spec budget (0 = none) for a spec.  It is
+ * checked again under the lock, where it cannot change. */
 static int check_size(topos_store *st, const kind *k, size_t len, int64_t cap,
                       topos_error *err) {
   if ((uint64_t)len > (uint64_t)st->max_payload) {
@@ -472,6 +854,12 @@ static int check_size(topos_store *st, const kind *k, size_t len, int64_t cap,
     return fail(err, TOPOS_ERR_MEMORY,
                 "store: blob of %zu bytes is larger than the blob cap of "
                 "%lld bytes",
+                len, (long long)cap);
+  }
+  if (k == &SPECS && cap > 0 && (uint64_t)len > (uint64_t)cap) {
+    return fail(err, TOPOS_ERR_MEMORY,
+                "store: spec of %zu bytes is larger than the spec budget of "
+                "%lld bytes (toposd --spec-bytes)",
                 len, (long long)cap);
   }
   return TOPOS_OK;
@@ -488,7 +876,7 @@ static int put_object(topos_store *st, const kind *k, const void *bytes,
     return fail(err, TOPOS_ERR_ARGUMENT, "store: id_out is NULL");
   }
   pthread_mutex_lock(&st->lock);
-  int64_t cap = st->blob_cap;
+  int64_t cap = k == &BLOBS ? st->blob_cap : st->spec_budget;
   pthread_mutex_unlock(&st->lock);
   status = check_size(st, k, len, cap, err);
   if (status != TOPOS_OK) return status;
@@ -499,24 +887,45 @@ static int put_object(topos_store *st, const kind *k, const void *bytes,
 
   pthread_mutex_lock(&st->lock);
   sqlite3 *db = st->db;
-  status = check_size(st, k, len, st->blob_cap, err);
-  if (status == TOPOS_OK) status = begin(db, true, err);
+  status =
+      check_size(st, k, len, k == &BLOBS ? st->blob_cap : st->spec_budget, err);
+  if (status != TOPOS_OK) goto out;
+  /* Uses collected since the last put count for this put's retention. */
+  if (k == &SPECS) flush_touches_locked(st, NULL);
+  status = begin_write(st, err);
   if (status != TOPOS_OK) goto out;
   row r;
   status = find_row(db, k, id, &r, err);
   if (status != TOPOS_OK) goto out;
+  int64_t seq = -1, incoming = -1; /* incoming: a new spec's size */
   if (r.found) {
     /* Same id, so the same bytes unless the row was damaged: comparing
      * lets a put of the right bytes heal it. */
     bool equal;
     status = payload_equals(db, k, &r, data, len, &equal, err);
     if (status != TOPOS_OK) goto out;
+    seq = r.seq;
     if (equal) {
-      if (k == &BLOBS) status = run_with_id(db, TOUCH_BLOB, id, NULL, err);
-      goto done;
+      if (k == &BLOBS) {
+        status = run_with_id(db, TOUCH_BLOB, id, NULL, err);
+      } else {
+        sqlite3_stmt *stmt;
+        status = prepare(db,
+                         "UPDATE specs SET last_used_ms = "
+                         "max(last_used_ms, ?2) WHERE seq = ?1",
+                         &stmt, err);
+        if (status != TOPOS_OK) goto out;
+        sqlite3_bind_int64(stmt, 1, r.seq);
+        sqlite3_bind_int64(stmt, 2, now_ms());
+        status = step_done(db, stmt, err, "mark a spec used");
+        sqlite3_finalize(stmt);
+      }
+      goto retain;
     }
     if (k == &SPECS) {
       /* A repaired spec keeps its place in the list. */
+      status = check_room(st, k, len, err);
+      if (status != TOPOS_OK) goto out;
       sqlite3_stmt *stmt;
       status =
           prepare(db, "UPDATE specs SET size = ?2 WHERE seq = ?1", &stmt, err);
@@ -528,7 +937,7 @@ static int put_object(topos_store *st, const kind *k, const void *bytes,
       if (status == TOPOS_OK) {
         status = write_payload(db, k, r.seq, data, len, err);
       }
-      goto done;
+      goto retain;
     }
     /* A damaged blob is put anew, under the cap like any other. */
     status = run_with_id(db, k->remove, id, NULL, err);
@@ -538,11 +947,26 @@ static int put_object(topos_store *st, const kind *k, const void *bytes,
     status = evict(db, st->blob_cap, (int64_t)len, err);
     if (status != TOPOS_OK) goto out;
   }
-  status = insert_row(db, k, id, data, len, err);
-done:
+  status = check_room(st, k, len, err);
+  if (status == TOPOS_OK) status = insert_row(db, k, id, data, len, &seq, err);
+  incoming = (int64_t)len;
+retain:
+  if (status == TOPOS_OK && k == &SPECS)
+    status = retain_specs(st, seq, incoming, err);
   if (status == TOPOS_OK) status = commit(db, err);
 out:
-  if (status != TOPOS_OK) rollback(db);
+  if (status != TOPOS_OK) {
+    /* SQLITE_FULL under a budget is the budget's backstop: the check
+     * above counts only the payload, not the pages around it. */
+    if (status == TOPOS_ERR_IO && (sqlite3_errcode(db) & 0xff) == SQLITE_FULL &&
+        st->store_budget > 0) {
+      int64_t used = 0;
+      rollback(db);
+      if (used_bytes(db, &used, NULL) == TOPOS_OK)
+        status = store_full(st, k, len, used, err);
+    }
+    rollback(db);
+  }
   pthread_mutex_unlock(&st->lock);
   if (status == TOPOS_OK) memcpy(id_out, id, 65);
   return status;
@@ -722,7 +1146,7 @@ int store_list_specs(topos_store *st, int64_t offset, int limit,
   sqlite3 *db = st->db;
   sqlite3_stmt *stmt;
   status = prepare(db,
-                   "SELECT id, size, created_ms FROM specs "
+                   "SELECT id, size, created_ms, last_used_ms FROM specs "
                    "ORDER BY seq DESC LIMIT ?1 OFFSET ?2",
                    &stmt, err);
   if (status == TOPOS_OK) {
@@ -748,6 +1172,7 @@ int store_list_specs(topos_store *st, int64_t offset, int limit,
                id != NULL ? (const char *)id : "");
       row->size = sqlite3_column_int64(stmt, 1);
       row->created_ms = sqlite3_column_int64(stmt, 2);
+      row->last_used_ms = sqlite3_column_int64(stmt, 3);
     }
     if (status == TOPOS_OK && rc != SQLITE_DONE) {
       status = sql_fail(db, rc, err, "list specs");
@@ -794,6 +1219,7 @@ int store_stats(topos_store *st, store_stats_info *out, topos_error *err) {
   pthread_mutex_lock(&st->lock);
   sqlite3 *db = st->db;
   s.blob_cap = st->blob_cap;
+  s.spec_budget = st->spec_budget;
   status = begin(db, false, err);
   if (status == TOPOS_OK) {
     int64_t pages = 0, page_size = 0, version = 0;
@@ -815,6 +1241,8 @@ int store_stats(topos_store *st, store_stats_info *out, topos_error *err) {
       status = query_int64(db, "SELECT max(version) FROM schema_version",
                            &version, err);
     }
+    if (status == TOPOS_OK)
+      status = read_store_budget(db, &s.store_budget, err);
     s.file_bytes = pages * page_size;
     s.schema_version = (int)version;
     if (status == TOPOS_OK) {
@@ -911,10 +1339,22 @@ static int migrate_to_v1(sqlite3 *db, topos_error *err) {
   return exec(db, sql, err, "set the application id");
 }
 
+/* Version 2: specs get a last use, for retention.  A store's existing
+ * specs start out last used when they were created. */
+static int migrate_to_v2(sqlite3 *db, topos_error *err) {
+  return exec(db,
+              "ALTER TABLE specs ADD COLUMN last_used_ms INTEGER NOT NULL "
+              "DEFAULT 0;"
+              "UPDATE specs SET last_used_ms = created_ms;"
+              "CREATE INDEX specs_by_last_use ON specs (last_used_ms);",
+              err, "migrate to schema version 2");
+}
+
 /* MIGRATIONS[v] takes a store from version v - 1 to v. */
 static const migration MIGRATIONS[STORE_SCHEMA_VERSION + 1] = {
     NULL,
     migrate_to_v1,
+    migrate_to_v2,
 };
 
 /* What a database holds, read in one transaction. */
@@ -1147,14 +1587,40 @@ topos_store *store_open(const char *path, topos_error *err) {
   bool exists;
   if (check_file(path, &exists, err) != TOPOS_OK) return NULL;
   if (exists && inspect(path, err) != TOPOS_OK) return NULL;
+  /* A store holds whatever its clients recorded: the file is created
+   * private here (SQLite would make it 0644 less the umask), and SQLite
+   * gives its -wal and -shm files the database's mode.  An existing file,
+   * empty or not, keeps the mode its owner gave it. */
+  if (!exists) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      close(fd);
+    } else if (errno != EEXIST) {
+      fail(err, TOPOS_ERR_IO, "store: cannot create %s: %s", path,
+           strerror(errno));
+      return NULL;
+    }
+  }
 
   topos_store *st = calloc(1, sizeof *st);
-  if (st == NULL) {
+  touch *touches = calloc(TOUCH_SLOTS, sizeof *touches);
+  if (st == NULL || touches == NULL) {
+    free(st);
+    free(touches);
     fail(err, TOPOS_ERR_MEMORY, "store: no memory for a store handle");
     return NULL;
   }
   st->blob_cap = STORE_DEFAULT_BLOB_CAP;
+  st->touches = touches;
   if (pthread_mutex_init(&st->lock, NULL) != 0) {
+    free(st->touches);
+    free(st);
+    fail(err, TOPOS_ERR_MEMORY, "store: cannot create a mutex");
+    return NULL;
+  }
+  if (pthread_mutex_init(&st->touch_lock, NULL) != 0) {
+    pthread_mutex_destroy(&st->lock);
+    free(st->touches);
     free(st);
     fail(err, TOPOS_ERR_MEMORY, "store: cannot create a mutex");
     return NULL;
@@ -1185,6 +1651,7 @@ topos_store *store_open(const char *path, topos_error *err) {
      * for the record around it; sqlite3_blob_read also takes int offsets. */
     int64_t limit = sqlite3_limit(db, SQLITE_LIMIT_LENGTH, -1) - ROW_OVERHEAD;
     st->max_payload = limit < INT_MAX ? limit : INT_MAX;
+    status = read_store_budget(db, &st->store_budget, err);
   }
   if (status != TOPOS_OK) {
     store_close(st);
@@ -1195,7 +1662,14 @@ topos_store *store_open(const char *path, topos_error *err) {
 
 void store_close(topos_store *st) {
   if (st == NULL) return;
+  if (st->db != NULL) {
+    pthread_mutex_lock(&st->lock);
+    flush_touches_locked(st, NULL); /* best effort, like every touch */
+    pthread_mutex_unlock(&st->lock);
+  }
   sqlite3_close_v2(st->db);
+  pthread_mutex_destroy(&st->touch_lock);
   pthread_mutex_destroy(&st->lock);
+  free(st->touches);
   free(st);
 }

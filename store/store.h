@@ -36,7 +36,7 @@ extern "C" {
 
 /* The schema version this code writes; store_open migrates older stores
  * forward and refuses newer ones. */
-#define STORE_SCHEMA_VERSION 1
+#define STORE_SCHEMA_VERSION 2
 /* SQLite's header application_id of a topos store ("Topo"). */
 #define STORE_APPLICATION_ID 0x546F706F
 /* The blob cap of a freshly opened handle: 1 GiB. */
@@ -46,9 +46,11 @@ typedef struct topos_store topos_store;
 
 /* One row of store_list_specs. */
 typedef struct store_spec_info {
-  char id[65];        /* lowercase hex SHA-256, NUL-terminated */
-  int64_t size;       /* bytes */
-  int64_t created_ms; /* wall clock at the first put, ms since the epoch */
+  char id[65];          /* lowercase hex SHA-256, NUL-terminated */
+  int64_t size;         /* bytes */
+  int64_t created_ms;   /* wall clock at the first put, ms since the epoch */
+  int64_t last_used_ms; /* wall clock of the last recorded use (put or
+                         * store_touch_spec), as far as it is written */
 } store_spec_info;
 
 /* What store_stats reports. */
@@ -56,16 +58,20 @@ typedef struct store_stats_info {
   int64_t spec_count;
   int64_t spec_bytes; /* sum of the specs' sizes */
   int64_t blob_count;
-  int64_t blob_bytes; /* sum of the blobs' sizes, at most blob_cap */
-  int64_t blob_cap;   /* this handle's cap */
-  int64_t file_bytes; /* the database's size in pages (WAL included) */
+  int64_t blob_bytes;   /* sum of the blobs' sizes, at most blob_cap */
+  int64_t blob_cap;     /* this handle's cap */
+  int64_t file_bytes;   /* the database's size in pages (WAL included) */
+  int64_t spec_budget;  /* this handle's spec budget; 0 = none */
+  int64_t store_budget; /* the file's size budget; 0 = none */
   int schema_version;
 } store_stats_info;
 
 /* Opens the store at `path`, creating the file when it is missing or
- * empty.  A file that is not a topos store (not SQLite at all, or another
- * application's SQLite database) or whose schema is newer than
- * STORE_SCHEMA_VERSION is refused with TOPOS_ERR_IO and a message saying
+ * empty (a file it creates is mode 0600, and so are the -wal and -shm
+ * files SQLite creates beside it, which copy the database's mode; an
+ * existing file keeps its mode).  A file that is not a topos store (not SQLite
+ * at all, or another application's SQLite database) or whose schema is newer
+ * than STORE_SCHEMA_VERSION is refused with TOPOS_ERR_IO and a message saying
  * which, and the file is not modified.  An older schema is migrated
  * forward.  New handle (store_close), or NULL with err. */
 topos_store *store_open(const char *path, topos_error *err);
@@ -76,12 +82,49 @@ void store_close(topos_store *st);
  * blobs until the stored blobs fit under it.  Returns a topos_status. */
 int store_set_blob_cap(topos_store *st, int64_t bytes, topos_error *err);
 
+/* ------------------------------------------------------ retention, budgets */
+
+/* Whether spec `id` is in use and must not be dropped (called with the
+ * handle's lock held, from inside a write transaction: it must not call
+ * back into the store). */
+typedef bool (*store_in_use_fn)(void *ctx, const char *id);
+
+/* Spec retention for this handle: after every spec put, while the stored
+ * specs' sizes sum to more than `bytes`, the least recently used spec is
+ * deleted, skipping the one just put and every spec in_use(ctx, id) says
+ * is in use (in_use may be NULL: none is).  A new spec that cannot be
+ * made to fit that way is refused with TOPOS_ERR_MEMORY and nothing is
+ * deleted; a spec larger than the budget is refused before anything is
+ * written.  Setting the budget applies it at once.  bytes 0 turns
+ * retention off (the default). */
+int store_set_spec_budget(topos_store *st, int64_t bytes,
+                          store_in_use_fn in_use, void *ctx, topos_error *err);
+/* Marks a spec used now.  Cheap: kept in memory and written in a batch
+ * with the next spec put on this handle, when 1024 specs are waiting, or
+ * at store_close (a crash loses what is waiting, which only makes those
+ * specs look older to retention).  An unknown id is not an error. */
+int store_touch_spec(topos_store *st, const char *id, topos_error *err);
+/* Writes the waiting touches now. */
+int store_flush_touches(topos_store *st, topos_error *err);
+
+/* The file's size budget (bytes >= one page), kept in the file so every
+ * handle on it (other threads' and processes') enforces the same one: a
+ * write that would make the database file (page_count * page_size) pass
+ * it is refused with TOPOS_ERR_MEMORY, a message naming the budget, what
+ * is used and what was asked ("store full: ..."), and changes nothing.
+ * Pages freed by deletes are reused first.  Lowering the budget below the
+ * file's size deletes nothing; writes that need new pages are refused
+ * until enough is deleted. */
+int store_set_store_budget(topos_store *st, int64_t bytes, topos_error *err);
+
 /* ------------------------------------------------------------------ specs */
 
 /* Stores len bytes (bytes may be NULL when len is 0) and writes their id to
  * id_out.  Idempotent: the same bytes again give the same id, add no row
  * and keep the first put's created time (and rewrite the stored bytes if
- * they had been corrupted).  Durable once it returns TOPOS_OK. */
+ * they had been corrupted); every put marks the spec used.  Applies the
+ * spec budget (store_set_spec_budget) and the store budget.  Durable once
+ * it returns TOPOS_OK. */
 int store_put_spec(topos_store *st, const void *bytes, size_t len,
                    char id_out[65], topos_error *err);
 /* The spec's bytes, re-hashed and checked against the id on every read.

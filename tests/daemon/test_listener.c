@@ -173,6 +173,17 @@ START_TEST(test_connection_cap) {
   }
   ck_assert_msg(shed >= IDLE - 8, "only %d of %d idle connections shed", shed,
                 IDLE);
+  /* Stats counts them. */
+  client c;
+  client_open(&c, d.port);
+  Topos__V1__StatsRequest q = TOPOS__V1__STATS_REQUEST__INIT;
+  Topos__V1__StatsReply *sr = NULL;
+  CALL_OK(&c, "Stats", &q, &topos__v1__stats_reply__descriptor, &sr);
+  ck_assert_int_eq(sr->connection_cap, 8);
+  ck_assert_int_ge(sr->connections_shed, IDLE - 8);
+  ck_assert_int_le(sr->connections, 8);
+  wire_message_free(&sr->base);
+  client_close(&c);
   grpc_shutdown();
   assert_clean_exit(daemon_stop(&d, SIGTERM, 20), 20);
   daemon_cleanup(&d);

@@ -224,6 +224,7 @@ START_TEST(test_exec_options_hostile) {
     reply_clear(&r);
     Topos__V1__StepRequest sr = TOPOS__V1__STEP_REQUEST__INIT;
     Topos__V1__Optimizer opt = TOPOS__V1__OPTIMIZER__INIT;
+    opt.lr_given_case = TOPOS__V1__OPTIMIZER__LR_GIVEN_LR;
     opt.lr = 0.1;
     sr.id = id;
     sr.loss = wire_value_new_index(g.loss.index);
@@ -1160,9 +1161,13 @@ START_TEST(test_hostile_values) {
   sr.optimizer = &om;
   expect_msg(&C, "Step", &sr.base, GRPC_STATUS_INVALID_ARGUMENT, "kind 9");
   om.kind = TOPOS__V1__OPTIMIZER_KIND__ADAM;
+  om.lr_given_case = TOPOS__V1__OPTIMIZER__LR_GIVEN_LR;
   om.lr = 0.1;
+  om.beta1_given_case = TOPOS__V1__OPTIMIZER__BETA1_GIVEN_BETA1;
   om.beta1 = 0.9;
+  om.beta2_given_case = TOPOS__V1__OPTIMIZER__BETA2_GIVEN_BETA2;
   om.beta2 = 0.99;
+  om.eps_given_case = TOPOS__V1__OPTIMIZER__EPS_GIVEN_EPS;
   om.eps = 1e-8;
   Topos__V1__OptimizerState state = TOPOS__V1__OPTIMIZER_STATE__INIT;
   int64_t two_shape[1] = {2};
@@ -1783,12 +1788,14 @@ static bool blob_present(client *c, const char *id) {
   return present;
 }
 
-/* Blobs written behind are flushed by a SIGTERM; with a pending bound of
- * 0 a PutBlob is durable when it answers, even across kill -9. */
+/* Blobs written behind (early acknowledgement, opted into) are flushed
+ * by a SIGTERM; with a pending bound of 0 (the default) a PutBlob is
+ * durable when it answers, even across kill -9 (test_durable.c). */
 START_TEST(test_blob_durability) {
   memset(&D, 0, sizeof D);
   daemon_dir(&D);
-  daemon_start(&D, NULL);
+  const char *early[] = {"--blob-pending-bytes", "1G", NULL};
+  daemon_start(&D, early);
   grpc_init();
   client_open(&C, D.port);
   char ids[8][65];

@@ -729,7 +729,9 @@ static void check_optimizer_trip(const topos_optimizer *opt) {
   Topos__V1__Optimizer *ou = (Topos__V1__Optimizer *)repack(&om.base);
   wire_message_clear(&om.base);
   wire_optimizer wo;
-  ck_assert_int_eq(wire_optimizer_from_proto(ou, &wo, &err), TOPOS_OK);
+  ck_assert_msg(wire_optimizer_from_proto(ou, topos_params_count(params), &wo,
+                                          &err) == TOPOS_OK,
+                "%s", err.message);
 
   topos_params *pa = NULL, *pb = NULL;
   topos_opt_state *sa = NULL, *sb = NULL;
@@ -810,8 +812,10 @@ START_TEST(test_optimizers) {
   /* ALL_SLOTS decays everything. */
   om.kind = TOPOS__V1__OPTIMIZER_KIND__ADAMW;
   om.decay = TOPOS__V1__DECAY_RULE__ALL_SLOTS;
+  om.lr_given_case = TOPOS__V1__OPTIMIZER__LR_GIVEN_LR;
+  om.lr = 1e-3;
   wire_optimizer wo;
-  ck_assert_int_eq(wire_optimizer_from_proto(&om, &wo, NULL), TOPOS_OK);
+  ck_assert_int_eq(wire_optimizer_from_proto(&om, -1, &wo, NULL), TOPOS_OK);
   ck_assert_ptr_nonnull(wo.opt.decay);
   for (int s = 0; s < topos_params_count(p); s++)
     ck_assert(wo.opt.decay(s, topos_params_get(p, s), wo.opt.decay_ctx));
@@ -820,22 +824,24 @@ START_TEST(test_optimizers) {
   /* Hostile optimizers. */
   topos_error err = {0};
   om.kind = 3;
-  ck_assert_int_eq(wire_optimizer_from_proto(&om, &wo, &err),
+  ck_assert_int_eq(wire_optimizer_from_proto(&om, -1, &wo, &err),
                    TOPOS_ERR_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(err.message, "unknown kind 3"));
-  om.kind = TOPOS__V1__OPTIMIZER_KIND__ADAM;
+  om.kind = TOPOS__V1__OPTIMIZER_KIND__ADAMW;
   om.decay = 9;
-  ck_assert_int_eq(wire_optimizer_from_proto(&om, &wo, &err),
+  ck_assert_int_eq(wire_optimizer_from_proto(&om, -1, &wo, &err),
                    TOPOS_ERR_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(err.message, "decay rule 9"));
   om.decay = TOPOS__V1__DECAY_RULE__LISTED_SLOTS;
   int32_t slots[2] = {0, -4};
   om.decay_slots = slots;
   om.n_decay_slots = 2;
-  ck_assert_int_eq(wire_optimizer_from_proto(&om, &wo, &err),
+  ck_assert_int_eq(wire_optimizer_from_proto(&om, -1, &wo, &err),
                    TOPOS_ERR_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(err.message, "negative"));
-  ck_assert_int_eq(wire_optimizer_from_proto(NULL, &wo, &err),
+  om.decay_slots = NULL;
+  om.n_decay_slots = 0;
+  ck_assert_int_eq(wire_optimizer_from_proto(NULL, -1, &wo, &err),
                    TOPOS_ERR_ARGUMENT);
 
   /* Hostile state: negative step, mismatched moments. */
@@ -919,6 +925,501 @@ START_TEST(test_spec_empty_refused) {
 }
 END_TEST
 
+/* ------------------------------------------------------------ strings */
+
+#define ZERO_ID \
+  "0000000000000000000000000000000000000000000000000000000000000000"
+
+/* Packs m and returns wire_check_strings' status on the bytes (message in
+ * err). */
+static int check_packed(const ProtobufCMessage *m, topos_error *err) {
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  ck_assert_int_eq(wire_pack(m, &bytes, &len, NULL), TOPOS_OK);
+  *err = (topos_error){0};
+  int rc = wire_check_strings(m->descriptor, bytes, len, err);
+  free(bytes);
+  return rc;
+}
+
+static void expect_string_fault(const ProtobufCMessage *m, const char *expect) {
+  topos_error err = {0};
+  ck_assert_int_eq(check_packed(m, &err), TOPOS_ERR_ARGUMENT);
+  ck_assert_int_eq(err.code, TOPOS_ERR_ARGUMENT);
+  ck_assert_msg(strstr(err.message, expect) != NULL, "'%s' lacks '%s'",
+                err.message, expect);
+}
+
+/* Replaces a node's name (NULL: none) with a heap copy. */
+static void set_name(Topos__V1__Node *n, const char *name) {
+  if (n->name && n->name != protobuf_c_empty_string) free(n->name);
+  n->name = name ? strdup(name) : NULL;
+}
+
+START_TEST(test_check_strings_paths) {
+  topos_error err = {0};
+  /* Every sample network's spec passes, and so do valid multi-byte
+   * names. */
+  topos_network *net = sn_every_op();
+  Topos__V1__Spec spec = TOPOS__V1__SPEC__INIT;
+  ck_assert_int_eq(wire_spec_from_network(net, &spec, NULL), TOPOS_OK);
+  ck_assert_int_eq(check_packed(&spec.base, &err), TOPOS_OK);
+  ck_assert_uint_ge(spec.n_nodes, 4);
+  set_name(spec.nodes[3], "\xce\xbb_\xe6\x8d\x9f\xe5\xa4\xb1");
+  ck_assert_int_eq(check_packed(&spec.base, &err), TOPOS_OK);
+  /* A bad name: the path names the node, the offset the byte. */
+  set_name(spec.nodes[3], "ab\xc0\x80");
+  expect_string_fault(
+      &spec.base,
+      "Spec.nodes[3].name: not valid UTF-8 (an overlong encoding) at byte 2");
+  set_name(spec.nodes[3], "\xed\xa0\x80");
+  expect_string_fault(&spec.base,
+                      "Spec.nodes[3].name: not valid UTF-8 (a "
+                      "surrogate) at byte 0");
+  set_name(spec.nodes[3], "x\xf4\x90\x80\x80");
+  expect_string_fault(&spec.base, "above U+10FFFF) at byte 1");
+  set_name(spec.nodes[3], "loss\xe6\x8d");
+  expect_string_fault(&spec.base, "truncated sequence) at byte 4");
+  set_name(spec.nodes[3], NULL);
+
+  /* An embedded NUL cannot be packed from a C string: patch the bytes.
+   * protobuf-c alone would unpack "loss\0x" as "loss". */
+  set_name(spec.nodes[1], "lossQx");
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  ck_assert_int_eq(wire_pack(&spec.base, &bytes, &len, NULL), TOPOS_OK);
+  uint8_t *q = memmem(bytes, len, "lossQx", 6);
+  ck_assert_ptr_nonnull(q);
+  q[4] = 0;
+  Topos__V1__Spec *u = topos__v1__spec__unpack(NULL, len, bytes);
+  ck_assert_ptr_nonnull(u);
+  ck_assert_str_eq(u->nodes[1]->name, "loss"); /* what unpacking makes of it */
+  topos__v1__spec__free_unpacked(u, NULL);
+  ck_assert_int_eq(
+      wire_check_strings(&topos__v1__spec__descriptor, bytes, len, &err),
+      TOPOS_ERR_ARGUMENT);
+  ck_assert_str_eq(err.message, "Spec.nodes[1].name: contains NUL at byte 4");
+  free(bytes);
+  wire_message_clear(&spec.base);
+  topos_network_release(net);
+
+  /* Nested and repeated: a blob id inside the state's second moment list,
+   * a feed's input name (a oneof), a candidate's backend, a root name, a
+   * repeated string of a reply. */
+  Topos__V1__StepRequest sr = TOPOS__V1__STEP_REQUEST__INIT;
+  Topos__V1__OptimizerState st = TOPOS__V1__OPTIMIZER_STATE__INIT;
+  Topos__V1__Tensor *m[2] = {wire_tensor_new_ref(ZERO_ID, 0, NULL),
+                             wire_tensor_new_ref(ZERO_ID, 1, NULL)};
+  st.m = m;
+  st.n_m = 2;
+  sr.state = &st;
+  ck_assert_int_eq(check_packed(&sr.base, &err), TOPOS_OK);
+  free(m[1]->blob->id);
+  m[1]->blob->id = strdup("id\xff");
+  expect_string_fault(&sr.base,
+                      "StepRequest.state.m[1].blob.id: not valid UTF-8 (byte "
+                      "0xf8..0xff cannot start a character) at byte 2");
+  sr.loss = wire_value_new_name("\x80");
+  /* The first fault in wire order wins: loss (field 2) before state (6). */
+  expect_string_fault(&sr.base,
+                      "StepRequest.loss.name: not valid UTF-8 (a "
+                      "stray continuation byte) at byte 0");
+  wire_message_free(&sr.loss->base);
+  wire_message_free(&m[0]->base);
+  wire_message_free(&m[1]->base);
+
+  Topos__V1__ForwardRequest fr = TOPOS__V1__FORWARD_REQUEST__INIT;
+  Topos__V1__Feed f0 = TOPOS__V1__FEED__INIT, f1 = TOPOS__V1__FEED__INIT;
+  Topos__V1__Value v0 = TOPOS__V1__VALUE__INIT, v1 = TOPOS__V1__VALUE__INIT;
+  v0.ref_case = v1.ref_case = TOPOS__V1__VALUE__REF_NAME;
+  v0.name = "x";
+  v1.name = "y\xe2\x82";
+  f0.input = &v0;
+  f1.input = &v1;
+  Topos__V1__Feed *feeds[2] = {&f0, &f1};
+  fr.feeds = feeds;
+  fr.n_feeds = 2;
+  expect_string_fault(&fr.base,
+                      "ForwardRequest.feeds[1].input.name: not "
+                      "valid UTF-8 (a truncated sequence) at byte 1");
+  v1.name = "y";
+  Topos__V1__Entry entry = TOPOS__V1__ENTRY__INIT;
+  Topos__V1__Value r0 = TOPOS__V1__VALUE__INIT, r1 = TOPOS__V1__VALUE__INIT;
+  r0.ref_case = TOPOS__V1__VALUE__REF_INDEX;
+  r1.ref_case = TOPOS__V1__VALUE__REF_NAME;
+  r1.name = "\xce";
+  Topos__V1__Value *roots[2] = {&r0, &r1};
+  entry.roots = roots;
+  entry.n_roots = 2;
+  fr.entry = &entry;
+  expect_string_fault(&fr.base, "ForwardRequest.entry.roots[1].name");
+  r1.name = "ok";
+  entry.backend = "cpu\xc0";
+  expect_string_fault(&fr.base, "ForwardRequest.entry.backend: not valid");
+  entry.backend = "cpu";
+  ck_assert_int_eq(check_packed(&fr.base, &err), TOPOS_OK);
+
+  Topos__V1__ConformanceRequest cr = TOPOS__V1__CONFORMANCE_REQUEST__INIT;
+  Topos__V1__ExecOptions e[3] = {TOPOS__V1__EXEC_OPTIONS__INIT,
+                                 TOPOS__V1__EXEC_OPTIONS__INIT,
+                                 TOPOS__V1__EXEC_OPTIONS__INIT};
+  e[0].backend = "reference";
+  e[2].backend = "bl\xed\xbf\xbf";
+  Topos__V1__ExecOptions *ce[3] = {&e[0], &e[1], &e[2]};
+  cr.candidates = ce;
+  cr.n_candidates = 3;
+  expect_string_fault(&cr.base, "ConformanceRequest.candidates[2].backend");
+
+  Topos__V1__ForwardReply rep = TOPOS__V1__FORWARD_REPLY__INIT;
+  char *names[3] = {"cpu", "\xc3\xa9", "r\xf5"};
+  rep.backends = names;
+  rep.n_backends = 3;
+  expect_string_fault(&rep.base,
+                      "ForwardReply.backends[2]: not valid UTF-8 "
+                      "(above U+10FFFF) at byte 1");
+}
+END_TEST
+
+/* A descriptor that contains itself, to reach the depth cap (the schema
+ * nests only four deep). */
+static const ProtobufCMessageDescriptor loop_desc;
+static const ProtobufCFieldDescriptor loop_fields[2] = {
+    {.name = "child",
+     .id = 1,
+     .label = PROTOBUF_C_LABEL_NONE,
+     .type = PROTOBUF_C_TYPE_MESSAGE,
+     .descriptor = &loop_desc},
+    {.name = "s",
+     .id = 2,
+     .label = PROTOBUF_C_LABEL_NONE,
+     .type = PROTOBUF_C_TYPE_STRING},
+};
+static const ProtobufCMessageDescriptor loop_desc = {
+    .magic = PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+    .name = "test.Loop",
+    .short_name = "Loop",
+    .n_fields = 2,
+    .fields = loop_fields,
+};
+
+/* `depth` Loop messages nested in field 1, the innermost holding string s
+ * in field 2.  Returns the length written into buf. */
+static size_t nested_loops(uint8_t *buf, size_t cap, int depth, const char *s) {
+  size_t n = strlen(s);
+  ck_assert_uint_lt(n + 2, cap);
+  /* Built from the inside out at the end of buf. */
+  size_t at = cap - n;
+  memcpy(buf + at, s, n);
+  buf[--at] = (uint8_t)n;
+  buf[--at] = 0x12; /* field 2, length-prefixed */
+  for (int d = 0; d < depth; d++) {
+    size_t body = cap - at;
+    uint8_t len[10];
+    size_t k = 0;
+    for (size_t v = body; k == 0 || v; v >>= 7)
+      len[k++] = (uint8_t)((v & 0x7F) | (v >> 7 ? 0x80 : 0));
+    ck_assert_uint_ge(at, k + 1);
+    at -= k;
+    memcpy(buf + at, len, k);
+    buf[--at] = 0x0A; /* field 1, length-prefixed */
+  }
+  memmove(buf, buf + at, cap - at);
+  return cap - at;
+}
+
+START_TEST(test_check_strings_depth_and_malformed) {
+  uint8_t buf[4096];
+  topos_error err = {0};
+  size_t n = nested_loops(buf, sizeof buf, WIRE_STRING_DEPTH, "fine");
+  ck_assert_int_eq(wire_check_strings(&loop_desc, buf, n, &err), TOPOS_OK);
+  n = nested_loops(buf, sizeof buf, 3, "b\xc0\xaf");
+  ck_assert_int_eq(wire_check_strings(&loop_desc, buf, n, &err),
+                   TOPOS_ERR_ARGUMENT);
+  ck_assert_str_eq(err.message,
+                   "Loop.child.child.child.s: not valid UTF-8 (an overlong "
+                   "encoding) at byte 1");
+  n = nested_loops(buf, sizeof buf, WIRE_STRING_DEPTH + 1, "fine");
+  ck_assert_int_eq(wire_check_strings(&loop_desc, buf, n, &err),
+                   TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(err.message, "nested deeper than 32"));
+  n = nested_loops(buf, sizeof buf, 300, "fine");
+  ck_assert_int_eq(wire_check_strings(&loop_desc, buf, n, &err),
+                   TOPOS_ERR_ARGUMENT);
+
+  /* Malformed bytes: each named, none read past the end. */
+  struct {
+    const char *bytes;
+    size_t len;
+    const char *expect;
+  } bad[] = {
+      {"\x12\x05"
+       "ab",
+       4, "Loop: malformed at byte 0 (a truncated length)"},
+      {"\x0a\x03\x12\x05x", 5, "Loop.child: malformed at byte 2"},
+      {"\x18", 1, "malformed at byte 0 (a varint cut short"},
+      {"\x18\xff\xff", 3, "a varint cut short"},
+      {"\x19\x01\x02", 3, "a truncated fixed-width value"},
+      {"\x1d\x01", 2, "a truncated fixed-width value"},
+      {"\x1b", 1, "groups"},
+      {"\x1e", 1, "wire types 6, 7"},
+      {"\x00", 1, "field number 0"},
+      {"\x80", 1, "(a tag cut short)"},
+      {"\x10\x01", 2, "not length-prefixed"}, /* a string as a varint */
+      {"\x0b", 1, "not length-prefixed"},     /* a message as a group */
+      {"\x18\x80\x80\x80\x80\x80\x80\x80\x80\x80\x02", 11, "past 64 bits"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    /* A heap copy of exactly len bytes, so ASan sees any overread. */
+    uint8_t *b = malloc(bad[i].len);
+    memcpy(b, bad[i].bytes, bad[i].len);
+    err = (topos_error){0};
+    ck_assert_int_eq(wire_check_strings(&loop_desc, b, bad[i].len, &err),
+                     TOPOS_ERR_ARGUMENT);
+    ck_assert_msg(strstr(err.message, bad[i].expect) != NULL,
+                  "%zu: '%s' lacks '%s'", i, err.message, bad[i].expect);
+    free(b);
+  }
+  /* Unknown fields of every wire type are skipped. */
+  const uint8_t unknown[] = {0x18, 0x05, 0x21, 1,    2,    3,    4, 5, 6, 7,
+                             8,    0x2a, 0x02, 0xff, 0xff, 0x35, 1, 2, 3, 4};
+  ck_assert_int_eq(
+      wire_check_strings(&loop_desc, unknown, sizeof unknown, &err), TOPOS_OK);
+  ck_assert_int_eq(wire_check_strings(&loop_desc, NULL, 0, &err), TOPOS_OK);
+  ck_assert_int_eq(wire_check_strings(NULL, unknown, 1, &err),
+                   TOPOS_ERR_ARGUMENT);
+
+  /* Random bytes and every truncation of a real request: any answer, no
+   * crash, no overread (run under ASan). */
+  topos_network *net = sn_mlp();
+  Topos__V1__Spec spec = TOPOS__V1__SPEC__INIT;
+  ck_assert_int_eq(wire_spec_from_network(net, &spec, NULL), TOPOS_OK);
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  ck_assert_int_eq(wire_pack(&spec.base, &bytes, &len, NULL), TOPOS_OK);
+  for (size_t cut = 0; cut <= len; cut++) {
+    uint8_t *b = malloc(cut ? cut : 1);
+    memcpy(b, bytes, cut);
+    int rc = wire_check_strings(&topos__v1__spec__descriptor, b, cut, &err);
+    ck_assert(rc == TOPOS_OK || rc == TOPOS_ERR_ARGUMENT);
+    free(b);
+  }
+  uint64_t seed = 0x9e3779b97f4a7c15u;
+  for (int trial = 0; trial < 20000; trial++) {
+    seed = seed * 6364136223846793005u + 1442695040888963407u;
+    size_t cut = (size_t)(seed >> 33) % 96;
+    uint8_t *b = malloc(cut ? cut : 1);
+    for (size_t i = 0; i < cut; i++) {
+      seed = seed * 6364136223846793005u + 1442695040888963407u;
+      b[i] = (uint8_t)(seed >> 56);
+    }
+    /* Half of them start from real bytes, so deep fields are reached. */
+    if (trial % 2 && cut <= len) memcpy(b, bytes, cut / 2);
+    int rc =
+        wire_check_strings(&topos__v1__step_request__descriptor, b, cut, &err);
+    ck_assert(rc == TOPOS_OK || rc == TOPOS_ERR_ARGUMENT);
+    rc = wire_check_strings(&topos__v1__spec__descriptor, b, cut, &err);
+    ck_assert(rc == TOPOS_OK || rc == TOPOS_ERR_ARGUMENT);
+    free(b);
+  }
+  free(bytes);
+  wire_message_clear(&spec.base);
+  topos_network_release(net);
+}
+END_TEST
+
+/* --------------------------------------------------- optimizer settings */
+
+static Topos__V1__Optimizer opt_msg(int kind, double lr) {
+  Topos__V1__Optimizer m = TOPOS__V1__OPTIMIZER__INIT;
+  m.kind = (Topos__V1__OptimizerKind)kind;
+  m.lr_given_case = TOPOS__V1__OPTIMIZER__LR_GIVEN_LR;
+  m.lr = lr;
+  return m;
+}
+
+/* from_proto on m after a pack/unpack, expecting failure naming `expect`. */
+static void expect_opt_fault(const Topos__V1__Optimizer *m, int nslots,
+                             const char *expect) {
+  Topos__V1__Optimizer *u = (Topos__V1__Optimizer *)repack(&m->base);
+  wire_optimizer wo;
+  topos_error err = {0};
+  ck_assert_int_eq(wire_optimizer_from_proto(u, nslots, &wo, &err),
+                   TOPOS_ERR_ARGUMENT);
+  ck_assert_msg(strstr(err.message, expect) != NULL, "'%s' lacks '%s'",
+                err.message, expect);
+  ck_assert_ptr_null(wo.slots);
+  wire_message_free(&u->base);
+}
+
+START_TEST(test_optimizer_defaults) {
+  /* Only lr given: every other number takes its documented default,
+   * after a real pack/unpack. */
+  wire_optimizer wo;
+  topos_error err = {0};
+  Topos__V1__Optimizer m = opt_msg(TOPOS__V1__OPTIMIZER_KIND__ADAM, 1e-3);
+  Topos__V1__Optimizer *u = (Topos__V1__Optimizer *)repack(&m.base);
+  ck_assert_int_eq(wire_optimizer_from_proto(u, 4, &wo, &err), TOPOS_OK);
+  ck_assert(wo.opt.kind == TOPOS_ADAM && wo.opt.lr == 1e-3);
+  ck_assert(wo.opt.beta1 == 0.9 && wo.opt.beta2 == 0.999);
+  ck_assert(wo.opt.eps == 1e-8 && wo.opt.weight_decay == 0);
+  ck_assert(wo.opt.momentum == 0 && wo.opt.decay == NULL);
+  ck_assert_int_eq(topos_optimizer_check(&wo.opt, NULL, NULL, &err),
+                   TOPOS_ERR_ARGUMENT); /* NULL params, but opt passed */
+  ck_assert_ptr_null(strstr(err.message, "beta"));
+  wire_optimizer_clear(&wo);
+  wire_message_free(&u->base);
+
+  m = opt_msg(TOPOS__V1__OPTIMIZER_KIND__ADAMW, 1e-3);
+  u = (Topos__V1__Optimizer *)repack(&m.base);
+  ck_assert_int_eq(wire_optimizer_from_proto(u, 4, &wo, &err), TOPOS_OK);
+  ck_assert(wo.opt.kind == TOPOS_ADAMW && wo.opt.weight_decay == 0.01);
+  ck_assert(wo.opt.beta1 == 0.9 && wo.opt.beta2 == 0.999 && wo.opt.eps == 1e-8);
+  wire_optimizer_clear(&wo);
+  wire_message_free(&u->base);
+
+  m = opt_msg(TOPOS__V1__OPTIMIZER_KIND__SGD, 0.5);
+  u = (Topos__V1__Optimizer *)repack(&m.base);
+  ck_assert_int_eq(wire_optimizer_from_proto(u, 4, &wo, &err), TOPOS_OK);
+  ck_assert(wo.opt.kind == TOPOS_SGD && wo.opt.lr == 0.5);
+  ck_assert(wo.opt.momentum == 0 && wo.opt.weight_decay == 0);
+  ck_assert(wo.opt.beta1 == 0 && wo.opt.beta2 == 0 && wo.opt.eps == 0);
+  wire_optimizer_clear(&wo);
+  wire_message_free(&u->base);
+
+  /* Given values win over the defaults, zeros included: a given 0 is
+   * packed (presence), unlike a plain proto3 double. */
+  m = opt_msg(TOPOS__V1__OPTIMIZER_KIND__ADAMW, 0);
+  m.beta1_given_case = TOPOS__V1__OPTIMIZER__BETA1_GIVEN_BETA1;
+  m.beta1 = 0;
+  m.weight_decay_given_case =
+      TOPOS__V1__OPTIMIZER__WEIGHT_DECAY_GIVEN_WEIGHT_DECAY;
+  m.weight_decay = 0;
+  m.eps_given_case = TOPOS__V1__OPTIMIZER__EPS_GIVEN_EPS;
+  m.eps = 1e-6;
+  u = (Topos__V1__Optimizer *)repack(&m.base);
+  ck_assert_int_eq(u->lr_given_case, TOPOS__V1__OPTIMIZER__LR_GIVEN_LR);
+  ck_assert_int_eq(wire_optimizer_from_proto(u, 4, &wo, &err), TOPOS_OK);
+  ck_assert(wo.opt.lr == 0 && wo.opt.beta1 == 0 && wo.opt.weight_decay == 0);
+  ck_assert(wo.opt.beta2 == 0.999 && wo.opt.eps == 1e-6);
+  wire_optimizer_clear(&wo);
+  wire_message_free(&u->base);
+
+  /* Bytes from a sender that knows the fields as plain doubles (the
+   * schema before presence): the same wire format, read as given. */
+  const uint8_t plain[] = {0x08, 0x01, /* ADAM */
+                           0x11, 0x7b, 0x14, 0xae, 0x47, 0xe1,
+                           0x7a, 0x84, 0x3f, 0x21, 0x9a, 0x99,
+                           0x99, 0x99, 0x99, 0x99, 0xe9, 0x3f};
+  u = topos__v1__optimizer__unpack(NULL, sizeof plain, plain);
+  ck_assert_ptr_nonnull(u);
+  ck_assert_int_eq(wire_optimizer_from_proto(u, -1, &wo, &err), TOPOS_OK);
+  ck_assert(wo.opt.lr == 0.01 && wo.opt.beta1 == 0.8);
+  ck_assert(wo.opt.beta2 == 0.999); /* not sent: the default */
+  wire_optimizer_clear(&wo);
+  wire_message_free(&u->base);
+
+  /* to_proto sends what the kind reads, given, and round-trips it. */
+  topos_optimizer adam = topos_adam(1e-3, 0.0, 0.5, 1e-7);
+  Topos__V1__Optimizer om = TOPOS__V1__OPTIMIZER__INIT;
+  ck_assert_int_eq(wire_optimizer_to_proto(&adam, NULL, &om, &err), TOPOS_OK);
+  ck_assert_int_eq(om.beta1_given_case,
+                   TOPOS__V1__OPTIMIZER__BETA1_GIVEN_BETA1);
+  ck_assert_int_eq(om.momentum_given_case,
+                   TOPOS__V1__OPTIMIZER__MOMENTUM_GIVEN__NOT_SET);
+  u = (Topos__V1__Optimizer *)repack(&om.base);
+  ck_assert_int_eq(wire_optimizer_from_proto(u, -1, &wo, &err), TOPOS_OK);
+  ck_assert(wo.opt.beta1 == 0.0 && wo.opt.beta2 == 0.5 && wo.opt.eps == 1e-7);
+  wire_optimizer_clear(&wo);
+  wire_message_free(&u->base);
+  wire_message_clear(&om.base);
+  topos_optimizer sgd = topos_sgd(0.1, 0.5);
+  ck_assert_int_eq(wire_optimizer_to_proto(&sgd, NULL, &om, &err), TOPOS_OK);
+  ck_assert_int_eq(om.beta1_given_case,
+                   TOPOS__V1__OPTIMIZER__BETA1_GIVEN__NOT_SET);
+  ck_assert_int_eq(om.eps_given_case, TOPOS__V1__OPTIMIZER__EPS_GIVEN__NOT_SET);
+  wire_message_clear(&om.base);
+  /* A number the kind does not read goes out, to be refused. */
+  sgd.eps = 1e-8;
+  ck_assert_int_eq(wire_optimizer_to_proto(&sgd, NULL, &om, &err), TOPOS_OK);
+  expect_opt_fault(&om, -1, "optimizer.eps is given, but SGD does not read");
+  wire_message_clear(&om.base);
+}
+END_TEST
+
+START_TEST(test_optimizer_refusals) {
+  /* No lr. */
+  Topos__V1__Optimizer m = TOPOS__V1__OPTIMIZER__INIT;
+  m.kind = TOPOS__V1__OPTIMIZER_KIND__ADAM;
+  expect_opt_fault(&m, -1, "optimizer.lr is missing");
+  /* Numbers the kind does not read, even given as 0. */
+  m = opt_msg(TOPOS__V1__OPTIMIZER_KIND__SGD, 0.1);
+  m.beta2_given_case = TOPOS__V1__OPTIMIZER__BETA2_GIVEN_BETA2;
+  expect_opt_fault(&m, -1, "optimizer.beta2 is given, but SGD does not read");
+  m = opt_msg(TOPOS__V1__OPTIMIZER_KIND__ADAM, 0.1);
+  m.momentum_given_case = TOPOS__V1__OPTIMIZER__MOMENTUM_GIVEN_MOMENTUM;
+  m.momentum = 0.9;
+  expect_opt_fault(&m, -1,
+                   "optimizer.momentum is given, but ADAM does not read it");
+  /* Decay rules are AdamW's. */
+  m = opt_msg(TOPOS__V1__OPTIMIZER_KIND__ADAM, 0.1);
+  m.decay = TOPOS__V1__DECAY_RULE__ALL_SLOTS;
+  expect_opt_fault(&m, -1, "optimizer.decay is given, but ADAM does not");
+  m = opt_msg(TOPOS__V1__OPTIMIZER_KIND__SGD, 0.1);
+  int32_t one[1] = {0};
+  m.decay_slots = one;
+  m.n_decay_slots = 1;
+  expect_opt_fault(&m, -1, "optimizer.decay_slots is given, but SGD");
+  m.kind = TOPOS__V1__OPTIMIZER_KIND__ADAMW;
+  m.decay = TOPOS__V1__DECAY_RULE__ALL_SLOTS;
+  expect_opt_fault(&m, -1, "decay_slots given without the LISTED_SLOTS rule");
+  /* Listed slots: inside the spec's slots, none twice. */
+  m.decay = TOPOS__V1__DECAY_RULE__LISTED_SLOTS;
+  int32_t out[3] = {0, 3, 4};
+  m.decay_slots = out;
+  m.n_decay_slots = 3;
+  expect_opt_fault(&m, 4,
+                   "optimizer.decay_slots[2] = 4 is not a parameter slot (the "
+                   "spec has 4: 0..3)");
+  int32_t twice[3] = {2, 0, 2};
+  m.decay_slots = twice;
+  expect_opt_fault(&m, 4,
+                   "optimizer.decay_slots[2] = 2 repeats decay_slots[0]");
+  int32_t neg[1] = {-1};
+  m.decay_slots = neg;
+  m.n_decay_slots = 1;
+  expect_opt_fault(&m, 4, "decay_slots[0] = -1 is negative");
+  /* Unknown enum values. */
+  m = opt_msg(7, 0.1);
+  expect_opt_fault(&m, -1, "unknown kind 7");
+  m = opt_msg(TOPOS__V1__OPTIMIZER_KIND__ADAMW, 0.1);
+  m.decay = (Topos__V1__DecayRule)5;
+  expect_opt_fault(&m, -1, "unknown decay rule 5");
+  /* A valid listed set converts, and decays exactly those slots. */
+  int32_t fine[2] = {3, 1};
+  m.decay = TOPOS__V1__DECAY_RULE__LISTED_SLOTS;
+  m.decay_slots = fine;
+  m.n_decay_slots = 2;
+  wire_optimizer wo;
+  ck_assert_int_eq(wire_optimizer_from_proto(&m, 4, &wo, NULL), TOPOS_OK);
+  for (int s = 0; s < 4; s++)
+    ck_assert(wo.opt.decay(s, NULL, wo.opt.decay_ctx) == (s == 1 || s == 3));
+  wire_optimizer_clear(&wo);
+  /* Out-of-range numbers pass the conversion and the engine refuses them
+   * (one rule for local and remote callers). */
+  m = opt_msg(TOPOS__V1__OPTIMIZER_KIND__ADAM, 0.1);
+  m.beta2_given_case = TOPOS__V1__OPTIMIZER__BETA2_GIVEN_BETA2;
+  m.beta2 = 1.0;
+  ck_assert_int_eq(wire_optimizer_from_proto(&m, 4, &wo, NULL), TOPOS_OK);
+  topos_params *p = topos_params_new(0, NULL, NULL);
+  topos_error err = {0};
+  ck_assert_int_eq(topos_optimizer_check(&wo.opt, p, NULL, &err),
+                   TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(err.message, "beta2 1 is not in [0,1)"));
+  wire_optimizer_clear(&wo);
+  topos_params_free(p);
+}
+END_TEST
+
 Suite *wire_suite(void) {
   Suite *s = suite_create("wire");
   TCase *t = tcase_create("tensors");
@@ -941,6 +1442,12 @@ Suite *wire_suite(void) {
   tcase_add_test(v, test_optimizers);
   tcase_add_test(v, test_status_mapping);
   tcase_add_test(v, test_message_clear_unpacked);
+  tcase_add_test(v, test_optimizer_defaults);
+  tcase_add_test(v, test_optimizer_refusals);
   suite_add_tcase(s, v);
+  TCase *st = tcase_create("strings");
+  tcase_add_test(st, test_check_strings_paths);
+  tcase_add_test(st, test_check_strings_depth_and_malformed);
+  suite_add_tcase(s, st);
   return s;
 }

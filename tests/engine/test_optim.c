@@ -774,6 +774,10 @@ END_TEST
 
 /* ---------------------------------------------------------- bad arguments */
 
+static bool decay_all(int slot, const topos_tensor *param, void *ctx) {
+  return true;
+}
+
 /* Steps expecting failure with `code`; the outputs must stay untouched. */
 static void step_fails(const topos_optimizer *opt, const topos_params *p,
                        const topos_params *g, const topos_opt_state *s,
@@ -889,6 +893,192 @@ START_TEST(test_step_bad_arguments) {
 }
 END_TEST
 
+/* Settings that would silently do nothing, or diverge, are refused like
+ * out-of-range ones: numbers the kind does not read, a decay predicate
+ * on a kind without decoupled decay, momentum >= 1, negative decay. */
+START_TEST(test_settings_refused) {
+  topos_params *p = set1(TOPOS_F32, 2, (double[]){1, 2});
+  topos_params *g = set1(TOPOS_F32, 2, (double[]){1, 2});
+  topos_optimizer adam0 = topos_adam(0.1, 0.9, 0.999, 1e-8);
+  topos_opt_state *s = state_ok(&adam0, p);
+  struct {
+    const char *what, *expect;
+    topos_optimizer opt;
+  } bad[] = {
+      {"sgd beta1", "sgd does not read beta1 (0.9)", topos_sgd(0.1, 0.5)},
+      {"sgd beta2", "sgd does not read beta2", topos_sgd(0.1, 0)},
+      {"sgd eps", "sgd does not read eps", topos_sgd(0.1, 0)},
+      {"adam momentum", "adam does not read momentum (0.9)",
+       topos_adam(0.1, 0.9, 0.999, 1e-8)},
+      {"adamw momentum nan", "adamw does not read momentum",
+       topos_adamw(0.1, 0.9, 0.999, 1e-8, 0)},
+      {"sgd decay", "sgd does not read a decay predicate", topos_sgd(0.1, 0.5)},
+      {"adam decay", "adam does not read a decay predicate",
+       topos_adam(0.1, 0.9, 0.999, 1e-8)},
+      {"momentum 1", "momentum 1 is not in [0,1)", topos_sgd(0.1, 1)},
+      {"momentum 1.5", "momentum 1.5 is not in [0,1)", topos_sgd(0.1, 1.5)},
+      {"momentum inf", "not in [0,1)", topos_sgd(0.1, INFINITY)},
+      {"sgd wd < 0", "weight_decay -0.1 must be finite and >= 0",
+       topos_sgd(0.1, 0)},
+      {"adamw wd < 0", "weight_decay -0.01 must be finite and >= 0",
+       topos_adamw(0.1, 0.9, 0.999, 1e-8, -0.01)},
+  };
+  bad[0].opt.beta1 = 0.9;
+  bad[1].opt.beta2 = 0.999;
+  bad[2].opt.eps = 1e-8;
+  bad[3].opt.momentum = 0.9;
+  bad[4].opt.momentum = NAN;
+  bad[5].opt.decay = decay_all;
+  bad[6].opt.decay = decay_all;
+  bad[10].opt.weight_decay = -0.1;
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    topos_error err = {0};
+    ck_assert_int_eq(topos_optimizer_check(&bad[i].opt, p, NULL, &err),
+                     TOPOS_ERR_ARGUMENT);
+    ck_assert_msg(strstr(err.message, bad[i].expect) != NULL,
+                  "%s: '%s' lacks '%s'", bad[i].what, err.message,
+                  bad[i].expect);
+    topos_opt_state *fresh = topos_opt_state_new(&bad[i].opt, p, &err);
+    ck_assert_ptr_null(fresh);
+    step_fails(&bad[i].opt, p, g, s, TOPOS_ERR_ARGUMENT, bad[i].what);
+  }
+  /* Accepted at the edges: lr 0 (a warm-up's first step holds the
+   * parameters), momentum just below 1, beta 0, decay 0, -0 anywhere. */
+  topos_optimizer ok[] = {topos_sgd(0, 0), topos_sgd(0.1, nextafter(1, 0)),
+                          topos_adam(0.1, 0, 0, 1e-8),
+                          topos_adamw(0.1, 0.9, 0.999, 1e-8, 0),
+                          topos_sgd(0.1, -0.0)};
+  ok[3].decay = decay_all;
+  ok[4].beta1 = -0.0;
+  for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+    topos_opt_state *si = state_ok(&ok[i], p);
+    topos_params *p1;
+    topos_opt_state *s1;
+    step_ok(&ok[i], p, g, si, &p1, &s1);
+    if (i == 0) ck_assert(topos_params_bitwise_equal(p, p1));
+    topos_params_free(p1);
+    topos_opt_state_free(s1);
+    topos_opt_state_free(si);
+  }
+  topos_params_free(p);
+  topos_params_free(g);
+  topos_opt_state_free(s);
+}
+END_TEST
+
+/* A state no valid step could have made (a negative or NaN second moment,
+ * a non-finite first moment) is refused, naming the slot and element,
+ * by topos_optimizer_check before any work and by the step itself, with
+ * the outputs untouched. */
+START_TEST(test_state_values_refused) {
+  topos_tensor *two[2] = {
+      tt_tensor(TOPOS_F32, 1, (int64_t[]){3}, (double[]){1, 2, 3}),
+      tt_tensor(TOPOS_F32, 2, (int64_t[]){2, 2}, (double[]){1, 2, 3, 4})};
+  topos_params *p = set_of(2, two);
+  topos_tensor *gt[2] = {
+      tt_tensor(TOPOS_F32, 1, (int64_t[]){3}, (double[]){1, 1, 1}),
+      tt_tensor(TOPOS_F32, 2, (int64_t[]){2, 2}, (double[]){1, 1, 1, 1})};
+  topos_params *g = set_of(2, gt);
+  topos_optimizer adam = topos_adam(0.1, 0.9, 0.999, 1e-8);
+  topos_optimizer sgdm = topos_sgd(0.1, 0.9), sgd = topos_sgd(0.1, 0);
+  struct {
+    const char *what;
+    double m, v; /* slot 1, element 2 */
+    const char *expect;
+  } bad[] = {
+      {"v negative", 0, -1, "second moment (v) slot 1 element 2 is -1"},
+      {"v tiny negative", 0, -1e-30, "slot 1 element 2 is -1e-30"},
+      {"v nan", 0, NAN, "second moment (v) slot 1 element 2 is nan"},
+      {"m nan", NAN, 0, "first moment (m) slot 1 element 2 is nan"},
+      {"m inf", INFINITY, 0, "first moment (m) slot 1 element 2 is inf"},
+      {"m -inf", -INFINITY, 1, "first moment (m) slot 1 element 2 is -inf"},
+      /* The first moment is read first at an element. */
+      {"both", NAN, -1, "first moment (m) slot 1 element 2"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    double mv[4] = {0, 0, bad[i].m, 0}, vv[4] = {1, 1, bad[i].v, 1};
+    topos_tensor *m[2] = {
+        tt_tensor(TOPOS_F32, 1, (int64_t[]){3}, (double[]){0, 0, 0}),
+        tt_tensor(TOPOS_F32, 2, (int64_t[]){2, 2}, mv)};
+    topos_tensor *v[2] = {
+        tt_tensor(TOPOS_F32, 1, (int64_t[]){3}, (double[]){0, 0, 0}),
+        tt_tensor(TOPOS_F32, 2, (int64_t[]){2, 2}, vv)};
+    topos_params *mp = set_of(2, m), *vp = set_of(2, v);
+    topos_error err = {0};
+    topos_opt_state *s = topos_opt_state_from(4, mp, vp, &err);
+    ck_assert_msg(s != NULL, "%s", err.message); /* parts are not judged */
+    ck_assert_int_eq(topos_optimizer_check(&adam, p, s, &err),
+                     TOPOS_ERR_ARGUMENT);
+    ck_assert_msg(strstr(err.message, "optimizer_check: state ") &&
+                      strstr(err.message, bad[i].expect),
+                  "%s: %s", bad[i].what, err.message);
+    step_fails(&adam, p, g, s, TOPOS_ERR_ARGUMENT, bad[i].what);
+    err = (topos_error){0};
+    topos_params *po = NULL;
+    topos_opt_state *so = NULL;
+    topos_optimizer_step(&adam, p, g, s, &po, &so, &err);
+    ck_assert_msg(strstr(err.message, "optimizer_step: state ") &&
+                      strstr(err.message, bad[i].expect),
+                  "%s: %s", bad[i].what, err.message);
+    /* SGD with momentum reads m only; plain SGD reads neither. */
+    bool m_bad = !isfinite(bad[i].m);
+    ck_assert_int_eq(topos_optimizer_check(&sgdm, p, s, &err),
+                     m_bad ? TOPOS_ERR_ARGUMENT : TOPOS_OK);
+    if (m_bad) step_fails(&sgdm, p, g, s, TOPOS_ERR_ARGUMENT, bad[i].what);
+    ck_assert_int_eq(topos_optimizer_check(&sgd, p, s, &err), TOPOS_OK);
+    topos_params_free(mp);
+    topos_params_free(vp);
+    topos_opt_state_free(s);
+  }
+  /* Accepted: -0 and +inf second moments, huge finite first moments. */
+  topos_tensor *m[2] = {
+      tt_tensor(TOPOS_F32, 1, (int64_t[]){3}, (double[]){FLT_MAX, 0, 0}),
+      tt_tensor(TOPOS_F32, 2, (int64_t[]){2, 2}, (double[]){0, 0, 0, 0})};
+  topos_tensor *v[2] = {
+      tt_tensor(TOPOS_F32, 1, (int64_t[]){3}, (double[]){-0.0, INFINITY, 0}),
+      tt_tensor(TOPOS_F32, 2, (int64_t[]){2, 2}, (double[]){0, 0, 0, 0})};
+  topos_params *mp = set_of(2, m), *vp = set_of(2, v);
+  topos_opt_state *s = topos_opt_state_from(1, mp, vp, NULL);
+  ck_assert_int_eq(topos_optimizer_check(&adam, p, s, NULL), TOPOS_OK);
+  topos_params *p1;
+  topos_opt_state *s1;
+  step_ok(&adam, p, g, s, &p1, &s1);
+  topos_params_free(p1);
+  topos_opt_state_free(s1);
+  topos_opt_state_free(s);
+  topos_params_free(mp);
+  topos_params_free(vp);
+  topos_params_free(p);
+  topos_params_free(g);
+}
+END_TEST
+
+/* A NaN gradient still propagates into the state a step returns (data,
+ * not an error), and the next step refuses that state by element. */
+START_TEST(test_nan_state_refused_next_step) {
+  topos_optimizer opt = topos_adam(0.1, 0.9, 0.999, 1e-8);
+  topos_params *p = set1(TOPOS_F64, 3, (double[]){1, 2, 3});
+  topos_params *g = set1(TOPOS_F64, 3, (double[]){1, NAN, 1});
+  topos_params *g2 = set1(TOPOS_F64, 3, (double[]){1, 1, 1});
+  topos_opt_state *s = state_ok(&opt, p);
+  topos_params *p1;
+  topos_opt_state *s1;
+  step_ok(&opt, p, g, s, &p1, &s1);
+  topos_error err = {0};
+  ck_assert_int_eq(topos_optimizer_check(&opt, p1, s1, &err),
+                   TOPOS_ERR_ARGUMENT);
+  ck_assert_ptr_nonnull(
+      strstr(err.message, "first moment (m) slot 0 element 1 is nan"));
+  step_fails(&opt, p1, g2, s1, TOPOS_ERR_ARGUMENT, "nan state");
+  topos_params_free(p);
+  topos_params_free(g);
+  topos_params_free(g2);
+  topos_params_free(p1);
+  topos_opt_state_free(s);
+  topos_opt_state_free(s1);
+}
+END_TEST
+
 START_TEST(test_state_bad_arguments) {
   topos_error err = {0};
   topos_optimizer adam = topos_adam(0.1, 0.9, 0.999, 1e-8);
@@ -969,6 +1159,9 @@ Suite *optim_suite(void) {
   tc = tcase_create("errors");
   tcase_add_test(tc, test_step_bad_arguments);
   tcase_add_test(tc, test_state_bad_arguments);
+  tcase_add_test(tc, test_settings_refused);
+  tcase_add_test(tc, test_state_values_refused);
+  tcase_add_test(tc, test_nan_state_refused_next_step);
   suite_add_tcase(s, tc);
   return s;
 }

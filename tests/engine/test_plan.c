@@ -1,7 +1,9 @@
 /*
  * test_plan.c - plans (engine/plan.c): lowering an entry, dead-node
  * elimination, the keep-set, liveness and free lists, peak bytes, fused
- * convolution and max-pool groups, plan runs and training backward.
+ * convolution and max-pool groups, plan runs and training backward, and
+ * the memory bounds of runs (topos_plan_run_bytes), held against what
+ * runs take from the buffer pool.
  *
  * The rule every test leans on: a plan run gives the interpreter's bits.
  * So each network is run by topos_forward and by plans (fused, fusion
@@ -13,7 +15,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backends.h"
 #include "internal.h"
+#include "sample_nets.h"
 #include "testutil.h"
 
 #define S(...) ((const int64_t[]){__VA_ARGS__})
@@ -1479,6 +1483,216 @@ START_TEST(threads_share_a_training_plan) {
 }
 END_TEST
 
+/* ------------------------------------------------------ memory bounds */
+
+/* What a call takes from the pool: its high-water mark above what was
+ * handed out before it, and what it still holds after. */
+static size_t pool_base;
+static void measure_begin(void) {
+  pool_peak_reset();
+  pool_base = pool_used_bytes();
+}
+static size_t measured_peak(void) {
+  return pool_peak_bytes() - pool_base;
+}
+static size_t measured_held(void) {
+  size_t used = pool_used_bytes();
+  return used > pool_base ? used - pool_base : 0;
+}
+
+/* bound holds measured, and is not loose beyond 4x plus 256 KiB (the
+ * structs and tables the pool does not see). */
+static void expect_bound(const char *what, const char *phase, size_t bound,
+                         size_t measured) {
+  if (getenv("TOPOS_BOUNDS_VERBOSE"))
+    fprintf(stderr, "bounds: %-22s %-12s measured %10zu bound %10zu (%.2fx)\n",
+            what, phase, measured, bound,
+            measured ? (double)bound / (double)measured : 0.0);
+  ck_assert_msg(measured <= bound,
+                "%s %s: the run took %zu pool bytes, over its bound %zu", what,
+                phase, measured, bound);
+  ck_assert_msg(bound <= 4 * measured + (256 << 10),
+                "%s %s: bound %zu for %zu pool bytes", what, phase, bound,
+                measured);
+}
+
+/* Every kind of run of plan under each backend choice, measured. */
+static void bounds_hold(const char *what, const topos_network *net,
+                        const topos_plan *plan, const topos_feed *feeds,
+                        int nfeeds) {
+  topos_run_bytes b;
+  topos_plan_run_bytes(plan, &b);
+  bool training = plan->posture == TOPOS_POSTURE_TRAINING;
+  const char *backends[2] = {"reference", NULL};
+  for (int k = 0; k < 2; k++) {
+    topos_exec ex = {.backend = backends[k]};
+    topos_error err = {0};
+    measure_begin();
+    topos_run *run = topos_plan_forward(plan, NULL, feeds, nfeeds, &ex, &err);
+    ck_assert_msg(run != NULL, "%s: %s", what, err.message);
+    expect_bound(what, "forward", b.forward, measured_peak());
+    ck_assert_uint_le(measured_held(), b.retained);
+    if (training) {
+      measure_begin();
+      topos_params *g = topos_plan_gradients(plan, run, &ex, &err);
+      ck_assert_msg(g != NULL, "%s: %s", what, err.message);
+      expect_bound(what, "gradients", b.gradients, measured_peak());
+      ck_assert_uint_le(measured_held(), b.gradients_held);
+      topos_params_free(g);
+      measure_begin();
+      topos_field *f = topos_plan_backward(plan, run, &ex, &err);
+      ck_assert_msg(f != NULL, "%s: %s", what, err.message);
+      expect_bound(what, "backward", b.backward, measured_peak());
+      topos_field_free(f);
+    }
+    topos_run_free(run);
+    if (training) {
+      const topos_optimizer opts[3] = {topos_sgd(0.01, 0), topos_sgd(0.01, 0.9),
+                                       topos_adam(0.01, 0.9, 0.999, 1e-8)};
+      for (int o = 0; o < 3; o++) {
+        topos_step_result res;
+        measure_begin();
+        ck_assert_int_eq(topos_plan_step(plan, NULL, feeds, nfeeds, &opts[o],
+                                         NULL, &ex, &res, &err),
+                         TOPOS_OK);
+        expect_bound(what, o == 2 ? "step adam" : "step sgd",
+                     topos_plan_step_bytes(plan, &opts[o], false, false),
+                     measured_peak());
+        /* Given parameters and state, the step needs less. */
+        ck_assert_uint_le(topos_plan_step_bytes(plan, &opts[o], true, true),
+                          topos_plan_step_bytes(plan, &opts[o], false, false));
+        topos_step_result_clear(&res);
+      }
+    }
+  }
+  topos_exec cands[2] = {{.backend = "reference"}, {.backend = NULL}};
+  topos_error err = {0};
+  measure_begin();
+  topos_conformance *c =
+      topos_conformance_run(plan, NULL, feeds, nfeeds, cands, 2, &err);
+  ck_assert_msg(c != NULL, "%s: %s", what, err.message);
+  expect_bound(what, "conformance", b.conformance, measured_peak());
+  topos_conformance_free(c);
+  (void)net;
+}
+
+START_TEST(memory_bounds_models) {
+  topos_backends_register_defaults();
+  for (int d = 0; d < 3; d++) {
+    model ms[2] = {mlp_model(float_dtypes[d]), cnn_model(float_dtypes[d])};
+    for (int k = 0; k < 2; k++) {
+      model *m = &ms[k];
+      char what[64];
+      snprintf(what, sizeof what, "%s %s", k ? "cnn" : "mlp",
+               topos_dtype_name(float_dtypes[d]));
+      topos_plan *trn =
+          lower(m->net, &m->loss, 1, &m->hidden, 1, TOPOS_POSTURE_TRAINING);
+      bounds_hold(what, m->net, trn, m->feeds, m->nfeeds);
+      topos_plan *fwd =
+          lower(m->net, &m->logits, 1, NULL, 0, TOPOS_POSTURE_FORWARD);
+      bounds_hold(what, m->net, fwd, m->feeds, m->nfeeds);
+      topos_plan_free(trn);
+      topos_plan_free(fwd);
+      model_free(m);
+    }
+  }
+}
+END_TEST
+
+START_TEST(memory_bounds_samples) {
+  topos_backends_register_defaults();
+  for (int k = 0; k < SN_NSAMPLES; k++) {
+    topos_network *net = sn_samples[k].build();
+    ck_assert_ptr_nonnull(net);
+    int n = topos_network_node_count(net);
+    topos_value out = topos_network_value(net, n - 1);
+    topos_plan *fwd = lower(net, &out, 1, NULL, 0, TOPOS_POSTURE_FORWARD);
+    bounds_hold(sn_samples[k].name, net, fwd, NULL, 0);
+    topos_plan_free(fwd);
+    if (topos_network_value_dtype(net, out) != TOPOS_I32) {
+      int rank = 0;
+      topos_network_value_shape(net, out, &rank);
+      if (rank == 0) {
+        topos_plan *trn = lower(net, &out, 1, NULL, 0, TOPOS_POSTURE_TRAINING);
+        bounds_hold(sn_samples[k].name, net, trn, NULL, 0);
+        topos_plan_free(trn);
+      }
+    }
+    topos_network_release(net);
+  }
+}
+END_TEST
+
+/* A scalar broadcast to a large shape costs nothing until an op reads
+ * it: then the op's output and its operand's compute copy.  The bound
+ * says so before anything runs (the daemon's 76-byte Forward), and it is
+ * what the run takes. */
+static topos_network *broadcast_net(int64_t rows, int64_t cols,
+                                    topos_value *loss) {
+  topos_tape *t = topos_tape_new(TOPOS_F32);
+  topos_tensor *s0 = topos_tensor_scalar(TOPOS_F32, 0.5, NULL);
+  topos_value s = topos_parameter(t, s0);
+  topos_tensor_release(s0);
+  topos_value e = topos_exp(t, topos_broadcast(t, s, 2, S(rows, cols)));
+  *loss = topos_sum(t, e);
+  return seal(t);
+}
+
+START_TEST(memory_bounds_broadcast) {
+  topos_backends_register_defaults();
+  topos_value loss;
+  /* 2^30 bytes at f32: lowered only. */
+  topos_network *huge = broadcast_net(16384, 16384, &loss);
+  topos_plan *p = lower(huge, &loss, 1, NULL, 0, TOPOS_POSTURE_FORWARD);
+  topos_run_bytes b;
+  topos_plan_run_bytes(p, &b);
+  ck_assert_msg(b.forward >= ((size_t)2 << 30), "forward %zu", b.forward);
+  ck_assert_msg(b.forward < ((size_t)2 << 30) + (1 << 20), "forward %zu",
+                b.forward);
+  ck_assert_uint_eq(b.outputs, 4);
+  ck_assert_uint_eq(b.parameters, 4);
+  topos_plan_free(p);
+  p = lower(huge, &loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING);
+  topos_plan_run_bytes(p, &b);
+  /* exp's output is kept for backward (the forward holds it and the
+   * operand's compute copy at once); its adjoint multiplies the
+   * broadcast cotangent by it in place: one more 2^30-byte buffer. */
+  ck_assert_msg(b.forward >= ((size_t)2 << 30), "forward %zu", b.forward);
+  ck_assert_msg(b.retained >= ((size_t)1 << 30), "retained %zu", b.retained);
+  ck_assert_msg(b.gradients >= ((size_t)1 << 30) &&
+                    b.gradients < ((size_t)1 << 30) + (1 << 20),
+                "gradients %zu", b.gradients);
+  ck_assert_msg(b.conformance > b.forward, "conformance %zu", b.conformance);
+  topos_plan_free(p);
+  topos_network_release(huge);
+  /* 4 MiB at f32, run and measured. */
+  topos_network *net = broadcast_net(1024, 1024, &loss);
+  p = lower(net, &loss, 1, NULL, 0, TOPOS_POSTURE_FORWARD);
+  bounds_hold("broadcast", net, p, NULL, 0);
+  topos_plan_free(p);
+  p = lower(net, &loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING);
+  bounds_hold("broadcast", net, p, NULL, 0);
+  topos_plan_free(p);
+  topos_network_release(net);
+  ck_assert_uint_eq(topos_plan_step_bytes(NULL, NULL, false, false), 0);
+  topos_run_bytes zero;
+  topos_plan_run_bytes(NULL, &zero);
+  ck_assert_uint_eq(zero.forward, 0);
+}
+END_TEST
+
+/* A training chain: the scan's cotangents stay to its end (the
+ * evaluating builder keeps every settled handle), and the bound knows. */
+START_TEST(memory_bounds_chain) {
+  topos_value loss, mid[40];
+  topos_network *net = tanh_chain(40, &loss, mid);
+  topos_plan *p = lower(net, &loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING);
+  bounds_hold("tanh chain", net, p, NULL, 0);
+  topos_plan_free(p);
+  topos_network_release(net);
+}
+END_TEST
+
 Suite *plan_suite(void) {
   Suite *s = suite_create("plan");
   TCase *tc = tcase_create("lowering");
@@ -1512,6 +1726,14 @@ Suite *plan_suite(void) {
   tcase_add_test(tc, liveness_keeps_observes);
   tcase_add_test(tc, liveness_views);
   tcase_add_test(tc, peak_bytes_views);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("memory_bounds");
+  tcase_set_timeout(tc, 240);
+  tcase_add_test(tc, memory_bounds_models);
+  tcase_add_test(tc, memory_bounds_samples);
+  tcase_add_test(tc, memory_bounds_broadcast);
+  tcase_add_test(tc, memory_bounds_chain);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("training");

@@ -182,6 +182,83 @@ START_TEST(test_pool_idle_cap) {
 }
 END_TEST
 
+/* The cap can be set (the daemon's --pool-bytes): idle buffers above it
+ * go at once, largest first, and later frees above it go to the system;
+ * topos_pool_release trims to a bound without changing the cap. */
+START_TEST(test_pool_set_cap_and_release) {
+  size_t saved = topos_pool_cap();
+  topos_pool_set_cap((size_t)1 << 30);
+  pool_trim();
+  const size_t mib = (size_t)1 << 20;
+  void *small[4], *big;
+  size_t cs[4], cb;
+  for (int i = 0; i < 4; i++) {
+    small[i] = pool_alloc(mib, &cs[i]);
+    ck_assert_ptr_nonnull(small[i]);
+    ck_assert_uint_eq(cs[i], mib);
+  }
+  big = pool_alloc(8 * mib, &cb);
+  ck_assert_ptr_nonnull(big);
+  ck_assert_uint_eq(cb, 8 * mib);
+  pool_free(big, cb);
+  for (int i = 0; i < 4; i++) pool_free(small[i], cs[i]);
+  ck_assert_uint_eq(topos_pool_idle_bytes(), 12 * mib);
+  /* Largest first: the 8 MiB buffer goes, the four 1 MiB ones stay. */
+  topos_pool_release(5 * mib);
+  ck_assert_uint_eq(topos_pool_idle_bytes(), 4 * mib);
+  ck_assert_uint_eq(topos_pool_cap(), (size_t)1 << 30);
+  /* A lower cap trims at once and bounds what later frees keep. */
+  topos_pool_set_cap(2 * mib + mib / 2);
+  ck_assert_uint_eq(topos_pool_cap(), 2 * mib + mib / 2);
+  ck_assert_uint_eq(topos_pool_idle_bytes(), 2 * mib);
+  size_t c1, c2;
+  void *a = pool_alloc(mib, &c1), *b = pool_alloc(mib, &c2);
+  ck_assert_uint_eq(topos_pool_idle_bytes(), 0);
+  void *x = pool_alloc(4 * mib, &c1);
+  pool_free(x, c1); /* over the cap alone: freed */
+  ck_assert_uint_eq(topos_pool_idle_bytes(), 0);
+  pool_free(a, mib);
+  pool_free(b, mib);
+  ck_assert_uint_eq(topos_pool_idle_bytes(), 2 * mib);
+  topos_pool_set_cap(0); /* nothing idle at all */
+  ck_assert_uint_eq(topos_pool_idle_bytes(), 0);
+  a = pool_alloc(100, &c1);
+  pool_free(a, c1);
+  ck_assert_uint_eq(topos_pool_idle_bytes(), 0);
+  topos_pool_set_cap(saved);
+  pool_trim();
+}
+END_TEST
+
+/* Bytes handed out and their high-water mark, at class sizes. */
+START_TEST(test_pool_used_and_peak) {
+  pool_trim();
+  pool_peak_reset();
+  size_t base = pool_used_bytes();
+  ck_assert_uint_eq(pool_peak_bytes(), base);
+  size_t c1, c2;
+  void *a = pool_alloc(1000, &c1);
+  void *b = pool_alloc(100000, &c2);
+  ck_assert_uint_eq(pool_used_bytes(), base + c1 + c2);
+  pool_free(b, c2);
+  ck_assert_uint_eq(pool_used_bytes(), base + c1);
+  ck_assert_uint_eq(pool_peak_bytes(), base + c1 + c2);
+  /* Reused from the free list: counted the same. */
+  b = pool_alloc(100000, &c2);
+  ck_assert_uint_eq(pool_peak_bytes(), base + c1 + c2);
+  pool_free(a, c1);
+  pool_free(b, c2);
+  ck_assert_uint_eq(pool_used_bytes(), base);
+  pool_peak_reset();
+  ck_assert_uint_eq(pool_peak_bytes(), base);
+  ck_assert_uint_eq(pool_capacity_of(1000), c1);
+  ck_assert_uint_eq(pool_capacity_of(SIZE_MAX), SIZE_MAX);
+  ck_assert_uint_eq(pool_bytes_of(250, 4), c1);
+  ck_assert_uint_eq(pool_bytes_of(-1, 4), SIZE_MAX);
+  pool_trim();
+}
+END_TEST
+
 /* Each thread holds a few buffers at a time from a small set of sizes, so
  * buffers move between threads through the shared free lists, and checks
  * that nobody else wrote into a buffer while it held it. */
@@ -262,6 +339,8 @@ Suite *pool_suite(void) {
   tcase_add_test(tc, test_pool_overflow);
   tcase_add_test(tc, test_pool_idle_accounting_and_trim);
   tcase_add_test(tc, test_pool_idle_cap);
+  tcase_add_test(tc, test_pool_set_cap_and_release);
+  tcase_add_test(tc, test_pool_used_and_peak);
   tcase_add_test(tc, test_pool_threads);
   suite_add_tcase(s, tc);
   return s;

@@ -482,6 +482,41 @@ START_TEST(step_errors) {
                        &r, &err);
   expect_failed(rc, &err, &r, TOPOS_ERR_ARGUMENT, "slots");
   ck_assert_int_eq(cancel_calls, 0);
+  /* A state whose second moment holds a negative element (slot 1, the
+   * last element), or a setting the kind does not read. */
+  topos_opt_state *fresh = topos_opt_state_new(&adam, init, &err);
+  const topos_params *v0 = topos_opt_state_moment(fresh, 1);
+  const topos_tensor *v1 = topos_params_get(v0, 1);
+  int64_t n1 = topos_tensor_count(v1);
+  double *vals = calloc((size_t)n1, sizeof *vals);
+  vals[n1 - 1] = -0.5;
+  topos_tensor *neg_v = topos_tensor_from(TOPOS_F64, topos_tensor_rank(v1),
+                                          topos_tensor_shape(v1), vals, &err);
+  free(vals);
+  topos_params *vbad = topos_params_with(v0, 1, neg_v, &err);
+  topos_opt_state *bad_state =
+      topos_opt_state_from(3, topos_opt_state_moment(fresh, 0), vbad, &err);
+  ck_assert_ptr_nonnull(bad_state);
+  junk(&r);
+  rc = topos_plan_step(plan, NULL, b.feeds, 2, &adam, bad_state, &counting, &r,
+                       &err);
+  char expect[96];
+  snprintf(expect, sizeof expect,
+           "second moment (v) slot 1 element %lld is -0.5",
+           (long long)(n1 - 1));
+  expect_failed(rc, &err, &r, TOPOS_ERR_ARGUMENT, expect);
+  ck_assert_int_eq(cancel_calls, 0);
+  topos_optimizer adam_mu = adam;
+  adam_mu.momentum = 0.9;
+  junk(&r);
+  rc = topos_plan_step(plan, NULL, b.feeds, 2, &adam_mu, NULL, &counting, &r,
+                       &err);
+  expect_failed(rc, &err, &r, TOPOS_ERR_ARGUMENT, "does not read momentum");
+  ck_assert_int_eq(cancel_calls, 0);
+  topos_opt_state_free(bad_state);
+  topos_params_free(vbad);
+  topos_tensor_release(neg_v);
+  topos_opt_state_free(fresh);
   /* The counter does count when the step runs. */
   ck_assert_int_eq(
       topos_plan_step(plan, NULL, b.feeds, 2, &sgd, NULL, &counting, &r, &err),

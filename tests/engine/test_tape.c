@@ -960,6 +960,48 @@ START_TEST(names_duplicate_is_error) {
 }
 END_TEST
 
+/* A name is UTF-8 (proto3 strings carry it out): multi-byte names are
+ * kept byte for byte; malformed ones fail with the byte named. */
+START_TEST(names_must_be_utf8) {
+  const char *good[] = {"\xce\xbb_\xe6\x8d\x9f\xe5\xa4\xb1", /* λ_损失 */
+                        "\xf0\x9f\x98\x80", "\xf4\x8f\xbf\xbf", "a"};
+  for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+    topos_tape *t = topos_tape_new(TOPOS_F64);
+    topos_value v = topos_name(t, leaf64(t, 1, S(2)), good[i]);
+    ck_assert_msg(topos_value_ok(v), "%zu: %s", i, topos_tape_error(t));
+    topos_error err = {0};
+    topos_network *net = topos_tape_seal(t, &err);
+    ck_assert_ptr_nonnull(net);
+    ck_assert_str_eq(topos_network_name_of(net, v), good[i]);
+    ck_assert_int_eq(topos_network_find(net, good[i]).index, v.index);
+    topos_network_release(net);
+  }
+  struct {
+    const char *name, *expect;
+  } bad[] = {
+      {"ab\xc0\x80", "overlong encoding) at byte 2"},
+      {"\xe0\x80\xaf", "overlong"},
+      {"x\xed\xa0\x80", "surrogate) at byte 1"},
+      {"\xf4\x90\x80\x80", "above U+10FFFF"},
+      {"loss\xe6\x8d", "truncated sequence) at byte 4"},
+      {"\x80", "stray continuation byte) at byte 0"},
+      {"\xff", "cannot start a character"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    topos_tape *t = topos_tape_new(TOPOS_F64);
+    topos_value a = leaf64(t, 1, S(2));
+    ck_assert(!topos_value_ok(topos_name(t, a, bad[i].name)));
+    const char *e = topos_tape_error(t);
+    ck_assert_ptr_nonnull(e);
+    expect_contains(e, "name (node 0): not valid UTF-8");
+    expect_contains(e, bad[i].expect);
+    topos_error err = {0};
+    ck_assert_ptr_null(topos_tape_seal(t, &err));
+    ck_assert_int_eq(err.code, TOPOS_ERR_ARGUMENT);
+  }
+}
+END_TEST
+
 /* Names are per tape: two tapes may use the same name. */
 START_TEST(names_per_tape) {
   topos_tape *t1 = topos_tape_new(TOPOS_F64);
@@ -1116,6 +1158,7 @@ Suite *tape_suite(void) {
   tc = tcase_create("network");
   tcase_add_test(tc, names_find_and_name_of);
   tcase_add_test(tc, names_duplicate_is_error);
+  tcase_add_test(tc, names_must_be_utf8);
   tcase_add_test(tc, names_per_tape);
   tcase_add_test(tc, seal_describe);
   tcase_add_test(tc, seal_keeps_leaf_tensors);

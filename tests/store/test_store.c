@@ -801,7 +801,8 @@ START_TEST(test_empty_files_adopted) {
   st = open_ok(bare);
   store_close(st);
   db = raw_open(bare);
-  ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM schema_version"), 1);
+  ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM schema_version"),
+                   STORE_SCHEMA_VERSION);
   sqlite3_close(db);
 }
 END_TEST
@@ -1265,6 +1266,417 @@ START_TEST(test_crash_sigkill) {
 }
 END_TEST
 
+/* ------------------------------------------------ retention and budgets */
+
+/* Whether a spec is there, without reading it. */
+static bool spec_present(topos_store *st, const char *id) {
+  topos_error err = {0};
+  bool present = false;
+  ck_assert_msg(store_has_spec(st, id, &present, &err) == TOPOS_OK,
+                "has_spec: %s", err.message);
+  return present;
+}
+
+/* Puts a distinct spec of n bytes, then waits a little so the next use
+ * gets a later millisecond (last use is wall-clock ms). */
+static void put_spec_seed(topos_store *st, size_t n, uint64_t seed,
+                          char id[65]) {
+  uint8_t *bytes = make_bytes(n, seed);
+  put_spec_ok(st, bytes, n, id);
+  free(bytes);
+  usleep(3000);
+}
+
+/* The in-use callback of the tests: the ids in a list are in use, and
+ * every question is counted. */
+typedef struct in_use_list {
+  const char *ids[8];
+  int n;
+  int asked;
+} in_use_list;
+
+static bool list_in_use(void *ctx, const char *id) {
+  in_use_list *l = ctx;
+  l->asked++;
+  for (int i = 0; i < l->n; i++)
+    if (strcmp(l->ids[i], id) == 0) return true;
+  return false;
+}
+
+START_TEST(test_retention_lru_order) {
+  topos_store *st = open_ok(g_path);
+  topos_error err = {0};
+  ck_assert_int_eq(store_set_spec_budget(st, 3500, NULL, NULL, &err), TOPOS_OK);
+  char a[65], b[65], c[65], d[65], e[65];
+  put_spec_seed(st, 1000, 1, a);
+  put_spec_seed(st, 1000, 2, b);
+  put_spec_seed(st, 1000, 3, c);
+  /* A is used after C was put, so B is now the least recently used. */
+  ck_assert_int_eq(store_touch_spec(st, a, &err), TOPOS_OK);
+  usleep(3000);
+  put_spec_seed(st, 1000, 4, d);
+  ck_assert(!spec_present(st, b));
+  ck_assert(spec_present(st, a));
+  ck_assert(spec_present(st, c));
+  ck_assert(spec_present(st, d));
+  /* Putting a stored spec again is a use too: C outlives A now. */
+  put_spec_seed(st, 1000, 3, c);
+  put_spec_seed(st, 1000, 5, e);
+  ck_assert(!spec_present(st, a));
+  ck_assert(spec_present(st, c));
+  ck_assert(spec_present(st, d));
+  ck_assert(spec_present(st, e));
+  store_stats_info s = stats_ok(st);
+  ck_assert_int_eq(s.spec_count, 3);
+  ck_assert_int_le(s.spec_bytes, 3500);
+  ck_assert_int_eq(s.spec_budget, 3500);
+  /* The list carries last use: E newest, then C (put again), then D. */
+  store_spec_info *rows = NULL;
+  int n = 0;
+  ck_assert_int_eq(store_list_specs(st, 0, 10, &rows, &n, &err), TOPOS_OK);
+  ck_assert_int_eq(n, 3);
+  int64_t used_c = 0, used_d = 0, used_e = 0;
+  for (int i = 0; i < n; i++) {
+    ck_assert_int_ge(rows[i].last_used_ms, rows[i].created_ms);
+    if (strcmp(rows[i].id, c) == 0) used_c = rows[i].last_used_ms;
+    if (strcmp(rows[i].id, d) == 0) used_d = rows[i].last_used_ms;
+    if (strcmp(rows[i].id, e) == 0) used_e = rows[i].last_used_ms;
+  }
+  ck_assert_int_gt(used_c, used_d);
+  ck_assert_int_gt(used_e, used_c);
+  free(rows);
+  /* Touching an unknown id is fine; a malformed one is refused. */
+  ck_assert_int_eq(store_touch_spec(st, b, &err), TOPOS_OK);
+  ck_assert_int_eq(store_touch_spec(st, "nope", &err), TOPOS_ERR_ARGUMENT);
+  ck_assert_int_eq(store_set_spec_budget(st, -1, NULL, NULL, &err),
+                   TOPOS_ERR_ARGUMENT);
+  store_close(st);
+}
+END_TEST
+
+START_TEST(test_retention_never_in_use) {
+  topos_store *st = open_ok(g_path);
+  topos_error err = {0};
+  char a[65], b[65], c[65], d[65], e[65];
+  in_use_list used = {0};
+  ck_assert_int_eq(store_set_spec_budget(st, 2500, list_in_use, &used, &err),
+                   TOPOS_OK);
+  put_spec_seed(st, 1000, 1, a);
+  put_spec_seed(st, 1000, 2, b);
+  used.ids[used.n++] = a; /* the oldest, but in use */
+  put_spec_seed(st, 1000, 3, c);
+  ck_assert(spec_present(st, a));
+  ck_assert(!spec_present(st, b));
+  ck_assert(spec_present(st, c));
+  ck_assert_int_ge(used.asked, 2); /* A was asked about, then B */
+  /* With A and C both in use, a new spec cannot fit: refused, and nothing
+   * is dropped or stored. */
+  used.ids[used.n++] = c;
+  uint8_t *bytes = make_bytes(1000, 4);
+  int rc = store_put_spec(st, bytes, 1000, d, &err);
+  free(bytes);
+  ck_assert_int_eq(rc, TOPOS_ERR_MEMORY);
+  ck_assert_msg(strstr(err.message, "spec budget full") != NULL &&
+                    strstr(err.message, "in use") != NULL,
+                "%s", err.message);
+  ck_assert(spec_present(st, a));
+  ck_assert(spec_present(st, c));
+  ck_assert_int_eq(stats_ok(st).spec_count, 2);
+  /* Once C is free again, the new spec takes its place. */
+  used.n = 1;
+  put_spec_seed(st, 1000, 4, d);
+  ck_assert(spec_present(st, a));
+  ck_assert(!spec_present(st, c));
+  ck_assert(spec_present(st, d));
+  /* A spec larger than the whole budget is refused before anything. */
+  bytes = make_bytes(3000, 9);
+  used.asked = 0;
+  rc = store_put_spec(st, bytes, 3000, e, &err);
+  free(bytes);
+  ck_assert_int_eq(rc, TOPOS_ERR_MEMORY);
+  ck_assert_msg(
+      strstr(err.message, "larger than the spec budget of 2500") != NULL, "%s",
+      err.message);
+  ck_assert_int_eq(used.asked, 0);
+  ck_assert_int_eq(stats_ok(st).spec_count, 2);
+  store_close(st);
+}
+END_TEST
+
+START_TEST(test_retention_budget_lowered) {
+  topos_store *st = open_ok(g_path);
+  topos_error err = {0};
+  char ids[6][65];
+  for (int i = 0; i < 6; i++) put_spec_seed(st, 1000, 10 + (uint64_t)i, ids[i]);
+  ck_assert_int_eq(stats_ok(st).spec_count, 6); /* no budget: all kept */
+  in_use_list used = {.ids = {ids[0]}, .n = 1};
+  ck_assert_int_eq(store_set_spec_budget(st, 3000, list_in_use, &used, &err),
+                   TOPOS_OK);
+  /* The oldest unused go (1, 2, 3; 0 is in use) until 3000 bytes stay. */
+  ck_assert(spec_present(st, ids[0]));
+  ck_assert(!spec_present(st, ids[1]));
+  ck_assert(!spec_present(st, ids[2]));
+  ck_assert(!spec_present(st, ids[3]));
+  ck_assert(spec_present(st, ids[4]));
+  ck_assert(spec_present(st, ids[5]));
+  ck_assert_int_le(stats_ok(st).spec_bytes, 3000);
+  store_close(st);
+}
+END_TEST
+
+START_TEST(test_touches_written) {
+  topos_store *st = open_ok(g_path);
+  topos_error err = {0};
+  char a[65], b[65];
+  put_spec_seed(st, 500, 1, a);
+  put_spec_seed(st, 500, 2, b);
+  sqlite3 *db = raw_open(g_path);
+  char sql[200];
+  snprintf(sql, sizeof sql, "SELECT last_used_ms FROM specs WHERE id = '%s'",
+           a);
+  int64_t before = raw_int(db, sql);
+  /* A touch waits in memory ... */
+  ck_assert_int_eq(store_touch_spec(st, a, &err), TOPOS_OK);
+  ck_assert_int_eq(raw_int(db, sql), before);
+  /* ... until a flush (or the next put, or close). */
+  ck_assert_int_eq(store_flush_touches(st, &err), TOPOS_OK);
+  int64_t after = raw_int(db, sql);
+  ck_assert_int_gt(after, before);
+  /* A full batch is written on its own: 1024 distinct ids. */
+  usleep(3000);
+  ck_assert_int_eq(store_touch_spec(st, a, &err), TOPOS_OK);
+  for (int i = 0; i < 1100; i++) {
+    char id[65];
+    snprintf(id, sizeof id, "%064x", (unsigned)i + 1);
+    ck_assert_int_eq(store_touch_spec(st, id, &err), TOPOS_OK);
+  }
+  ck_assert_int_gt(raw_int(db, sql), after);
+  /* And close writes what waits. */
+  after = raw_int(db, sql);
+  usleep(3000);
+  ck_assert_int_eq(store_touch_spec(st, a, &err), TOPOS_OK);
+  store_close(st);
+  ck_assert_int_gt(raw_int(db, sql), after);
+  sqlite3_close(db);
+}
+END_TEST
+
+/* The schema a version 1 store had, verbatim. */
+static const char V1_SCHEMA[] =
+    "CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL) "
+    "WITHOUT ROWID;"
+    "INSERT INTO meta (key, value) VALUES ('magic', 'topos-store');"
+    "CREATE TABLE schema_version (version INTEGER PRIMARY KEY NOT NULL,"
+    "  applied_ms INTEGER NOT NULL);"
+    "INSERT INTO schema_version VALUES (1, 1000);"
+    "CREATE TABLE specs (seq INTEGER PRIMARY KEY,"
+    "  id TEXT NOT NULL UNIQUE CHECK (length(id) = 64),"
+    "  size INTEGER NOT NULL CHECK (size >= 0),"
+    "  created_ms INTEGER NOT NULL);"
+    "CREATE TABLE spec_bytes (seq INTEGER PRIMARY KEY, bytes BLOB NOT NULL);"
+    "CREATE TRIGGER specs_drop_bytes AFTER DELETE ON specs BEGIN"
+    "  DELETE FROM spec_bytes WHERE seq = old.seq; END;"
+    "CREATE TABLE blobs (seq INTEGER PRIMARY KEY,"
+    "  id TEXT NOT NULL UNIQUE CHECK (length(id) = 64),"
+    "  size INTEGER NOT NULL CHECK (size >= 0),"
+    "  created_ms INTEGER NOT NULL, last_used INTEGER NOT NULL);"
+    "CREATE TABLE blob_bytes (seq INTEGER PRIMARY KEY, bytes BLOB NOT NULL);"
+    "CREATE TRIGGER blobs_drop_bytes AFTER DELETE ON blobs BEGIN"
+    "  DELETE FROM blob_bytes WHERE seq = old.seq; END;"
+    "CREATE INDEX blobs_by_last_use ON blobs (last_used);"
+    "PRAGMA application_id = 1416589423;";
+
+START_TEST(test_migrate_v1) {
+  /* A version 1 store with three specs, created at t = 3000, 1000, 2000. */
+  sqlite3 *db = raw_open(g_path);
+  raw_exec(db, V1_SCHEMA);
+  char ids[3][65];
+  int64_t created[3] = {3000, 1000, 2000};
+  for (int i = 0; i < 3; i++) {
+    uint8_t *bytes = make_bytes(1000, 70 + (uint64_t)i);
+    expected_id(bytes, 1000, ids[i]);
+    sqlite3_stmt *stmt;
+    ck_assert_int_eq(
+        sqlite3_prepare_v2(db,
+                           "INSERT INTO specs (id, size, created_ms) "
+                           "VALUES (?1, 1000, ?2)",
+                           -1, &stmt, NULL),
+        SQLITE_OK);
+    sqlite3_bind_text(stmt, 1, ids[i], 64, SQLITE_STATIC);
+    sqlite3_bind_int64(stmt, 2, created[i]);
+    ck_assert_int_eq(sqlite3_step(stmt), SQLITE_DONE);
+    sqlite3_finalize(stmt);
+    ck_assert_int_eq(sqlite3_prepare_v2(db,
+                                        "INSERT INTO spec_bytes (seq, bytes) "
+                                        "VALUES (last_insert_rowid(), ?1)",
+                                        -1, &stmt, NULL),
+                     SQLITE_OK);
+    sqlite3_bind_blob(stmt, 1, bytes, 1000, SQLITE_TRANSIENT);
+    ck_assert_int_eq(sqlite3_step(stmt), SQLITE_DONE);
+    sqlite3_finalize(stmt);
+    free(bytes);
+  }
+  sqlite3_close(db);
+
+  topos_store *st = open_ok(g_path);
+  ck_assert_int_eq(stats_ok(st).schema_version, 2);
+  ck_assert_int_eq(stats_ok(st).spec_count, 3);
+  /* Existing specs were last used when they were created. */
+  store_spec_info *rows = NULL;
+  int n = 0;
+  topos_error err = {0};
+  ck_assert_int_eq(store_list_specs(st, 0, 10, &rows, &n, &err), TOPOS_OK);
+  ck_assert_int_eq(n, 3);
+  for (int i = 0; i < n; i++)
+    ck_assert_int_eq(rows[i].last_used_ms, rows[i].created_ms);
+  free(rows);
+  /* Retention runs in that order: the one created at 1000 goes first. */
+  ck_assert_int_eq(store_set_spec_budget(st, 2000, NULL, NULL, &err), TOPOS_OK);
+  ck_assert(spec_present(st, ids[0]));
+  ck_assert(!spec_present(st, ids[1]));
+  ck_assert(spec_present(st, ids[2]));
+  uint8_t *bytes = make_bytes(1000, 70);
+  assert_spec_is(st, ids[0], bytes, 1000);
+  free(bytes);
+  store_close(st);
+  db = raw_open(g_path);
+  ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM schema_version"), 2);
+  ck_assert_int_eq(raw_int(db,
+                           "SELECT count(*) FROM sqlite_master WHERE name = "
+                           "'specs_by_last_use'"),
+                   1);
+  sqlite3_close(db);
+}
+END_TEST
+
+START_TEST(test_store_budget_full) {
+  topos_store *st = open_ok(g_path);
+  topos_error err = {0};
+  char id[65], first[65];
+  put_spec_seed(st, 20000, 1, first);
+  int64_t file = stats_ok(st).file_bytes;
+  /* 66 KiB more than the file has now: not a whole number of pages, so
+   * at the end there is room by the count but no page to put it in. */
+  int64_t budget = file + 65536 + 2048;
+  ck_assert_int_eq(store_set_store_budget(st, budget, &err), TOPOS_OK);
+  ck_assert_int_eq(stats_ok(st).store_budget, budget);
+  /* A spec larger than what is left: refused before anything is written. */
+  uint8_t *big = make_bytes(100000, 2);
+  char big_id[65];
+  int rc = store_put_spec(st, big, 100000, big_id, &err);
+  ck_assert_int_eq(rc, TOPOS_ERR_MEMORY);
+  ck_assert_msg(strstr(err.message, "store full") != NULL &&
+                    strstr(err.message, "budget") != NULL &&
+                    strstr(err.message, "100000 bytes") != NULL,
+                "%s", err.message);
+  rc = store_put_blob(st, big, 100000, big_id, &err);
+  ck_assert_int_eq(rc, TOPOS_ERR_MEMORY);
+  ck_assert_msg(strstr(err.message, "store full") != NULL &&
+                    strstr(err.message, "blob") != NULL,
+                "%s", err.message);
+  ck_assert_int_eq(stats_ok(st).spec_count, 1);
+  ck_assert_int_eq(stats_ok(st).blob_count, 0);
+  /* Small specs fill it up to the budget; past it each put is refused the
+   * same way, whether the check or SQLite's page limit catches it. */
+  int stored = 0, refused = 0;
+  for (int i = 0; i < 200 && refused < 5; i++) {
+    uint8_t *bytes = make_bytes(3000, 100 + (uint64_t)i);
+    rc = store_put_spec(st, bytes, 3000, id, &err);
+    free(bytes);
+    if (rc == TOPOS_OK) {
+      ck_assert_int_eq(refused, 0);
+      stored++;
+    } else {
+      ck_assert_int_eq(rc, TOPOS_ERR_MEMORY);
+      ck_assert_msg(strstr(err.message, "store full") != NULL, "%s",
+                    err.message);
+      refused++;
+    }
+  }
+  ck_assert_int_gt(stored, 5);
+  ck_assert_int_eq(refused, 5);
+  /* Tiny specs fit by the count until the last page is full; then SQLite's
+   * page limit refuses them, with the same message. */
+  refused = 0;
+  for (int i = 0; i < 2000 && refused == 0; i++) {
+    uint8_t *bytes = make_bytes(100, 1000 + (uint64_t)i);
+    rc = store_put_spec(st, bytes, 100, id, &err);
+    free(bytes);
+    if (rc == TOPOS_OK) {
+      stored++;
+      continue;
+    }
+    ck_assert_int_eq(rc, TOPOS_ERR_MEMORY);
+    ck_assert_msg(strstr(err.message, "store full") != NULL &&
+                      strstr(err.message, "a spec of 100 bytes") != NULL,
+                  "%s", err.message);
+    refused++;
+  }
+  ck_assert_int_eq(refused, 1);
+  ck_assert_int_le(stats_ok(st).file_bytes, budget);
+  ck_assert_int_eq(stats_ok(st).spec_count, 1 + stored);
+  /* Reads keep working; another handle on the file (as the daemon's blob
+   * writer has) enforces the same budget. */
+  store_spec_info *rows = NULL;
+  int n = 0;
+  ck_assert_int_eq(store_list_specs(st, 0, 1, &rows, &n, &err), TOPOS_OK);
+  ck_assert_int_eq(n, 1);
+  uint8_t *got = NULL;
+  size_t len = 0;
+  ck_assert_int_eq(store_get_spec(st, rows[0].id, &got, &len, &err), TOPOS_OK);
+  free(got);
+  topos_store *other = open_ok(g_path);
+  uint8_t *bytes = make_bytes(3000, 999);
+  rc = store_put_blob(other, bytes, 3000, id, &err);
+  ck_assert_int_eq(rc, TOPOS_ERR_MEMORY);
+  ck_assert_msg(strstr(err.message, "store full") != NULL, "%s", err.message);
+  /* Deleting frees pages that puts reuse. */
+  ck_assert_int_eq(store_delete_spec(st, first, &err), TOPOS_OK);
+  put_blob_ok(other, bytes, 3000, id);
+  free(bytes);
+  free(rows);
+  store_close(other);
+  /* Raising the budget lets the big spec in. */
+  ck_assert_int_eq(store_set_store_budget(st, budget + 400000, &err), TOPOS_OK);
+  put_spec_ok(st, big, 100000, big_id);
+  free(big);
+  ck_assert_int_eq(store_set_store_budget(st, 100, &err), TOPOS_ERR_ARGUMENT);
+  store_close(st);
+  assert_integrity_ok(g_path);
+}
+END_TEST
+
+static mode_t mode_of(const char *path) {
+  struct stat sb;
+  ck_assert_msg(stat(path, &sb) == 0, "stat %s: %s", path, strerror(errno));
+  return sb.st_mode & 07777;
+}
+
+START_TEST(test_file_modes) {
+  /* Created private even under a permissive umask. */
+  mode_t old = umask(0);
+  topos_store *st = open_ok(g_path);
+  char id[65];
+  put_spec_seed(st, 100, 1, id);
+  char wal[700], shm[700];
+  snprintf(wal, sizeof wal, "%s-wal", g_path);
+  snprintf(shm, sizeof shm, "%s-shm", g_path);
+  ck_assert_int_eq(mode_of(g_path), 0600);
+  ck_assert_int_eq(mode_of(wal), 0600);
+  ck_assert_int_eq(mode_of(shm), 0600);
+  store_close(st);
+  /* An existing store keeps its owner's mode, never widened. */
+  const char *shared = in_dir("shared.db");
+  write_file(shared, "", 0);
+  ck_assert_int_eq(chmod(shared, 0640), 0);
+  st = open_ok(shared);
+  put_spec_seed(st, 100, 2, id);
+  ck_assert_int_eq(mode_of(shared), 0640);
+  store_close(st);
+  umask(old);
+}
+END_TEST
+
 Suite *store_suite(void) {
   Suite *s = suite_create("store");
 
@@ -1298,6 +1710,18 @@ Suite *store_suite(void) {
   tcase_add_test(blobs, test_blob_cap_lowered);
   tcase_add_test(blobs, test_big_blob);
   suite_add_tcase(s, blobs);
+
+  TCase *retention = tcase_create("retention");
+  tcase_add_checked_fixture(retention, setup, teardown);
+  tcase_set_timeout(retention, 60);
+  tcase_add_test(retention, test_retention_lru_order);
+  tcase_add_test(retention, test_retention_never_in_use);
+  tcase_add_test(retention, test_retention_budget_lowered);
+  tcase_add_test(retention, test_touches_written);
+  tcase_add_test(retention, test_migrate_v1);
+  tcase_add_test(retention, test_store_budget_full);
+  tcase_add_test(retention, test_file_modes);
+  suite_add_tcase(s, retention);
 
   TCase *durability = tcase_create("durability");
   tcase_add_checked_fixture(durability, setup, teardown);

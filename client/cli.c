@@ -698,10 +698,11 @@ static int cmd_stats(topos_client *c, const options *o) {
       (long long)s.errors, (long long)s.cache_entries, (long long)s.cache_hits,
       (long long)s.cache_misses, (long long)s.specs, (long long)s.spec_bytes,
       (long long)s.blobs, (long long)s.blob_bytes);
-  printf("connections %lld\nconnections_shed %lld\nconnections_refused "
-         "%lld\nconnection_cap %d\n",
-         (long long)s.connections, (long long)s.connections_shed,
-         (long long)s.connections_refused, s.connection_cap);
+  printf(
+      "connections %lld\nconnections_shed %lld\nconnections_refused "
+      "%lld\nconnection_cap %d\n",
+      (long long)s.connections, (long long)s.connections_shed,
+      (long long)s.connections_refused, s.connection_cap);
   for (int i = 0; i < s.nbackends; i++)
     printf("backend_tasks %s %lld\n", s.backend_names[i],
            (long long)s.backend_tasks[i]);

@@ -96,7 +96,8 @@ void config_defaults(toposd_config *cfg) {
   cfg->max_connections = 1024;
   cfg->idle_timeout_ms = 300000;
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  int64_t ram = pages > 0 && page > 0 ? (int64_t)pages * page : (int64_t)8 << 30;
+  int64_t ram =
+      pages > 0 && page > 0 ? (int64_t)pages * page : (int64_t)8 << 30;
   cfg->memory_bytes = ram / 2;
   cfg->run_bytes = 0; /* resolved by config_parse: memory_bytes / 4 */
   cfg->pool_bytes = (int64_t)256 << 20;
@@ -148,8 +149,8 @@ static bool parse_int64(const char *s, bool bytes, int64_t *out) {
   return true;
 }
 
-int config_split_listen(const char *text, char *host, size_t hostlen,
-                        int *port, char *msg, size_t msglen) {
+int config_split_listen(const char *text, char *host, size_t hostlen, int *port,
+                        char *msg, size_t msglen) {
   const char *colon = strrchr(text, ':');
   if (colon == NULL)
     return config_error(msg, msglen, "listen: '%s' is not HOST:PORT", text);
@@ -164,9 +165,8 @@ int config_split_listen(const char *text, char *host, size_t hostlen,
     hl -= 2;
     for (size_t i = 0; i < hl; i++)
       if (!(isxdigit((unsigned char)h[i]) || h[i] == ':' || h[i] == '.'))
-        return config_error(msg, msglen,
-                            "listen: '%s': '%c' in an IPv6 address", text,
-                            h[i]);
+        return config_error(
+            msg, msglen, "listen: '%s': '%c' in an IPv6 address", text, h[i]);
   } else {
     if (hl == 0)
       return config_error(msg, msglen,
@@ -188,9 +188,8 @@ int config_split_listen(const char *text, char *host, size_t hostlen,
     digits = isdigit((unsigned char)p[i]) != 0;
   long v = digits ? strtol(p, NULL, 10) : -1;
   if (v < 0 || v > 65535)
-    return config_error(msg, msglen,
-                        "listen: '%s': the port '%s' is not in 0..65535", text,
-                        p);
+    return config_error(
+        msg, msglen, "listen: '%s': the port '%s' is not in 0..65535", text, p);
   if (hl + 1 > hostlen)
     return config_error(msg, msglen, "listen: '%s': the host is too long",
                         text);
@@ -441,9 +440,8 @@ int config_parse(toposd_config *cfg, int argc, char **argv, char *msg,
   }
   if (cfg->run_bytes == 0) cfg->run_bytes = cfg->memory_bytes / 4;
   if (cfg->run_bytes > cfg->memory_bytes)
-    return config_error(msg, msglen,
-                        "run-bytes (%lld) is over memory-bytes (%lld)",
-                        (long long)cfg->run_bytes,
-                        (long long)cfg->memory_bytes);
+    return config_error(
+        msg, msglen, "run-bytes (%lld) is over memory-bytes (%lld)",
+        (long long)cfg->run_bytes, (long long)cfg->memory_bytes);
   return 0;
 }

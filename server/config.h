@@ -63,8 +63,8 @@ int config_load_json(toposd_config *cfg, const char *path, char *msg,
  * IPv4 literal, or [IPV6]:PORT, and PORT decimal in 0..65535 (0 picks a
  * free port).  host gets HOST without brackets.  Returns 0, or -1 with
  * msg saying what is wrong. */
-int config_split_listen(const char *text, char *host, size_t hostlen,
-                        int *port, char *msg, size_t msglen);
+int config_split_listen(const char *text, char *host, size_t hostlen, int *port,
+                        char *msg, size_t msglen);
 
 /* The usage text printed by --help. */
 extern const char config_usage[];

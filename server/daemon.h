@@ -19,7 +19,7 @@ typedef struct daemon_state {
   const toposd_config *cfg;
   topos_store *store;
   cache *cache;
-  blob_writer *blobs; /* uploaded blobs on their way into the store */
+  blob_writer *blobs;        /* uploaded blobs on their way into the store */
   struct listener *listener; /* the front's connections (Stats reads) */
   /* Set once SIGTERM/SIGINT arrived: Health says "draining". */
   _Atomic int draining;

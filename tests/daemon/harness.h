@@ -510,6 +510,49 @@ static topos_tensor *tensor_of(const Topos__V1__Tensor *m) {
   return t;
 }
 
+/* A field of the daemon's /proc/PID/status in bytes ("VmRSS:",
+ * "VmHWM:"). */
+static int64_t proc_bytes(pid_t pid, const char *field) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  int64_t kb = -1;
+  while (fgets(line, sizeof line, f))
+    if (strncmp(line, field, strlen(field)) == 0)
+      kb = strtoll(line + strlen(field), NULL, 10);
+  fclose(f);
+  ck_assert_msg(kb >= 0, "%s not in %s", field, path);
+  return kb * 1024;
+}
+
+/* A checked fixture for suites whose tests start gRPC themselves (each
+ * test is its own process under Check's fork). */
+static void grpc_up(void) {
+  grpc_init();
+}
+static void grpc_down(void) {
+  grpc_shutdown();
+}
+
+/* A daemon with extra flags and a client of it, as most tests start. */
+static void fixture_start(daemon_proc *d, client *c, const char *const *extra) {
+  memset(d, 0, sizeof *d);
+  daemon_dir(d);
+  daemon_start(d, extra);
+  grpc_init();
+  client_open(c, d->port);
+}
+
+/* Closes the client, stops the daemon with SIGTERM (it must exit 0 within
+ * `seconds`) and removes its directory. */
+static void fixture_stop(daemon_proc *d, client *c, double seconds) {
+  client_close(c);
+  grpc_shutdown();
+  assert_clean_exit(daemon_stop(d, SIGTERM, seconds), seconds);
+  daemon_cleanup(d);
+}
+
 /* A packed Forward of net's root `out` on the stored spec id. */
 static void slow_forward_request(const topos_network *net, topos_value out,
                                  const char *id, uint8_t **bytes, size_t *len) {

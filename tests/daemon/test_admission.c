@@ -11,34 +11,12 @@
 static daemon_proc D;
 static client C;
 
-/* A field of /proc/PID/status in bytes ("VmRSS:", "VmHWM:"). */
-static int64_t proc_bytes(pid_t pid, const char *field) {
-  char path[64], line[256];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-  FILE *f = fopen(path, "r");
-  ck_assert_ptr_nonnull(f);
-  int64_t kb = -1;
-  while (fgets(line, sizeof line, f))
-    if (strncmp(line, field, strlen(field)) == 0)
-      kb = strtoll(line + strlen(field), NULL, 10);
-  fclose(f);
-  ck_assert_msg(kb >= 0, "%s not in %s", field, path);
-  return kb * 1024;
-}
-
 static void start(const char *const *extra) {
-  memset(&D, 0, sizeof D);
-  daemon_dir(&D);
-  daemon_start(&D, extra);
-  grpc_init();
-  client_open(&C, D.port);
+  fixture_start(&D, &C, extra);
 }
 
 static void stop(void) {
-  client_close(&C);
-  grpc_shutdown();
-  assert_clean_exit(daemon_stop(&D, SIGTERM, 30), 30);
-  daemon_cleanup(&D);
+  fixture_stop(&D, &C, 30);
 }
 
 /* loss = sum(exp(broadcast(s, [rows, cols]))) for a scalar parameter s:

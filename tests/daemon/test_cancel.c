@@ -143,12 +143,8 @@ static double cancel_latency(const char *method, const uint8_t *msg,
 }
 
 static void start(void) {
-  memset(&D, 0, sizeof D);
-  daemon_dir(&D);
   const char *extra[] = {"--workers", "1", NULL};
-  daemon_start(&D, extra);
-  grpc_init();
-  client_open(&C, D.port);
+  fixture_start(&D, &C, extra);
   G = gd_network(0);
   char id[65];
   record(&C, G.net, id);
@@ -163,10 +159,7 @@ static void start(void) {
 }
 
 static void stop(void) {
-  client_close(&C);
-  grpc_shutdown();
-  assert_clean_exit(daemon_stop(&D, SIGTERM, 30), 30);
-  daemon_cleanup(&D);
+  fixture_stop(&D, &C, 30);
   free(probe);
   probe = NULL;
   topos_network_release(G.net);

@@ -387,15 +387,6 @@ START_TEST(test_state_refused) {
 }
 END_TEST
 
-/* Each test (its own process under Check's fork) starts gRPC. */
-static void grpc_up(void) {
-  grpc_init();
-}
-
-static void grpc_down(void) {
-  grpc_shutdown();
-}
-
 Suite *optimizer_suite(void) {
   Suite *s = suite_create("optimizer");
   TCase *tc = tcase_create("daemon");

@@ -17,18 +17,11 @@ static daemon_proc D;
 static client C;
 
 static void start(const char *const *extra) {
-  memset(&D, 0, sizeof D);
-  daemon_dir(&D);
-  daemon_start(&D, extra);
-  grpc_init();
-  client_open(&C, D.port);
+  fixture_start(&D, &C, extra);
 }
 
 static void stop(void) {
-  client_close(&C);
-  grpc_shutdown();
-  assert_clean_exit(daemon_stop(&D, SIGTERM, 60), 60);
-  daemon_cleanup(&D);
+  fixture_stop(&D, &C, 60);
 }
 
 /* -------------------------------------------------------------- the cache */
@@ -451,26 +444,13 @@ END_TEST
 
 /* ------------------------------------------------------------ RSS bound */
 
-static int64_t rss_bytes(pid_t pid) {
-  char path[64], line[256];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-  FILE *f = fopen(path, "r");
-  ck_assert_ptr_nonnull(f);
-  int64_t kb = -1;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "VmRSS: %lld kB", (long long *)&kb) == 1) break;
-  fclose(f);
-  ck_assert_int_ge(kb, 0);
-  return kb * 1024;
-}
-
 /* 30 different 100k-node specs, each recorded and lowered, under
  * --cache-bytes 256M: the daemon's RSS stays near the bound (it reached
  * 2.4 GB when the cache counted encodings). */
 START_TEST(test_rss_bounded) {
   const char *extra[] = {"--cache-bytes", "256M", "--workers", "2", NULL};
   start(extra);
-  int64_t rss0 = rss_bytes(D.pid), peak = rss0;
+  int64_t rss0 = proc_bytes(D.pid, "VmRSS:"), peak = rss0;
   for (int i = 0; i < 30; i++) {
     topos_value out;
     topos_network *net = long_chain(100000, (double)i + 1, &out);
@@ -488,13 +468,13 @@ START_TEST(test_rss_bounded) {
     wire_message_free(&lo->base);
     wire_message_free(&lr.entry->base);
     topos_network_release(net);
-    int64_t rss = rss_bytes(D.pid);
+    int64_t rss = proc_bytes(D.pid, "VmRSS:");
     if (rss > peak) peak = rss;
   }
   fprintf(stderr,
           "retention: RSS of 30 100k-node specs under --cache-bytes 256M: "
           "%.0f MB at start, %.0f MB peak, %.0f MB at the end\n",
-          rss0 / 1e6, peak / 1e6, rss_bytes(D.pid) / 1e6);
+          rss0 / 1e6, peak / 1e6, proc_bytes(D.pid, "VmRSS:") / 1e6);
 #ifndef __SANITIZE_ADDRESS__
   /* The cache's 256 MiB, plus what decoding and lowering one spec takes
    * at a time and malloc's slack; not 30 specs' worth (over 1.3 GB). */

@@ -26,19 +26,11 @@ static daemon_proc D;
 static client C;
 
 static void start_default(void) {
-  memset(&D, 0, sizeof D);
-  daemon_dir(&D);
-  daemon_start(&D, NULL);
-  grpc_init();
-  client_open(&C, D.port);
+  fixture_start(&D, &C, NULL);
 }
 
 static void stop_default(void) {
-  client_close(&C);
-  grpc_shutdown();
-  int status = daemon_stop(&D, SIGTERM, 20);
-  assert_clean_exit(status, 20);
-  daemon_cleanup(&D);
+  fixture_stop(&D, &C, 20);
 }
 
 START_TEST(test_record_describe_idempotent) {

@@ -385,15 +385,6 @@ START_TEST(test_backend_hints) {
 }
 END_TEST
 
-/* Each test (its own process under Check's fork) starts gRPC. */
-static void grpc_up(void) {
-  grpc_init();
-}
-
-static void grpc_down(void) {
-  grpc_shutdown();
-}
-
 Suite *strings_suite(void) {
   Suite *s = suite_create("strings");
   TCase *tc = tcase_create("daemon");

@@ -974,6 +974,45 @@ topos_value topos_silu(topos_tape *tape, topos_value x);
 topos_value topos_dropout(topos_tape *tape, topos_value x, topos_value mask,
                           double p);
 
+/* ------------------------------------------------------------ checkpoints */
+
+/*
+ * Checkpoints in the safetensors format (docs/checkpoints.md): dtypes
+ * F32, F64, BF16, I32, data little-endian row-major.
+ *
+ * save writes the n tensors (any layout; their logical row-major elements
+ * are written) under the n names, which must be unique, UTF-8 without
+ * NUL, and not "__metadata__".  It writes a temporary file beside path
+ * and renames it over path, so path holds either its old bytes or the
+ * whole new file.  Returns a topos_status: TOPOS_ERR_ARGUMENT for bad
+ * names or NULLs, TOPOS_ERR_IO when the file cannot be written.
+ */
+int topos_safetensors_save(const char *path, int n, const char *const *names,
+                           topos_tensor *const *tensors, topos_error *err);
+
+typedef struct topos_safetensors topos_safetensors;
+
+/*
+ * Loads every tensor of the file at path (caller frees the set with
+ * topos_safetensors_free), or NULL with err: TOPOS_ERR_CORRUPT, naming
+ * the fault, for a file that is not valid safetensors (truncated, a
+ * header length beyond the file or over 100 MB, a header that is not a
+ * JSON object, an unknown dtype, a bad shape or rank, data_offsets out
+ * of range, overlapping or leaving bytes uncovered, a byte count that
+ * disagrees with dtype and shape, a duplicate name); TOPOS_ERR_NOT_FOUND
+ * when there is no file, TOPOS_ERR_IO when it cannot be read.
+ */
+topos_safetensors *topos_safetensors_load(const char *path, topos_error *err);
+/* Tensors in the set (-1 for NULL); names in header order, borrowed
+ * (NULL when i is out of range). */
+int topos_safetensors_count(const topos_safetensors *st);
+const char *topos_safetensors_name(const topos_safetensors *st, int i);
+/* The tensor named `name` (a new reference: caller releases), or NULL
+ * with TOPOS_ERR_NOT_FOUND. */
+topos_tensor *topos_safetensors_get(const topos_safetensors *st,
+                                    const char *name, topos_error *err);
+void topos_safetensors_free(topos_safetensors *st);
+
 #ifdef __cplusplus
 }
 #endif

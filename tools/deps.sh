@@ -19,12 +19,14 @@ if [ -n "$missing" ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
 fi
 
-# IREE, pinned to the versions the suite was verified with (their own
-# dependencies too, so a fresh clone gets the same environment).  The venv
-# records the pins it was built from: the same pins are a no-op, changed
-# ones rebuild it.  Debian's python3 (not a pyenv one first on PATH), so
-# that CI, as root, builds what a developer builds.
-IREE_PINS="iree-base-compiler==3.13.0 iree-base-runtime==3.13.0 numpy==2.4.6 ml_dtypes==0.7.0 sympy==1.14.0 mpmath==1.3.0"
+# IREE (and safetensors, for the checkpoint interop test in
+# tests/engine/test_safetensors.c), pinned to the versions the suite was
+# verified with (their own dependencies too, so a fresh clone gets the
+# same environment).  The venv records the pins it was built from: the
+# same pins are a no-op, changed ones rebuild it.  Debian's python3 (not
+# a pyenv one first on PATH), so that CI, as root, builds what a
+# developer builds.
+IREE_PINS="iree-base-compiler==3.13.0 iree-base-runtime==3.13.0 numpy==2.4.6 ml_dtypes==0.7.0 sympy==1.14.0 mpmath==1.3.0 safetensors==0.7.0"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${IREE_VENV:-$ROOT/.iree-venv}
 if [ -x "$VENV/bin/iree-compile" ] && [ -x "$VENV/bin/iree-run-module" ] &&

@@ -24,8 +24,9 @@
  * backslashes, control characters), DOT by hand (a quote or a backslash
  * gets a backslash; a control character is shown as a visible escape,
  * backslash-n, backslash-t or backslash-xNN, never as a raw byte or a
- * label line break).  Bytes that are not valid UTF-8 become U+FFFD in
- * both, so the output is always valid UTF-8.  Every form is a read of the
+ * label line break).  Names are UTF-8 without NUL by construction
+ * (topos_name and the canonical decoding check them with engine/utf8.c),
+ * so the output is always valid UTF-8.  Every form is a read of the
  * immutable network; nothing it allocates outlives the call but the
  * returned string.
  */
@@ -203,31 +204,6 @@ static const char *role_of(const node *n, bool used) {
   }
 }
 
-/* The length of the valid UTF-8 sequence at s (1..4), or 0 when the bytes
- * there are not one (overlong forms, surrogates and code points past
- * U+10FFFF included). */
-static int utf8_sequence(const unsigned char *s) {
-  unsigned c = s[0];
-  if (c < 0x80) return 1;
-  int len;
-  unsigned cp, min;
-  if ((c & 0xE0) == 0xC0) {
-    len = 2, cp = c & 0x1F, min = 0x80;
-  } else if ((c & 0xF0) == 0xE0) {
-    len = 3, cp = c & 0x0F, min = 0x800;
-  } else if ((c & 0xF8) == 0xF0) {
-    len = 4, cp = c & 0x07, min = 0x10000;
-  } else {
-    return 0;
-  }
-  for (int i = 1; i < len; i++) {
-    if ((s[i] & 0xC0) != 0x80) return 0;
-    cp = cp << 6 | (s[i] & 0x3F);
-  }
-  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-  return len;
-}
-
 /* ------------------------------------------------------------------ JSON */
 
 /* cJSON reports allocation failures by returning NULL; the builder
@@ -274,50 +250,8 @@ static cJSON *json_shape(json_out *o, int rank, const int64_t *shape) {
   return a;
 }
 
-/* A copy of s with every byte that is not valid UTF-8 replaced by U+FFFD
- * (new), or NULL when s is valid and can be used as it is (or on failure,
- * with *failed set). */
-static char *utf8_repaired(const char *s, bool *failed) {
-  const unsigned char *u = (const unsigned char *)s;
-  size_t len = strlen(s);
-  bool valid = true;
-  for (size_t i = 0; i < len;) {
-    int n = utf8_sequence(u + i);
-    if (!n) {
-      valid = false;
-      break;
-    }
-    i += (size_t)n;
-  }
-  if (valid) return NULL;
-  char *out = malloc(len * 3 + 1);
-  if (!out) {
-    *failed = true;
-    return NULL;
-  }
-  size_t o = 0;
-  for (size_t i = 0; i < len;) {
-    int n = utf8_sequence(u + i);
-    if (n) {
-      memcpy(out + o, s + i, (size_t)n);
-      o += (size_t)n;
-      i += (size_t)n;
-    } else {
-      memcpy(out + o, "\xEF\xBF\xBD", 3);
-      o += 3;
-      i++;
-    }
-  }
-  out[o] = '\0';
-  return out;
-}
-
-static cJSON *json_name(json_out *o, const char *name) {
-  if (!name) return cJSON_CreateNull();
-  char *fixed = utf8_repaired(name, &o->failed);
-  cJSON *s = cJSON_CreateString(fixed ? fixed : name);
-  free(fixed);
-  return s;
+static cJSON *json_name(const char *name) {
+  return name ? cJSON_CreateString(name) : cJSON_CreateNull();
 }
 
 /* The listed attributes, in TOPOS_ATTRS order, under their names. */
@@ -359,7 +293,7 @@ static char *describe_json(const topos_network *net, topos_error *err) {
     json_add(&o, nodes, NULL, j);
     if (o.failed) break;
     json_add(&o, j, "index", json_int(i));
-    json_add(&o, j, "name", json_name(&o, n->name));
+    json_add(&o, j, "name", json_name(n->name));
     json_add(&o, j, "op", cJSON_CreateString(op_table[n->op].name));
     cJSON *operands = cJSON_CreateArray();
     for (int k = 0; operands && k < n->nin; k++)
@@ -399,7 +333,7 @@ static char *describe_json(const topos_network *net, topos_error *err) {
 
 /* Appends s inside a DOT double-quoted string: quotes and backslashes
  * escaped, control characters shown as visible escapes (a raw newline
- * would be a line break, \n a centred one), invalid UTF-8 as U+FFFD. */
+ * would be a line break, \n a centred one); other bytes as they are. */
 static void dot_escaped(text *t, const char *s) {
   const unsigned char *u = (const unsigned char *)s;
   for (size_t i = 0; u[i];) {
@@ -417,12 +351,8 @@ static void dot_escaped(text *t, const char *s) {
       text_add(t, "\\\\x%02x", c);
       i++;
     } else {
-      int n = utf8_sequence(u + i);
-      if (n)
-        text_add(t, "%.*s", n, s + i);
-      else
-        text_add(t, "\xEF\xBF\xBD");
-      i += n ? (size_t)n : 1;
+      text_add(t, "%c", (char)c);
+      i++;
     }
   }
 }

@@ -64,11 +64,22 @@ TOPOSD     := $(BUILD)/bin/toposd
 TOPOS_CLI  := $(BUILD)/bin/topos
 BINS       := $(if $(SERVER_SRC),$(TOPOSD)) $(if $(wildcard client/cli.c),$(TOPOS_CLI))
 
-TEST_SRC   := $(sort $(wildcard tests/engine/test_*.c tests/backends/test_*.c tests/store/test_*.c tests/daemon/test_*.c))
+TEST_SRC   := $(sort $(wildcard tests/engine/test_*.c tests/backends/test_*.c tests/store/test_*.c tests/daemon/test_*.c tests/examples/test_*.c))
 TEST_OBJ   := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 SUITES     := $(patsubst test_%.c,%,$(notdir $(TEST_SRC)))
-EXAMPLES   := $(BUILD)/examples/gradient_descent $(BUILD)/examples/makemore_mlp \
-              $(BUILD)/examples/inspect
+# What the examples share (examples/common: flags, where steps run,
+# checkpoints, data loaders, progress and metrics) is a library of its
+# own, linked by the examples, their tests and the benches.
+EXLIB_SRC  := $(sort $(wildcard examples/common/*.c))
+EXLIB_OBJ  := $(EXLIB_SRC:%.c=$(BUILD)/obj/%.o)
+LIB_EX     := $(BUILD)/lib/libtopos_examples.a
+EXLIB_LIBS := -lz
+# Every training example: examples/<dir>/<name>.c and examples/<name>.c
+# (but inspect, which links the engine alone) build $(BUILD)/examples/<name>.
+TRAIN_EXAMPLE_SRC := $(sort $(filter-out examples/inspect.c,$(wildcard examples/*.c)) \
+                     $(wildcard examples/makemore/*.c examples/mnist/*.c examples/cifar10/*.c))
+TRAIN_EXAMPLES := $(foreach f,$(TRAIN_EXAMPLE_SRC),$(BUILD)/examples/$(basename $(notdir $(f))))
+EXAMPLES   := $(TRAIN_EXAMPLES) $(BUILD)/examples/inspect
 
 LIB_A  := $(BUILD)/lib/libtopos.a
 LIB_SO := $(BUILD)/lib/libtopos.so
@@ -80,7 +91,7 @@ all: $(LIB_A) $(LIB_SO) $(LIB_STORE) $(LIB_CLIENT) $(if $(BACKEND_SRC),$(LIB_BAC
 
 examples: $(EXAMPLES)
 
-$(BUILD)/obj/%.o: %.c $(wildcard engine/*.h backends/*.h bench/*.h store/*.h proto/*.h client/*.h server/*.h tests/engine/*.h tests/daemon/*.h) $(GEN_H)
+$(BUILD)/obj/%.o: %.c $(wildcard engine/*.h backends/*.h bench/*.h store/*.h proto/*.h client/*.h server/*.h examples/common/*.h tests/engine/*.h tests/daemon/*.h) $(GEN_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(LAYER_INC) -c $< -o $@
 
@@ -95,7 +106,10 @@ $(BUILD)/obj/server/%.o:   LAYER_INC = $(INC_SERVER)
 # The CLI is a program, not the library: it lists the backends too.
 $(BUILD)/obj/client/cli.o: LAYER_INC = $(INC_CLIENT) -Ibackends
 # Tests reach into every layer, and share tests/engine's helpers.
-$(BUILD)/obj/tests/%.o:    LAYER_INC = $(INC_ALL) -Itests/engine
+$(BUILD)/obj/tests/%.o:    LAYER_INC = $(INC_ALL) -Itests/engine -Iexamples/common
+# The examples' library is a program-side layer: it sees everything.
+$(BUILD)/obj/examples/%.o: LAYER_INC = $(INC_ALL) -Ibackends -Iexamples/common \
+                                       -DTOPOS_SOURCE_DIR='"$(CURDIR)"'
 
 # Kept: a pattern rule's outputs would otherwise be intermediate files.
 .SECONDARY: $(GEN_C) $(GEN_H)
@@ -150,13 +164,18 @@ $(BUILD)/examples/inspect: examples/inspect.c $(LIB_A)
 EXAMPLE_LIBS = $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(ENGINE_LINK) \
                 $(if $(CLIENT_SRC),$(GRPC_LIBS)) $(LDLIBS)
 
-$(BUILD)/examples/gradient_descent: examples/gradient_descent.c $(LIB_A) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(if $(BACKEND_SRC),$(LIB_BACKENDS))
+$(LIB_EX): $(EXLIB_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< -o $@ $(EXAMPLE_LIBS)
+	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/examples/makemore_mlp: examples/makemore/makemore_mlp.c $(LIB_A) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(if $(BACKEND_SRC),$(LIB_BACKENDS))
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< -o $@ $(EXAMPLE_LIBS)
+# One rule per training example: its source, linked with the examples'
+# library, the client and the engine.
+define TRAIN_EXAMPLE_RULE
+$(BUILD)/examples/$(basename $(notdir $(1))): $(1) $(LIB_EX) $(LIB_A) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(if $(BACKEND_SRC),$(LIB_BACKENDS))
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS) -Iexamples/common -DTOPOS_SOURCE_DIR='"$$(CURDIR)"' $$< -o $$@ $$(LIB_EX) $$(EXAMPLE_LIBS) $$(EXLIB_LIBS)
+endef
+$(foreach f,$(TRAIN_EXAMPLE_SRC),$(eval $(call TRAIN_EXAMPLE_RULE,$(f))))
 
 # The runner registers one Check suite per tests/*/test_<name>.c, each
 # of which defines `Suite *<name>_suite(void)`.
@@ -169,10 +188,10 @@ $(BUILD)/tests/suites.c: $(TEST_SRC) Makefile
 	   for s in $(SUITES); do echo "  srunner_add_suite(r, $${s}_suite());"; done; \
 	   echo '}'; } > $@
 
-$(RUNNER): $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c $(LIB_A) $(LIB_STORE) $(EXAMPLES) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(BINS)
+$(RUNNER): $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c $(LIB_A) $(LIB_STORE) $(LIB_EX) $(EXAMPLES) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(BINS)
 	$(CC) $(CFLAGS) -Itests/engine $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c \
-	  -o $@ $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(LIB_STORE) $(ENGINE_LINK) $(PKG_CHECK) \
-	  $(if $(CLIENT_SRC),$(GRPC_LIBS)) $(STORE_LIBS) $(LDLIBS)
+	  -o $@ $(LIB_EX) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(LIB_STORE) $(ENGINE_LINK) $(PKG_CHECK) \
+	  $(if $(CLIENT_SRC),$(GRPC_LIBS)) $(STORE_LIBS) $(EXLIB_LIBS) $(LDLIBS)
 
 test: $(RUNNER)
 	TOPOS_BUILD=$(BUILD) $(RUNNER)

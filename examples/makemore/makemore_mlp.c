@@ -6,137 +6,70 @@
  * the start of a name) and the character that follows; '.' (0) also ends
  * a name and a-z are 1..26.  The model embeds each context character in
  * 10 dimensions, concatenates them (30), applies a 100-unit tanh layer
- * and predicts the next character among 27 with cross entropy.  Training
- * is 5000 plain-SGD steps on minibatches of 64 drawn by a seeded
- * generator, so every run prints the same numbers.
+ * and predicts the next character among 27 with cross entropy.  The names
+ * are split 80/10/10 into train, dev and test sets by a seeded shuffle
+ * (examples/common/names.c).  Training is 5000 plain-SGD steps on
+ * minibatches of 64 train examples, each drawn by a generator seeded from
+ * the step, so every run (and every resumed run) prints the same numbers.
  *
- * Usage: makemore_mlp [--data PATH] [--steps N] [--server ADDRESS]
- *                     [--dump FILE]
- * The data defaults to examples/makemore/names.txt, relative to the
- * current directory (the repository root).  Output: a progress line every
- * 500 steps and, last, "final: mean loss of the last 500 steps = X";
- * the time per step goes to stderr.
+ * Usage: makemore_mlp [--steps N] [common flags: ex.h, --help]
+ * Output: a progress line every 500 steps with the dev loss; then
+ * "final: mean loss of the last 500 steps = X" (training minibatches),
+ * 20 sampled names, and last "final: test loss = X".
  *
- * Training is one loop over topos_trainer_step, whichever trainer runs
- * it: in-process, a training plan lowered once (topos_trainer_local);
- * with --server, a toposd daemon that stores the network
- * (topos_client_trainer), where every step is one Step call carrying the
- * minibatch as feeds, the parameters and the optimizer state (the first
- * sends no parameters: the daemon starts from its stored initials).  The
- * daemon keeps nothing between steps and the numbers are bit for bit
- * those of the in-process run.
- * --dump writes the final parameters' bytes (each slot's elements
- * row-major, in slot order) to FILE.
+ * Training is one loop over topos_trainer_step (ex_loop), whichever
+ * trainer runs it: in-process, a training plan lowered once; with
+ * --server (or $TOPOS_SERVER), a toposd daemon that stores the network,
+ * where every step is one Step call carrying the minibatch, the
+ * parameters and the optimizer state.  The daemon keeps nothing between
+ * steps and the numbers are bit for bit those of the in-process run.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "backends.h"
-#include "topos.h"
-#include "topos_client.h"
+#include "ex.h"
+#include "names.h"
 
-enum { VOCAB = 27, CONTEXT = 3, EMBED = 10, HIDDEN = 100, BATCH = 64 };
+enum {
+  VOCAB = EX_NAMES_VOCAB,
+  CONTEXT = 3,
+  EMBED = 10,
+  HIDDEN = 100,
+  BATCH = 64,
+  EVAL_BATCH = 4096,
+  SAMPLES = 20
+};
+static const uint64_t SPLIT_SEED = 42, DATA_SEED = 20240601,
+                      SAMPLE_SEED = 2147483647;
 
-/* The dataset: CONTEXT indices per example in x, the next index in y. */
-typedef struct dataset {
-  int32_t *x;
-  int32_t *y;
-  int64_t n, cap;
-} dataset;
-
-static int char_index(int c) {
-  if (c >= 'a' && c <= 'z') return c - 'a' + 1;
-  if (c >= 'A' && c <= 'Z') return c - 'A' + 1;
-  return -1;
-}
-
-static int dataset_push(dataset *d, const int32_t *context, int32_t next) {
-  if (d->n == d->cap) {
-    int64_t cap = d->cap ? d->cap * 2 : 4096;
-    int32_t *x = realloc(d->x, sizeof(int32_t) * (size_t)(cap * CONTEXT));
-    if (x == NULL) return -1;
-    d->x = x;
-    int32_t *y = realloc(d->y, sizeof(int32_t) * (size_t)cap);
-    if (y == NULL) return -1;
-    d->y = y;
-    d->cap = cap;
-  }
-  memcpy(d->x + d->n * CONTEXT, context, sizeof(int32_t) * CONTEXT);
-  d->y[d->n++] = next;
-  return 0;
-}
-
-/* One example per character of every name plus one for its end.
- * Characters outside a-z are skipped. */
-static int dataset_load(dataset *d, const char *path) {
-  FILE *f = fopen(path, "r");
-  if (f == NULL) return -1;
-  char line[256];
-  int rc = 0;
-  while (rc == 0 && fgets(line, sizeof line, f)) {
-    int32_t context[CONTEXT] = {0};
-    size_t len = strcspn(line, "\r\n");
-    if (len == 0) continue;
-    for (size_t i = 0; i <= len && rc == 0; i++) {
-      int32_t next = 0;
-      if (i < len) {
-        int c = char_index((unsigned char)line[i]);
-        if (c < 0) continue;
-        next = c;
-      }
-      rc = dataset_push(d, context, next);
-      memmove(context, context + 1, sizeof(int32_t) * (CONTEXT - 1));
-      context[CONTEXT - 1] = next;
-    }
-  }
-  fclose(f);
-  return rc;
-}
-
-/* splitmix64: the minibatch order, independent of the engine's RNGs. */
-static uint64_t splitmix64(uint64_t *state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static int fail(const char *what, const topos_error *err) {
-  fprintf(stderr, "makemore_mlp: %s: %s\n", what,
-          err && err->message[0] ? err->message : "failed");
-  return 1;
-}
-
-/* The network: parameters C, W1, b1, W2, b2 (slots 0..4), inputs x and y. */
+/* The network: parameters C, W1, b1, W2, b2 (slots 0..4), inputs x and y
+ * (y and the loss only in the training network). */
 typedef struct model {
   topos_network *net;
-  topos_value x, y, loss;
+  topos_value x, y, logits, loss;
 } model;
 
 /*
  * Initialisation follows makemore's "good init": the output layer starts
  * near zero (W2 · 0.01, b2 = 0) so the first loss is log 27 ≈ 3.30 rather
  * than a confident wrong guess, and W1 is He-normal so the tanh units start
- * in their linear range rather than saturated.
+ * in their linear range rather than saturated.  Every network built here
+ * has the same parameters (same seeds); the batch differs.
  */
-static int model_build(model *m, topos_error *err) {
+static int model_build(model *m, int64_t batch, bool with_loss,
+                       topos_error *err) {
   const topos_dtype dt = TOPOS_F32;
   int64_t c_shape[2] = {VOCAB, EMBED};
   int64_t w1_shape[2] = {CONTEXT * EMBED, HIDDEN};
   int64_t b1_shape[1] = {HIDDEN};
   int64_t w2_shape[2] = {HIDDEN, VOCAB};
   int64_t b2_shape[1] = {VOCAB};
-  int64_t x_shape[2] = {BATCH, CONTEXT};
-  int64_t y_shape[1] = {BATCH};
+  int64_t x_shape[2] = {batch, CONTEXT};
+  int64_t y_shape[1] = {batch};
   topos_tensor *init[7] = {
       topos_init_normal(dt, 2, c_shape, 0.0, 1.0, 1, err),
       topos_init_kaiming(dt, 2, w1_shape, CONTEXT * EMBED, 2, err),
@@ -156,182 +89,191 @@ static int model_build(model *m, topos_error *err) {
     topos_value w2 = topos_name(tape, topos_parameter(tape, init[3]), "W2");
     topos_value b2 = topos_name(tape, topos_parameter(tape, init[4]), "b2");
     m->x = topos_name(tape, topos_input(tape, init[5]), "x");
-    m->y = topos_name(tape, topos_input(tape, init[6]), "y");
     /* [B,3] indices -> [B,3,10] embeddings -> [B,30] concatenated. */
-    int64_t flat[2] = {BATCH, CONTEXT * EMBED};
+    int64_t flat[2] = {batch, CONTEXT * EMBED};
     topos_value emb =
         topos_reshape(tape, topos_embedding(tape, c, m->x), 2, flat);
     topos_value h = topos_tanh(tape, topos_linear(tape, emb, w1, b1));
-    topos_value logits = topos_linear(tape, h, w2, b2);
-    m->loss = topos_name(tape, topos_cross_entropy(tape, logits, m->y), "loss");
+    m->logits = topos_name(tape, topos_linear(tape, h, w2, b2), "logits");
+    if (with_loss) {
+      m->y = topos_name(tape, topos_input(tape, init[6]), "y");
+      m->loss = topos_name(
+          tape, topos_cross_entropy(tape, m->logits, m->y), "loss");
+    }
     m->net = topos_tape_seal(tape, err);
   }
   for (int i = 0; i < 7; i++) topos_tensor_release(init[i]);
   return m->net != NULL ? 0 : -1;
 }
 
-/* Writes every slot's elements row-major, in slot order, to path. */
-static int dump_params(const char *path, const topos_params *p,
-                       topos_error *err) {
-  FILE *f = fopen(path, "wb");
-  if (f == NULL) {
-    snprintf(err->message, sizeof err->message, "cannot write %s", path);
-    return 1;
-  }
-  int rc = 0;
-  for (int s = 0; s < topos_params_count(p) && rc == 0; s++) {
-    const topos_tensor *t = topos_params_get(p, s);
-    size_t bytes =
-        (size_t)topos_tensor_count(t) * topos_dtype_size(topos_tensor_dtype(t));
-    void *buf = malloc(bytes ? bytes : 1);
-    rc = buf != NULL && topos_tensor_read(t, buf, bytes, err) == TOPOS_OK &&
-                 fwrite(buf, 1, bytes, f) == bytes
-             ? 0
-             : 1;
-    free(buf);
-  }
-  if (fclose(f) != 0) rc = 1;
-  if (rc != 0 && err->message[0] == '\0')
-    snprintf(err->message, sizeof err->message, "cannot write %s", path);
-  return rc;
-}
+typedef struct run {
+  model train, eval;
+  ex_eval *dev;
+  const int32_t *x, *y, *dx, *dy;
+  int64_t n, dn, steps;
+  ex_metrics *metrics;
+  double t0, block_sum, window_sum;
+  int64_t window, block_n;
+} run;
 
 /* lr 0.3, then 0.03 for the last fifth: the large rate covers ground in
  * few steps, the small one settles into the basin it found. */
-static double learning_rate(int step, int steps) {
-  return step < steps - steps / 5 ? 0.3 : 0.03;
+static double learning_rate(int64_t step, void *ctx) {
+  const run *r = ctx;
+  return step < r->steps - r->steps / 5 ? 0.3 : 0.03;
+}
+
+static int batch(int64_t step, topos_feed *feeds, int *nfeeds, void *ctx,
+                 topos_error *err) {
+  run *r = ctx;
+  int32_t bx[BATCH * CONTEXT], by[BATCH];
+  uint64_t rng = DATA_SEED ^ ((uint64_t)step * 0x9E3779B97F4A7C15ull);
+  for (int b = 0; b < BATCH; b++) {
+    int64_t k = (int64_t)ex_rand_below(&rng, (uint64_t)r->n);
+    memcpy(bx + b * CONTEXT, r->x + k * CONTEXT, sizeof bx[0] * CONTEXT);
+    by[b] = r->y[k];
+  }
+  int64_t x_shape[2] = {BATCH, CONTEXT}, y_shape[1] = {BATCH};
+  topos_tensor *xt = topos_tensor_from(TOPOS_I32, 2, x_shape, bx, err);
+  topos_tensor *yt = topos_tensor_from(TOPOS_I32, 1, y_shape, by, err);
+  feeds[0] = (topos_feed){r->train.x, xt};
+  feeds[1] = (topos_feed){r->train.y, yt};
+  *nfeeds = 2;
+  return xt && yt ? TOPOS_OK : err->code;
+}
+
+static int after(int64_t step, const topos_params *params, double loss,
+                 void *ctx, topos_error *err) {
+  run *r = ctx;
+  r->block_sum += loss;
+  r->block_n++;
+  if (step > r->steps - r->window) r->window_sum += loss;
+  ex_metrics_row(r->metrics, step, NAN, "train", loss, NAN,
+                 ex_now_s() - r->t0);
+  if (step % 500 != 0) return TOPOS_OK;
+  double dev_loss = 0;
+  int rc = ex_eval_params(r->dev, params, err);
+  if (rc == TOPOS_OK)
+    rc = ex_names_score(r->dev, r->eval.x, 2, CONTEXT, EVAL_BATCH, r->dx,
+                        r->dy, r->dn, &dev_loss, NULL, err);
+  if (rc != TOPOS_OK) return rc;
+  ex_metrics_row(r->metrics, step, NAN, "dev", dev_loss, NAN,
+                 ex_now_s() - r->t0);
+  printf("step %lld: loss %.4f (mean of the last %lld: %.4f, lr %g), "
+         "dev loss %.4f\n",
+         (long long)step, loss, (long long)r->block_n,
+         r->block_sum / (double)r->block_n,
+         learning_rate(step - 1, r), dev_loss);
+  fflush(stdout);
+  r->block_sum = 0;
+  r->block_n = 0;
+  return TOPOS_OK;
 }
 
 int main(int argc, char **argv) {
   /* The exact CPU backend gives the reference's bits, only faster. */
   topos_backends_register_defaults();
-  const char *path = "examples/makemore/names.txt";
-  const char *server = NULL, *dump = NULL;
-  int steps = 5000;
-  /* How steps run, in-process or on the daemon: --backend NAME
-   * ("reference", "cpu", "blas" with --fast), --fast. */
-  topos_exec exec = {0};
+  ex_args a = {.prog = "makemore_mlp"};
+  int64_t steps = 5000;
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--data") == 0 && i + 1 < argc) {
-      path = argv[++i];
-    } else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
-      steps = atoi(argv[++i]);
-    } else if (strcmp(argv[i], "--server") == 0 && i + 1 < argc) {
-      server = argv[++i];
-    } else if (strcmp(argv[i], "--dump") == 0 && i + 1 < argc) {
-      dump = argv[++i];
-    } else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
-      exec.backend = argv[++i];
-    } else if (strcmp(argv[i], "--fast") == 0) {
-      exec.numerics = TOPOS_NUMERICS_FAST;
+    int got = ex_arg(&a, argc, argv, &i);
+    if (got < 0) return 2;
+    if (got > 0) continue;
+    if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
+      if (ex_parse_count(&a, "--steps", argv[++i], 1000000000, &steps) != 0)
+        return 2;
     } else {
-      fprintf(stderr,
-              "usage: %s [--data PATH] [--steps N] [--server ADDRESS] "
-              "[--dump FILE] [--backend NAME] [--fast]\n",
-              argv[0]);
+      fprintf(stderr, "usage: %s [--steps N] [flags]\n%s", a.prog,
+              ex_args_usage);
       return 2;
     }
   }
-  if (steps < 1) {
-    fprintf(stderr, "makemore_mlp: --steps must be positive\n");
-    return 2;
-  }
+  if (ex_args_done(&a) != 0) return 2;
 
-  dataset data = {0};
-  if (dataset_load(&data, path) != 0 || data.n == 0) {
-    fprintf(stderr, "makemore_mlp: cannot read names from %s\n", path);
-    free(data.x);
-    free(data.y);
+  char path[4096];
+  if (ex_find_data(a.data, "examples/makemore/names.txt", path, sizeof path)) {
+    fprintf(stderr, "%s: cannot read names from %s (give --data PATH)\n",
+            a.prog, path);
     return 1;
   }
-  printf("%lld examples from %s\n", (long long)data.n, path);
-
   topos_error err = {0};
-  model m = {0};
-  if (model_build(&m, &err) != 0) {
-    free(data.x);
-    free(data.y);
-    return fail("building the network", &err);
-  }
-
-  /* Where the steps run, chosen once: in-process (the training plan
-   * lowered here) or on a daemon that stores the spec.  The loop below is
-   * the same either way. */
-  topos_client *client = NULL;
-  topos_trainer *trainer = NULL;
-  const char *where = "";
-  if (server != NULL) {
-    char id[65] = "";
-    where = " remote";
-    client = topos_client_connect(server, &err);
-    if (client != NULL && topos_client_record(client, m.net, id, &err) == 0)
-      trainer = topos_client_trainer(client, id, m.loss, &exec, &err);
-  } else {
-    trainer = topos_trainer_local(m.net, m.loss, NULL, 0, &exec, &err);
-  }
+  ex_names d;
+  if (ex_names_load(path, SPLIT_SEED, &d, &err) != TOPOS_OK)
+    return ex_fail(&a, "reading names", &err);
+  int32_t *x[3] = {0}, *y[3] = {0};
+  int64_t n[3] = {0};
   int rc = 0;
-  if (trainer == NULL)
-    rc = fail(server ? "the daemon" : "lowering the training plan", &err);
+  for (int s = 0; s < 3 && rc == 0; s++)
+    if (ex_names_windows(&d, (ex_split)s, CONTEXT, &x[s], &y[s], &n[s], &err))
+      rc = ex_fail(&a, "building examples", &err);
+  if (rc == 0)
+    printf("%lld examples from %s (%lld dev, %lld test)\n", (long long)n[0],
+           path, (long long)n[1], (long long)n[2]);
 
-  /* The first step starts from the initial parameters and a fresh
-   * optimizer state (NULL, NULL: remotely, the daemon's copy of the
-   * initials, so nothing is uploaded); each result holds what the next
-   * step takes. */
-  topos_optimizer opt = topos_sgd(learning_rate(0, steps), 0.0);
-  topos_step_result cur = {0};
-  uint64_t rng = 20240601;
-  int32_t bx[BATCH * CONTEXT], by[BATCH];
-  int64_t x_shape[2] = {BATCH, CONTEXT}, y_shape[1] = {BATCH};
-  int window = steps < 500 ? steps : 500;
-  double window_sum = 0, block_sum = 0;
-  double t0 = now_ms();
-  for (int step = 0; step < steps && rc == 0; step++) {
-    for (int b = 0; b < BATCH; b++) {
-      int64_t k = (int64_t)(splitmix64(&rng) % (uint64_t)data.n);
-      memcpy(bx + b * CONTEXT, data.x + k * CONTEXT, sizeof bx[0] * CONTEXT);
-      by[b] = data.y[k];
-    }
-    topos_tensor *xt = topos_tensor_from(TOPOS_I32, 2, x_shape, bx, &err);
-    topos_tensor *yt = topos_tensor_from(TOPOS_I32, 1, y_shape, by, &err);
-    topos_feed feeds[2] = {{m.x, xt}, {m.y, yt}};
-    opt.lr = learning_rate(step, steps);
-    topos_step_result next;
-    if (topos_trainer_step(trainer, cur.params, feeds, 2, &opt, cur.state,
-                           &next, &err) != TOPOS_OK) {
-      rc = fail("training step", &err);
-    } else {
-      topos_step_result_clear(&cur);
-      cur = next;
-    }
-    topos_tensor_release(xt);
-    topos_tensor_release(yt);
-    if (rc != 0) break;
-
-    double loss = cur.loss;
-    block_sum += loss;
-    if (step >= steps - window) window_sum += loss;
-    if ((step + 1) % 500 == 0) {
-      printf("step %d: loss %.4f (mean of the last 500: %.4f, lr %g)\n",
-             step + 1, loss, block_sum / 500, opt.lr);
-      fflush(stdout);
-      block_sum = 0;
-    }
-  }
-  double elapsed = now_ms() - t0;
+  ex_session *s = rc == 0 ? ex_session_open(&a, &err) : NULL;
+  if (rc == 0 && s == NULL) rc = ex_fail(&a, "the daemon", &err);
+  run r = {.x = x[0], .y = y[0], .n = n[0], .dx = x[1], .dy = y[1],
+           .dn = n[1], .steps = steps, .t0 = ex_now_s()};
+  r.window = steps < 500 ? steps : 500;
+  model sampler = {0};
+  ex_eval *sample = NULL;
+  if (rc == 0 && (model_build(&r.train, BATCH, true, &err) ||
+                  model_build(&r.eval, EVAL_BATCH, false, &err) ||
+                  model_build(&sampler, SAMPLES, false, &err)))
+    rc = ex_fail(&a, "building the network", &err);
   if (rc == 0) {
-    printf("final: mean loss of the last %d steps = %.4f\n", window,
-           window_sum / window);
-    fprintf(stderr, "%.3f ms/step (%d steps, %.1f s)%s\n", elapsed / steps,
-            steps, elapsed / 1e3, where);
+    r.dev = ex_eval_new(s, r.eval.net, &r.eval.logits, 1, &err);
+    sample = r.dev ? ex_eval_new(s, sampler.net, &sampler.logits, 1, &err)
+                   : NULL;
+    if (sample == NULL) rc = ex_fail(&a, "preparing evaluation", &err);
   }
-  if (rc == 0 && dump != NULL && dump_params(dump, cur.params, &err) != 0)
-    rc = fail("--dump", &err);
+  r.metrics = rc == 0 ? ex_metrics_open(a.metrics, &err) : NULL;
+  if (rc == 0 && r.metrics == NULL) rc = ex_fail(&a, "--metrics", &err);
 
-  topos_step_result_clear(&cur);
-  topos_trainer_free(trainer); /* before the client it borrows */
-  topos_client_close(client);
-  topos_network_release(m.net);
-  free(data.x);
-  free(data.y);
+  ex_loop loop = {.args = &a, .session = s, .net = r.train.net,
+                  .loss = r.train.loss, .opt = topos_sgd(0.3, 0.0),
+                  .steps = steps, .ctx = &r, .lr = learning_rate,
+                  .batch = batch, .after = after};
+  if (rc == 0 && ex_loop_run(&loop, &err) != TOPOS_OK)
+    rc = ex_fail(&a, "training", &err);
+  if (rc == 0)
+    fprintf(stderr, "%.3f ms/step (%lld steps, %.1f s) %s\n",
+            1e3 * loop.seconds / (double)(loop.step ? loop.step : 1),
+            (long long)loop.step, loop.seconds, ex_session_where(s));
+  if (rc == 0 && !loop.stopped) {
+    /* A resumed run saw only its own steps of the window. */
+    int64_t seen = loop.step - (steps - r.window);
+    if (a.resume == NULL || seen == r.window)
+      printf("final: mean loss of the last %lld steps = %.4f\n",
+             (long long)r.window, r.window_sum / (double)r.window);
+    double test_loss = 0;
+    printf("samples:\n");
+    if (ex_eval_params(sample, loop.params, &err) ||
+        ex_names_sample(sample, sampler.x, 2, CONTEXT, SAMPLES, SAMPLE_SEED,
+                        &err) ||
+        ex_eval_params(r.dev, loop.params, &err) ||
+        ex_names_score(r.dev, r.eval.x, 2, CONTEXT, EVAL_BATCH, x[2], y[2],
+                       n[2], &test_loss, NULL, &err)) {
+      rc = ex_fail(&a, "evaluating", &err);
+    } else {
+      ex_metrics_row(r.metrics, loop.step, NAN, "test", test_loss, NAN,
+                     ex_now_s() - r.t0);
+      printf("final: test loss = %.4f\n", test_loss);
+    }
+  }
+  if (ex_metrics_close(r.metrics, &err) != TOPOS_OK && rc == 0)
+    rc = ex_fail(&a, "--metrics", &err);
+  ex_loop_clear(&loop);
+  ex_eval_free(r.dev);
+  ex_eval_free(sample);
+  topos_network_release(r.train.net);
+  topos_network_release(r.eval.net);
+  topos_network_release(sampler.net);
+  ex_session_close(s);
+  for (int k = 0; k < 3; k++) {
+    free(x[k]);
+    free(y[k]);
+  }
+  ex_names_free(&d);
   return rc;
 }

@@ -171,6 +171,14 @@ int op_adjoint(builder *b, const node *n, int32_t g, int32_t y,
                        b_binary(b, OP_SUB, b_fill_like(b, y, 1.0),
                                 b_binary(b, OP_MUL, y, y)));
       break;
+    case OP_ERF: /* g·(2/√π)·exp(−a²) */
+      dx[0] = b_binary(
+          b, OP_MUL, g,
+          b_binary(
+              b, OP_MUL, b_fill_like(b, x[0], 1.12837916709551257390),
+              b_unary(b, OP_EXP,
+                      b_unary(b, OP_NEG, b_binary(b, OP_MUL, x[0], x[0])))));
+      break;
     case OP_POW: { /* g·p·a^(p-1); exactly zero for p = 0 */
       if (at->p == 0) break;
       node_attrs pm = {0};

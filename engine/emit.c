@@ -408,6 +408,20 @@ static val h_unary(emitter *e, const char *op, val a) {
   return r;
 }
 
+/* A CHLO unary op (StableHLO has no erf; CHLO is the client dialect that
+ * lowers it to StableHLO, which IREE and XLA accept as input).  Its
+ * custom assembly names both types. */
+static val h_chlo_unary(emitter *e, const char *op, val a) {
+  val r = new_val(e, &a.t);
+  if (e->generic)
+    line(e, "%s = \"chlo.%s\"(%s) : (%s) -> %s", R(e, r), op, R(e, a),
+         T(e, &a.t), T(e, &r.t));
+  else
+    line(e, "%s = chlo.%s %s : %s -> %s", R(e, r), op, R(e, a), T(e, &a.t),
+         T(e, &r.t));
+  return r;
+}
+
 static val h_binary(emitter *e, const char *op, val a, val b) {
   val r = new_val(e, &a.t);
   if (e->generic)
@@ -921,6 +935,8 @@ static val lower_op(emitter *e, int i, const val *in) {
       static const char *names[] = {"exponential", "log", "sqrt", "tanh"};
       return narrow_to(e, h_unary(e, names[n->op - OP_EXP], widen(e, a)), et);
     }
+    case OP_ERF:
+      return narrow_to(e, h_chlo_unary(e, "erf", widen(e, a)), et);
     case OP_POW: {
       val w = widen(e, a);
       val p = h_splat(e, &w.t, at->p);

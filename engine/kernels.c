@@ -34,6 +34,7 @@
 #define LOG logf
 #define SQRT sqrtf
 #define TANH tanhf
+#define ERF erff
 #define POW powf
 #define FMA fmaf
 #include "kernels_real.h"
@@ -43,6 +44,7 @@
 #undef LOG
 #undef SQRT
 #undef TANH
+#undef ERF
 #undef POW
 #undef FMA
 
@@ -52,6 +54,7 @@
 #define LOG log
 #define SQRT sqrt
 #define TANH tanh
+#define ERF erf
 #define POW pow
 #define FMA fma
 #include "kernels_real.h"
@@ -61,6 +64,7 @@
 #undef LOG
 #undef SQRT
 #undef TANH
+#undef ERF
 #undef POW
 #undef FMA
 
@@ -617,6 +621,7 @@ topos_tensor *op_eval_in(const exec_env *env, op_code op, const node_attrs *at,
     case OP_LOG:
     case OP_SQRT:
     case OP_TANH:
+    case OP_ERF:
     case OP_POW:
     case OP_RELU:
       return eval_elementwise(env, op, at, nin, in, out, err);
@@ -765,6 +770,7 @@ size_t op_scratch_bytes(op_code op, const node_attrs *at, int nin,
     case OP_LOG:
     case OP_SQRT:
     case OP_TANH:
+    case OP_ERF:
     case OP_POW:
     case OP_RELU: {
       bool real = out->dtype == TOPOS_F32 || out->dtype == TOPOS_F64;

@@ -52,6 +52,9 @@ ELEMENTWISE_CLONES static void K(unary)(op_code op, double p, const void *xv,
     case OP_TANH:
       for (int64_t i = 0; i < n; i++) y[i] = TANH(x[i]);
       break;
+    case OP_ERF:
+      for (int64_t i = 0; i < n; i++) y[i] = ERF(x[i]);
+      break;
     case OP_POW:
       for (int64_t i = 0; i < n; i++) y[i] = POW(x[i], pr);
       break;

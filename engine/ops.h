@@ -149,7 +149,8 @@ typedef enum op_family {
   X(LOG_SOFTMAX,     "log_softmax",     1,  REDUCTION, READS_Y,             false, along,           ATTR_AXIS)                             \
   X(LOGSUMEXP,       "logsumexp",       1,  REDUCTION, READS_X0 | READS_Y,  false, along,           ATTR_AXIS)                             \
   X(GATHER,          "gather",          2,  INDEXING,  READS_X1,            false, index,           0)                                     \
-  X(SCATTER,         "scatter",         2,  INDEXING,  READS_X1,            false, index,           ATTR_EXTENT)
+  X(SCATTER,         "scatter",         2,  INDEXING,  READS_X1,            false, index,           ATTR_EXTENT)                           \
+  X(ERF,             "erf",             1,  UNARY,     READS_X0,            false, elementwise,     0)
 /* clang-format on */
 
 /* The op codes: an entry's position in TOPOS_OPS.  They are part of the

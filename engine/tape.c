@@ -693,6 +693,9 @@ topos_value topos_sqrt(topos_tape *t, topos_value a) {
 topos_value topos_tanh(topos_tape *t, topos_value a) {
   return unary(t, OP_TANH, a);
 }
+topos_value topos_erf(topos_tape *t, topos_value a) {
+  return unary(t, OP_ERF, a);
+}
 topos_value topos_relu(topos_tape *t, topos_value a) {
   return unary(t, OP_RELU, a);
 }

@@ -205,6 +205,9 @@ topos_value topos_exp(topos_tape *tape, topos_value a);
 topos_value topos_log(topos_tape *tape, topos_value a);
 topos_value topos_sqrt(topos_tape *tape, topos_value a);
 topos_value topos_tanh(topos_tape *tape, topos_value a);
+/* The error function, erf(a) = 2/√π ∫₀^a exp(−t²) dt (the C library's
+ * erff / erf once per element; bf16 through f32). */
+topos_value topos_erf(topos_tape *tape, topos_value a);
 topos_value topos_pow(topos_tape *tape, topos_value a, double exponent);
 topos_value topos_maximum(topos_tape *tape, topos_value a, topos_value b);
 topos_value topos_step(topos_tape *tape, topos_value a, topos_value b);
@@ -968,11 +971,102 @@ topos_value topos_cross_entropy_onehot(topos_tape *tape, topos_value logits,
                                        topos_value targets);
 /* Mean of (a-b)^2 over every element. */
 topos_value topos_mse(topos_tape *tape, topos_value a, topos_value b);
-topos_value topos_gelu(topos_tape *tape, topos_value x); /* tanh form */
+/* GELU, tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+ * (GPT-2's gelu_new, PyTorch's approximate='tanh'). */
+topos_value topos_gelu(topos_tape *tape, topos_value x);
 topos_value topos_silu(topos_tape *tape, topos_value x);
 /* x * mask / (1 - p); the 0/1 mask is fed as an input, never drawn here. */
 topos_value topos_dropout(topos_tape *tape, topos_value x, topos_value mask,
                           double p);
+
+/* ------------------------------------------- transformer composites (nn.c) */
+
+/* GELU, exact: 0.5·x·(1 + erf(x/√2)) (PyTorch's approximate='none'). */
+topos_value topos_gelu_exact(topos_tape *tape, topos_value x);
+
+typedef struct topos_attention_opts {
+  int heads;    /* H >= 1; D (the last extent of q/k/v) must be a multiple */
+  bool causal;  /* query i may attend keys at positions <= past + i */
+  int64_t past; /* keys/values hold `past` earlier positions first (a KV
+                   cache); 0 without a cache */
+  double scale; /* 0: 1/sqrt(D/H) */
+} topos_attention_opts;
+
+/*
+ * Multi-head scaled dot-product attention: q[B,T,D], k and v [B,S,D] ->
+ * [B,T,D]; per head h (lanes h·Dh .. (h+1)·Dh, Dh = D/H)
+ *   softmax(q_h·k_hᵀ·scale + mask)·v_h,
+ * with mask[i,j] = 0 for j <= past + i and −∞ above (causal only, which
+ * needs S = past + T).  Recorded as split heads -> matmul -> mul(scale)
+ * -> add(mask) -> log_softmax -> exp -> matmul -> merge heads (nn.c has
+ * the exact sequence).  Bad ranks, extents or options fail the tape.
+ */
+topos_value topos_attention(topos_tape *tape, topos_value q, topos_value k,
+                            topos_value v, const topos_attention_opts *opts);
+
+/*
+ * A self-attention block (GPT-2's attn): x[B,T,D]; w_qkv[D,3D] holds the
+ * q, k and v projections as column blocks (c_attn's layout), b_qkv[3D] or
+ * TOPOS_NONE; w_o[D,D], b_o[D] or TOPOS_NONE (c_proj).  k_cache/v_cache
+ * [B,P,D] or TOPOS_NONE: when given they are concatenated before this
+ * step's keys/values along axis 1, and opts->past must equal P (0 without
+ * them).  *k_all / *v_all (either may be NULL) receive the keys and values
+ * attended over ([B,P+T,D]), for the caller to keep as its cache: the
+ * state stays the caller's.  Returns [B,T,D].
+ */
+topos_value topos_self_attention(topos_tape *tape, topos_value x,
+                                 topos_value w_qkv, topos_value b_qkv,
+                                 topos_value w_o, topos_value b_o,
+                                 const topos_attention_opts *opts,
+                                 topos_value k_cache, topos_value v_cache,
+                                 topos_value *k_all, topos_value *v_all);
+
+/*
+ * Rotary position embedding of x[B,T,D], D = heads·Dh with Dh even, in the
+ * rotate-half convention (Hugging Face Llama: lane i pairs with
+ * i + Dh/2): y = x·cos + rotate_half(x)·sin at positions offset ..
+ * offset+T−1, frequencies 1/base^(2i/Dh); the tables are computed in
+ * double and rounded to the tape's dtype.  base 0 means 10000.
+ */
+topos_value topos_rope(topos_tape *tape, topos_value x, int heads,
+                       int64_t offset, double base);
+
+/*
+ * Softmax cross entropy of logits[N,V] against i32 targets[N], averaged
+ * over the targets that are not ignore_index (which may be negative, like
+ * PyTorch's −100, and at most 2^20 outside [0, V)).  A target that is
+ * neither in [0, V) nor ignore_index gives a run-time range error, or a
+ * NaN loss when it lies between ignore_index and [0, V).  An all-ignored
+ * batch gives NaN (0/0), as PyTorch does.
+ */
+topos_value topos_cross_entropy_ignore(topos_tape *tape, topos_value logits,
+                                       topos_value targets,
+                                       int32_t ignore_index);
+
+/*
+ * Global-norm gradient clipping over n recorded values (the gradients
+ * topos_tape_differentiate writes, say), each of the tape's dtype:
+ * norm = sqrt(Σ sum(g²)), scale = max_norm / max(norm, max_norm) (exactly
+ * 1 when norm <= max_norm), clipped[i] = grads[i]·scale.  clipped may be
+ * grads; norm_out (may be NULL) receives the rank-0 norm.  Returns a
+ * topos_status; on failure the tape carries the error (TOPOS_ERR_STATE
+ * when it already had one) and clipped[] is TOPOS_NONE.
+ */
+int topos_clip_global_norm(topos_tape *tape, int n, const topos_value *grads,
+                           double max_norm, topos_value *clipped,
+                           topos_value *norm_out);
+
+/*
+ * A learning-rate schedule, a pure function of the step: linear warmup
+ * lr = peak·(step+1)/warmup for step < warmup (reaching peak at step
+ * warmup−1); then a half cosine from peak at step warmup to floor at step
+ * total−1, lr = floor + (peak−floor)·(1 + cos(π·(step−warmup)/
+ * (total−1−warmup)))/2 (floor when total−1 = warmup); floor from step
+ * total on.  NaN for nonsense: step < 0, warmup < 0, total < 1,
+ * warmup > total, peak or floor negative or not finite, floor > peak.
+ */
+double topos_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total,
+                              double peak, double floor);
 
 /* ------------------------------------------------------------ checkpoints */
 

@@ -9,15 +9,17 @@
  * prints w, which converges to 2, and the network's describe listing, and
  * exits 1 if w is not within 1e-6 of 2.
  *
- * Usage: gradient_descent [--server ADDRESS] [--dump FILE]
+ * Usage: gradient_descent [--server ADDRESS] [--save FILE] [--resume FILE]
+ *                         [the other common flags: examples/common/ex.h]
  * Without --server the trainer is in-process (topos_trainer_local).  With
  * it the network is recorded on a toposd daemon and the trainer is remote
  * (topos_client_trainer): every step is one Step call carrying the
  * parameters, the optimizer state and the feeds (the listing is the
  * daemon's describe); the loop is the same and the numbers are bit for
- * bit those of the in-process run.  --dump writes the final parameters'
- * bytes (each slot's elements row-major, in slot order) to FILE, so two
- * runs can be compared byte for byte.
+ * bit those of the in-process run ($TOPOS_SERVER names the daemon when
+ * --server is not given).  --save writes the final parameters and
+ * optimizer state as a safetensors checkpoint (ex_checkpoint_save), so two
+ * runs can be compared byte for byte; --resume continues from one.
  */
 #include <math.h>
 #include <stdio.h>
@@ -25,6 +27,7 @@
 #include <string.h>
 
 #include "backends.h"
+#include "ex.h"
 #include "topos.h"
 #include "topos_client.h"
 
@@ -34,57 +37,24 @@ static int fail(const char *what, const topos_error *err) {
   return 1;
 }
 
-/* Writes every slot's elements row-major, in slot order, to path. */
-static int dump_params(const char *path, const topos_params *p,
-                       topos_error *err) {
-  FILE *f = fopen(path, "wb");
-  if (f == NULL) {
-    snprintf(err->message, sizeof err->message, "cannot write %s", path);
-    return 1;
-  }
-  int rc = 0;
-  for (int s = 0; s < topos_params_count(p) && rc == 0; s++) {
-    const topos_tensor *t = topos_params_get(p, s);
-    size_t bytes =
-        (size_t)topos_tensor_count(t) * topos_dtype_size(topos_tensor_dtype(t));
-    void *buf = malloc(bytes ? bytes : 1);
-    rc = buf != NULL && topos_tensor_read(t, buf, bytes, err) == TOPOS_OK &&
-                 fwrite(buf, 1, bytes, f) == bytes
-             ? 0
-             : 1;
-    free(buf);
-  }
-  if (fclose(f) != 0) rc = 1;
-  if (rc != 0 && err->message[0] == '\0')
-    snprintf(err->message, sizeof err->message, "cannot write %s", path);
-  return rc;
-}
-
 int main(int argc, char **argv) {
   /* Exact backends give the reference's bits; blas runs when named. */
   topos_backends_register_defaults();
   topos_error err = {0};
-  const char *server = NULL, *dump = NULL;
-  /* How steps run (in-process or on the daemon): the backend by name
-   * ("reference", "cpu", "blas" with --fast) and the numerics. */
-  topos_exec exec = {0};
+  /* The common flags: --server (or $TOPOS_SERVER), --backend NAME
+   * ("reference", "cpu", "blas" with --fast), --fast, --save, --resume. */
+  ex_args args = {.prog = "gradient_descent"};
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--server") == 0 && i + 1 < argc) {
-      server = argv[++i];
-    } else if (strcmp(argv[i], "--dump") == 0 && i + 1 < argc) {
-      dump = argv[++i];
-    } else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
-      exec.backend = argv[++i];
-    } else if (strcmp(argv[i], "--fast") == 0) {
-      exec.numerics = TOPOS_NUMERICS_FAST;
-    } else {
-      fprintf(stderr,
-              "usage: %s [--server ADDRESS] [--dump FILE] [--backend NAME] "
-              "[--fast]\n",
-              argv[0]);
+    int got = ex_arg(&args, argc, argv, &i);
+    if (got < 0) return 2;
+    if (got == 0) {
+      fprintf(stderr, "usage: %s [flags]\n%s", argv[0], ex_args_usage);
       return 2;
     }
   }
+  if (ex_args_done(&args) != 0) return 2;
+  const char *server = args.server;
+  topos_exec exec = args.exec;
 
   /* Record: w is a parameter, x and y are inputs with default 0. */
   topos_tape *tape = topos_tape_new(TOPOS_F64);
@@ -127,7 +97,15 @@ int main(int argc, char **argv) {
   static const double samples[3][2] = {{1, 2}, {2, 4}, {3, 6}};
   topos_optimizer opt = topos_sgd(0.02, 0.0);
   topos_step_result cur = {0};
-  for (int step = 0; step < 100 && rc == 0; step++) {
+  int64_t start = 0, end = 100;
+  if (rc == 0 && args.resume != NULL &&
+      ex_checkpoint_load(args.resume, net, &cur.params, &cur.state, &start,
+                         &err) != TOPOS_OK)
+    rc = fail("--resume", &err);
+  else if (args.resume != NULL)
+    printf("resumed from %s at step %lld\n", args.resume, (long long)start);
+  if (args.stop_at > 0 && args.stop_at < end) end = args.stop_at;
+  for (int64_t step = start; step < end && rc == 0; step++) {
     const double *s = samples[step % 3];
     topos_tensor *xt = topos_tensor_scalar(TOPOS_F64, s[0], &err);
     topos_tensor *yt = topos_tensor_scalar(TOPOS_F64, s[1], &err);
@@ -152,15 +130,17 @@ int main(int argc, char **argv) {
     fputs(listing, stdout);
   }
 
-  if (rc == 0 && dump != NULL && dump_params(dump, cur.params, &err) != 0)
-    rc = fail("--dump", &err);
+  if (rc == 0 && args.save != NULL &&
+      ex_checkpoint_save(args.save, net, cur.params, cur.state, end, &err) !=
+          TOPOS_OK)
+    rc = fail("--save", &err);
 
   topos_step_result_clear(&cur);
   topos_trainer_free(trainer); /* before the client it borrows */
   topos_client_close(client);
   topos_free(listing);
   topos_network_release(net);
-  if (rc == 0 && !(fabs(wv - 2.0) <= 1e-6)) {
+  if (rc == 0 && end == 100 && !(fabs(wv - 2.0) <= 1e-6)) {
     fprintf(stderr, "gradient_descent: w = %.17g is not within 1e-6 of 2\n",
             wv);
     rc = 1;

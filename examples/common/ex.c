@@ -862,7 +862,8 @@ int ex_loop_run(ex_loop *l, topos_error *err) {
   if (rc == TOPOS_OK && a->save != NULL) {
     rc = ex_checkpoint_save(a->save, l->net, l->params, l->state, l->step, err);
     if (rc == TOPOS_OK)
-      printf("saved %s at step %lld\n", a->save, (long long)l->step);
+      fprintf(stderr, "saved %s at step %lld\n", a->save,
+              (long long)l->step);
   }
   return rc;
 }

@@ -1169,21 +1169,31 @@ END_TEST
 
 /* ------------------------------------------------------------ examples */
 
-/* Runs an example in-process and against the daemon with --dump and
- * asserts the two dumps are byte-identical and non-empty. */
-static void check_example(const char *name, const char *args) {
+/* Runs an example in-process and against the daemon with --save and
+ * asserts the two checkpoints are byte-identical and non-empty, and that
+ * they print the same.  The remote run names the daemon by --server, or
+ * by $TOPOS_SERVER when by_env is set. */
+static void check_example_with(const char *name, const char *args,
+                               bool by_env) {
   char a[400], b[400], cmd[1400];
   snprintf(a, sizeof a, "%s/%s-local.bin", daemon_.dir, name);
   snprintf(b, sizeof b, "%s/%s-remote.bin", daemon_.dir, name);
   int st = -1;
   char *err = NULL;
-  snprintf(cmd, sizeof cmd, "'%s/examples/%s' %s --dump '%s'", build_dir(),
-           name, args, a);
+  snprintf(cmd, sizeof cmd,
+           "env -u TOPOS_SERVER '%s/examples/%s' %s --no-progress --save '%s'",
+           build_dir(), name, args, a);
   char *out1 = run_cmd(cmd, &st, &err);
   ck_assert_msg(st == 0, "%s exited %d: %s", cmd, st, err);
   free(err);
-  snprintf(cmd, sizeof cmd, "'%s/examples/%s' %s --server %s --dump '%s'",
-           build_dir(), name, args, daemon_.address, b);
+  if (by_env)
+    snprintf(cmd, sizeof cmd,
+             "TOPOS_SERVER=%s '%s/examples/%s' %s --no-progress --save '%s'",
+             daemon_.address, build_dir(), name, args, b);
+  else
+    snprintf(cmd, sizeof cmd,
+             "'%s/examples/%s' %s --server %s --no-progress --save '%s'",
+             build_dir(), name, args, daemon_.address, b);
   char *out2 = run_cmd(cmd, &st, &err);
   ck_assert_msg(st == 0, "%s exited %d: %s", cmd, st, err);
   free(err);
@@ -1197,6 +1207,10 @@ static void check_example(const char *name, const char *args) {
   free(out2);
 }
 
+static void check_example(const char *name, const char *args) {
+  check_example_with(name, args, false);
+}
+
 START_TEST(test_gradient_descent_remote) {
   check_example("gradient_descent", "");
 }
@@ -1208,6 +1222,8 @@ START_TEST(test_makemore_remote) {
     return;
   }
   check_example("makemore_mlp", "--steps 1000");
+  check_example_with("makemore_bigram", "--steps 100", true);
+  check_example("makemore_transformer", "--steps 20");
 }
 END_TEST
 

@@ -176,6 +176,7 @@ static SN_UNUSED topos_network *sn_every_op(void) {
   total = topos_add(t, total, topos_sum(t, sa));
   total = topos_add(t, total, topos_sum(t, ma));
   total = topos_add(t, total, topos_sum(t, lse));
+  total = topos_add(t, total, topos_sum(t, topos_erf(t, x)));
   topos_name(t, total, "total");
   (void)hb;
   return topos_tape_seal(t, NULL);

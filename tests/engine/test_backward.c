@@ -225,6 +225,7 @@ START_TEST(fd_elementwise_unary) {
   UNARY_CHECK("log", topos_log(t, p), 2, sh, 0.3, 3, 3);
   UNARY_CHECK("sqrt", topos_sqrt(t, p), 2, sh, 0.3, 3, 4);
   UNARY_CHECK("tanh", topos_tanh(t, p), 2, sh, -2, 2, 5);
+  UNARY_CHECK("erf", topos_erf(t, p), 2, sh, -2, 2, 13);
   UNARY_CHECK("pow 3", topos_pow(t, p, 3.0), 2, sh, -2, 2, 6);
   UNARY_CHECK("pow 2", topos_pow(t, p, 2.0), 2, sh, -2, 2, 7);
   UNARY_CHECK("pow 0.5", topos_pow(t, p, 0.5), 2, sh, 0.3, 3, 8);

@@ -98,7 +98,10 @@ static const char every_op_text[] =
     "  43  -      sum(%33)                          f32[]\n"
     "  44  -      add(%42, %43)                     f32[]\n"
     "  45  -      sum(%35)                          f32[]\n"
-    "  46  total  add(%44, %45)                     f32[]               "
+    "  46  -      add(%44, %45)                     f32[]\n"
+    "  47  -      erf(%1)                           f32[2,3]\n"
+    "  48  -      sum(%47)                          f32[]\n"
+    "  49  total  add(%46, %48)                     f32[]               "
     "output\n";
 
 static const char gradient_descent_text[] =

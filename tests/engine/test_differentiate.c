@@ -290,6 +290,7 @@ UNARY_CASE(exp, topos_exp(t, p), 2, S(2, 5), -2, 2, 2)
 UNARY_CASE(log, topos_log(t, p), 2, S(2, 5), 0.3, 3, 3)
 UNARY_CASE(sqrt, topos_sqrt(t, p), 2, S(2, 5), 0.3, 3, 4)
 UNARY_CASE(tanh, topos_tanh(t, p), 2, S(2, 5), -2, 2, 5)
+UNARY_CASE(erf, topos_erf(t, p), 2, S(2, 5), -2, 2, 14)
 UNARY_CASE(pow3, topos_pow(t, p, 3.0), 2, S(2, 5), -2, 2, 6)
 UNARY_CASE(pow2, topos_pow(t, p, 2.0), 2, S(2, 5), -2, 2, 7)
 UNARY_CASE(pow_half, topos_pow(t, p, 0.5), 2, S(2, 5), 0.3, 3, 8)
@@ -557,6 +558,7 @@ static const struct {
     C(log),
     C(sqrt),
     C(tanh),
+    C(erf),
     C(pow3),
     C(pow2),
     C(pow_half),

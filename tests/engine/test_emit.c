@@ -354,16 +354,20 @@ static int parse_module(mmod *m, const char *text) {
     memset(&op, 0, sizeof op);
     op.line = li;
     char name[24];
-    if (!parse_name(&p, name, sizeof name) || !eat(&p, " = \"stablehlo.")) {
+    /* CHLO ops (erf) keep their dialect in the name: "chlo.erf". */
+    bool chlo = false;
+    if (!parse_name(&p, name, sizeof name) ||
+        !(eat(&p, " = \"stablehlo.") || (chlo = eat(&p, " = \"chlo.")))) {
       mfail(m, li, "expected '%%N = \"stablehlo.'");
       goto done;
     }
     const char *q = strchr(p, '"');
-    if (!q || q - p >= (long)sizeof op.op) {
+    if (!q || q - p + (chlo ? 5 : 0) >= (long)sizeof op.op) {
       mfail(m, li, "bad op name");
       goto done;
     }
-    memcpy(op.op, p, (size_t)(q - p));
+    if (chlo) memcpy(op.op, "chlo.", 5);
+    memcpy(op.op + (chlo ? 5 : 0), p, (size_t)(q - p));
     p = q + 1;
     op.nops = parse_operands(m, li, &p, &op.ops);
     if (op.nops < 0) goto fail_op;
@@ -609,8 +613,8 @@ static const char *check_op(const mmod *m, const mop *op, char *buf,
 
   static const char *binary[] = {"add",    "subtract", "multiply",
                                  "divide", "power",    "maximum"};
-  static const char *unary[] = {"negate", "exponential", "log",
-                                "sqrt",   "tanh",        "abs"};
+  static const char *unary[] = {"negate", "exponential", "log",     "sqrt",
+                                "tanh",   "abs",         "chlo.erf"};
   for (size_t k = 0; k < sizeof binary / sizeof *binary; k++)
     if (strcmp(op->op, binary[k]) == 0) {
       NOPS(2);
@@ -1151,11 +1155,8 @@ static int eval_op(const mmod *m, const mop *op, double *out, char *why,
   static const struct {
     const char *name;
     double (*fn)(double);
-  } unary[] = {{"exponential", exp},
-               {"log", log},
-               {"sqrt", sqrt},
-               {"tanh", tanh},
-               {"abs", fabs}};
+  } unary[] = {{"exponential", exp}, {"log", log},  {"sqrt", sqrt},
+               {"tanh", tanh},       {"abs", fabs}, {"chlo.erf", erf}};
   for (size_t k = 0; k < sizeof unary / sizeof *unary; k++)
     if (strcmp(name, unary[k].name) == 0) {
       for (int64_t i = 0; i < n; i++) out[i] = unary[k].fn(x[0][i]);
@@ -1650,6 +1651,7 @@ enum {
   E_LOG,
   E_SQRT,
   E_TANH,
+  E_ERF,
   E_POW,
   E_POW_NEG,
   E_POW_INT,
@@ -1665,10 +1667,11 @@ static const char *const elementwise_hlo[E_COUNT] = {
     "\"stablehlo.multiply\"",  "\"stablehlo.divide\"",
     "\"stablehlo.negate\"",    "\"stablehlo.exponential\"",
     "\"stablehlo.log\"",       "\"stablehlo.sqrt\"",
-    "\"stablehlo.tanh\"",      "\"stablehlo.power\"",
+    "\"stablehlo.tanh\"",      "\"chlo.erf\"",
     "\"stablehlo.power\"",     "\"stablehlo.power\"",
-    "comparison_direction GE", "comparison_direction NE",
-    "comparison_direction GE", "comparison_direction LE"};
+    "\"stablehlo.power\"",     "comparison_direction GE",
+    "comparison_direction NE", "comparison_direction GE",
+    "comparison_direction LE"};
 
 START_TEST(test_elementwise_ops) {
   for (int d = 0; d < NFLOAT; d++)
@@ -1706,6 +1709,9 @@ START_TEST(test_elementwise_ops) {
           break;
         case E_TANH:
           y = topos_tanh(t, b);
+          break;
+        case E_ERF:
+          y = topos_erf(t, b);
           break;
         case E_POW:
           y = topos_pow(t, a, 1.5);
@@ -2787,6 +2793,108 @@ START_TEST(test_inspect_example) {
 }
 END_TEST
 
+/* The transformer composites of nn.c (and embedding), each as its own
+ * module in f32 and f64, held to all three checks: exact GELU (chlo.erf),
+ * causal multi-head self-attention over a key/value cache, rotary
+ * embedding, cross entropy with an ignored target and global-norm
+ * clipping of recorded gradients (training posture). */
+START_TEST(test_transformer_composites) {
+  for (int d = 0; d < 2; d++) {
+    topos_dtype dt = float_dtypes[d];
+    for (int which = 0; which < 6; which++) {
+      topos_tape *t = topos_tape_new(dt);
+      topos_value roots[8];
+      int nroots = 1;
+      const char *contains = NULL;
+      topos_posture posture = TOPOS_POSTURE_FORWARD;
+      switch (which) {
+        case 0: {
+          topos_value x = sn_leaf(t, 2, dt, 2, S(3, 4), 1, -3, 3);
+          roots[0] = topos_gelu_exact(t, x);
+          contains = "\"chlo.erf\"";
+          break;
+        }
+        case 1: {
+          topos_value x = sn_leaf(t, 2, dt, 3, S(2, 3, 4), 2, -1, 1);
+          topos_value w = sn_leaf(t, 1, dt, 2, S(4, 12), 3, -0.5, 0.5);
+          topos_value b = sn_leaf(t, 1, dt, 1, S(12), 4, -0.1, 0.1);
+          topos_value wo = sn_leaf(t, 1, dt, 2, S(4, 4), 5, -0.5, 0.5);
+          topos_value kc = sn_leaf(t, 2, dt, 3, S(2, 2, 4), 6, -1, 1);
+          topos_value vc = sn_leaf(t, 2, dt, 3, S(2, 2, 4), 7, -1, 1);
+          topos_attention_opts o = {.heads = 2, .causal = true, .past = 2};
+          topos_value k_all, v_all;
+          roots[0] = topos_self_attention(t, x, w, b, wo, TOPOS_NONE, &o, kc,
+                                          vc, &k_all, &v_all);
+          roots[1] = k_all;
+          nroots = 2;
+          contains = "\"stablehlo.dot_general\"";
+          break;
+        }
+        case 2: {
+          topos_value x = sn_leaf(t, 2, dt, 3, S(2, 3, 8), 8, -1, 1);
+          roots[0] = topos_rope(t, x, 2, 5, 0);
+          contains = "\"stablehlo.concatenate\"";
+          break;
+        }
+        case 3: {
+          topos_value l = sn_leaf(t, 1, dt, 2, S(5, 4), 9, -2, 2);
+          const int32_t tg[5] = {1, -100, 3, 0, -100};
+          topos_tensor *tt = topos_tensor_from(TOPOS_I32, 1, S(5), tg, NULL);
+          topos_value y = topos_input(t, tt);
+          topos_tensor_release(tt);
+          topos_value loss = topos_cross_entropy_ignore(t, l, y, -100);
+          topos_value g;
+          ck_assert_int_eq(topos_tape_differentiate(t, loss, &l, 1, &g),
+                           TOPOS_OK);
+          roots[0] = loss;
+          roots[1] = g;
+          nroots = 2;
+          posture = TOPOS_POSTURE_TRAINING;
+          contains = "\"stablehlo.gather\"";
+          break;
+        }
+        case 4: {
+          topos_value w1 = sn_leaf(t, 1, dt, 2, S(3, 4), 10, -1, 1);
+          topos_value w2 = sn_leaf(t, 1, dt, 2, S(4, 2), 11, -1, 1);
+          topos_value y = topos_linear(t, w1, w2, TOPOS_NONE);
+          topos_value loss = topos_sum(t, topos_mul(t, y, y));
+          topos_value wrt[2] = {w1, w2}, g[2], c[2], norm;
+          ck_assert_int_eq(topos_tape_differentiate(t, loss, wrt, 2, g),
+                           TOPOS_OK);
+          ck_assert_int_eq(topos_clip_global_norm(t, 2, g, 0.5, c, &norm),
+                           TOPOS_OK);
+          roots[0] = loss;
+          roots[1] = c[0];
+          roots[2] = c[1];
+          roots[3] = norm;
+          nroots = 4;
+          posture = TOPOS_POSTURE_TRAINING;
+          contains = "\"stablehlo.sqrt\"";
+          break;
+        }
+        case 5: {
+          topos_value table = sn_leaf(t, 1, dt, 2, S(6, 3), 12, -1, 1);
+          const int32_t ix[6] = {5, 0, 2, 2, 1, 4};
+          topos_tensor *it = topos_tensor_from(TOPOS_I32, 2, S(2, 3), ix, NULL);
+          topos_value idx = topos_input(t, it);
+          topos_tensor_release(it);
+          roots[0] = topos_embedding(t, table, idx);
+          contains = "\"stablehlo.gather\"";
+          break;
+        }
+      }
+      ck_assert_msg(topos_tape_error(t) == NULL, "case %d: %s", which,
+                    topos_tape_error(t));
+      topos_network *net = seal(t);
+      emit_case c = {roots, nroots,   NULL, 0,     posture,
+                     -1,    contains, NULL, false, NULL};
+      check_emit(net, &c);
+      topos_network_release(net);
+    }
+  }
+}
+END_TEST
+
 Suite *emit_suite(void) {
   Suite *s = suite_create("emit");
   TCase *ops = tcase_create("ops");
@@ -2817,6 +2925,7 @@ Suite *emit_suite(void) {
   tcase_add_test(nets, test_padded_pool_chain);
   tcase_add_test(nets, test_pool_remainder_sliced);
   tcase_add_test(nets, test_group_fallback);
+  tcase_add_test(nets, test_transformer_composites);
   suite_add_tcase(s, nets);
 
   TCase *forms = tcase_create("forms and errors");

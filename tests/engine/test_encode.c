@@ -329,7 +329,7 @@ START_TEST(op_codes_are_frozen) {
       "concat",      "broadcast", "broadcast_along",
       "sum",         "sum_along", "max_along",
       "log_softmax", "logsumexp", "gather",
-      "scatter"};
+      "scatter",     "erf"};
   int n = (int)(sizeof names / sizeof names[0]);
   ck_assert_int_ge(OP_COUNT, n);
   ck_assert_int_lt(OP_COUNT, 256); /* the op is one byte */

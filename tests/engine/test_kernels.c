@@ -419,6 +419,7 @@ static const struct {
     {"exp", topos_exp, exp, expf, -20, 20},
     {"log", topos_log, log, logf, 1e-3, 1e3},
     {"tanh", topos_tanh, tanh, tanhf, -6, 6},
+    {"erf", topos_erf, erf, erff, -4, 4},
     {"sqrt", topos_sqrt, sqrt, sqrtf, 0, 1e4},
     {"neg", topos_neg, r_neg, r_negf, -1e3, 1e3},
     {"pow2.5", pow_25, r_pow25, r_pow25f, 0, 30},

@@ -341,7 +341,7 @@ static const struct {
   unary_fn fn;
 } unaries[] = {{"neg", topos_neg},   {"exp", topos_exp},   {"log", topos_log},
                {"sqrt", topos_sqrt}, {"tanh", topos_tanh}, {"pow", pow3},
-               {"relu", topos_relu}};
+               {"relu", topos_relu}, {"erf", topos_erf}};
 
 START_TEST(shape_binary_good) {
   const topos_dtype dts[3] = {TOPOS_F32, TOPOS_F64, TOPOS_BF16};

@@ -240,6 +240,11 @@ BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(LIB_A) $(LIB_STORE) $(if $(BACKEND_SRC),$(LIB_BACKENDS))
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(LIB_STORE) $(ENGINE_LINK) $(STORE_LIBS) $(LDLIBS)
+# The training bench builds makemore's transformer and loads Fashion-MNIST
+# with the examples' library.
+$(BUILD)/bench/train: bench/train.c $(wildcard bench/*.h examples/common/*.h) $(LIB_A) $(LIB_STORE) $(LIB_EX) $(if $(BACKEND_SRC),$(LIB_BACKENDS))
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Iexamples/common $< -o $@ $(LIB_EX) $(LIB_STORE) $(ENGINE_LINK) $(STORE_LIBS) $(EXLIB_LIBS) $(LDLIBS)
 # The daemon bench talks gRPC and starts its own toposd.
 # Its in-process side registers the backends toposd registers.
 $(BUILD)/bench/daemon: bench/daemon.c $(LIB_CLIENT) $(LIB_A) $(TOPOSD) $(if $(BACKEND_SRC),$(LIB_BACKENDS))

@@ -2,13 +2,17 @@
  * train.c - training step time against PyTorch (issue 5; docs/bench.md
  * explains every column).
  *
- *   build/bench/train [--model makemore|lenet|mlp784] [--quick]
- *                     [--seconds S]
+ *   build/bench/train [--model makemore|lenet|mlp784|transformer|
+ *                              fmnist-epoch] [--quick] [--seconds S]
+ *                     [--data DIR]
  *
- * Three f32 models (bench/models.h; the same networks in
- * bench/train_torch.py): the makemore MLP (batch 64), LeNet-5 (batch 64)
- * and an MLP 784-256-256-10 (batch 128), each trained with cross entropy
- * and plain SGD (lr 0.01).  A topos step is a training-posture plan's
+ * Four f32 models (bench/models.h and examples/common/gpt.h; the same
+ * networks in bench/train_torch.py): the makemore MLP (batch 64), LeNet-5
+ * (batch 64) and an MLP 784-256-256-10 (batch 128), each trained with
+ * cross entropy and plain SGD (lr 0.01), and makemore's transformer
+ * (batch 32 sequences of 16), trained with cross entropy ignoring padding
+ * targets and AdamW (lr 1e-3, betas 0.9/0.99, eps 1e-8, decay 0.01 on
+ * the rank >= 2 parameters).  A topos step is a training-posture plan's
  * forward + backward + topos_optimizer_step, with the backends
  * registered; a PyTorch step is zero_grad + forward + backward + step.
  *
@@ -22,7 +26,7 @@
  *     the default thread count, each with glibc's default malloc and with
  *     a malloc that keeps freed memory (GLIBC_TUNABLES), and each with
  *     OpenBLAS choosing its kernels and pinned to SkylakeX (setting
- *     "SKX"); the best wins.
+ *     "SKX", only on a CPU with AVX-512); the best wins.
  * Every child runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed
  * from its environment (platform-notes.md), except the pinned PyTorch
  * runs, which set OPENBLAS_CORETYPE=SkylakeX.
@@ -35,6 +39,16 @@
  * reports their last loss and a hash of the parameters they produced: the run
  * exits 1 unless exact's parameters are bit-identical at 1 and at the default
  * thread count, and fast's loss is within 1e-3 (relative) of exact's.
+ *
+ * Last comes one row that is not a step: a whole epoch of LeNet on the
+ * 60000 Fashion-MNIST training images (--data DIR, default
+ * /usr/share/datasets/fashion-mnist; 937 batches of 64 in a fixed seeded
+ * order, SGD momentum 0.9 lr 0.01), one child each side (hidden
+ * arguments --epoch DIR BATCHES here, --epoch in the script), each at the
+ * setting that won its lenet row (--model fmnist-epoch runs the lenet row
+ * too, for them).  It reports seconds per epoch and the mean loss of the
+ * last 100 steps on both sides; without the data set it prints why it is
+ * skipped.  --quick runs the epoch's first 50 batches.
  */
 #include <errno.h>
 #include <math.h>
@@ -50,6 +64,8 @@
 #include <unistd.h>
 
 #include "backends.h"
+#include "gpt.h"
+#include "idx.h"
 #include "models.h"
 
 #define PYTHON "/usr/bin/python3"
@@ -59,21 +75,36 @@
   "glibc.malloc.trim_threshold=4294967295:" \
   "glibc.malloc.mmap_threshold=4294967295"
 #define LOSS_RTOL 1e-3
+#define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
+#define EPOCH_ROW "fmnist-epoch"
 
 enum { NBATCHES = 8 };
+
+/* makemore's transformer (examples/common/gpt.h), batch 32 sequences. */
+enum { GPT_BATCH = 32 };
+
+static model transformer_build(void) {
+  topos_error err = {0};
+  ex_gpt g;
+  if (ex_gpt_build(&g, &EX_GPT_MAKEMORE, GPT_BATCH, true, &err) != 0)
+    die("transformer build", &err);
+  return (model){g.net, g.x, g.y, g.logits, g.loss};
+}
 
 typedef struct bench_model {
   const char *name;
   int batch;
   int check_steps;
-  double target; /* exact / PyTorch must be at most this */
+  double target; /* exact / PyTorch must be at most this; 0: no target */
   model (*build)(void);
+  bool adamw; /* AdamW lr 1e-3 (makemore_transformer's), else SGD lr 0.01 */
 } bench_model;
 
 static const bench_model MODELS[] = {
-    {"makemore", BATCH, 40, 0.5, makemore_build},
-    {"lenet", LENET_BATCH, 3, 1.0, lenet_build},
-    {"mlp784", MLP_BATCH, 10, 1.0, mlp784_build},
+    {"makemore", BATCH, 40, 0.5, makemore_build, false},
+    {"lenet", LENET_BATCH, 3, 1.0, lenet_build, false},
+    {"mlp784", MLP_BATCH, 10, 1.0, mlp784_build, false},
+    {"transformer", GPT_BATCH, 10, 0.0, transformer_build, true},
 };
 enum { NMODELS = sizeof MODELS / sizeof MODELS[0] };
 
@@ -83,7 +114,38 @@ static const bench_model *find_model(const char *name) {
   return NULL;
 }
 
+static topos_optimizer bench_optimizer(const bench_model *bm) {
+  return bm->adamw ? topos_adamw(1e-3, 0.9, 0.99, 1e-8, 0.01)
+                   : topos_sgd(0.01, 0.0);
+}
+
 /* ------------------------------------------------------------ the child */
+
+/* One batch of sequences like makemore's padded names (x = ". w", y =
+ * "w ." then EX_GPT_IGNORE), w of 2 to 15 random letters. */
+static void padded_names(batch *b, int64_t n, uint64_t *rng) {
+  const ex_gpt_config c = EX_GPT_MAKEMORE;
+  const int64_t T = c.context;
+  int32_t *x = calloc((size_t)(n * T), sizeof *x);
+  int32_t *y = malloc(sizeof *y * (size_t)(n * T));
+  if (x == NULL || y == NULL) die("transformer batch", NULL);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t len = 2 + (int64_t)(splitmix64(rng) % (uint64_t)(T - 2));
+    int32_t *xi = x + i * T, *yi = y + i * T;
+    for (int64_t k = 0; k < T; k++) yi[k] = EX_GPT_IGNORE;
+    for (int64_t k = 0; k < len; k++) {
+      xi[k + 1] = 1 + (int32_t)(splitmix64(rng) % (uint64_t)(c.vocab - 1));
+      yi[k] = xi[k + 1];
+    }
+    yi[len] = 0;
+  }
+  topos_error err = {0};
+  int64_t xs[2] = {n, T}, ys[1] = {n * T};
+  b->x = must(topos_tensor_from(TOPOS_I32, 2, xs, x, &err), "batch", &err);
+  b->y = must(topos_tensor_from(TOPOS_I32, 1, ys, y, &err), "batch", &err);
+  free(x);
+  free(y);
+}
 
 /* NBATCHES fixed, seeded batches of the model's inputs. */
 static void make_batches(const bench_model *bm, batch *b) {
@@ -91,6 +153,10 @@ static void make_batches(const bench_model *bm, batch *b) {
   uint64_t rng = 20240601;
   int64_t n = bm->batch, ys[1] = {n};
   for (int i = 0; i < NBATCHES; i++) {
+    if (strcmp(bm->name, "transformer") == 0) {
+      padded_names(&b[i], n, &rng);
+      continue;
+    }
     if (strcmp(bm->name, "makemore") == 0) {
       int64_t xs[2] = {n, CONTEXT};
       b[i].x = random_indices(2, xs, n * CONTEXT, VOCAB, &rng);
@@ -142,7 +208,7 @@ static int run_one(const char *name, const char *numerics, double seconds) {
   make_batches(bm, b);
   topos_plan *plan = lower(m.net, &m.loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING,
                            num, "lower train");
-  topos_optimizer opt = topos_sgd(0.01, 0.0);
+  topos_optimizer opt = bench_optimizer(bm);
   trainer t;
   trainer_init(&t, m.net, plan, m.loss, &opt);
 
@@ -188,6 +254,100 @@ static int run_one(const char *name, const char *numerics, double seconds) {
     topos_tensor_release(b[i].y);
   }
   topos_network_release(m.net);
+  return 0;
+}
+
+/* The epoch row's data and arithmetic (train_torch.py does the same). */
+enum { EPOCH_BATCH = LENET_BATCH, EPOCH_TAIL = 100, QUICK_EPOCH = 50 };
+#define EPOCH_SEED 20240601u
+#define FMNIST_MEAN 0.2860 /* Fashion-MNIST's training pixel mean and */
+#define FMNIST_STD 0.3530  /* standard deviation, on [0,1] */
+
+/* A fixed order of n rows: Fisher-Yates from the top with splitmix64
+ * (train_torch.py's epoch_order draws the same). */
+static int32_t *epoch_order(int64_t n, uint64_t seed) {
+  int32_t *perm = malloc(sizeof *perm * (size_t)n);
+  if (perm == NULL) die("epoch order", NULL);
+  for (int64_t i = 0; i < n; i++) perm[i] = (int32_t)i;
+  uint64_t state = seed;
+  for (int64_t i = n - 1; i > 0; i--) {
+    int64_t j = (int64_t)(splitmix64(&state) % (uint64_t)(i + 1));
+    int32_t tmp = perm[i];
+    perm[i] = perm[j];
+    perm[j] = tmp;
+  }
+  return perm;
+}
+
+/*
+ * --epoch DIR BATCHES: LeNet (exact) over the first BATCHES batches (0:
+ * all) of one epoch of the Fashion-MNIST training set in DIR, one result
+ * line.  The timed loop includes building each batch from the bytes
+ * (scale, normalise, gather labels), as a data loader would; loading the
+ * files does not count.  Exits 3 with a "skip" line when the data set
+ * cannot be loaded.
+ */
+static int run_epoch(const char *dir, int limit) {
+  topos_error err = {0};
+  ex_mnist d = {0};
+  if (ex_mnist_load(dir, true, &d, &err) != 0) {
+    printf("skip %s\n", err.message);
+    return 3;
+  }
+  if (d.rows != 28 || d.cols != 28 || d.n < EPOCH_BATCH) {
+    printf("skip %s holds %lld images of %lldx%lld, not 28x28\n", dir,
+           (long long)d.n, (long long)d.rows, (long long)d.cols);
+    ex_mnist_free(&d);
+    return 3;
+  }
+  topos_backends_register_defaults();
+  model m = lenet_build();
+  topos_plan *plan = lower(m.net, &m.loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING,
+                           TOPOS_NUMERICS_EXACT, "lower train");
+  topos_optimizer opt = topos_sgd(0.01, 0.9);
+  trainer t;
+  trainer_init(&t, m.net, plan, m.loss, &opt);
+  t.keep_loss = true;
+  int32_t *perm = epoch_order(d.n, EPOCH_SEED);
+  int64_t steps = d.n / EPOCH_BATCH; /* the last partial batch dropped */
+  if (limit > 0 && limit < steps) steps = limit;
+  enum { PIX = 28 * 28 };
+  float *xb = malloc(sizeof *xb * EPOCH_BATCH * PIX);
+  int32_t yb[EPOCH_BATCH];
+  if (xb == NULL) die("epoch batch", NULL);
+  int64_t xs[4] = {EPOCH_BATCH, 1, 28, 28}, ys[1] = {EPOCH_BATCH};
+  int64_t tail_from = steps > EPOCH_TAIL ? steps - EPOCH_TAIL : 0;
+  double tail = 0, first = 0;
+
+  double t0 = now_s();
+  for (int64_t s = 0; s < steps; s++) {
+    const int32_t *rows = perm + s * EPOCH_BATCH;
+    for (int i = 0; i < EPOCH_BATCH; i++) {
+      const uint8_t *img = d.images + (int64_t)rows[i] * PIX;
+      for (int k = 0; k < PIX; k++)
+        xb[i * PIX + k] = (float)((img[k] / 255.0 - FMNIST_MEAN) / FMNIST_STD);
+      yb[i] = d.labels[rows[i]];
+    }
+    topos_tensor *x = topos_tensor_from(TOPOS_F32, 4, xs, xb, &err);
+    topos_tensor *y = topos_tensor_from(TOPOS_I32, 1, ys, yb, &err);
+    if (x == NULL || y == NULL) die("epoch batch", &err);
+    topos_feed feeds[2] = {{m.x, x}, {m.y, y}};
+    train_step(&t, &opt, feeds, 2);
+    topos_tensor_release(x);
+    topos_tensor_release(y);
+    if (s == 0) first = t.last_loss;
+    if (s >= tail_from) tail += t.last_loss;
+  }
+  double seconds = now_s() - t0;
+  printf("epoch s=%.4f steps=%lld loss=%.6f first=%.6f\n", seconds,
+         (long long)steps, tail / (double)(steps - tail_from), first);
+
+  free(xb);
+  free(perm);
+  trainer_free(&t);
+  topos_plan_free(plan);
+  topos_network_release(m.net);
+  ex_mnist_free(&d);
   return 0;
 }
 
@@ -333,6 +493,8 @@ typedef struct torch_best {
   bool have;
   double ms, rss_mb, minflt;
   char setting[32];
+  int threads; /* the setting that won */
+  bool keep, skx;
 } torch_best;
 
 static int torch_state; /* 0 unknown, 1 usable, -1 not installed */
@@ -345,9 +507,29 @@ static bool torch_importable(void) {
   return r.ok;
 }
 
+/* Whether the CPU has AVX-512 (the "avx512f" flag of /proc/cpuinfo):
+ * OpenBLAS's SkylakeX kernels need it, and a process pinned to them on a
+ * CPU without it dies of SIGILL (AMD EPYC before Zen 4, for one). */
+static bool cpu_has_avx512(void) {
+  static int known = -1;
+  if (known >= 0) return known;
+  known = 0;
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (f == NULL) return false;
+  char line[8192];
+  while (fgets(line, sizeof line, f)) {
+    if (strncmp(line, "flags", 5) != 0) continue;
+    known = strstr(line, " avx512f") != NULL;
+    break;
+  }
+  fclose(f);
+  return known;
+}
+
 /* Folds into *best the PyTorch times over threads {1, threads} x malloc
  * {default, keep} x OpenBLAS kernels {its own choice, SkylakeX} (in quick
- * mode: 1 thread, default malloc, its own choice).  Debian's torch does
+ * mode: 1 thread, default malloc, its own choice; SkylakeX only on a CPU
+ * with AVX-512).  Debian's torch does
  * its dense products through libblas.so.3, i.e. OpenBLAS 0.3.21, which
  * does not recognise this CPU and falls back to generic kernels unless
  * pinned; pinned, PyTorch's 784 MLP step is about twice as fast, so the
@@ -361,7 +543,7 @@ static void run_torch(const bench_model *bm, int threads, double seconds,
   int nthreads = threads > 1 && !quick ? 2 : 1;
   for (int ti = 0; ti < nthreads; ti++) {
     for (int mi = 0; mi < (quick ? 1 : 2); mi++)
-      for (int ci = 0; ci < (quick ? 1 : 2); ci++) {
+      for (int ci = 0; ci < (quick || !cpu_has_avx512() ? 1 : 2); ci++) {
         char secs[32], thr[16];
         snprintf(secs, sizeof secs, "%g", seconds);
         snprintf(thr, sizeof thr, "%d", thread_set[ti]);
@@ -392,6 +574,9 @@ static void run_torch(const bench_model *bm, int threads, double seconds,
           best->minflt = minflt;
           snprintf(best->setting, sizeof best->setting, "%dT,%s%s",
                    thread_set[ti], mi ? "keep" : "default", ci ? ",SKX" : "");
+          best->threads = thread_set[ti];
+          best->keep = mi;
+          best->skx = ci;
         }
       }
   }
@@ -419,15 +604,16 @@ static void header(int threads, double topos_s, double torch_s, int rounds,
       "thread(s) (nT) and 1 (1T)\n",
       cpu, sysconf(_SC_NPROCESSORS_ONLN), threads);
   printf(
-      "ms per training step (fwd+bwd+SGD lr 0.01): median of timed blocks "
+      "ms per training step (fwd+bwd+update: SGD lr 0.01; the transformer "
+      "AdamW lr 1e-3): median of timed blocks "
       "after warm-up, best of %d round(s); %.1f s per topos child, %.1f s per "
       "PyTorch child%s; 1-min load average at start %.2f\n\n",
       rounds, topos_s, torch_s, quick ? " (--quick)" : "", load_average());
-  printf("%-8s %5s %8s %8s %8s %8s %-10s %7s %7s %-13s %-17s %s\n", "model",
+  printf("%-11s %5s %8s %8s %8s %8s %-17s %7s %7s %-13s %-17s %s\n", "model",
          "batch", "exact nT", "exact 1T", "fast nT", "PyTorch", "(setting)",
          "ex/pt", "fast/pt", "target", "peak RSS MB e/f/p",
          "faults/step e/f/p");
-  printf("%-8s %5s %8s %8s %8s %8s %-10s %7s %7s %-13s %-17s %s\n", "-----",
+  printf("%-11s %5s %8s %8s %8s %8s %-17s %7s %7s %-13s %-17s %s\n", "-----",
          "-----", "--------", "--------", "-------", "-------", "---------",
          "-----", "-------", "------", "-----------------",
          "-----------------");
@@ -440,10 +626,98 @@ static void fmt(char *out, size_t n, bool have, const char *f, double v) {
     snprintf(out, n, "-");
 }
 
+/* ------------------------------------------------------ the epoch row */
+
+/* Where each side runs the epoch: the settings that won the lenet row. */
+typedef struct epoch_setting {
+  int topos_threads, torch_threads;
+  bool keep, skx;
+} epoch_setting;
+
+typedef struct epoch_result {
+  bool have;
+  double seconds, loss, first;
+  int steps;
+} epoch_result;
+
+static bool parse_epoch(const char *out, const char *key, epoch_result *e) {
+  const char *line = strstr(out, key);
+  char fmt[64];
+  snprintf(fmt, sizeof fmt, "%s%%lf steps=%%d", key);
+  if (line == NULL || sscanf(line, fmt, &e->seconds, &e->steps) != 2)
+    return false;
+  const char *loss = strstr(line, "loss=");
+  const char *first = strstr(line, "first=");
+  e->have = loss && first && sscanf(loss, "loss=%lf", &e->loss) == 1 &&
+            sscanf(first, "first=%lf", &e->first) == 1;
+  return e->have;
+}
+
+/* One epoch each side (topos first), one table row or a line saying why
+ * there is none.  Returns false on a failed child. */
+static bool epoch_row(const char *dir, int limit, const epoch_setting *es) {
+  char lim[16], thr[16];
+  snprintf(lim, sizeof lim, "%d", limit);
+  snprintf(thr, sizeof thr, "%d", es->topos_threads);
+  char *targv[] = {(char *)self_exe(), "--epoch", (char *)dir, lim, NULL};
+  child_result r;
+  spawn(targv, thr, NULL, NULL, &r);
+  if (!r.ok && strncmp(r.output, "skip ", 5) == 0) {
+    printf("%s row skipped: no Fashion-MNIST training set: %.*s\n", EPOCH_ROW,
+           (int)strcspn(r.output + 5, "\n"), r.output + 5);
+    return true;
+  }
+  epoch_result te = {0}, pe = {0};
+  if (!r.ok || !parse_epoch(r.output, "epoch s=", &te)) {
+    fprintf(stderr, "%s: the topos epoch failed:\n%s\n", bench_prog, r.output);
+    return false;
+  }
+
+  const char *script = torch_script();
+  if (torch_state >= 0 && script != NULL) {
+    snprintf(thr, sizeof thr, "%d", es->torch_threads);
+    char *pargv[] = {PYTHON, (char *)script, "--epoch",   lim, "--threads",
+                     thr,    "--data",       (char *)dir, NULL};
+    spawn(pargv, NULL, es->keep ? MALLOC_KEEP : NULL,
+          es->skx ? "SkylakeX" : NULL, &r);
+    if (!r.ok || !parse_epoch(r.output, "epoch_s=", &pe)) {
+      if (torch_state == 0 && !torch_importable()) {
+        torch_state = -1;
+      } else {
+        fprintf(stderr, "%s: %s --epoch failed:\n%s\n", bench_prog, script,
+                r.output);
+        return false;
+      }
+    }
+  }
+
+  char tset[24], pset[40], pts[16], ratio[16], ploss[16];
+  snprintf(tset, sizeof tset, "(exact %dT)", es->topos_threads);
+  snprintf(pset, sizeof pset, "(%dT,%s%s)", es->torch_threads,
+           es->keep ? "keep" : "default", es->skx ? ",SKX" : "");
+  fmt(pts, sizeof pts, pe.have, "%.3f", pe.seconds);
+  fmt(ratio, sizeof ratio, pe.have, "%.2f", te.seconds / pe.seconds);
+  fmt(ploss, sizeof ploss, pe.have, "%.4f", pe.loss);
+  if (!pe.have) snprintf(pset, sizeof pset, "(-)");
+  printf("%-12s %5s %8s %-12s %9s %-17s %6s %-12s %s\n", "row", "steps",
+         "topos s", "(setting)", "PyTorch s", "(setting)", "ex/pt",
+         "loss topos", "loss PyTorch");
+  printf("%-12s %5d %8.3f %-12s %9s %-17s %6s %-12.4f %s\n", EPOCH_ROW,
+         te.steps, te.seconds, tset, pts, pset, ratio, te.loss, ploss);
+  char pfirst[16];
+  fmt(pfirst, sizeof pfirst, pe.have, "%.4f", pe.first);
+  printf(
+      "(loss: the mean of the last %d steps' losses; the first step's: "
+      "%.4f in topos, %s in PyTorch)\n",
+      te.steps < EPOCH_TAIL ? te.steps : EPOCH_TAIL, te.first, pfirst);
+  return true;
+}
+
 static void usage(void) {
   fprintf(stderr,
-          "usage: train [--model makemore|lenet|mlp784] [--quick] "
-          "[--seconds S]\n");
+          "usage: train [--model "
+          "makemore|lenet|mlp784|transformer|" EPOCH_ROW
+          "] [--quick] [--seconds S] [--data DIR]\n");
   exit(2);
 }
 
@@ -451,16 +725,23 @@ int main(int argc, char **argv) {
   bench_prog = "bench/train";
   if (argc == 5 && strcmp(argv[1], "--one") == 0)
     return run_one(argv[2], argv[3], atof(argv[4]));
+  if (argc == 4 && strcmp(argv[1], "--epoch") == 0)
+    return run_epoch(argv[2], atoi(argv[3]));
 
   const bench_model *only = NULL;
-  bool quick = false;
+  bool epoch_only = false, quick = false;
+  const char *data = FMNIST_DIR;
   double seconds = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--quick") == 0) {
       quick = true;
     } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
-      only = find_model(argv[++i]);
-      if (only == NULL) usage();
+      i++;
+      epoch_only = strcmp(argv[i], EPOCH_ROW) == 0;
+      only = find_model(argv[i]);
+      if (only == NULL && !epoch_only) usage();
+    } else if (strcmp(argv[i], "--data") == 0 && i + 1 < argc) {
+      data = argv[++i];
     } else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) {
       seconds = atof(argv[++i]);
       if (!(seconds > 0)) usage();
@@ -477,9 +758,11 @@ int main(int argc, char **argv) {
   bool failed = false;
   char notes[NMODELS][256];
   int nnotes = 0;
+  epoch_setting es = {threads, threads, false, false};
   for (int i = 0; i < NMODELS; i++) {
     const bench_model *bm = &MODELS[i];
-    if (only && only != bm) continue;
+    /* The epoch row alone still runs the lenet row, for its settings. */
+    if (epoch_only ? bm->build != lenet_build : only && only != bm) continue;
     /* Round 0 runs topos first, round 1 PyTorch first, so that a load
      * that changes during the run weighs on both sides. */
     topos_figures en = {0}, e1 = {0}, fa = {0};
@@ -495,13 +778,23 @@ int main(int argc, char **argv) {
     /* Exact's figure against PyTorch's best: the better of its two thread
      * settings, as PyTorch gets the best of its own. */
     double exact = en.ms < e1.ms ? en.ms : e1.ms;
+    if (bm->build == lenet_build) {
+      es.topos_threads = en.ms < e1.ms ? threads : 1;
+      if (pt.have) {
+        es.torch_threads = pt.threads;
+        es.keep = pt.keep;
+        es.skx = pt.skx;
+      }
+    }
     char pms[16], ratio_e[16], ratio_f[16], target[24], rss_p[16], flt_p[16];
     fmt(pms, sizeof pms, pt.have, "%.3f", pt.ms);
     fmt(ratio_e, sizeof ratio_e, pt.have, "%.2f", exact / pt.ms);
     fmt(ratio_f, sizeof ratio_f, pt.have, "%.2f", fa.ms / pt.ms);
     fmt(rss_p, sizeof rss_p, pt.have, "%.0f", pt.rss_mb);
     fmt(flt_p, sizeof flt_p, pt.have, "%.2f", pt.minflt);
-    if (pt.have)
+    if (bm->target <= 0)
+      snprintf(target, sizeof target, "none");
+    else if (pt.have)
       snprintf(target, sizeof target, "<=%.1fx %s", bm->target,
                exact / pt.ms <= bm->target ? "met" : "missed");
     else
@@ -511,7 +804,7 @@ int main(int argc, char **argv) {
     snprintf(rss, sizeof rss, "%.0f/%.0f/%s", en.rss_mb, fa.rss_mb, rss_p);
     snprintf(faults, sizeof faults, "%.2f/%.2f/%s", en.minflt, fa.minflt,
              flt_p);
-    printf("%-8s %5d %8.3f %8.3f %8.3f %8s %-10s %7s %7s %-13s %-17s %s\n",
+    printf("%-11s %5d %8.3f %8.3f %8.3f %8s %-17s %7s %7s %-13s %-17s %s\n",
            bm->name, bm->batch, en.ms, e1.ms, fa.ms, pms, setting, ratio_e,
            ratio_f, target, rss, faults);
     fflush(stdout);
@@ -541,6 +834,24 @@ int main(int argc, char **argv) {
     }
   }
   printf("\n");
+  if (only == NULL) {
+    int limit = quick ? QUICK_EPOCH : 0;
+    if (quick)
+      printf(
+          "Fashion-MNIST epoch row (--quick: its first %d batches only): "
+          "LeNet",
+          limit);
+    else
+      printf("Fashion-MNIST epoch row: LeNet, one epoch");
+    printf(
+        " on the training set in %s, batches of 64 in a fixed seeded order "
+        "(the last partial one dropped), SGD momentum 0.9 lr 0.01, from fresh "
+        "parameters; one run each side, each at the setting that won its "
+        "lenet row\n",
+        data);
+    if (!epoch_row(data, limit, &es)) failed = true;
+    printf("\n");
+  }
   for (int i = 0; i < nnotes; i++) printf("check %s\n", notes[i]);
   if (torch_state < 0)
     printf(

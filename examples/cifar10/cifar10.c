@@ -52,7 +52,6 @@
  */
 #include <errno.h>
 #include <ftw.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,6 +61,7 @@
 #include "backends.h"
 #include "cifar.h"
 #include "ex.h"
+#include "images.h"
 
 enum {
   CH = EX_CIFAR_CHANNELS,
@@ -184,70 +184,13 @@ static int model_build(model *m, net_kind kind, int64_t batch,
 }
 
 typedef struct run {
+  ex_images im;
   model train, stats, eval;
   ex_eval *stats_ev, *ev;
-  const ex_cifar *tr, *te;
-  int64_t ntrain, ntest, batch, per_epoch, steps;
   int64_t stats_batch, stats_batches;
-  int64_t *perm, perm_epoch;
-  float lut[CH][256]; /* a pixel byte of channel c -> its normalised value */
-  float *xbuf;
-  int32_t *ybuf;
   /* Population statistics for the evaluation network (NLAYERS x C2). */
   float pop_mean[NLAYERS][C2], pop_var[NLAYERS][C2];
-  ex_metrics *metrics;
-  double t0, epoch_t0, loss_sum;
-  int64_t loss_n, stepped; /* steps this run took: of the epoch, in all */
-  int64_t evaluated_at;    /* the step of the last evaluation, -1: none */
-  double test_loss, test_acc;
 } run;
-
-static double learning_rate(int64_t step, void *ctx) {
-  const run *r = ctx;
-  return step < r->steps - r->steps / 3 ? 2e-3 : 2e-4;
-}
-
-/* Images idx[first..first+n) (or first.. when idx is NULL) of d into
- * r->xbuf, normalised, labels into r->ybuf; rows n..rows blank, label 0. */
-static void fill_rows(run *r, const ex_cifar *d, const int64_t *idx,
-                      int64_t first, int64_t n, int64_t rows) {
-  for (int64_t b = 0; b < rows; b++) {
-    float *dst = r->xbuf + b * IMAGE;
-    if (b >= n) {
-      memset(dst, 0, sizeof(float) * IMAGE);
-      r->ybuf[b] = 0;
-      continue;
-    }
-    int64_t k = idx ? idx[first + b] : first + b;
-    const uint8_t *src = d->images + k * IMAGE;
-    for (int p = 0; p < IMAGE; p++) dst[p] = r->lut[p / (SIDE * SIDE)][src[p]];
-    r->ybuf[b] = d->labels[k];
-  }
-}
-
-static topos_tensor *images_tensor(const run *r, int64_t rows,
-                                   topos_error *err) {
-  int64_t shape[4] = {rows, CH, SIDE, SIDE};
-  return topos_tensor_from(TOPOS_F32, 4, shape, r->xbuf, err);
-}
-
-static int batch(int64_t step, topos_feed *feeds, int *nfeeds, void *ctx,
-                 topos_error *err) {
-  run *r = ctx;
-  int64_t epoch = step / r->per_epoch, within = step % r->per_epoch;
-  if (epoch != r->perm_epoch) {
-    ex_shuffle(r->perm, r->ntrain, SHUFFLE_SEED + (uint64_t)epoch);
-    r->perm_epoch = epoch;
-  }
-  fill_rows(r, r->tr, r->perm, within * r->batch, r->batch, r->batch);
-  int64_t y_shape[1] = {r->batch};
-  topos_tensor *xt = images_tensor(r, r->batch, err);
-  topos_tensor *yt = topos_tensor_from(TOPOS_I32, 1, y_shape, r->ybuf, err);
-  feeds[0] = (topos_feed){r->train.x, xt};
-  feeds[1] = (topos_feed){r->train.y, yt};
-  *nfeeds = 2;
-  return xt && yt ? TOPOS_OK : err->code;
-}
 
 /* The population statistics of every batch-norm layer under params, from
  * the first stats_batches batches of training images (header comment). */
@@ -257,9 +200,9 @@ static int population_stats(run *r, const topos_params *params,
          vsum[NLAYERS][C2] = {{0}};
   int rc = ex_eval_params(r->stats_ev, params, err);
   for (int64_t k = 0; k < r->stats_batches && rc == TOPOS_OK; k++) {
-    fill_rows(r, r->tr, NULL, k * r->stats_batch, r->stats_batch,
-              r->stats_batch);
-    topos_tensor *xt = images_tensor(r, r->stats_batch, err);
+    ex_images_fill(&r->im, &r->im.train, NULL, k * r->stats_batch,
+                   r->stats_batch, r->stats_batch);
+    topos_tensor *xt = ex_images_tensor(&r->im, r->stats_batch, err);
     if (xt == NULL) return err->code;
     topos_feed feed = {r->stats.x, xt};
     topos_tensor *out[2 * NLAYERS] = {0};
@@ -292,8 +235,9 @@ static int population_stats(run *r, const topos_params *params,
   return TOPOS_OK;
 }
 
-/* Scores the test set: r->test_loss (mean cross entropy), r->test_acc. */
-static int evaluate(run *r, const topos_params *params, topos_error *err) {
+/* Scores the test set (ex_images_score) with population statistics. */
+static int evaluate(void *ctx, const topos_params *params, topos_error *err) {
+  run *r = ctx;
   int rc = population_stats(r, params, err);
   if (rc == TOPOS_OK) rc = ex_eval_params(r->ev, params, err);
   if (rc != TOPOS_OK) return rc;
@@ -308,74 +252,13 @@ static int evaluate(run *r, const topos_params *params, topos_error *err) {
     feeds[2 + 2 * l] = (topos_feed){r->eval.var_in[l], v};
     if (m == NULL || v == NULL) rc = err->code;
   }
-  double loss_sum = 0;
-  int64_t correct = 0;
-  int64_t eb = r->ntest < EVAL_BATCH ? r->ntest : EVAL_BATCH;
-  for (int64_t i = 0; i < r->ntest && rc == TOPOS_OK; i += eb) {
-    int64_t n = r->ntest - i < eb ? r->ntest - i : eb;
-    fill_rows(r, r->te, NULL, i, n, eb);
-    topos_tensor *xt = images_tensor(r, eb, err);
-    if (xt == NULL) {
-      rc = err->code;
-      break;
-    }
-    feeds[0] = (topos_feed){r->eval.x, xt};
-    topos_tensor *logits = NULL;
-    rc = ex_eval_run(r->ev, feeds, 1 + 2 * NLAYERS, &logits, err);
-    topos_tensor_release(xt);
-    if (rc != TOPOS_OK) break;
-    /* Only the real rows: the padding's labels are not the test set's. */
-    ex_score(logits, r->ybuf, n, &loss_sum, &correct);
-    topos_tensor_release(logits);
-  }
+  int64_t eb = r->im.ntest < EVAL_BATCH ? r->im.ntest : EVAL_BATCH;
+  if (rc == TOPOS_OK)
+    rc = ex_images_score(&r->im, r->ev, r->eval.x, feeds, 1 + 2 * NLAYERS, eb,
+                         err);
   for (int i = 1; i < 1 + 2 * NLAYERS; i++)
     topos_tensor_release((topos_tensor *)feeds[i].tensor);
-  if (rc != TOPOS_OK) return rc;
-  r->test_loss = loss_sum / (double)r->ntest;
-  r->test_acc = (double)correct / (double)r->ntest;
-  return TOPOS_OK;
-}
-
-static int after(int64_t step, const topos_params *params, double loss,
-                 void *ctx, topos_error *err) {
-  run *r = ctx;
-  r->loss_sum += loss;
-  r->loss_n++;
-  r->stepped++;
-  ex_metrics_row(r->metrics, step, (double)step / (double)r->per_epoch, "train",
-                 loss, NAN, ex_now_s() - r->t0);
-  if (step % r->per_epoch != 0) return TOPOS_OK;
-  /* The epoch comes from the step: a run resumed mid-epoch reports the
-   * epoch it finishes, over the steps it took itself. */
-  int64_t epoch = step / r->per_epoch;
-  double seconds = ex_now_s() - r->epoch_t0;
-  int rc = evaluate(r, params, err);
-  if (rc != TOPOS_OK) return rc;
-  r->evaluated_at = step;
-  ex_metrics_row(r->metrics, step, (double)epoch, "test", r->test_loss,
-                 r->test_acc, ex_now_s() - r->t0);
-  printf("epoch %lld: train loss %.4f, test loss %.4f, test accuracy %.4f",
-         (long long)epoch, r->loss_sum / (double)r->loss_n, r->test_loss,
-         r->test_acc);
-  if (r->loss_n < r->per_epoch)
-    printf(" (train loss of the last %lld steps)", (long long)r->loss_n);
-  printf("\n");
-  fflush(stdout);
-  fprintf(stderr, "epoch %lld: %.1f s (%.1f ms/step)\n", (long long)epoch,
-          seconds, 1e3 * seconds / (double)r->loss_n);
-  r->loss_sum = 0;
-  r->loss_n = 0;
-  r->epoch_t0 = ex_now_s();
-  return TOPOS_OK;
-}
-
-static int64_t parameter_count(const topos_network *net) {
-  topos_params *p = topos_network_parameters(net);
-  int64_t total = 0;
-  for (int i = 0; p != NULL && i < topos_params_count(p); i++)
-    total += topos_tensor_count(topos_params_get(p, i));
-  topos_params_free(p);
-  return total;
+  return rc;
 }
 
 static int remove_entry(const char *path, const struct stat *sb, int flag,
@@ -389,40 +272,23 @@ static int remove_entry(const char *path, const struct stat *sb, int flag,
 static void usage(const char *prog) {
   fprintf(stderr,
           "usage: %s [--epochs N] [--batch N] [--limit N] [--test-limit N] "
-          "[flags]\n"
-          "  --epochs N         passes over the training set (default 3)\n"
-          "  --batch N          images per step (default 64)\n"
-          "  --limit N          train on the first N images only\n"
-          "  --test-limit N     score the first N test images only\n"
+          "[flags]\n%s"
           "  (without --data: a generated set of the CIFAR-10 format)\n%s",
-          prog, ex_args_usage);
+          prog, ex_images_usage, ex_args_usage);
 }
 
 int main(int argc, char **argv) {
   /* The exact CPU backend gives the reference's bits, only faster. */
   topos_backends_register_defaults();
   ex_args a = {.prog = "cifar10"};
-  int64_t epochs = 3, bsize = 64, limit = 0, test_limit = 0;
+  ex_images_opts o = EX_IMAGES_OPTS;
   for (int i = 1; i < argc; i++) {
     int got = ex_arg(&a, argc, argv, &i);
+    if (got == 0) got = ex_images_arg(&o, &a, argc, argv, &i);
     if (got < 0) return 2;
     if (got > 0) continue;
-    const char *flag = argv[i];
-    bool has_val = i + 1 < argc;
-    int bad = 0;
-    if (strcmp(flag, "--epochs") == 0 && has_val) {
-      bad = ex_parse_count(&a, flag, argv[++i], 1000, &epochs);
-    } else if (strcmp(flag, "--batch") == 0 && has_val) {
-      bad = ex_parse_count(&a, flag, argv[++i], 65536, &bsize);
-    } else if (strcmp(flag, "--limit") == 0 && has_val) {
-      bad = ex_parse_count(&a, flag, argv[++i], INT64_MAX, &limit);
-    } else if (strcmp(flag, "--test-limit") == 0 && has_val) {
-      bad = ex_parse_count(&a, flag, argv[++i], INT64_MAX, &test_limit);
-    } else {
-      usage(a.prog);
-      return 2;
-    }
-    if (bad) return 2;
+    usage(a.prog);
+    return 2;
   }
   if (ex_args_done(&a) != 0) return 2;
 
@@ -457,53 +323,39 @@ int main(int argc, char **argv) {
   if (ex_cifar_load(dir, true, &tr, &err) != TOPOS_OK ||
       ex_cifar_load(dir, false, &te, &err) != TOPOS_OK)
     rc = ex_fail(&a, "loading the data set", &err);
-  run r = {.tr = &tr,
-           .te = &te,
-           .batch = bsize,
-           .perm_epoch = -1,
-           .evaluated_at = -1};
-  r.ntrain = limit && limit < tr.n ? limit : tr.n;
-  r.ntest = test_limit && test_limit < te.n ? test_limit : te.n;
-  r.per_epoch = rc == 0 ? r.ntrain / bsize : 0;
-  r.steps = r.per_epoch * epochs;
-  r.stats_batch = r.ntrain < STATS_BATCH ? r.ntrain : STATS_BATCH;
-  r.stats_batches = r.stats_batch ? r.ntrain / r.stats_batch : 0;
+  run r = {.im = {.train = {tr.images, tr.labels, tr.n},
+                  .test = {te.images, te.labels, te.n},
+                  .channels = CH,
+                  .rank = 4,
+                  .shape = {0, CH, SIDE, SIDE},
+                  .shuffle_seed = SHUFFLE_SEED,
+                  .lr = 2e-3,
+                  .lr_settle = 2e-4,
+                  .evaluate = evaluate}};
+  r.im.ctx = &r;
+  rc = ex_images_setup(&r.im, &a, &o, EVAL_BATCH, MEAN, STD, rc);
+  int64_t ntrain = r.im.ntrain, ntest = r.im.ntest;
+  r.stats_batch = ntrain < STATS_BATCH ? ntrain : STATS_BATCH;
+  r.stats_batches = r.stats_batch ? ntrain / r.stats_batch : 0;
   if (r.stats_batches > STATS_BATCHES) r.stats_batches = STATS_BATCHES;
-  if (rc == 0 && r.per_epoch == 0) {
-    fprintf(stderr, "%s: %lld training images make no batch of %lld\n", a.prog,
-            (long long)r.ntrain, (long long)bsize);
-    rc = 1;
-  }
-  for (int c = 0; c < CH; c++)
-    for (int v = 0; v < 256; v++)
-      r.lut[c][v] = (float)(((double)v / 255.0 - MEAN[c]) / STD[c]);
-  int64_t rows = bsize > EVAL_BATCH ? bsize : EVAL_BATCH;
-  r.perm = rc == 0 ? malloc(sizeof(int64_t) * (size_t)r.ntrain) : NULL;
-  r.xbuf = rc == 0 ? malloc(sizeof(float) * (size_t)(rows * IMAGE)) : NULL;
-  r.ybuf = rc == 0 ? malloc(sizeof(int32_t) * (size_t)rows) : NULL;
-  if (rc == 0 && (!r.perm || !r.xbuf || !r.ybuf)) {
-    fprintf(stderr, "%s: out of memory\n", a.prog);
-    rc = 1;
-  }
   if (rc == 0)
     printf("%lld training images (%d files), %lld test images%s%s\n",
-           (long long)r.ntrain, tr.nfiles, (long long)r.ntest,
+           (long long)ntrain, tr.nfiles, (long long)ntest,
            a.data ? " from " : "", a.data ? a.data : "");
 
   ex_session *s = rc == 0 ? ex_session_open(&a, &err) : NULL;
   if (rc == 0 && s == NULL) rc = ex_fail(&a, "the daemon", &err);
-  if (rc == 0 &&
-      (model_build(&r.train, NET_TRAIN, bsize, &err) ||
-       model_build(&r.stats, NET_STATS, r.stats_batch, &err) ||
-       model_build(&r.eval, NET_EVAL,
-                   r.ntest < EVAL_BATCH ? r.ntest : EVAL_BATCH, &err)))
+  if (rc == 0 && (model_build(&r.train, NET_TRAIN, o.batch, &err) ||
+                  model_build(&r.stats, NET_STATS, r.stats_batch, &err) ||
+                  model_build(&r.eval, NET_EVAL,
+                              ntest < EVAL_BATCH ? ntest : EVAL_BATCH, &err)))
     rc = ex_fail(&a, "building the network", &err);
   if (rc == 0) {
     printf(
         "model: %lld parameters; %lld epochs of %lld steps of %lld "
         "images\n",
-        (long long)parameter_count(r.train.net), (long long)epochs,
-        (long long)r.per_epoch, (long long)bsize);
+        (long long)ex_images_parameter_count(r.train.net), (long long)o.epochs,
+        (long long)r.im.per_epoch, (long long)o.batch);
     fprintf(stderr, "%s: training %s\n", a.prog, ex_session_where(s));
     topos_value stats_roots[2 * NLAYERS];
     for (int l = 0; l < NLAYERS; l++) {
@@ -515,51 +367,16 @@ int main(int argc, char **argv) {
         r.stats_ev ? ex_eval_new(s, r.eval.net, &r.eval.logits, 1, &err) : NULL;
     if (r.ev == NULL) rc = ex_fail(&a, "preparing evaluation", &err);
   }
-  r.metrics = rc == 0 ? ex_metrics_open(a.metrics, &err) : NULL;
-  if (rc == 0 && r.metrics == NULL) rc = ex_fail(&a, "--metrics", &err);
-
-  ex_loop loop = {.args = &a,
-                  .session = s,
-                  .net = r.train.net,
-                  .loss = r.train.loss,
-                  .opt = topos_adam(2e-3, 0.9, 0.999, 1e-8),
-                  .steps = r.steps,
-                  .ctx = &r,
-                  .lr = learning_rate,
-                  .batch = batch,
-                  .after = after};
-  r.t0 = r.epoch_t0 = ex_now_s();
-  if (rc == 0 && ex_loop_run(&loop, &err) != TOPOS_OK)
-    rc = ex_fail(&a, "training", &err);
-  if (rc == 0)
-    fprintf(stderr, "%.3f ms/step (%lld steps, %.1f s) %s\n",
-            1e3 * loop.seconds / (double)(r.stepped ? r.stepped : 1),
-            (long long)r.stepped, loop.seconds, ex_session_where(s));
-  if (rc == 0 && !loop.stopped) {
-    /* A run resumed at its end took no step: score what it resumed. */
-    if (r.evaluated_at != loop.step) {
-      if (evaluate(&r, loop.params, &err) != TOPOS_OK)
-        rc = ex_fail(&a, "evaluating", &err);
-      else
-        ex_metrics_row(r.metrics, loop.step,
-                       (double)loop.step / (double)r.per_epoch, "test",
-                       r.test_loss, r.test_acc, ex_now_s() - r.t0);
-    }
-    if (rc == 0) printf("final: test accuracy = %.4f\n", r.test_acc);
-  }
-  if (r.metrics != NULL && ex_metrics_close(r.metrics, &err) != TOPOS_OK &&
-      rc == 0)
-    rc = ex_fail(&a, "--metrics", &err);
-  ex_loop_clear(&loop);
+  r.im.x = r.train.x;
+  r.im.y = r.train.y;
+  rc = ex_images_train(&r.im, &a, s, r.train.net, r.train.loss, rc, &err);
   ex_eval_free(r.stats_ev);
   ex_eval_free(r.ev);
   topos_network_release(r.train.net);
   topos_network_release(r.stats.net);
   topos_network_release(r.eval.net);
   ex_session_close(s);
-  free(r.perm);
-  free(r.xbuf);
-  free(r.ybuf);
+  ex_images_free(&r.im);
   ex_cifar_free(&tr);
   ex_cifar_free(&te);
   if (tmpdir[0] != '\0') nftw(tmpdir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);

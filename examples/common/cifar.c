@@ -14,25 +14,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-__attribute__((format(printf, 3, 4))) static int fail(topos_error *err,
-                                                      int code, const char *fmt,
-                                                      ...) {
-  if (err == NULL) return code;
-  err->code = code;
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(err->message, sizeof err->message, fmt, ap);
-  va_end(ap);
-  if (n < 0) err->message[0] = '\0';
-  return code;
-}
+#include "ex_error.h"
 
 void ex_cifar_free(ex_cifar *c) {
   if (c == NULL) return;
@@ -46,8 +34,8 @@ static int join(char *path, size_t size, const char *dir, const char *name,
                 topos_error *err) {
   int n = snprintf(path, size, "%s/%s", dir, name);
   if (n < 0 || (size_t)n >= size)
-    return fail(err, TOPOS_ERR_ARGUMENT, "cifar: directory name too long: %s",
-                dir);
+    return ex_error(err, TOPOS_ERR_ARGUMENT,
+                    "cifar: directory name too long: %s", dir);
   return 0;
 }
 
@@ -65,23 +53,25 @@ static int batch_size(const char *path, uint64_t *size, topos_error *err) {
   if (stat(path, &st) != 0) {
     int e = errno;
     if (e == ENOENT)
-      return fail(err, TOPOS_ERR_NOT_FOUND, "cifar: %s: no such file", path);
-    return fail(err, TOPOS_ERR_IO, "cifar: %s: %s", path, strerror(e));
+      return ex_error(err, TOPOS_ERR_NOT_FOUND, "cifar: %s: no such file",
+                      path);
+    return ex_error(err, TOPOS_ERR_IO, "cifar: %s: %s", path, strerror(e));
   }
   if (!S_ISREG(st.st_mode))
-    return fail(err, TOPOS_ERR_IO, "cifar: %s: not a regular file", path);
+    return ex_error(err, TOPOS_ERR_IO, "cifar: %s: not a regular file", path);
   uint64_t n = (uint64_t)st.st_size;
   if (n == 0)
-    return fail(err, TOPOS_ERR_CORRUPT, "cifar: %s: empty file (no records)",
-                path);
+    return ex_error(err, TOPOS_ERR_CORRUPT,
+                    "cifar: %s: empty file (no records)", path);
   if (n % EX_CIFAR_RECORD_BYTES != 0)
-    return fail(err, TOPOS_ERR_CORRUPT,
-                "cifar: %s: size %llu is not a multiple of the %d-byte record "
-                "(truncated or not a CIFAR-10 batch: %llu whole records and "
-                "%llu bytes over)",
-                path, (unsigned long long)n, EX_CIFAR_RECORD_BYTES,
-                (unsigned long long)(n / EX_CIFAR_RECORD_BYTES),
-                (unsigned long long)(n % EX_CIFAR_RECORD_BYTES));
+    return ex_error(
+        err, TOPOS_ERR_CORRUPT,
+        "cifar: %s: size %llu is not a multiple of the %d-byte record "
+        "(truncated or not a CIFAR-10 batch: %llu whole records and "
+        "%llu bytes over)",
+        path, (unsigned long long)n, EX_CIFAR_RECORD_BYTES,
+        (unsigned long long)(n / EX_CIFAR_RECORD_BYTES),
+        (unsigned long long)(n % EX_CIFAR_RECORD_BYTES));
   *size = n;
   return 0;
 }
@@ -93,8 +83,8 @@ static int read_batch(const char *path, int64_t first, int64_t count,
   FILE *f = fopen(path, "rb");
   if (f == NULL) {
     int e = errno;
-    return fail(err, e == ENOENT ? TOPOS_ERR_NOT_FOUND : TOPOS_ERR_IO,
-                "cifar: %s: cannot open: %s", path, strerror(e));
+    return ex_error(err, e == ENOENT ? TOPOS_ERR_NOT_FOUND : TOPOS_ERR_IO,
+                    "cifar: %s: cannot open: %s", path, strerror(e));
   }
   int rc = 0;
   for (int64_t r = 0; r < count && rc == 0; r++) {
@@ -102,25 +92,25 @@ static int read_batch(const char *path, int64_t first, int64_t count,
     uint8_t *image = images + (first + r) * EX_CIFAR_IMAGE_BYTES;
     if (fread(label, 1, 1, f) != 1 ||
         fread(image, 1, EX_CIFAR_IMAGE_BYTES, f) != EX_CIFAR_IMAGE_BYTES) {
-      rc = ferror(f) ? fail(err, TOPOS_ERR_IO,
-                            "cifar: %s: read error at record %lld: %s", path,
-                            (long long)r, strerror(errno))
-                     : fail(err, TOPOS_ERR_CORRUPT,
-                            "cifar: %s: truncated record %lld (the file "
-                            "shrank while being read)",
-                            path, (long long)r);
+      rc = ferror(f) ? ex_error(err, TOPOS_ERR_IO,
+                                "cifar: %s: read error at record %lld: %s",
+                                path, (long long)r, strerror(errno))
+                     : ex_error(err, TOPOS_ERR_CORRUPT,
+                                "cifar: %s: truncated record %lld (the file "
+                                "shrank while being read)",
+                                path, (long long)r);
     } else if (*label >= EX_CIFAR_CLASSES) {
-      rc = fail(err, TOPOS_ERR_CORRUPT,
-                "cifar: %s: record %lld has label %u, out of range (labels "
-                "are 0..9)",
-                path, (long long)r, *label);
+      rc = ex_error(err, TOPOS_ERR_CORRUPT,
+                    "cifar: %s: record %lld has label %u, out of range (labels "
+                    "are 0..9)",
+                    path, (long long)r, *label);
     }
   }
   if (rc == 0 && fgetc(f) != EOF)
-    rc = fail(err, TOPOS_ERR_CORRUPT,
-              "cifar: %s: trailing data after %lld records (the file grew "
-              "while being read)",
-              path, (long long)count);
+    rc = ex_error(err, TOPOS_ERR_CORRUPT,
+                  "cifar: %s: trailing data after %lld records (the file grew "
+                  "while being read)",
+                  path, (long long)count);
   fclose(f);
   return rc;
 }
@@ -129,7 +119,7 @@ int ex_cifar_load_capped(const char *dir, bool train, uint64_t max_bytes,
                          ex_cifar *out, topos_error *err) {
   if (out != NULL) memset(out, 0, sizeof *out);
   if (dir == NULL || out == NULL)
-    return fail(err, TOPOS_ERR_ARGUMENT, "cifar: NULL directory or output");
+    return ex_error(err, TOPOS_ERR_ARGUMENT, "cifar: NULL directory or output");
   char paths[EX_CIFAR_MAX_TRAIN_FILES][PATH_MAX];
   uint64_t sizes[EX_CIFAR_MAX_TRAIN_FILES];
   int nfiles = 0, rc;
@@ -144,10 +134,10 @@ int ex_cifar_load_capped(const char *dir, bool train, uint64_t max_bytes,
       nfiles++;
     }
     if (nfiles == 0)
-      return fail(err, TOPOS_ERR_NOT_FOUND,
-                  "cifar: %s/data_batch_1.bin: no such file (no training "
-                  "batches in %s)",
-                  dir, dir);
+      return ex_error(err, TOPOS_ERR_NOT_FOUND,
+                      "cifar: %s/data_batch_1.bin: no such file (no training "
+                      "batches in %s)",
+                      dir, dir);
     /* A later batch after a missing one is an incomplete copy; loading
      * the part before the gap silently would hide that. */
     for (int i = nfiles + 2; i <= EX_CIFAR_MAX_TRAIN_FILES; i++) {
@@ -155,10 +145,10 @@ int ex_cifar_load_capped(const char *dir, bool train, uint64_t max_bytes,
       snprintf(name, sizeof name, "data_batch_%d.bin", i);
       if ((rc = join(later, sizeof later, dir, name, err))) return rc;
       if (exists(later))
-        return fail(err, TOPOS_ERR_NOT_FOUND,
-                    "cifar: %s/data_batch_%d.bin: no such file, but "
-                    "data_batch_%d.bin is present (an incomplete copy?)",
-                    dir, nfiles + 1, i);
+        return ex_error(err, TOPOS_ERR_NOT_FOUND,
+                        "cifar: %s/data_batch_%d.bin: no such file, but "
+                        "data_batch_%d.bin is present (an incomplete copy?)",
+                        dir, nfiles + 1, i);
     }
   } else {
     if ((rc = join(paths[0], PATH_MAX, dir, "test_batch.bin", err))) return rc;
@@ -170,15 +160,16 @@ int ex_cifar_load_capped(const char *dir, bool train, uint64_t max_bytes,
     if ((rc = batch_size(paths[i], &sizes[i], err))) return rc;
     total += sizes[i]; /* each is under off_t's range: no overflow in 5 */
     if (total > max_bytes)
-      return fail(err, TOPOS_ERR_CORRUPT,
-                  "cifar: %s: the split reaches %llu bytes with this file, "
-                  "over the cap of %llu bytes",
-                  paths[i], (unsigned long long)total,
-                  (unsigned long long)max_bytes);
+      return ex_error(err, TOPOS_ERR_CORRUPT,
+                      "cifar: %s: the split reaches %llu bytes with this file, "
+                      "over the cap of %llu bytes",
+                      paths[i], (unsigned long long)total,
+                      (unsigned long long)max_bytes);
   }
   if (total > SIZE_MAX / 2)
-    return fail(err, TOPOS_ERR_MEMORY, "cifar: %s: split too large (%llu B)",
-                dir, (unsigned long long)total);
+    return ex_error(err, TOPOS_ERR_MEMORY,
+                    "cifar: %s: split too large (%llu B)", dir,
+                    (unsigned long long)total);
 
   int64_t n = (int64_t)(total / EX_CIFAR_RECORD_BYTES);
   uint8_t *images = malloc((size_t)n * EX_CIFAR_IMAGE_BYTES);
@@ -186,8 +177,9 @@ int ex_cifar_load_capped(const char *dir, bool train, uint64_t max_bytes,
   if (images == NULL || labels == NULL) {
     free(images);
     free(labels);
-    return fail(err, TOPOS_ERR_MEMORY,
-                "cifar: %s: out of memory for %lld records", dir, (long long)n);
+    return ex_error(err, TOPOS_ERR_MEMORY,
+                    "cifar: %s: out of memory for %lld records", dir,
+                    (long long)n);
   }
   int64_t first = 0;
   for (int i = 0; i < nfiles; i++) {
@@ -269,17 +261,17 @@ static int write_batch(const char *dir, const char *name, int64_t n,
   if ((rc = join(path, sizeof path, dir, name, err))) return rc;
   int len = snprintf(tmp, sizeof tmp, "%s/.%s.XXXXXX", dir, name);
   if (len < 0 || (size_t)len >= sizeof tmp)
-    return fail(err, TOPOS_ERR_ARGUMENT, "cifar: directory name too long: %s",
-                dir);
+    return ex_error(err, TOPOS_ERR_ARGUMENT,
+                    "cifar: directory name too long: %s", dir);
   int fd = mkstemp(tmp);
   if (fd < 0)
-    return fail(err, TOPOS_ERR_IO, "cifar: %s: cannot create: %s", tmp,
-                strerror(errno));
+    return ex_error(err, TOPOS_ERR_IO, "cifar: %s: cannot create: %s", tmp,
+                    strerror(errno));
   FILE *f = fdopen(fd, "wb");
   if (f == NULL) {
     close(fd);
     unlink(tmp);
-    return fail(err, TOPOS_ERR_IO, "cifar: %s: %s", tmp, strerror(errno));
+    return ex_error(err, TOPOS_ERR_IO, "cifar: %s: %s", tmp, strerror(errno));
   }
   uint64_t rng = seed ^ (stream * 0xD1B54A32D192ED03ull);
   uint8_t record[EX_CIFAR_RECORD_BYTES];
@@ -310,8 +302,8 @@ static int write_batch(const char *dir, const char *name, int64_t n,
   if (!ok || rename(tmp, path) != 0) {
     if (ok) e = errno;
     unlink(tmp);
-    return fail(err, TOPOS_ERR_IO, "cifar: %s: cannot write: %s", path,
-                strerror(e));
+    return ex_error(err, TOPOS_ERR_IO, "cifar: %s: cannot write: %s", path,
+                    strerror(e));
   }
   return 0;
 }
@@ -319,23 +311,23 @@ static int write_batch(const char *dir, const char *name, int64_t n,
 int ex_cifar_generate(const char *dir, int64_t ntrain_per_file, int nfiles,
                       int64_t ntest, uint64_t seed, topos_error *err) {
   if (dir == NULL)
-    return fail(err, TOPOS_ERR_ARGUMENT, "cifar: NULL directory");
+    return ex_error(err, TOPOS_ERR_ARGUMENT, "cifar: NULL directory");
   const int64_t max_records =
       (int64_t)(EX_CIFAR_DEFAULT_CAP / EX_CIFAR_RECORD_BYTES);
   if (nfiles < 1 || nfiles > EX_CIFAR_MAX_TRAIN_FILES)
-    return fail(err, TOPOS_ERR_ARGUMENT,
-                "cifar: %d training files asked for, 1..%d are possible",
-                nfiles, EX_CIFAR_MAX_TRAIN_FILES);
+    return ex_error(err, TOPOS_ERR_ARGUMENT,
+                    "cifar: %d training files asked for, 1..%d are possible",
+                    nfiles, EX_CIFAR_MAX_TRAIN_FILES);
   if (ntrain_per_file < 1 || ntest < 1 ||
       ntrain_per_file > max_records / nfiles || ntest > max_records)
-    return fail(err, TOPOS_ERR_ARGUMENT,
-                "cifar: %lld records per training file and %lld test records "
-                "asked for; each split must hold 1..%lld",
-                (long long)ntrain_per_file, (long long)ntest,
-                (long long)max_records);
+    return ex_error(
+        err, TOPOS_ERR_ARGUMENT,
+        "cifar: %lld records per training file and %lld test records "
+        "asked for; each split must hold 1..%lld",
+        (long long)ntrain_per_file, (long long)ntest, (long long)max_records);
   if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-    return fail(err, TOPOS_ERR_IO, "cifar: %s: cannot create: %s", dir,
-                strerror(errno));
+    return ex_error(err, TOPOS_ERR_IO, "cifar: %s: cannot create: %s", dir,
+                    strerror(errno));
   int rc;
   for (int i = 1; i <= nfiles; i++) {
     char name[32];
@@ -350,9 +342,9 @@ int ex_cifar_generate(const char *dir, int64_t ntrain_per_file, int nfiles,
     snprintf(name, sizeof name, "data_batch_%d.bin", i);
     if ((rc = join(path, sizeof path, dir, name, err))) return rc;
     if (unlink(path) != 0 && errno != ENOENT)
-      return fail(err, TOPOS_ERR_IO,
-                  "cifar: %s: cannot remove a stale batch: %s", path,
-                  strerror(errno));
+      return ex_error(err, TOPOS_ERR_IO,
+                      "cifar: %s: cannot remove a stale batch: %s", path,
+                      strerror(errno));
   }
   return write_batch(dir, "test_batch.bin", ntest, seed, 0, err);
 }

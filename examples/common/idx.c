@@ -17,13 +17,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
+
+#include "ex_error.h"
 
 /* The first allocation for data; it doubles up to the header's size as
  * bytes actually arrive. */
@@ -34,19 +35,6 @@
 /* How much past the expected end is inflated, at most, to tell trailing
  * data from a corrupt stream that only its checksum would reveal. */
 #define DRAIN_LIMIT ((size_t)1 << 20)
-
-__attribute__((format(printf, 3, 4))) static int fail(topos_error *err,
-                                                      int code, const char *fmt,
-                                                      ...) {
-  if (err == NULL) return code;
-  err->code = code;
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(err->message, sizeof err->message, fmt, ap);
-  va_end(ap);
-  if (n < 0) err->message[0] = '\0';
-  return code;
-}
 
 const char *ex_idx_type_name(int type) {
   switch (type) {
@@ -113,15 +101,15 @@ static int stream_status(reader *r, topos_error *err) {
   if (colon != NULL && strncmp(what, "<fd:", 4) == 0) what = colon + 2;
   if (what == NULL) what = "zlib error";
   if (zerr == Z_ERRNO)
-    return fail(err, TOPOS_ERR_IO, "idx: %s: read error: %s", r->path,
-                strerror(errno));
+    return ex_error(err, TOPOS_ERR_IO, "idx: %s: read error: %s", r->path,
+                    strerror(errno));
   if (zerr == Z_BUF_ERROR)
-    return fail(err, TOPOS_ERR_CORRUPT,
-                "idx: %s: truncated gzip stream (%s) after %llu bytes of "
-                "data",
-                r->path, what, (unsigned long long)r->pos);
-  return fail(err, TOPOS_ERR_CORRUPT, "idx: %s: corrupt gzip stream (%s)",
-              r->path, what);
+    return ex_error(err, TOPOS_ERR_CORRUPT,
+                    "idx: %s: truncated gzip stream (%s) after %llu bytes of "
+                    "data",
+                    r->path, what, (unsigned long long)r->pos);
+  return ex_error(err, TOPOS_ERR_CORRUPT, "idx: %s: corrupt gzip stream (%s)",
+                  r->path, what);
 }
 
 /* Reads up to n bytes into buf, stopping short only at the end of the
@@ -138,8 +126,9 @@ static int read_some(reader *r, void *buf, size_t n, size_t *got,
     int k = gzread(r->gz, (uint8_t *)buf + *got, (unsigned)want);
     if (k < 0) {
       int rc = stream_status(r, err);
-      return rc != 0 ? rc
-                     : fail(err, TOPOS_ERR_IO, "idx: %s: read failed", r->path);
+      return rc != 0
+                 ? rc
+                 : ex_error(err, TOPOS_ERR_IO, "idx: %s: read failed", r->path);
     }
     if (k == 0) break;
     *got += (size_t)k;
@@ -164,38 +153,42 @@ static int read_header(reader *r, uint64_t max_bytes, ex_idx *out,
   int rc = read_some(r, head, 4, &got, err);
   if (rc != 0) return rc;
   if (got == 0)
-    return fail(err, TOPOS_ERR_CORRUPT,
-                "idx: %s: empty (no IDX header; truncated file?)", r->path);
+    return ex_error(err, TOPOS_ERR_CORRUPT,
+                    "idx: %s: empty (no IDX header; truncated file?)", r->path);
   if (got < 4)
-    return fail(err, TOPOS_ERR_CORRUPT,
-                "idx: %s: truncated header: the data ends after %lld bytes, "
-                "an IDX header needs at least 4",
-                r->path, (long long)got);
+    return ex_error(
+        err, TOPOS_ERR_CORRUPT,
+        "idx: %s: truncated header: the data ends after %lld bytes, "
+        "an IDX header needs at least 4",
+        r->path, (long long)got);
   size_t esize = ex_idx_type_size(head[2]);
   if (head[0] != 0 || head[1] != 0 || esize == 0)
-    return fail(err, TOPOS_ERR_CORRUPT,
-                "idx: %s: bad magic %02x %02x %02x %02x: not an IDX file (it "
-                "must start 00 00 then a type: 08 ubyte, 09 i8, 0b i16, 0c "
-                "i32, 0d f32, 0e f64)",
-                r->path, head[0], head[1], head[2], head[3]);
+    return ex_error(
+        err, TOPOS_ERR_CORRUPT,
+        "idx: %s: bad magic %02x %02x %02x %02x: not an IDX file (it "
+        "must start 00 00 then a type: 08 ubyte, 09 i8, 0b i16, 0c "
+        "i32, 0d f32, 0e f64)",
+        r->path, head[0], head[1], head[2], head[3]);
   int rank = head[3];
   if (rank == 0)
-    return fail(err, TOPOS_ERR_CORRUPT,
-                "idx: %s: rank 0 in the header: a data set needs at least one "
-                "dimension",
-                r->path);
+    return ex_error(
+        err, TOPOS_ERR_CORRUPT,
+        "idx: %s: rank 0 in the header: a data set needs at least one "
+        "dimension",
+        r->path);
   if (rank > EX_IDX_MAX_RANK)
-    return fail(err, TOPOS_ERR_CORRUPT,
-                "idx: %s: rank %d in the header exceeds the maximum of %d",
-                r->path, rank, EX_IDX_MAX_RANK);
+    return ex_error(err, TOPOS_ERR_CORRUPT,
+                    "idx: %s: rank %d in the header exceeds the maximum of %d",
+                    r->path, rank, EX_IDX_MAX_RANK);
   size_t dims_bytes = 4 * (size_t)rank;
   rc = read_some(r, head + 4, dims_bytes, &got, err);
   if (rc != 0) return rc;
   if (got < dims_bytes)
-    return fail(err, TOPOS_ERR_CORRUPT,
-                "idx: %s: truncated header: the data ends after %lld bytes, "
-                "the rank-%d header needs %zu",
-                r->path, (long long)(4 + got), rank, 4 + dims_bytes);
+    return ex_error(
+        err, TOPOS_ERR_CORRUPT,
+        "idx: %s: truncated header: the data ends after %lld bytes, "
+        "the rank-%d header needs %zu",
+        r->path, (long long)(4 + got), rank, 4 + dims_bytes);
 
   /* The byte size is built up with an overflow check at every step; the
    * extents are u32, so four of them can overflow even 64 bits. */
@@ -204,25 +197,26 @@ static int read_header(reader *r, uint64_t max_bytes, ex_idx *out,
   for (int i = 0; i < rank; i++) {
     uint32_t d = be32(head + 4 + 4 * i);
     if (d == 0)
-      return fail(err, TOPOS_ERR_CORRUPT,
-                  "idx: %s: extent %d of %d is 0: an empty data set is "
-                  "refused",
-                  r->path, i, rank);
+      return ex_error(err, TOPOS_ERR_CORRUPT,
+                      "idx: %s: extent %d of %d is 0: an empty data set is "
+                      "refused",
+                      r->path, i, rank);
     out->dims[i] = d;
     if (nbytes > UINT64_MAX / d) overflow = true;
     if (!overflow) nbytes *= d;
   }
   if (overflow)
-    return fail(err, TOPOS_ERR_CORRUPT,
-                "idx: %s: the header's extents overflow a 64-bit byte count "
-                "(a lying header)",
-                r->path);
+    return ex_error(
+        err, TOPOS_ERR_CORRUPT,
+        "idx: %s: the header's extents overflow a 64-bit byte count "
+        "(a lying header)",
+        r->path);
   if (nbytes > max_bytes || nbytes > (uint64_t)SIZE_MAX / 2)
-    return fail(err, TOPOS_ERR_CORRUPT,
-                "idx: %s: the header claims %llu data bytes, over the cap of "
-                "%llu bytes (too large, or a lying header)",
-                r->path, (unsigned long long)nbytes,
-                (unsigned long long)max_bytes);
+    return ex_error(
+        err, TOPOS_ERR_CORRUPT,
+        "idx: %s: the header claims %llu data bytes, over the cap of "
+        "%llu bytes (too large, or a lying header)",
+        r->path, (unsigned long long)nbytes, (unsigned long long)max_bytes);
 
   /* The file's own size bounds what it can hold: exactly, for a plain
    * file; by deflate's best ratio, for a gzip file. */
@@ -231,24 +225,25 @@ static int read_header(reader *r, uint64_t max_bytes, ex_idx *out,
     uint64_t have =
         r->file_size > header_bytes ? r->file_size - header_bytes : 0;
     if (have < nbytes)
-      return fail(err, TOPOS_ERR_CORRUPT,
-                  "idx: %s: truncated: the header says %llu data bytes but "
-                  "the file holds only %llu after its %llu-byte header",
-                  r->path, (unsigned long long)nbytes, (unsigned long long)have,
-                  (unsigned long long)header_bytes);
+      return ex_error(err, TOPOS_ERR_CORRUPT,
+                      "idx: %s: truncated: the header says %llu data bytes but "
+                      "the file holds only %llu after its %llu-byte header",
+                      r->path, (unsigned long long)nbytes,
+                      (unsigned long long)have,
+                      (unsigned long long)header_bytes);
     if (have > nbytes)
-      return fail(err, TOPOS_ERR_CORRUPT,
-                  "idx: %s: %llu trailing bytes after the %llu data bytes "
-                  "the header declares",
-                  r->path, (unsigned long long)(have - nbytes),
-                  (unsigned long long)nbytes);
+      return ex_error(err, TOPOS_ERR_CORRUPT,
+                      "idx: %s: %llu trailing bytes after the %llu data bytes "
+                      "the header declares",
+                      r->path, (unsigned long long)(have - nbytes),
+                      (unsigned long long)nbytes);
   } else if (r->file_size <= UINT64_MAX / DEFLATE_MAX_RATIO &&
              nbytes + header_bytes > r->file_size * DEFLATE_MAX_RATIO) {
-    return fail(err, TOPOS_ERR_CORRUPT,
-                "idx: %s: truncated or lying header: it claims %llu data "
-                "bytes, more than a %llu-byte gzip file can hold",
-                r->path, (unsigned long long)nbytes,
-                (unsigned long long)r->file_size);
+    return ex_error(err, TOPOS_ERR_CORRUPT,
+                    "idx: %s: truncated or lying header: it claims %llu data "
+                    "bytes, more than a %llu-byte gzip file can hold",
+                    r->path, (unsigned long long)nbytes,
+                    (unsigned long long)r->file_size);
   }
 
   out->type = head[2];
@@ -295,11 +290,11 @@ static int expect_end(reader *r, uint64_t nbytes, topos_error *err) {
     extra += got;
   }
   if ((rc = stream_status(r, err)) != 0) return rc;
-  return fail(err, TOPOS_ERR_CORRUPT,
-              "idx: %s: trailing data: %s%llu bytes after the %llu data "
-              "bytes the header declares",
-              r->path, extra >= DRAIN_LIMIT ? "at least " : "",
-              (unsigned long long)extra, (unsigned long long)nbytes);
+  return ex_error(err, TOPOS_ERR_CORRUPT,
+                  "idx: %s: trailing data: %s%llu bytes after the %llu data "
+                  "bytes the header declares",
+                  r->path, extra >= DRAIN_LIMIT ? "at least " : "",
+                  (unsigned long long)extra, (unsigned long long)nbytes);
 }
 
 /* Reads out->nbytes of data into a buffer that grows with what arrives. */
@@ -308,8 +303,8 @@ static int read_data(reader *r, ex_idx *out, topos_error *err) {
   size_t cap = want < FIRST_CHUNK ? want : FIRST_CHUNK;
   uint8_t *buf = malloc(cap);
   if (buf == NULL)
-    return fail(err, TOPOS_ERR_MEMORY, "idx: %s: out of memory (%zu bytes)",
-                r->path, cap);
+    return ex_error(err, TOPOS_ERR_MEMORY, "idx: %s: out of memory (%zu bytes)",
+                    r->path, cap);
   size_t have = 0;
   int rc = 0;
   for (;;) {
@@ -320,18 +315,18 @@ static int read_data(reader *r, ex_idx *out, topos_error *err) {
     size_t next = cap > want / 2 ? want : cap * 2;
     uint8_t *grown = realloc(buf, next);
     if (grown == NULL) {
-      rc = fail(err, TOPOS_ERR_MEMORY, "idx: %s: out of memory (%zu bytes)",
-                r->path, next);
+      rc = ex_error(err, TOPOS_ERR_MEMORY, "idx: %s: out of memory (%zu bytes)",
+                    r->path, next);
       break;
     }
     buf = grown;
     cap = next;
   }
   if (rc == 0 && have < want)
-    rc = fail(err, TOPOS_ERR_CORRUPT,
-              "idx: %s: truncated: the header says %zu data bytes but the "
-              "data ends after %zu",
-              r->path, want, have);
+    rc = ex_error(err, TOPOS_ERR_CORRUPT,
+                  "idx: %s: truncated: the header says %zu data bytes but the "
+                  "data ends after %zu",
+                  r->path, want, have);
   if (rc == 0) rc = expect_end(r, want, err);
   if (rc != 0) {
     free(buf);
@@ -346,24 +341,24 @@ int ex_idx_load_capped(const char *path, uint64_t max_bytes, ex_idx *out,
                        topos_error *err) {
   if (out != NULL) memset(out, 0, sizeof *out);
   if (path == NULL || out == NULL)
-    return fail(err, TOPOS_ERR_ARGUMENT, "idx: NULL path or output");
+    return ex_error(err, TOPOS_ERR_ARGUMENT, "idx: NULL path or output");
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
     if (e == ENOENT)
-      return fail(err, TOPOS_ERR_NOT_FOUND, "idx: %s: no such file", path);
-    return fail(err, TOPOS_ERR_IO, "idx: %s: cannot open: %s", path,
-                strerror(e));
+      return ex_error(err, TOPOS_ERR_NOT_FOUND, "idx: %s: no such file", path);
+    return ex_error(err, TOPOS_ERR_IO, "idx: %s: cannot open: %s", path,
+                    strerror(e));
   }
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
-    return fail(err, TOPOS_ERR_IO, "idx: %s: not a regular file", path);
+    return ex_error(err, TOPOS_ERR_IO, "idx: %s: not a regular file", path);
   }
   gzFile gz = gzdopen(fd, "rb");
   if (gz == NULL) {
     close(fd);
-    return fail(err, TOPOS_ERR_MEMORY, "idx: %s: cannot start zlib", path);
+    return ex_error(err, TOPOS_ERR_MEMORY, "idx: %s: cannot start zlib", path);
   }
   reader r = {.gz = gz, .path = path, .file_size = (uint64_t)st.st_size};
   /* gzdirect looks at the first bytes: no gzip magic means a plain file. */
@@ -393,22 +388,22 @@ static int find_file(const char *dir, const char *name, char *path, size_t size,
                      topos_error *err) {
   int n = snprintf(path, size, "%s/%s.gz", dir, name);
   if (n < 0 || (size_t)n >= size)
-    return fail(err, TOPOS_ERR_ARGUMENT, "mnist: directory name too long: %s",
-                dir);
+    return ex_error(err, TOPOS_ERR_ARGUMENT,
+                    "mnist: directory name too long: %s", dir);
   if (access(path, F_OK) == 0) return 0;
   snprintf(path, size, "%s/%s", dir, name);
   if (access(path, F_OK) == 0) return 0;
-  return fail(err, TOPOS_ERR_NOT_FOUND,
-              "mnist: %s/%s(.gz): no such file (expected the MNIST-format "
-              "files in %s)",
-              dir, name, dir);
+  return ex_error(err, TOPOS_ERR_NOT_FOUND,
+                  "mnist: %s/%s(.gz): no such file (expected the MNIST-format "
+                  "files in %s)",
+                  dir, name, dir);
 }
 
 int ex_mnist_load(const char *dir, bool train, ex_mnist *out,
                   topos_error *err) {
   if (out != NULL) memset(out, 0, sizeof *out);
   if (dir == NULL || out == NULL)
-    return fail(err, TOPOS_ERR_ARGUMENT, "mnist: NULL directory or output");
+    return ex_error(err, TOPOS_ERR_ARGUMENT, "mnist: NULL directory or output");
   const char *split = train ? "train" : "t10k";
   char name[64], images_path[PATH_MAX], labels_path[PATH_MAX];
   ex_idx images = {0}, labels = {0};
@@ -423,34 +418,35 @@ int ex_mnist_load(const char *dir, bool train, ex_mnist *out,
 
   if ((rc = ex_idx_load(images_path, &images, err))) goto done;
   if (images.type != EX_IDX_U8 || images.rank != 3) {
-    rc = fail(err, TOPOS_ERR_CORRUPT,
-              "mnist: %s: images must be a rank-3 ubyte file [N, rows, "
-              "cols], this one is rank %d %s",
-              images_path, images.rank, ex_idx_type_name(images.type));
+    rc = ex_error(err, TOPOS_ERR_CORRUPT,
+                  "mnist: %s: images must be a rank-3 ubyte file [N, rows, "
+                  "cols], this one is rank %d %s",
+                  images_path, images.rank, ex_idx_type_name(images.type));
     goto done;
   }
   if ((rc = ex_idx_load(labels_path, &labels, err))) goto done;
   if (labels.type != EX_IDX_U8 || labels.rank != 1) {
-    rc = fail(err, TOPOS_ERR_CORRUPT,
-              "mnist: %s: labels must be a rank-1 ubyte file [N], this one "
-              "is rank %d %s",
-              labels_path, labels.rank, ex_idx_type_name(labels.type));
+    rc = ex_error(err, TOPOS_ERR_CORRUPT,
+                  "mnist: %s: labels must be a rank-1 ubyte file [N], this one "
+                  "is rank %d %s",
+                  labels_path, labels.rank, ex_idx_type_name(labels.type));
     goto done;
   }
   if (images.dims[0] != labels.dims[0]) {
-    rc = fail(err, TOPOS_ERR_CORRUPT,
-              "mnist: count mismatch: %lld images in %s but %lld labels in %s",
-              (long long)images.dims[0], images_path, (long long)labels.dims[0],
-              labels_path);
+    rc = ex_error(
+        err, TOPOS_ERR_CORRUPT,
+        "mnist: count mismatch: %lld images in %s but %lld labels in %s",
+        (long long)images.dims[0], images_path, (long long)labels.dims[0],
+        labels_path);
     goto done;
   }
   const uint8_t *lab = labels.data;
   for (int64_t i = 0; i < labels.count; i++) {
     if (lab[i] >= 10) {
-      rc = fail(err, TOPOS_ERR_CORRUPT,
-                "mnist: %s: label %u at index %lld is out of range (labels "
-                "are 0..9)",
-                labels_path, lab[i], (long long)i);
+      rc = ex_error(err, TOPOS_ERR_CORRUPT,
+                    "mnist: %s: label %u at index %lld is out of range (labels "
+                    "are 0..9)",
+                    labels_path, lab[i], (long long)i);
       goto done;
     }
   }

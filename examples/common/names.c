@@ -270,3 +270,30 @@ int ex_names_sample(ex_eval *ev, topos_value x, int xrank, int context,
   free(done);
   return rc;
 }
+
+int ex_names_main(ex_args *a, int argc, char **argv, int64_t *steps,
+                  uint64_t seed, ex_names *d, char *path, size_t path_cap) {
+  for (int i = 1; i < argc; i++) {
+    int got = ex_arg(a, argc, argv, &i);
+    if (got < 0) return 2;
+    if (got > 0) continue;
+    if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
+      if (ex_parse_count(a, "--steps", argv[++i], 1000000000, steps) != 0)
+        return 2;
+    } else {
+      fprintf(stderr, "usage: %s [--steps N] [flags]\n%s", a->prog,
+              ex_args_usage);
+      return 2;
+    }
+  }
+  if (ex_args_done(a) != 0) return 2;
+  if (ex_find_data(a->data, "examples/makemore/names.txt", path, path_cap)) {
+    fprintf(stderr, "%s: cannot read names from %s (give --data PATH)\n",
+            a->prog, path);
+    return 1;
+  }
+  topos_error err = {0};
+  if (ex_names_load(path, seed, d, &err) != TOPOS_OK)
+    return ex_fail(a, "reading names", &err);
+  return 0;
+}

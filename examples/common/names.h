@@ -43,6 +43,17 @@ char ex_names_char(int index); /* 0 -> '.', 1..26 -> a..z, else '?' */
 const char *ex_split_name(ex_split s); /* "train", "dev", "test" */
 
 /*
+ * The makemore programs' start: reads the common flags (ex_arg) and
+ * `--steps N` (*steps holds the default), finds the names file
+ * (--data, else examples/makemore/names.txt wherever the program runs
+ * from) and loads it split with `seed`.  Returns 0 to go on, else the
+ * exit status (2 for a usage error, 1 for the data) with the message
+ * printed; *d is loaded only on 0.
+ */
+int ex_names_main(ex_args *a, int argc, char **argv, int64_t *steps,
+                  uint64_t seed, ex_names *d, char *path, size_t path_cap);
+
+/*
  * Scores a window model over n (context, next) pairs: `ev` evaluates
  * logits [batch, 27] from the input `x` ([batch] when xrank is 1, else
  * [batch, context]); the pairs go through in batches, the last one padded

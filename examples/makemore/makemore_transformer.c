@@ -196,31 +196,12 @@ int main(int argc, char **argv) {
   topos_backends_register_defaults();
   ex_args a = {.prog = "makemore_transformer"};
   int64_t steps = 5000;
-  for (int i = 1; i < argc; i++) {
-    int got = ex_arg(&a, argc, argv, &i);
-    if (got < 0) return 2;
-    if (got > 0) continue;
-    if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
-      if (ex_parse_count(&a, "--steps", argv[++i], 1000000000, &steps) != 0)
-        return 2;
-    } else {
-      fprintf(stderr, "usage: %s [--steps N] [flags]\n%s", a.prog,
-              ex_args_usage);
-      return 2;
-    }
-  }
-  if (ex_args_done(&a) != 0) return 2;
-
   char path[4096];
-  if (ex_find_data(a.data, "examples/makemore/names.txt", path, sizeof path)) {
-    fprintf(stderr, "%s: cannot read names from %s (give --data PATH)\n",
-            a.prog, path);
-    return 1;
-  }
-  topos_error err = {0};
   ex_names d;
-  if (ex_names_load(path, SPLIT_SEED, &d, &err) != TOPOS_OK)
-    return ex_fail(&a, "reading names", &err);
+  int status = ex_names_main(&a, argc, argv, &steps, SPLIT_SEED, &d, path,
+                             sizeof path);
+  if (status != 0) return status;
+  topos_error err = {0};
   printf("%lld names from %s (longest %d), %lld/%lld/%lld train/dev/test\n",
          (long long)d.n, path, d.max_len, (long long)d.end[0],
          (long long)(d.end[1] - d.end[0]), (long long)(d.end[2] - d.end[1]));

@@ -38,7 +38,6 @@
  * Data: --data DIR (train-images-idx3-ubyte[.gz] etc.), else the Debian
  * package dataset-fashion-mnist's /usr/share/datasets/fashion-mnist.
  */
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +47,7 @@
 #include "backends.h"
 #include "ex.h"
 #include "idx.h"
+#include "images.h"
 
 #define DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
 
@@ -165,152 +165,26 @@ static int model_build(model *m, model_kind kind, int64_t batch, bool with_loss,
 }
 
 typedef struct run {
+  ex_images im;
   model train, eval;
-  model_kind kind;
   ex_eval *ev;
-  const ex_mnist *tr, *te;
-  int64_t ntrain, ntest, batch, per_epoch, steps;
-  int64_t *perm, perm_epoch; /* the permutation of epoch perm_epoch */
-  float lut[256];            /* a pixel byte -> its normalised value */
-  float *xbuf;               /* one batch of images (train or eval) */
-  int32_t *ybuf;
-  ex_metrics *metrics;
-  double t0, epoch_t0, loss_sum;
-  int64_t loss_n, stepped; /* steps this run took: of the epoch, in all */
-  int64_t evaluated_at;    /* the step of the last evaluation, -1: none */
-  double test_loss, test_acc;
 } run;
 
-/* Adam at 1e-3 covers ground; a tenth of it for the last third of the
- * steps settles into the minimum it found. */
-static double learning_rate(int64_t step, void *ctx) {
-  const run *r = ctx;
-  return step < r->steps - r->steps / 3 ? 1e-3 : 1e-4;
-}
-
-/* Copies image rows idx[0..n) of d into r->xbuf (normalised) and their
- * labels into r->ybuf; rows n..rows are blank with label 0. */
-static void fill_rows(run *r, const ex_mnist *d, const int64_t *idx,
-                      int64_t first, int64_t n, int64_t rows) {
-  for (int64_t b = 0; b < rows; b++) {
-    float *dst = r->xbuf + b * PIXELS;
-    if (b >= n) {
-      memset(dst, 0, sizeof(float) * PIXELS);
-      r->ybuf[b] = 0;
-      continue;
-    }
-    int64_t k = idx ? idx[first + b] : first + b;
-    const uint8_t *src = d->images + k * PIXELS;
-    for (int p = 0; p < PIXELS; p++) dst[p] = r->lut[src[p]];
-    r->ybuf[b] = d->labels[k];
-  }
-}
-
-/* The input tensor of `rows` images of r->xbuf in the model's layout. */
-static topos_tensor *images_tensor(const run *r, int64_t rows,
-                                   topos_error *err) {
-  int64_t x4[4] = {rows, 1, SIDE, SIDE}, x2[2] = {rows, PIXELS};
-  bool cnn = r->kind == MODEL_CNN;
-  return topos_tensor_from(TOPOS_F32, cnn ? 4 : 2, cnn ? x4 : x2, r->xbuf, err);
-}
-
-static int batch(int64_t step, topos_feed *feeds, int *nfeeds, void *ctx,
-                 topos_error *err) {
+/* Scores the test set with params (ex_images_score). */
+static int evaluate(void *ctx, const topos_params *params, topos_error *err) {
   run *r = ctx;
-  int64_t epoch = step / r->per_epoch, within = step % r->per_epoch;
-  if (epoch != r->perm_epoch) {
-    ex_shuffle(r->perm, r->ntrain, SHUFFLE_SEED + (uint64_t)epoch);
-    r->perm_epoch = epoch;
-  }
-  fill_rows(r, r->tr, r->perm, within * r->batch, r->batch, r->batch);
-  int64_t y_shape[1] = {r->batch};
-  topos_tensor *xt = images_tensor(r, r->batch, err);
-  topos_tensor *yt = topos_tensor_from(TOPOS_I32, 1, y_shape, r->ybuf, err);
-  feeds[0] = (topos_feed){r->train.x, xt};
-  feeds[1] = (topos_feed){r->train.y, yt};
-  *nfeeds = 2;
-  return xt && yt ? TOPOS_OK : err->code;
-}
-
-/* Scores the test set with params: r->test_loss (mean cross entropy) and
- * r->test_acc. */
-static int evaluate(run *r, const topos_params *params, topos_error *err) {
   int rc = ex_eval_params(r->ev, params, err);
-  double loss_sum = 0;
-  int64_t correct = 0;
-  for (int64_t i = 0; i < r->ntest && rc == TOPOS_OK; i += EVAL_BATCH) {
-    int64_t n = r->ntest - i < EVAL_BATCH ? r->ntest - i : EVAL_BATCH;
-    fill_rows(r, r->te, NULL, i, n, EVAL_BATCH);
-    topos_tensor *xt = images_tensor(r, EVAL_BATCH, err);
-    if (xt == NULL) return err->code;
-    topos_feed feed = {r->eval.x, xt};
-    topos_tensor *logits = NULL;
-    rc = ex_eval_run(r->ev, &feed, 1, &logits, err);
-    topos_tensor_release(xt);
-    if (rc != TOPOS_OK) break;
-    /* Only the real rows: the padding's labels are not the test set's. */
-    ex_score(logits, r->ybuf, n, &loss_sum, &correct);
-    topos_tensor_release(logits);
-  }
   if (rc != TOPOS_OK) return rc;
-  r->test_loss = loss_sum / (double)r->ntest;
-  r->test_acc = (double)correct / (double)r->ntest;
-  return TOPOS_OK;
-}
-
-static int after(int64_t step, const topos_params *params, double loss,
-                 void *ctx, topos_error *err) {
-  run *r = ctx;
-  r->loss_sum += loss;
-  r->loss_n++;
-  r->stepped++;
-  double epoch_f = (double)step / (double)r->per_epoch;
-  ex_metrics_row(r->metrics, step, epoch_f, "train", loss, NAN,
-                 ex_now_s() - r->t0);
-  if (step % r->per_epoch != 0) return TOPOS_OK;
-  /* The epoch is derived from the step, so a run resumed mid-epoch still
-   * reports the epoch it finishes (over the steps it took itself). */
-  int64_t epoch = step / r->per_epoch;
-  double seconds = ex_now_s() - r->epoch_t0;
-  int rc = evaluate(r, params, err);
-  if (rc != TOPOS_OK) return rc;
-  r->evaluated_at = step;
-  ex_metrics_row(r->metrics, step, (double)epoch, "test", r->test_loss,
-                 r->test_acc, ex_now_s() - r->t0);
-  printf("epoch %lld: train loss %.4f, test loss %.4f, test accuracy %.4f",
-         (long long)epoch, r->loss_sum / (double)r->loss_n, r->test_loss,
-         r->test_acc);
-  if (r->loss_n < r->per_epoch)
-    printf(" (train loss of the last %lld steps)", (long long)r->loss_n);
-  printf("\n");
-  fflush(stdout);
-  fprintf(stderr, "epoch %lld: %.1f s (%.1f ms/step)\n", (long long)epoch,
-          seconds, 1e3 * seconds / (double)r->loss_n);
-  r->loss_sum = 0;
-  r->loss_n = 0;
-  r->epoch_t0 = ex_now_s(); /* the loop does not count evaluation time */
-  return TOPOS_OK;
-}
-
-static int64_t parameter_count(const topos_network *net) {
-  topos_params *p = topos_network_parameters(net);
-  int64_t total = 0;
-  for (int i = 0; p != NULL && i < topos_params_count(p); i++)
-    total += topos_tensor_count(topos_params_get(p, i));
-  topos_params_free(p);
-  return total;
+  topos_feed feed;
+  return ex_images_score(&r->im, r->ev, r->eval.x, &feed, 1, EVAL_BATCH, err);
 }
 
 static void usage(const char *prog) {
   fprintf(stderr,
           "usage: %s [--model cnn|mlp] [--epochs N] [--batch N] [--limit N] "
           "[--test-limit N] [flags]\n"
-          "  --model cnn|mlp    the network (default cnn)\n"
-          "  --epochs N         passes over the training set (default 3)\n"
-          "  --batch N          images per step (default 64)\n"
-          "  --limit N          train on the first N images only\n"
-          "  --test-limit N     score the first N test images only\n%s",
-          prog, ex_args_usage);
+          "  --model cnn|mlp    the network (default cnn)\n%s%s",
+          prog, ex_images_usage, ex_args_usage);
 }
 
 int main(int argc, char **argv) {
@@ -318,14 +192,14 @@ int main(int argc, char **argv) {
   topos_backends_register_defaults();
   ex_args a = {.prog = "mnist"};
   model_kind kind = MODEL_CNN;
-  int64_t epochs = 3, bsize = 64, limit = 0, test_limit = 0;
+  ex_images_opts o = EX_IMAGES_OPTS;
   for (int i = 1; i < argc; i++) {
     int got = ex_arg(&a, argc, argv, &i);
+    if (got == 0) got = ex_images_arg(&o, &a, argc, argv, &i);
     if (got < 0) return 2;
     if (got > 0) continue;
     const char *flag = argv[i];
     const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-    int bad = 0;
     if (strcmp(flag, "--model") == 0 && val != NULL) {
       i++;
       if (strcmp(val, "cnn") == 0) {
@@ -336,19 +210,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s: --model is cnn or mlp, not '%s'\n", a.prog, val);
         return 2;
       }
-    } else if (strcmp(flag, "--epochs") == 0 && val != NULL) {
-      bad = ex_parse_count(&a, flag, argv[++i], 1000, &epochs);
-    } else if (strcmp(flag, "--batch") == 0 && val != NULL) {
-      bad = ex_parse_count(&a, flag, argv[++i], 65536, &bsize);
-    } else if (strcmp(flag, "--limit") == 0 && val != NULL) {
-      bad = ex_parse_count(&a, flag, argv[++i], INT64_MAX, &limit);
-    } else if (strcmp(flag, "--test-limit") == 0 && val != NULL) {
-      bad = ex_parse_count(&a, flag, argv[++i], INT64_MAX, &test_limit);
     } else {
       usage(a.prog);
       return 2;
     }
-    if (bad) return 2;
   }
   if (ex_args_done(&a) != 0) return 2;
 
@@ -378,93 +243,45 @@ int main(int argc, char **argv) {
             (long long)te.rows, (long long)te.cols);
     rc = 1;
   }
-  run r = {.kind = kind,
-           .tr = &tr,
-           .te = &te,
-           .batch = bsize,
-           .perm_epoch = -1,
-           .evaluated_at = -1};
-  r.ntrain = limit && limit < tr.n ? limit : tr.n;
-  r.ntest = test_limit && test_limit < te.n ? test_limit : te.n;
-  r.per_epoch = r.ntrain / bsize;
-  r.steps = r.per_epoch * epochs;
-  if (rc == 0 && r.per_epoch == 0) {
-    fprintf(stderr, "%s: %lld training images make no batch of %lld\n", a.prog,
-            (long long)r.ntrain, (long long)bsize);
-    rc = 1;
-  }
-  for (int v = 0; v < 256; v++)
-    r.lut[v] = (float)(((double)v / 255.0 - PIXEL_MEAN) / PIXEL_STD);
-  int64_t rows = bsize > EVAL_BATCH ? bsize : EVAL_BATCH;
-  r.perm = rc == 0 ? malloc(sizeof(int64_t) * (size_t)r.ntrain) : NULL;
-  r.xbuf = rc == 0 ? malloc(sizeof(float) * (size_t)(rows * PIXELS)) : NULL;
-  r.ybuf = rc == 0 ? malloc(sizeof(int32_t) * (size_t)rows) : NULL;
-  if (rc == 0 && (!r.perm || !r.xbuf || !r.ybuf)) {
-    fprintf(stderr, "%s: out of memory\n", a.prog);
-    rc = 1;
-  }
+  bool cnn = kind == MODEL_CNN;
+  run r = {.im = {.train = {tr.images, tr.labels, tr.n},
+                  .test = {te.images, te.labels, te.n},
+                  .channels = 1,
+                  .rank = cnn ? 4 : 2,
+                  .shape = {0, cnn ? 1 : PIXELS, SIDE, SIDE},
+                  .shuffle_seed = SHUFFLE_SEED,
+                  .lr = 1e-3,
+                  .lr_settle = 1e-4,
+                  .evaluate = evaluate}};
+  r.im.ctx = &r;
+  rc = ex_images_setup(&r.im, &a, &o, EVAL_BATCH, &PIXEL_MEAN, &PIXEL_STD, rc);
   if (rc == 0)
     printf("%lld training images, %lld test images from %s\n",
-           (long long)r.ntrain, (long long)r.ntest, dir);
+           (long long)r.im.ntrain, (long long)r.im.ntest, dir);
 
   ex_session *s = rc == 0 ? ex_session_open(&a, &err) : NULL;
   if (rc == 0 && s == NULL) rc = ex_fail(&a, "the daemon", &err);
-  if (rc == 0 && (model_build(&r.train, kind, bsize, true, &err) ||
+  if (rc == 0 && (model_build(&r.train, kind, o.batch, true, &err) ||
                   model_build(&r.eval, kind, EVAL_BATCH, false, &err)))
     rc = ex_fail(&a, "building the network", &err);
   if (rc == 0) {
     printf(
         "model %s: %lld parameters; %lld epochs of %lld steps of %lld "
         "images\n",
-        kind == MODEL_CNN ? "cnn" : "mlp",
-        (long long)parameter_count(r.train.net), (long long)epochs,
-        (long long)r.per_epoch, (long long)bsize);
+        cnn ? "cnn" : "mlp", (long long)ex_images_parameter_count(r.train.net),
+        (long long)o.epochs, (long long)r.im.per_epoch, (long long)o.batch);
     fprintf(stderr, "%s: training %s\n", a.prog, ex_session_where(s));
     r.ev = ex_eval_new(s, r.eval.net, &r.eval.logits, 1, &err);
     if (r.ev == NULL) rc = ex_fail(&a, "preparing evaluation", &err);
   }
-  r.metrics = rc == 0 ? ex_metrics_open(a.metrics, &err) : NULL;
-  if (rc == 0 && r.metrics == NULL) rc = ex_fail(&a, "--metrics", &err);
-
-  ex_loop loop = {.args = &a,
-                  .session = s,
-                  .net = r.train.net,
-                  .loss = r.train.loss,
-                  .opt = topos_adam(1e-3, 0.9, 0.999, 1e-8),
-                  .steps = r.steps,
-                  .ctx = &r,
-                  .lr = learning_rate,
-                  .batch = batch,
-                  .after = after};
-  r.t0 = r.epoch_t0 = ex_now_s();
-  if (rc == 0 && ex_loop_run(&loop, &err) != TOPOS_OK)
-    rc = ex_fail(&a, "training", &err);
-  if (rc == 0)
-    fprintf(stderr, "%.3f ms/step (%lld steps, %.1f s) %s\n",
-            1e3 * loop.seconds / (double)(r.stepped ? r.stepped : 1),
-            (long long)r.stepped, loop.seconds, ex_session_where(s));
-  if (rc == 0 && !loop.stopped) {
-    /* A run resumed at its end took no step: score what it resumed. */
-    if (r.evaluated_at != loop.step) {
-      if (evaluate(&r, loop.params, &err) != TOPOS_OK)
-        rc = ex_fail(&a, "evaluating", &err);
-      else
-        ex_metrics_row(r.metrics, loop.step,
-                       (double)loop.step / (double)r.per_epoch, "test",
-                       r.test_loss, r.test_acc, ex_now_s() - r.t0);
-    }
-    if (rc == 0) printf("final: test accuracy = %.4f\n", r.test_acc);
-  }
-  if (ex_metrics_close(r.metrics, &err) != TOPOS_OK && rc == 0)
-    rc = ex_fail(&a, "--metrics", &err);
-  ex_loop_clear(&loop);
+  r.im.x = r.train.x;
+  r.im.y = r.train.y;
+  rc = ex_images_train(&r.im, &a, s, r.train.net, r.train.loss, rc, &err);
   ex_eval_free(r.ev);
   topos_network_release(r.train.net);
   topos_network_release(r.eval.net);
   ex_session_close(s);
-  free(r.perm);
-  free(r.xbuf);
-  free(r.ybuf);
+  ex_images_free(&r.im);
   ex_mnist_free(&tr);
   ex_mnist_free(&te);
   return rc;

@@ -23,32 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* Runs `$TOPOS_BUILD/examples/<name> <args>` and returns everything it
- * wrote to stdout (new, free it) and its exit status in *status. */
-static char *run_example(const char *name, const char *args, int *status) {
-  const char *build = getenv("TOPOS_BUILD");
-  if (build == NULL || build[0] == '\0') build = "build";
-  char cmd[1024];
-  snprintf(cmd, sizeof cmd, "'%s/examples/%s' %s", build, name, args);
-  FILE *p = popen(cmd, "r");
-  ck_assert_msg(p != NULL, "cannot run %s", cmd);
-  size_t len = 0, cap = 4096;
-  char *out = malloc(cap);
-  ck_assert_ptr_nonnull(out);
-  size_t got;
-  while ((got = fread(out + len, 1, cap - len - 1, p)) > 0) {
-    len += got;
-    if (cap - len < 1024) {
-      cap *= 2;
-      out = realloc(out, cap);
-      ck_assert_ptr_nonnull(out);
-    }
-  }
-  out[len] = '\0';
-  int rc = pclose(p);
-  *status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  return out;
-}
+#include "example_runner.h"
 
 /* The last non-empty line of text (points into text). */
 static const char *last_line(char *text) {
@@ -162,25 +137,6 @@ START_TEST(test_makemore_transformer_short) {
   free(out);
 }
 END_TEST
-
-static char *read_file(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  ck_assert_msg(f != NULL, "cannot open %s", path);
-  size_t cap = 1 << 20, n = 0, got;
-  char *bytes = malloc(cap);
-  ck_assert_ptr_nonnull(bytes);
-  while ((got = fread(bytes + n, 1, cap - n, f)) > 0) {
-    n += got;
-    if (n == cap) {
-      cap *= 2;
-      bytes = realloc(bytes, cap);
-      ck_assert_ptr_nonnull(bytes);
-    }
-  }
-  fclose(f);
-  *len = n;
-  return bytes;
-}
 
 static void tmp_path(char *out, size_t cap, const char *name) {
   const char *tmp = getenv("TMPDIR");
@@ -307,8 +263,8 @@ END_TEST
  * without --fast, or an unknown backend, is refused by name. */
 static char *makemore_dump(const char *args, const char *path, size_t *len) {
   char full[512];
-  snprintf(full, sizeof full, "--steps 200 --no-progress --save '%s' %s",
-           path, args);
+  snprintf(full, sizeof full, "--steps 200 --no-progress --save '%s' %s", path,
+           args);
   int status = 0;
   char *out = run_example("makemore_mlp", full, &status);
   ck_assert_msg(status == 0, "%s: exit status %d:\n%s", args, status, out);

@@ -23,34 +23,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define FASHION_DIR "/usr/share/datasets/fashion-mnist"
+#include "example_runner.h"
 
-/* Runs `$TOPOS_BUILD/examples/<name> <args>` and returns everything it
- * wrote to stdout (new, free it) and its exit status in *status. */
-static char *run_example(const char *name, const char *args, int *status) {
-  const char *build = getenv("TOPOS_BUILD");
-  if (build == NULL || build[0] == '\0') build = "build";
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "'%s/examples/%s' %s", build, name, args);
-  FILE *p = popen(cmd, "r");
-  ck_assert_msg(p != NULL, "cannot run %s", cmd);
-  size_t len = 0, cap = 4096;
-  char *out = malloc(cap);
-  ck_assert_ptr_nonnull(out);
-  size_t got;
-  while ((got = fread(out + len, 1, cap - len - 1, p)) > 0) {
-    len += got;
-    if (cap - len < 1024) {
-      cap *= 2;
-      out = realloc(out, cap);
-      ck_assert_ptr_nonnull(out);
-    }
-  }
-  out[len] = '\0';
-  int rc = pclose(p);
-  *status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  return out;
-}
+#define FASHION_DIR "/usr/share/datasets/fashion-mnist"
 
 static bool slow_skipped(void) {
   return getenv("TOPOS_SKIP_SLOW") != NULL;
@@ -101,25 +76,6 @@ static int remove_entry(const char *path, const struct stat *sb, int flag,
 
 static void remove_tree(const char *dir) {
   nftw(dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
-}
-
-static char *read_file(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  ck_assert_msg(f != NULL, "cannot open %s", path);
-  size_t cap = 1 << 20, n = 0, got;
-  char *bytes = malloc(cap);
-  ck_assert_ptr_nonnull(bytes);
-  while ((got = fread(bytes + n, 1, cap - n, f)) > 0) {
-    n += got;
-    if (n == cap) {
-      cap *= 2;
-      bytes = realloc(bytes, cap);
-      ck_assert_ptr_nonnull(bytes);
-    }
-  }
-  fclose(f);
-  *len = n;
-  return bytes;
 }
 
 static void write_bytes(const char *path, const void *bytes, size_t n) {

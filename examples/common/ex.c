@@ -15,20 +15,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ex_error.h"
 #include "topos_client.h"
 
 #ifndef TOPOS_SOURCE_DIR
 #define TOPOS_SOURCE_DIR "."
 #endif
-
-static void set_err(topos_error *err, int code, const char *fmt, ...) {
-  if (err == NULL) return;
-  err->code = code;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err->message, sizeof err->message, fmt, ap);
-  va_end(ap);
-}
 
 /* ------------------------------------------------------------------ flags */
 
@@ -64,9 +56,9 @@ int ex_parse_count(const ex_args *a, const char *flag, const char *text,
 
 int ex_arg(ex_args *a, int argc, char **argv, int *i) {
   const char *flag = argv[*i];
-  static const char *const valued[] = {"--server",  "--backend", "--threads",
-                                       "--save",    "--resume",  "--metrics",
-                                       "--data",    "--stop-at"};
+  static const char *const valued[] = {"--server", "--backend", "--threads",
+                                       "--save",   "--resume",  "--metrics",
+                                       "--data",   "--stop-at"};
   bool takes_value = false;
   for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
     if (strcmp(flag, valued[k]) == 0) takes_value = true;
@@ -176,7 +168,7 @@ struct ex_session {
 ex_session *ex_session_open(const ex_args *a, topos_error *err) {
   ex_session *s = calloc(1, sizeof *s);
   if (s == NULL) {
-    set_err(err, TOPOS_ERR_MEMORY, "out of memory");
+    ex_error(err, TOPOS_ERR_MEMORY, "out of memory");
     return NULL;
   }
   s->exec = a->exec;
@@ -199,7 +191,9 @@ void ex_session_close(ex_session *s) {
   free(s);
 }
 
-bool ex_session_remote(const ex_session *s) { return s && s->client; }
+bool ex_session_remote(const ex_session *s) {
+  return s && s->client;
+}
 const char *ex_session_where(const ex_session *s) {
   return s ? s->where : "";
 }
@@ -217,9 +211,9 @@ struct ex_eval {
   ex_session *s;
   int nroots;
   topos_value *roots;
-  topos_plan *plan;           /* local */
-  char id[65];                /* remote: the network's spec id */
-  char blob[65];              /* remote: the parameters' blob, "" = initials */
+  topos_plan *plan; /* local */
+  char id[65];      /* remote: the network's spec id */
+  char blob[65];    /* remote: the parameters' blob, "" = initials */
   int nparams;
   const topos_params *params; /* local: borrowed */
 };
@@ -231,7 +225,7 @@ ex_eval *ex_eval_new(ex_session *s, const topos_network *net,
   if (e == NULL || r == NULL) {
     free(e);
     free(r);
-    set_err(err, TOPOS_ERR_MEMORY, "out of memory");
+    ex_error(err, TOPOS_ERR_MEMORY, "out of memory");
     return NULL;
   }
   memcpy(r, roots, sizeof *r * (size_t)nroots);
@@ -298,15 +292,15 @@ int ex_eval_run(ex_eval *e, const topos_feed *feeds, int nfeeds,
     return rc;
   }
   topos_entry entry = {.roots = e->roots, .nroots = e->nroots};
-  topos_client_args args = {.feeds = feeds, .nfeeds = nfeeds,
-                            .exec = &e->s->exec};
+  topos_client_args args = {
+      .feeds = feeds, .nfeeds = nfeeds, .exec = &e->s->exec};
   if (e->blob[0] != '\0') {
     args.params_blob = e->blob;
     args.nparams_blob = e->nparams;
   }
   topos_tensor **roots = NULL;
-  int rc = topos_client_forward_with(e->s->client, e->id, &entry, &args,
-                                     &roots, NULL, err);
+  int rc = topos_client_forward_with(e->s->client, e->id, &entry, &args, &roots,
+                                     NULL, err);
   if (rc != TOPOS_OK) return rc;
   for (int i = 0; i < e->nroots; i++) {
     out[i] = roots[i];
@@ -345,29 +339,28 @@ static int i64_of(const topos_tensor *t, const char *path, const char *name,
   if (t == NULL || topos_tensor_dtype(t) != TOPOS_I32 ||
       topos_tensor_rank(t) != 1 || topos_tensor_shape(t)[0] != 2 ||
       topos_tensor_read(t, halves, sizeof halves, err) != TOPOS_OK) {
-    set_err(err, TOPOS_ERR_CORRUPT, "%s: %s is not an I32[2] counter", path,
-            name);
+    ex_error(err, TOPOS_ERR_CORRUPT, "%s: %s is not an I32[2] counter", path,
+             name);
     return TOPOS_ERR_CORRUPT;
   }
-  uint64_t u = (uint64_t)(uint32_t)halves[0] |
-               ((uint64_t)(uint32_t)halves[1] << 32);
+  uint64_t u =
+      (uint64_t)(uint32_t)halves[0] | ((uint64_t)(uint32_t)halves[1] << 32);
   *out = (int64_t)u;
   if (*out < 0) {
-    set_err(err, TOPOS_ERR_CORRUPT, "%s: %s is negative", path, name);
+    ex_error(err, TOPOS_ERR_CORRUPT, "%s: %s is negative", path, name);
     return TOPOS_ERR_CORRUPT;
   }
   return TOPOS_OK;
 }
 
 int ex_checkpoint_save(const char *path, const topos_network *net,
-                       const topos_params *params,
-                       const topos_opt_state *state, int64_t step,
-                       topos_error *err) {
+                       const topos_params *params, const topos_opt_state *state,
+                       int64_t step, topos_error *err) {
   int np = topos_params_count(params);
   if (np != topos_network_parameter_count(net)) {
-    set_err(err, TOPOS_ERR_ARGUMENT,
-            "checkpoint: %d parameters for a network of %d", np,
-            topos_network_parameter_count(net));
+    ex_error(err, TOPOS_ERR_ARGUMENT,
+             "checkpoint: %d parameters for a network of %d", np,
+             topos_network_parameter_count(net));
     return TOPOS_ERR_ARGUMENT;
   }
   const topos_params *m = state ? topos_opt_state_moment(state, 0) : NULL;
@@ -379,7 +372,7 @@ int ex_checkpoint_save(const char *path, const topos_network *net,
   topos_tensor **owned = calloc((size_t)cap, sizeof *owned);
   int n = 0, rc = TOPOS_OK;
   if (names == NULL || name_ptrs == NULL || tensors == NULL || owned == NULL) {
-    set_err(err, TOPOS_ERR_MEMORY, "out of memory");
+    ex_error(err, TOPOS_ERR_MEMORY, "out of memory");
     rc = TOPOS_ERR_MEMORY;
   }
   for (int s = 0; s < np && rc == TOPOS_OK; s++) {
@@ -436,7 +429,7 @@ static int load_set(const topos_safetensors *st, const char *path,
   int np = topos_network_parameter_count(net);
   topos_tensor **ts = calloc((size_t)(np > 0 ? np : 1), sizeof *ts);
   if (ts == NULL) {
-    set_err(err, TOPOS_ERR_MEMORY, "out of memory");
+    ex_error(err, TOPOS_ERR_MEMORY, "out of memory");
     return TOPOS_ERR_MEMORY;
   }
   int found = 0, rc = TOPOS_OK;
@@ -448,7 +441,8 @@ static int load_set(const topos_safetensors *st, const char *path,
     topos_error miss = {0};
     ts[s] = topos_safetensors_get(st, name, &miss);
     if (ts[s] == NULL) {
-      if (first_missing[0] == '\0') snprintf(first_missing, sizeof first_missing, "%s", name);
+      if (first_missing[0] == '\0')
+        snprintf(first_missing, sizeof first_missing, "%s", name);
       continue;
     }
     found++;
@@ -460,8 +454,8 @@ static int load_set(const topos_safetensors *st, const char *path,
       char want[128] = "", got[128] = "";
       int w = snprintf(want, sizeof want, "%s[", topos_dtype_name(dt));
       for (int i = 0; i < rank; i++)
-        w += snprintf(want + w, sizeof want - (size_t)w, "%s%lld",
-                      i ? "," : "", (long long)shape[i]);
+        w += snprintf(want + w, sizeof want - (size_t)w, "%s%lld", i ? "," : "",
+                      (long long)shape[i]);
       snprintf(want + w, sizeof want - (size_t)w, "]");
       int g = snprintf(got, sizeof got, "%s[",
                        topos_dtype_name(topos_tensor_dtype(ts[s])));
@@ -469,20 +463,20 @@ static int load_set(const topos_safetensors *st, const char *path,
         g += snprintf(got + g, sizeof got - (size_t)g, "%s%lld", i ? "," : "",
                       (long long)topos_tensor_shape(ts[s])[i]);
       snprintf(got + g, sizeof got - (size_t)g, "]");
-      set_err(err, TOPOS_ERR_ARGUMENT,
-              "%s: %s is %s, the network's parameter is %s", path, name, got,
-              want);
+      ex_error(err, TOPOS_ERR_ARGUMENT,
+               "%s: %s is %s, the network's parameter is %s", path, name, got,
+               want);
       rc = TOPOS_ERR_ARGUMENT;
     }
   }
   if (rc == TOPOS_OK && found > 0 && found < np) {
-    set_err(err, TOPOS_ERR_ARGUMENT, "%s: has no %s", path, first_missing);
+    ex_error(err, TOPOS_ERR_ARGUMENT, "%s: has no %s", path, first_missing);
     rc = TOPOS_ERR_ARGUMENT;
   }
   if (rc == TOPOS_OK && found == 0 && prefix[0] == '\0' && np > 0) {
-    set_err(err, TOPOS_ERR_ARGUMENT,
-            "%s: has no parameter of this network (no %s)", path,
-            first_missing);
+    ex_error(err, TOPOS_ERR_ARGUMENT,
+             "%s: has no parameter of this network (no %s)", path,
+             first_missing);
     rc = TOPOS_ERR_ARGUMENT;
   }
   *out = NULL;
@@ -507,8 +501,10 @@ int ex_checkpoint_load(const char *path, const topos_network *net,
   topos_params *p = NULL, *m = NULL, *v = NULL;
   int used = 0;
   int rc = load_set(st, path, net, "", &p, &used, err);
-  if (rc == TOPOS_OK) rc = load_set(st, path, net, "optimizer.m.", &m, &used, err);
-  if (rc == TOPOS_OK) rc = load_set(st, path, net, "optimizer.v.", &v, &used, err);
+  if (rc == TOPOS_OK)
+    rc = load_set(st, path, net, "optimizer.m.", &m, &used, err);
+  if (rc == TOPOS_OK)
+    rc = load_set(st, path, net, "optimizer.v.", &v, &used, err);
   int64_t opt_step = 0, train_step = 0;
   bool has_opt = false;
   if (rc == TOPOS_OK) {
@@ -525,7 +521,7 @@ int ex_checkpoint_load(const char *path, const topos_network *net,
     topos_error miss = {0};
     topos_tensor *t = topos_safetensors_get(st, "train.step", &miss);
     if (t == NULL) {
-      set_err(err, TOPOS_ERR_ARGUMENT, "%s: has no train.step", path);
+      ex_error(err, TOPOS_ERR_ARGUMENT, "%s: has no train.step", path);
       rc = TOPOS_ERR_ARGUMENT;
     } else {
       used++;
@@ -534,8 +530,8 @@ int ex_checkpoint_load(const char *path, const topos_network *net,
     }
   }
   if (rc == TOPOS_OK && !has_opt && (m != NULL || v != NULL)) {
-    set_err(err, TOPOS_ERR_ARGUMENT, "%s: moments without optimizer.step",
-            path);
+    ex_error(err, TOPOS_ERR_ARGUMENT, "%s: moments without optimizer.step",
+             path);
     rc = TOPOS_ERR_ARGUMENT;
   }
   /* Everything in the file must have been read: a tensor the network does
@@ -555,9 +551,9 @@ int ex_checkpoint_load(const char *path, const topos_network *net,
         known = known || (v != NULL && strcmp(name, full) == 0);
       }
       if (!known) {
-        set_err(err, TOPOS_ERR_ARGUMENT,
-                "%s: tensor '%s' is not part of this network's checkpoint",
-                path, name);
+        ex_error(err, TOPOS_ERR_ARGUMENT,
+                 "%s: tensor '%s' is not part of this network's checkpoint",
+                 path, name);
         rc = TOPOS_ERR_ARGUMENT;
         break;
       }
@@ -627,17 +623,16 @@ void ex_progress_update(ex_progress *p, int64_t done, const char *note) {
     bar[WIDTH] = '\0';
     fprintf(stderr, "\r%s [%s] %3d%% %lld/%lld %s, %.1f %s/s, ETA %s%s%s\033[K",
             p->label, bar, (int)(frac * 100), (long long)done,
-            (long long)p->total, p->unit, rate, p->unit, eta,
-            note ? "  " : "", note ? note : "");
+            (long long)p->total, p->unit, rate, p->unit, eta, note ? "  " : "",
+            note ? note : "");
     p->drawn = true;
   } else {
     int tenth = (int)(frac * 10);
     if (tenth <= p->last_tenth) return;
     p->last_tenth = tenth;
     fprintf(stderr, "%s: %lld/%lld %s (%d%%), %.1f %s/s, ETA %s%s%s\n",
-            p->label, (long long)done, (long long)p->total, p->unit,
-            tenth * 10, rate, p->unit, eta, note ? ", " : "",
-            note ? note : "");
+            p->label, (long long)done, (long long)p->total, p->unit, tenth * 10,
+            rate, p->unit, eta, note ? ", " : "", note ? note : "");
   }
   fflush(stderr);
 }
@@ -660,14 +655,14 @@ struct ex_metrics {
 ex_metrics *ex_metrics_open(const char *path, topos_error *err) {
   ex_metrics *m = calloc(1, sizeof *m);
   if (m == NULL) {
-    set_err(err, TOPOS_ERR_MEMORY, "out of memory");
+    ex_error(err, TOPOS_ERR_MEMORY, "out of memory");
     return NULL;
   }
   if (path == NULL) return m;
   snprintf(m->path, sizeof m->path, "%s", path);
   m->f = fopen(path, "w");
   if (m->f == NULL) {
-    set_err(err, TOPOS_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    ex_error(err, TOPOS_ERR_IO, "cannot write %s: %s", path, strerror(errno));
     free(m);
     return NULL;
   }
@@ -700,8 +695,8 @@ int ex_metrics_close(ex_metrics *m, topos_error *err) {
   if (m == NULL) return TOPOS_OK;
   int rc = TOPOS_OK;
   if (m->f != NULL && fclose(m->f) != 0) {
-    set_err(err, TOPOS_ERR_IO, "cannot write %s: %s", m->path,
-            strerror(errno));
+    ex_error(err, TOPOS_ERR_IO, "cannot write %s: %s", m->path,
+             strerror(errno));
     rc = TOPOS_ERR_IO;
   }
   free(m);
@@ -814,8 +809,8 @@ int ex_loop_run(ex_loop *l, topos_error *err) {
   int64_t end = l->steps;
   if (a->stop_at > 0 && a->stop_at < end) end = a->stop_at;
   ex_progress bar;
-  ex_progress_start(&bar, !a->no_progress, "train",
-                    l->unit ? l->unit : "steps", l->steps);
+  ex_progress_start(&bar, !a->no_progress, "train", l->unit ? l->unit : "steps",
+                    l->steps);
   double t0 = ex_now_s();
   while (l->step < end && rc == TOPOS_OK) {
     topos_feed feeds[EX_MAX_FEEDS] = {{{0}}};
@@ -862,8 +857,7 @@ int ex_loop_run(ex_loop *l, topos_error *err) {
   if (rc == TOPOS_OK && a->save != NULL) {
     rc = ex_checkpoint_save(a->save, l->net, l->params, l->state, l->step, err);
     if (rc == TOPOS_OK)
-      fprintf(stderr, "saved %s at step %lld\n", a->save,
-              (long long)l->step);
+      fprintf(stderr, "saved %s at step %lld\n", a->save, (long long)l->step);
   }
   return rc;
 }

@@ -112,9 +112,8 @@ int ex_eval_run(ex_eval *e, const topos_feed *feeds, int nfeeds,
  * the first disagreement named.
  */
 int ex_checkpoint_save(const char *path, const topos_network *net,
-                       const topos_params *params,
-                       const topos_opt_state *state, int64_t step,
-                       topos_error *err);
+                       const topos_params *params, const topos_opt_state *state,
+                       int64_t step, topos_error *err);
 /* *params, *state (NULL when the file holds none: a fresh state) and
  * *step are new on success.  Returns a topos_status. */
 int ex_checkpoint_load(const char *path, const topos_network *net,
@@ -150,14 +149,14 @@ typedef struct ex_loop {
   /* After step `step` (1-based count of steps done) with the new
    * parameters and the step's loss: where the example evaluates and
    * prints.  NULL: nothing.  Returns a topos_status. */
-  int (*after)(int64_t step, const topos_params *params, double loss,
-               void *ctx, topos_error *err);
+  int (*after)(int64_t step, const topos_params *params, double loss, void *ctx,
+               topos_error *err);
   /* Out: where the run stopped, owned by the loop until ex_loop_clear. */
-  int64_t step;           /* steps done (== steps unless --stop-at) */
-  topos_params *params;   /* NULL: never stepped (the initials) */
+  int64_t step;         /* steps done (== steps unless --stop-at) */
+  topos_params *params; /* NULL: never stepped (the initials) */
   topos_opt_state *state;
-  double seconds;         /* time spent stepping */
-  bool stopped;           /* --stop-at ended it early */
+  double seconds; /* time spent stepping */
+  bool stopped;   /* --stop-at ended it early */
 } ex_loop;
 
 int ex_loop_run(ex_loop *l, topos_error *err);

@@ -1,7 +1,7 @@
 /*
  * ex_error.h - the examples' error setter: one place that fills a
  * topos_error with a code and a printf-style message (engine/error.c's
- * pattern), shared by the data loaders (idx.c, cifar.c).
+ * pattern), shared by the data loaders (idx.c, cifar.c) and ex.c.
  */
 #ifndef EX_ERROR_H
 #define EX_ERROR_H

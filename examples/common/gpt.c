@@ -42,14 +42,13 @@ static int param_list(const ex_gpt_config *c, init *out) {
   out[n++] = (init){"wte", 2, {V, D}, 0};
   out[n++] = (init){"wpe", 2, {T, D}, 0};
   static const char *const suffix[NPER] = {
-      "ln_1.weight",       "ln_1.bias",        "attn.c_attn.weight",
-      "attn.c_attn.bias",  "attn.c_proj.weight", "attn.c_proj.bias",
-      "ln_2.weight",       "ln_2.bias",        "mlp.c_fc.weight",
-      "mlp.c_fc.bias",     "mlp.c_proj.weight", "mlp.c_proj.bias"};
+      "ln_1.weight",      "ln_1.bias",          "attn.c_attn.weight",
+      "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+      "ln_2.weight",      "ln_2.bias",          "mlp.c_fc.weight",
+      "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
   const int rank[NPER] = {1, 1, 2, 1, 2, 1, 1, 1, 2, 1, 2, 1};
-  const int64_t shape[NPER][2] = {{D}, {D},  {D, 3 * D}, {3 * D},
-                                  {D, D}, {D}, {D}, {D},
-                                  {D, FF}, {FF}, {FF, D}, {D}};
+  const int64_t shape[NPER][2] = {{D}, {D}, {D, 3 * D}, {3 * D}, {D, D},  {D},
+                                  {D}, {D}, {D, FF},    {FF},    {FF, D}, {D}};
   static const int kind[NPER] = {2, 1, 0, 1, 3, 1, 2, 1, 0, 1, 3, 1};
   for (int l = 0; l < c->layers; l++)
     for (int k = 0; k < NPER; k++) {

@@ -33,8 +33,8 @@ void ex_names_free(ex_names *d) {
   memset(d, 0, sizeof *d);
 }
 
-static int fail(topos_error *err, int code, const char *path,
-                const char *what, long long line) {
+static int fail(topos_error *err, int code, const char *path, const char *what,
+                long long line) {
   err->code = code;
   if (line > 0)
     snprintf(err->message, sizeof err->message, "%s:%lld: %s", path, line,
@@ -49,8 +49,8 @@ int ex_names_load(const char *path, uint64_t seed, ex_names *out,
   memset(out, 0, sizeof *out);
   FILE *f = fopen(path, "r");
   if (f == NULL)
-    return fail(err, errno == ENOENT ? TOPOS_ERR_NOT_FOUND : TOPOS_ERR_IO,
-                path, strerror(errno), 0);
+    return fail(err, errno == ENOENT ? TOPOS_ERR_NOT_FOUND : TOPOS_ERR_IO, path,
+                strerror(errno), 0);
   char **words = NULL;
   int64_t n = 0, cap = 0, dropped = 0;
   int max_len = 0, rc = TOPOS_OK;
@@ -107,7 +107,8 @@ int ex_names_load(const char *path, uint64_t seed, ex_names *out,
     rc = fail(err, TOPOS_ERR_CORRUPT, path,
               "fewer than 3 names: nothing to split", 0);
   int64_t *perm = rc == TOPOS_OK ? malloc(sizeof *perm * (size_t)n) : NULL;
-  char **shuffled = rc == TOPOS_OK ? malloc(sizeof *shuffled * (size_t)n) : NULL;
+  char **shuffled =
+      rc == TOPOS_OK ? malloc(sizeof *shuffled * (size_t)n) : NULL;
   if (rc == TOPOS_OK && (perm == NULL || shuffled == NULL))
     rc = fail(err, TOPOS_ERR_MEMORY, path, "out of memory", 0);
   if (rc != TOPOS_OK) {
@@ -249,8 +250,8 @@ int ex_names_sample(ex_eval *ev, topos_value x, int xrank, int context,
     for (int i = 0; rc == TOPOS_OK && i < count; i++) {
       /* Every row draws, finished or not, so a name's characters do not
        * depend on when the others end. */
-      int c = ex_sample_logits(lg + (size_t)i * EX_NAMES_VOCAB,
-                               EX_NAMES_VOCAB, 1.0, &rng);
+      int c = ex_sample_logits(lg + (size_t)i * EX_NAMES_VOCAB, EX_NAMES_VOCAB,
+                               1.0, &rng);
       if (done[i]) continue;
       int32_t *row = ctx + (size_t)i * (size_t)context;
       memmove(row, row + 1, sizeof *row * (size_t)(context - 1));

@@ -17,11 +17,11 @@ enum { EX_NAMES_VOCAB = 27, EX_NAMES_MAX_LEN = 64 };
 typedef enum ex_split { EX_TRAIN = 0, EX_DEV = 1, EX_TEST = 2 } ex_split;
 
 typedef struct ex_names {
-  char **words;     /* every name, in shuffled order */
-  int64_t n;        /* how many */
-  int64_t end[3];   /* split s is words[s ? end[s-1] : 0 .. end[s]) */
-  int max_len;      /* the longest name */
-  int64_t dropped;  /* characters dropped (not a-z) */
+  char **words;    /* every name, in shuffled order */
+  int64_t n;       /* how many */
+  int64_t end[3];  /* split s is words[s ? end[s-1] : 0 .. end[s]) */
+  int max_len;     /* the longest name */
+  int64_t dropped; /* characters dropped (not a-z) */
 } ex_names;
 
 /* Reads path (one name per line; empty lines skipped; a name longer than
@@ -38,8 +38,8 @@ void ex_names_range(const ex_names *d, ex_split s, int64_t *begin,
  * (0-padded) in x[i*context ..] and the index in y[i].  New arrays (free). */
 int ex_names_windows(const ex_names *d, ex_split s, int context, int32_t **x,
                      int32_t **y, int64_t *n, topos_error *err);
-int ex_names_index(int c); /* a-z/A-Z -> 1..26, '.' -> 0, else -1 */
-char ex_names_char(int index); /* 0 -> '.', 1..26 -> a..z, else '?' */
+int ex_names_index(int c);             /* a-z/A-Z -> 1..26, '.' -> 0, else -1 */
+char ex_names_char(int index);         /* 0 -> '.', 1..26 -> a..z, else '?' */
 const char *ex_split_name(ex_split s); /* "train", "dev", "test" */
 
 /*
@@ -62,8 +62,7 @@ int ex_names_main(ex_args *a, int argc, char **argv, int64_t *steps,
  */
 int ex_names_score(ex_eval *ev, topos_value x, int xrank, int context,
                    int64_t batch, const int32_t *xs, const int32_t *ys,
-                   int64_t n, double *loss, double *accuracy,
-                   topos_error *err);
+                   int64_t n, double *loss, double *accuracy, topos_error *err);
 /*
  * Samples `count` names at once from a window model: `ev` evaluates
  * logits [count, 27] from `x` as above; every name starts from an all-'.'

@@ -114,14 +114,13 @@ static double lr(int64_t step, void *ctx) {
 static int after(int64_t step, const topos_params *params, double loss,
                  void *ctx, topos_error *err) {
   run *r = ctx;
-  ex_metrics_row(r->metrics, step, NAN, "train", loss, NAN,
-                 ex_now_s() - r->t0);
+  ex_metrics_row(r->metrics, step, NAN, "train", loss, NAN, ex_now_s() - r->t0);
   if (step % 100 != 0 && step != r->steps) return TOPOS_OK;
   double dev_loss = 0;
   int rc = ex_eval_params(r->dev, params, err);
   if (rc == TOPOS_OK)
-    rc = ex_names_score(r->dev, r->dev_x, 1, 1, EVAL_BATCH, r->dx, r->dy,
-                        r->dn, &dev_loss, NULL, err);
+    rc = ex_names_score(r->dev, r->dev_x, 1, 1, EVAL_BATCH, r->dx, r->dy, r->dn,
+                        &dev_loss, NULL, err);
   if (rc != TOPOS_OK) return rc;
   ex_metrics_row(r->metrics, step, NAN, "dev", dev_loss, NAN,
                  ex_now_s() - r->t0);
@@ -137,8 +136,8 @@ int main(int argc, char **argv) {
   int64_t steps = 500;
   char path[4096];
   ex_names d;
-  int status = ex_names_main(&a, argc, argv, &steps, SPLIT_SEED, &d, path,
-                             sizeof path);
+  int status =
+      ex_names_main(&a, argc, argv, &steps, SPLIT_SEED, &d, path, sizeof path);
   if (status != 0) return status;
   topos_error err = {0};
   int32_t *x[3] = {0}, *y[3] = {0};
@@ -185,12 +184,28 @@ int main(int argc, char **argv) {
   if (rc == 0 && metrics == NULL) rc = ex_fail(&a, "--metrics", &err);
   if (rc == 0)
     printf("training %lld steps of %d pairs\n", (long long)steps, BATCH);
-  run r = {.args = &a, .train = train, .x = x[0], .y = y[0], .n = n[0],
-           .dev = dev, .dev_x = eval.x, .dx = x[1], .dy = y[1], .dn = n[1],
-           .metrics = metrics, .steps = steps, .t0 = ex_now_s()};
-  ex_loop loop = {.args = &a, .session = s, .net = train.net,
-                  .loss = train.loss, .opt = topos_sgd(50.0, 0.0),
-                  .steps = steps, .ctx = &r, .lr = lr, .batch = batch,
+  run r = {.args = &a,
+           .train = train,
+           .x = x[0],
+           .y = y[0],
+           .n = n[0],
+           .dev = dev,
+           .dev_x = eval.x,
+           .dx = x[1],
+           .dy = y[1],
+           .dn = n[1],
+           .metrics = metrics,
+           .steps = steps,
+           .t0 = ex_now_s()};
+  ex_loop loop = {.args = &a,
+                  .session = s,
+                  .net = train.net,
+                  .loss = train.loss,
+                  .opt = topos_sgd(50.0, 0.0),
+                  .steps = steps,
+                  .ctx = &r,
+                  .lr = lr,
+                  .batch = batch,
                   .after = after};
   if (rc == 0 && ex_loop_run(&loop, &err) != TOPOS_OK)
     rc = ex_fail(&a, "training", &err);

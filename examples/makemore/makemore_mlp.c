@@ -97,8 +97,8 @@ static int model_build(model *m, int64_t batch, bool with_loss,
     m->logits = topos_name(tape, topos_linear(tape, h, w2, b2), "logits");
     if (with_loss) {
       m->y = topos_name(tape, topos_input(tape, init[6]), "y");
-      m->loss = topos_name(
-          tape, topos_cross_entropy(tape, m->logits, m->y), "loss");
+      m->loss =
+          topos_name(tape, topos_cross_entropy(tape, m->logits, m->y), "loss");
     }
     m->net = topos_tape_seal(tape, err);
   }
@@ -148,22 +148,21 @@ static int after(int64_t step, const topos_params *params, double loss,
   r->block_sum += loss;
   r->block_n++;
   if (step > r->steps - r->window) r->window_sum += loss;
-  ex_metrics_row(r->metrics, step, NAN, "train", loss, NAN,
-                 ex_now_s() - r->t0);
+  ex_metrics_row(r->metrics, step, NAN, "train", loss, NAN, ex_now_s() - r->t0);
   if (step % 500 != 0) return TOPOS_OK;
   double dev_loss = 0;
   int rc = ex_eval_params(r->dev, params, err);
   if (rc == TOPOS_OK)
-    rc = ex_names_score(r->dev, r->eval.x, 2, CONTEXT, EVAL_BATCH, r->dx,
-                        r->dy, r->dn, &dev_loss, NULL, err);
+    rc = ex_names_score(r->dev, r->eval.x, 2, CONTEXT, EVAL_BATCH, r->dx, r->dy,
+                        r->dn, &dev_loss, NULL, err);
   if (rc != TOPOS_OK) return rc;
   ex_metrics_row(r->metrics, step, NAN, "dev", dev_loss, NAN,
                  ex_now_s() - r->t0);
-  printf("step %lld: loss %.4f (mean of the last %lld: %.4f, lr %g), "
-         "dev loss %.4f\n",
-         (long long)step, loss, (long long)r->block_n,
-         r->block_sum / (double)r->block_n,
-         learning_rate(step - 1, r), dev_loss);
+  printf(
+      "step %lld: loss %.4f (mean of the last %lld: %.4f, lr %g), "
+      "dev loss %.4f\n",
+      (long long)step, loss, (long long)r->block_n,
+      r->block_sum / (double)r->block_n, learning_rate(step - 1, r), dev_loss);
   fflush(stdout);
   r->block_sum = 0;
   r->block_n = 0;
@@ -177,8 +176,8 @@ int main(int argc, char **argv) {
   int64_t steps = 5000;
   char path[4096];
   ex_names d;
-  int status = ex_names_main(&a, argc, argv, &steps, SPLIT_SEED, &d, path,
-                             sizeof path);
+  int status =
+      ex_names_main(&a, argc, argv, &steps, SPLIT_SEED, &d, path, sizeof path);
   if (status != 0) return status;
   topos_error err = {0};
   int32_t *x[3] = {0}, *y[3] = {0};
@@ -193,8 +192,14 @@ int main(int argc, char **argv) {
 
   ex_session *s = rc == 0 ? ex_session_open(&a, &err) : NULL;
   if (rc == 0 && s == NULL) rc = ex_fail(&a, "the daemon", &err);
-  run r = {.x = x[0], .y = y[0], .n = n[0], .dx = x[1], .dy = y[1],
-           .dn = n[1], .steps = steps, .t0 = ex_now_s()};
+  run r = {.x = x[0],
+           .y = y[0],
+           .n = n[0],
+           .dx = x[1],
+           .dy = y[1],
+           .dn = n[1],
+           .steps = steps,
+           .t0 = ex_now_s()};
   r.window = steps < 500 ? steps : 500;
   model sampler = {0};
   ex_eval *sample = NULL;
@@ -204,17 +209,23 @@ int main(int argc, char **argv) {
     rc = ex_fail(&a, "building the network", &err);
   if (rc == 0) {
     r.dev = ex_eval_new(s, r.eval.net, &r.eval.logits, 1, &err);
-    sample = r.dev ? ex_eval_new(s, sampler.net, &sampler.logits, 1, &err)
-                   : NULL;
+    sample =
+        r.dev ? ex_eval_new(s, sampler.net, &sampler.logits, 1, &err) : NULL;
     if (sample == NULL) rc = ex_fail(&a, "preparing evaluation", &err);
   }
   r.metrics = rc == 0 ? ex_metrics_open(a.metrics, &err) : NULL;
   if (rc == 0 && r.metrics == NULL) rc = ex_fail(&a, "--metrics", &err);
 
-  ex_loop loop = {.args = &a, .session = s, .net = r.train.net,
-                  .loss = r.train.loss, .opt = topos_sgd(0.3, 0.0),
-                  .steps = steps, .ctx = &r, .lr = learning_rate,
-                  .batch = batch, .after = after};
+  ex_loop loop = {.args = &a,
+                  .session = s,
+                  .net = r.train.net,
+                  .loss = r.train.loss,
+                  .opt = topos_sgd(0.3, 0.0),
+                  .steps = steps,
+                  .ctx = &r,
+                  .lr = learning_rate,
+                  .batch = batch,
+                  .after = after};
   if (rc == 0 && ex_loop_run(&loop, &err) != TOPOS_OK)
     rc = ex_fail(&a, "training", &err);
   if (rc == 0)

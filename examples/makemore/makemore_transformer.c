@@ -138,8 +138,7 @@ static int after(int64_t step, const topos_params *params, double loss,
   run *r = ctx;
   r->block_sum += loss;
   r->block_n++;
-  ex_metrics_row(r->metrics, step, NAN, "train", loss, NAN,
-                 ex_now_s() - r->t0);
+  ex_metrics_row(r->metrics, step, NAN, "train", loss, NAN, ex_now_s() - r->t0);
   if (step % 250 != 0 && step != r->steps) return TOPOS_OK;
   double dev_loss = 0;
   int rc = ex_eval_params(r->dev, params, err);
@@ -147,10 +146,11 @@ static int after(int64_t step, const topos_params *params, double loss,
   if (rc != TOPOS_OK) return rc;
   ex_metrics_row(r->metrics, step, NAN, "dev", dev_loss, NAN,
                  ex_now_s() - r->t0);
-  printf("step %lld: train loss %.4f (mean of the last %d), dev loss %.4f, "
-         "lr %.2e\n",
-         (long long)step, r->block_sum / r->block_n, r->block_n, dev_loss,
-         learning_rate(step - 1, r));
+  printf(
+      "step %lld: train loss %.4f (mean of the last %d), dev loss %.4f, "
+      "lr %.2e\n",
+      (long long)step, r->block_sum / r->block_n, r->block_n, dev_loss,
+      learning_rate(step - 1, r));
   fflush(stdout);
   r->block_sum = 0;
   r->block_n = 0;
@@ -198,8 +198,8 @@ int main(int argc, char **argv) {
   int64_t steps = 5000;
   char path[4096];
   ex_names d;
-  int status = ex_names_main(&a, argc, argv, &steps, SPLIT_SEED, &d, path,
-                             sizeof path);
+  int status =
+      ex_names_main(&a, argc, argv, &steps, SPLIT_SEED, &d, path, sizeof path);
   if (status != 0) return status;
   topos_error err = {0};
   printf("%lld names from %s (longest %d), %lld/%lld/%lld train/dev/test\n",
@@ -208,8 +208,7 @@ int main(int argc, char **argv) {
   int rc = 0;
   ex_session *s = ex_session_open(&a, &err);
   if (s == NULL) rc = ex_fail(&a, "the daemon", &err);
-  run r = {.args = &a, .d = &d, .steps = steps, .peak = 1e-3,
-           .t0 = ex_now_s()};
+  run r = {.args = &a, .d = &d, .steps = steps, .peak = 1e-3, .t0 = ex_now_s()};
   r.warmup = steps / 20 > 0 ? steps / 20 : 1;
   ex_gpt sampler = {0};
   const ex_gpt_config cfg = EX_GPT_MAKEMORE;
@@ -220,8 +219,7 @@ int main(int argc, char **argv) {
     rc = ex_fail(&a, "building the network", &err);
   if (rc == 0) {
     r.dev = ex_eval_new(s, r.eval.net, &r.eval.logits, 1, &err);
-    samp = r.dev ? ex_eval_new(s, sampler.net, &sampler.logits, 1, &err)
-                 : NULL;
+    samp = r.dev ? ex_eval_new(s, sampler.net, &sampler.logits, 1, &err) : NULL;
     if (samp == NULL) rc = ex_fail(&a, "preparing evaluation", &err);
   }
   if (rc == 0) {
@@ -235,11 +233,16 @@ int main(int argc, char **argv) {
   }
   r.metrics = rc == 0 ? ex_metrics_open(a.metrics, &err) : NULL;
   if (rc == 0 && r.metrics == NULL) rc = ex_fail(&a, "--metrics", &err);
-  ex_loop loop = {.args = &a, .session = s, .net = r.train.net,
+  ex_loop loop = {.args = &a,
+                  .session = s,
+                  .net = r.train.net,
                   .loss = r.train.loss,
                   .opt = topos_adamw(r.peak, 0.9, 0.99, 1e-8, 0.01),
-                  .steps = steps, .ctx = &r, .lr = learning_rate,
-                  .batch = batch, .after = after};
+                  .steps = steps,
+                  .ctx = &r,
+                  .lr = learning_rate,
+                  .batch = batch,
+                  .after = after};
   if (rc == 0 && ex_loop_run(&loop, &err) != TOPOS_OK)
     rc = ex_fail(&a, "training", &err);
   if (rc == 0)

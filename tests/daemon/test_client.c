@@ -1224,6 +1224,11 @@ START_TEST(test_makemore_remote) {
   check_example("makemore_mlp", "--steps 1000");
   check_example_with("makemore_bigram", "--steps 100", true);
   check_example("makemore_transformer", "--steps 20");
+  check_example("cifar10", "--limit 640 --test-limit 500 --epochs 1");
+  if (access("/usr/share/datasets/fashion-mnist", R_OK) == 0)
+    check_example("mnist", "--limit 640 --test-limit 1000 --epochs 1");
+  else
+    fprintf(stderr, "client: mnist remote skipped (no Fashion-MNIST)\n");
 }
 END_TEST
 

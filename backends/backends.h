@@ -26,6 +26,8 @@ const char *topos_cpu_isa(void);
 int topos_cpu_force_isa(const char *isa);
 /* Tests: how many tasks the cpu backend has run in this process. */
 unsigned long long topos_cpu_tasks_run(void);
+/* Tests: how many of them were attention tasks (cpu_attention.c). */
+unsigned long long topos_cpu_attention_tasks_run(void);
 
 /* `flip-test` (testflip.c): claims exact fidelity, computes every f32/f64
  * GEMM exactly and flips the lowest bit of one output, so conformance can

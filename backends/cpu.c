@@ -37,6 +37,7 @@
 
 #include "backend.h"
 #include "backends.h"
+#include "cpu_attention.h"
 #include "cpu_reduce.h"
 #include "cpu_window.h"
 
@@ -864,6 +865,8 @@ static bool cpu_supports(const topos_backend *self, const topos_task *task) {
   if (task && task->kind == TOPOS_TASK_MAP) return cpu_map_supports(task);
   if (task && task->kind == TOPOS_TASK_WINDOW)
     return cpu_window_supports(&task->u.window);
+  if (task && task->kind == TOPOS_TASK_ATTENTION)
+    return cpu_attention_supports(&task->u.attention);
   if (!task || task->kind != TOPOS_TASK_GEMM) return false;
   const topos_gemm_task *g = &task->u.gemm;
   if (g->dtype != TOPOS_F32 && g->dtype != TOPOS_F64) return false;
@@ -881,6 +884,12 @@ static int cpu_run(const topos_backend *self, const topos_task *task,
   (void)err;
   if (task->kind == TOPOS_TASK_REDUCE) return cpu_reduce_run(task);
   if (task->kind == TOPOS_TASK_MAP) return cpu_map_run(task);
+  if (task->kind == TOPOS_TASK_ATTENTION) {
+    int arc = cpu_attention_run(&task->u.attention, task->threads);
+    if (arc == TOPOS_OK)
+      atomic_fetch_add_explicit(&tasks_run, 1, memory_order_relaxed);
+    return arc;
+  }
   if (task->kind == TOPOS_TASK_WINDOW) {
     int wrc = cpu_window_run(&task->u.window, task->threads);
     if (wrc == TOPOS_OK)
@@ -944,7 +953,8 @@ static const topos_backend cpu_backend = {
     .run = cpu_run,
     .ctx = NULL,
     .tasks = (1u << TOPOS_TASK_GEMM) | (1u << TOPOS_TASK_WINDOW) |
-             (1u << TOPOS_TASK_REDUCE) | (1u << TOPOS_TASK_MAP),
+             (1u << TOPOS_TASK_REDUCE) | (1u << TOPOS_TASK_MAP) |
+             (1u << TOPOS_TASK_ATTENTION),
     .dtypes = (1u << TOPOS_F32) | (1u << TOPOS_F64) | (1u << TOPOS_BF16),
     .device = cpu_device,
     .max_threads = cpu_max_threads,

@@ -388,6 +388,11 @@ T512 static void exp_avx512(const float *x, float *y, int64_t n) {
     __mmask16 spec =
         (__mmask16)(_mm512_cmpge_epi32_mask(ax, I512(0x42b00000)) & m);
     __m512 r = join256(exp_512_8(lo256(v), tab), exp_512_8(hi256(v), tab));
+    /* expf(-inf) is +0 exactly (C Annex F): no call for a masked score. */
+    __mmask16 ninf =
+        _mm512_cmpeq_epi32_mask(_mm512_castps_si512(v), I512((int)0xff800000));
+    spec = (__mmask16)(spec & ~ninf);
+    r = _mm512_maskz_mov_ps((__mmask16)~ninf, r);
     store16(CPU_MATH_EXP, v, r, spec, m, y + i);
   }
 }
@@ -648,6 +653,10 @@ T256 static void exp_avx2(const float *x, float *y, int64_t n) {
     int spec = _mm256_movemask_ps(ge32(ax, 0x42b00000)) & ((1 << m) - 1);
     __m256 r = _mm256_set_m128(exp_256_4(_mm256_extractf128_ps(v, 1)),
                                exp_256_4(_mm256_castps256_ps128(v)));
+    /* expf(-inf) is +0 exactly (C Annex F): no call for a masked score. */
+    __m256 ninf = eq32(_mm256_castps_si256(v), (int)0xff800000);
+    spec &= ~_mm256_movemask_ps(ninf);
+    r = _mm256_andnot_ps(ninf, r);
     store8(CPU_MATH_EXP, v, r, spec, y + i, m);
   }
 }

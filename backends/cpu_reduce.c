@@ -395,6 +395,29 @@ static int isa_code(void) {
   return 0;
 }
 
+/* One contiguous row: the vector row kernel of this ISA past 16 values. */
+float cpu_reduce_sum_f32(const float *x, int64_t n) {
+  float y = 0;
+#if REDUCE_X86
+  int isa = n > 16 ? isa_code() : 0;
+  if (isa == 2) rows_f32_avx512(x, &y, 0, 1, n);
+  if (isa == 1) rows_f32_avx2(x, &y, 0, 1, n);
+  if (isa) return y;
+#endif
+  return reduce1_f32(x, n, 1);
+}
+
+double cpu_reduce_sum_f64(const double *x, int64_t n) {
+  double y = 0;
+#if REDUCE_X86
+  int isa = n > 16 ? isa_code() : 0;
+  if (isa == 2) rows_f64_avx512(x, &y, 0, 1, n);
+  if (isa == 1) rows_f64_avx2(x, &y, 0, 1, n);
+  if (isa) return y;
+#endif
+  return reduce1_f64(x, n, 1);
+}
+
 int cpu_reduce_run(const topos_task *task) {
   const topos_reduce_task *r = &task->u.reduce;
   int64_t total;

@@ -13,6 +13,10 @@
  *     forward plan with fused conv/pool groups and the same plan with the
  *     fusion blocked, their peak bytes, and a bit check of the logits.
  *  3. A 10k-node spec: encode, decode and id times and throughput.
+ *  4. Causal multi-head attention (4 x 128 x 128, 4 heads): forward and
+ *     training-step time of plans with the chain fused and blocked, on the
+ *     reference kernels and on the cpu backend, and a bit check of y and
+ *     every gradient against the interpreter.
  *
  * Every time is the median of several repetitions after warm-up, read
  * from CLOCK_MONOTONIC.  Batches are random and seeded, so the work is the
@@ -25,6 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backends.h"
 #include "models.h" /* timing, the training step, the makemore network */
 
 /* ------------------------------------------------------------- utilities */
@@ -363,6 +368,147 @@ static void bench_cnn(void) {
   }
 }
 
+/* -------------------------------------------------------------- attention */
+
+enum { ATT_B = 4, ATT_H = 4, ATT_T = 128, ATT_D = 128 };
+
+/* The first node recorded from `from` on with this shape. */
+static topos_value first_of_shape(topos_tape *tape, uint32_t tape_id, int from,
+                                  int rank, const int64_t *shape) {
+  for (int i = from; i < topos_tape_node_count(tape); i++) {
+    topos_value v = {tape_id, i};
+    int r = 0;
+    const int64_t *s = topos_value_shape(tape, v, &r);
+    if (s && r == rank && memcmp(s, shape, sizeof(int64_t) * rank) == 0)
+      return v;
+  }
+  die("attention: finding the scores", NULL);
+  return TOPOS_NONE;
+}
+
+/* Forward and training-step time (min over repetitions is noisy on a
+ * shared host: medians) of causal attention over q, k, v parameters
+ * [4,128,128], 4 heads, loss sum(y·c): the plan with the chain fused and
+ * the same plan with the fusion blocked (a sum of the raw scores is
+ * observed, so they have a second reader), on the reference kernels and
+ * on the cpu backend at 1 thread. */
+static void bench_attention(void) {
+  const char *wl = "attention";
+  topos_backends_register_defaults();
+  topos_error err = {0};
+  const topos_dtype dt = TOPOS_F32;
+  int64_t xs[3] = {ATT_B, ATT_T, ATT_D};
+  topos_tape *tape = must(topos_tape_new(dt), "tape", NULL);
+  topos_value leaf[4];
+  for (int i = 0; i < 4; i++) {
+    topos_tensor *t =
+        must(topos_init_uniform(dt, 3, xs, -1.0, 1.0, 700 + (uint64_t)i, &err),
+             "attention init", &err);
+    leaf[i] = i < 3 ? topos_parameter(tape, t) : topos_constant(tape, t);
+    topos_tensor_release(t);
+  }
+  uint32_t id = leaf[0].tape;
+  int from = topos_tape_node_count(tape);
+  topos_attention_opts o = {.heads = ATT_H, .causal = true};
+  topos_value y = topos_attention(tape, leaf[0], leaf[1], leaf[2], &o);
+  int64_t ss[3] = {ATT_B * ATT_H, ATT_T, ATT_T};
+  topos_value scores = first_of_shape(tape, id, from, 3, ss);
+  topos_value loss = topos_sum(tape, topos_mul(tape, y, leaf[3]));
+  topos_value spy = topos_sum(tape, scores);
+  topos_network *net = must(topos_tape_seal(tape, &err), "seal", &err);
+  topos_plan *fwd = lower(net, &y, 1, NULL, 0, TOPOS_POSTURE_FORWARD,
+                          TOPOS_NUMERICS_EXACT, "lower fused");
+  topos_plan *fwd_b = lower(net, &y, 1, &spy, 1, TOPOS_POSTURE_FORWARD,
+                            TOPOS_NUMERICS_EXACT, "lower blocked");
+  topos_plan *tr = lower(net, &loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING,
+                         TOPOS_NUMERICS_EXACT, "lower train");
+  topos_plan *tr_b = lower(net, &loss, 1, &spy, 1, TOPOS_POSTURE_TRAINING,
+                           TOPOS_NUMERICS_EXACT, "lower train blocked");
+  if (topos_plan_group_count(fwd) != 1 || topos_plan_group_count(tr) != 1 ||
+      topos_plan_group_count(fwd_b) != 0 || topos_plan_group_count(tr_b) != 0)
+    die("attention: the chain did not fuse, or blocking did not block", NULL);
+  const topos_exec ref = {.backend = "reference", .threads = 1};
+  const topos_exec cpu = {.backend = "cpu", .threads = 1};
+  const topos_exec *ctx[2] = {&ref, &cpu};
+  const topos_plan *fplans[2] = {fwd, fwd_b}, *tplans[2] = {tr, tr_b};
+  enum { WARM = 2, REPS = 15 };
+  /* [context][fused, blocked]: forward, and forward + gradients */
+  double tf[2][2][REPS], tt[2][2][REPS];
+  bool identical = true;
+  topos_run *interp = must(topos_forward(net, NULL, NULL, 0, &ref, &err),
+                           "attention interpreter", &err);
+  const topos_tensor *want = topos_run_of(interp, y, &err);
+  topos_run *tr_ref = must(topos_forward(net, NULL, NULL, 0, &ref, &err),
+                           "attention interpreter", &err);
+  topos_params *gwant = must(topos_gradients(tr_ref, loss, &ref, &err),
+                             "attention interpreter gradients", &err);
+  for (int rep = 0; rep < WARM + REPS; rep++)
+    for (int c = 0; c < 2; c++)
+      for (int f = 0; f < 2; f++) {
+        double t0 = now_s();
+        topos_run *r =
+            must(topos_plan_forward(fplans[f], NULL, NULL, 0, ctx[c], &err),
+                 "attention forward", &err);
+        double t1 = now_s();
+        identical = identical &&
+                    topos_tensor_bitwise_equal(want, topos_run_of(r, y, &err));
+        topos_run_free(r);
+        double t2 = now_s();
+        r = must(topos_plan_forward(tplans[f], NULL, NULL, 0, ctx[c], &err),
+                 "attention training forward", &err);
+        topos_params *g = must(topos_plan_gradients(tplans[f], r, ctx[c], &err),
+                               "attention gradients", &err);
+        double t3 = now_s();
+        for (int k = 0; k < topos_params_count(g); k++)
+          identical = identical &&
+                      topos_tensor_bitwise_equal(topos_params_get(g, k),
+                                                 topos_params_get(gwant, k));
+        topos_params_free(g);
+        topos_run_free(r);
+        if (rep >= WARM) {
+          tf[c][f][rep - WARM] = t1 - t0;
+          tt[c][f][rep - WARM] = t3 - t2;
+        }
+      }
+  double mf[2][2], mt[2][2];
+  for (int c = 0; c < 2; c++)
+    for (int f = 0; f < 2; f++) {
+      mf[c][f] = median(tf[c][f], REPS) * 1e3;
+      mt[c][f] = median(tt[c][f], REPS) * 1e3;
+    }
+  rowf(wl, "forward, reference, fusion blocked", mf[0][1], 3, "ms");
+  rowf(wl, "forward, reference, fused", mf[0][0], 3, "ms");
+  rowf(wl, "forward, cpu, fusion blocked", mf[1][1], 3, "ms");
+  rowf(wl, "forward, cpu, fused (one attention task)", mf[1][0], 3, "ms");
+  rowf(wl, "blocked / fused forward time, cpu", mf[1][1] / mf[1][0], 2, "x");
+  rowf(wl, "training step (forward + gradients), cpu, blocked", mt[1][1], 3,
+       "ms");
+  rowf(wl, "training step (forward + gradients), cpu, fused", mt[1][0], 3,
+       "ms");
+  rowf(wl, "blocked / fused training step time, cpu", mt[1][1] / mt[1][0], 2,
+       "x");
+  rowf(wl, "blocked / fused training step time, reference", mt[0][1] / mt[0][0],
+       2, "x");
+  rowi(wl, "peak bytes, forward plan, fused",
+       (long long)topos_plan_peak_bytes(fwd), "bytes");
+  rowi(wl, "peak bytes, forward plan, fusion blocked",
+       (long long)topos_plan_peak_bytes(fwd_b), "bytes");
+  row(wl, "y and gradients bit-identical (all paths, interpreter)",
+      identical ? "yes" : "no", "");
+  topos_params_free(gwant);
+  topos_run_free(tr_ref);
+  topos_run_free(interp);
+  topos_plan_free(fwd);
+  topos_plan_free(fwd_b);
+  topos_plan_free(tr);
+  topos_plan_free(tr_b);
+  topos_network_release(net);
+  if (!identical) {
+    fprintf(stderr, "bench/compiler: attention: fused and unfused differ\n");
+    exit(1);
+  }
+}
+
 /* ---------------------------------------------------------- 10k-node spec */
 
 enum { SPEC_NODES = 10000, SPEC_R = 16, SPEC_C = 32 };
@@ -503,5 +649,6 @@ int main(void) {
   bench_makemore();
   bench_cnn();
   bench_spec();
+  bench_attention(); /* last: it registers the cpu backend */
   return 0;
 }

@@ -265,6 +265,8 @@ const char *topos_task_ops(int kind) {
     case TOPOS_TASK_MAP:
       return "neg, exp, log, sqrt, tanh, pow, relu, add, sub, mul, div, "
              "maximum, step";
+    case TOPOS_TASK_ATTENTION:
+      return "fused attention (matmul, mul, add, log_softmax, exp, matmul)";
   }
   return "?";
 }
@@ -280,7 +282,8 @@ int topos_backends_list(topos_backend_info *out, int max) {
       snprintf(b->name, sizeof b->name, "reference");
       snprintf(b->fidelity, sizeof b->fidelity, "exact");
       b->tasks = (1u << TOPOS_TASK_GEMM) | (1u << TOPOS_TASK_WINDOW) |
-                 (1u << TOPOS_TASK_REDUCE) | (1u << TOPOS_TASK_MAP);
+                 (1u << TOPOS_TASK_REDUCE) | (1u << TOPOS_TASK_MAP) |
+                 (1u << TOPOS_TASK_ATTENTION);
       b->dtypes = (1u << TOPOS_F32) | (1u << TOPOS_F64) | (1u << TOPOS_BF16) |
                   (1u << TOPOS_I32);
       snprintf(b->device, sizeof b->device,

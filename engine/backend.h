@@ -3,14 +3,15 @@
  *
  * Backends never see graph structure.  The engine's dispatch (exec.c)
  * offers them *tasks* (a GEMM with strides, an elementwise map, a
- * reduction, a windowed product) down the chain a run's context resolves
- * to (topos.h, topos_exec): an `exact` run is offered only to backends of
- * exact fidelity, which promise the reference's bits (numerics.md); a
- * `fast` run also to `envelope` backends, which promise the declared
- * error envelope.  Whatever every backend declines runs on the reference
- * kernels (kernels.c), which know nothing of backends.  A backend is a
- * small struct of function pointers, like ggml-backend's; registering one
- * never changes a result under `exact`.
+ * reduction, a windowed product, an attention chain) down the chain a
+ * run's context resolves to (topos.h, topos_exec): an `exact` run is
+ * offered only to backends of exact fidelity, which promise the
+ * reference's bits (numerics.md); a `fast` run also to `envelope`
+ * backends, which promise the declared error envelope.  Whatever every
+ * backend declines runs on the reference kernels (kernels.c), which know
+ * nothing of backends.  A backend is a small struct of function pointers,
+ * like ggml-backend's; registering one never changes a result under
+ * `exact`.
  */
 #ifndef TOPOS_BACKEND_H
 #define TOPOS_BACKEND_H
@@ -28,9 +29,11 @@ typedef enum topos_fidelity {
 
 typedef enum topos_task_kind {
   TOPOS_TASK_GEMM = 0,
-  TOPOS_TASK_WINDOW, /* topos_window_task: the fused convolution */
-  TOPOS_TASK_REDUCE, /* topos_reduce_task: sums in the striped-16 order */
-  TOPOS_TASK_MAP,    /* topos_map_task: an elementwise map */
+  TOPOS_TASK_WINDOW,    /* topos_window_task: the fused convolution */
+  TOPOS_TASK_REDUCE,    /* topos_reduce_task: sums in the striped-16 order */
+  TOPOS_TASK_MAP,       /* topos_map_task: an elementwise map */
+  TOPOS_TASK_ATTENTION, /* topos_attention_task: the fused attention chain */
+  TOPOS_TASK_COUNT
 } topos_task_kind;
 
 /*
@@ -117,6 +120,46 @@ typedef struct topos_map_task {
   void *y;
 } topos_map_task;
 
+/*
+ * The attention chain of plans (plan.c): for each matrix b < batch and
+ * query row i < t, with j < s over keys and c over head features,
+ *
+ *   raw[j]    = the fma chain over c < dh of q[b,i,c]·k[b,c,j], from +0.0
+ *   scaled[j] = raw[j] * scale[b,i,j]          (scale NULL: raw)
+ *   masked[j] = scaled[j] + mask[b,i,j]         (mask NULL: scaled)
+ *   logp[j]   = log_softmax of the row masked[0..s): shift = the row's
+ *               maximum (its first NaN if any; 0 when infinite), sum =
+ *               the striped-16 sum of exp(masked[j] - shift), logp[j] =
+ *               (masked[j] - shift) - log(sum)
+ *   probs[j]  = exp(logp[j])
+ *   out[b,i,c] = the fma chain over j < s of probs[j]·v[b,j,c], from +0.0
+ *
+ * each step the reference kernel's arithmetic (numerics.md: libm once per
+ * exp and log).  Operands are addressed by element strides (batch, row,
+ * column); k is the transposed keys [batch, dh, s], v is [batch, s, dv],
+ * scale and mask [batch, t, s] (stride 0 repeats: a broadcast).  out is
+ * [batch, t, dv] row-major, written, never read.  The five row arrays are
+ * optional outputs [batch, t, s] row-major, written when not NULL: the
+ * values a training plan keeps for backward (or a caller observes).
+ * dtype is f32 or f64; every extent is >= 1.
+ */
+typedef struct topos_attention_task {
+  topos_dtype dtype;
+  int64_t batch, t, s, dh, dv;
+  const void *q;
+  int64_t q_batch, q_row, q_col;
+  const void *k;
+  int64_t k_batch, k_row, k_col;
+  const void *v;
+  int64_t v_batch, v_row, v_col;
+  const void *scale; /* NULL: no scaling step */
+  int64_t scale_batch, scale_row, scale_col;
+  const void *mask; /* NULL: no mask step */
+  int64_t mask_batch, mask_row, mask_col;
+  void *out;
+  void *raw, *scaled, *masked, *logp, *probs; /* each NULL or written */
+} topos_attention_task;
+
 typedef struct topos_task {
   topos_task_kind kind;
   int threads; /* the most threads the task may use (>= 1) */
@@ -125,6 +168,7 @@ typedef struct topos_task {
     topos_window_task window;
     topos_reduce_task reduce;
     topos_map_task map;
+    topos_attention_task attention;
   } u;
 } topos_task;
 

@@ -5,24 +5,26 @@
  * backends.  Between them and the interpreter sits this file: for the ops
  * a backend task can express (matmul as a GEMM, the elementwise ops as a
  * map, sum and sum_along as a striped reduction, a fused convolution as a
- * windowed product) it builds the task over the operands' memory and
- * offers it down the run's resolved chain (backend.c); when no backend
- * takes it, or the chain is empty (the `reference` backend), op_eval or
- * group_eval runs.  Everything else goes straight to the reference.
+ * windowed product, a fused attention chain as an attention task) it
+ * builds the task over the operands' memory and offers it down the run's
+ * resolved chain (backend.c); when no backend takes it, or the chain is
+ * empty (the `reference` backend), op_eval or group_eval runs.
+ * Everything else goes straight to the reference.
  *
  * Each task's contract (backend.h) is the reference kernel's arithmetic,
  * so an exact backend that takes a task returns the reference's bits.
  *
  * A large task is offered in blocks - a GEMM by rows (and matrices of a
  * batch), a map by elements, a reduction by whole rows, a convolution by
- * images - of about TASK_BLOCK multiply-adds or elements, and the run's
- * cancel and deadline are asked between blocks, so a cancelled run stops
- * within one block even inside one huge node.  Every output of a task
- * depends only on its own chain, so a block gives the bits the whole task
- * would; each block counts as one task in the reports.  The first block's
- * answer decides: declined, the whole node goes to the reference kernel
- * (which stops between blocks too); a later block a backend declines is
- * computed by the reference loop on the same arrays.
+ * images, attention by query rows - of about TASK_BLOCK multiply-adds or
+ * elements, and the run's cancel and deadline are asked between blocks,
+ * so a cancelled run stops within one block even inside one huge node.
+ * Every output of a task depends only on its own chain, so a block gives
+ * the bits the whole task would; each block counts as one task in the
+ * reports.  The first block's answer decides: declined, the whole node
+ * goes to the reference kernel (which stops between blocks too); a later
+ * block a backend declines is computed by the reference loop on the same
+ * arrays.
  */
 #include <string.h>
 
@@ -315,15 +317,88 @@ topos_tensor *exec_eval(const exec_env *env, op_code op, const node_attrs *at,
   return op_eval_in(env, op, at, nin, in, out, err);
 }
 
+/* An attention group: its task over the inputs in place, offered in
+ * blocks of whole query rows. */
+static topos_tensor *offer_attention(const exec_env *env, const plan_group *g,
+                                     const tensor_meta *out,
+                                     const topos_tensor *const *ins,
+                                     topos_tensor **exports, topos_error *err) {
+  topos_task task = {.kind = TOPOS_TASK_ATTENTION};
+  topos_tensor *y =
+      attention_begin(g, out, ins, exports, &task.u.attention, err);
+  if (!y) return NULL;
+  const topos_attention_task *t = &task.u.attention;
+  int64_t rows = t->batch * t->t;
+  int64_t per = mul_sat(t->s, t->dh + t->dv);
+  int64_t step = rows;
+  if (mul_sat(rows, per) > TASK_BLOCK) {
+    step = per > 0 ? TASK_BLOCK / per : rows;
+    if (step < 1) step = 1;
+  }
+  size_t es = compute_size(out->dtype);
+  int rc = 0;
+  for (int64_t r = 0; r < rows;) {
+    if (r > 0 && kernel_stop(env, err)) {
+      rc = -1;
+      break;
+    }
+    /* A block is whole matrices when it starts on one and the step covers
+     * one, else rows of a single matrix. */
+    int64_t b0 = r / t->t, i0 = r % t->t, nr;
+    topos_task blk = task;
+    topos_attention_task *u = &blk.u.attention;
+    if (i0 == 0 && step >= t->t) {
+      u->batch = step / t->t < t->batch - b0 ? step / t->t : t->batch - b0;
+      nr = u->batch * t->t;
+    } else {
+      nr = step < t->t - i0 ? step : t->t - i0;
+      u->batch = 1;
+      u->t = nr;
+    }
+    u->q = (const char *)t->q + (b0 * t->q_batch + i0 * t->q_row) * (int64_t)es;
+    u->k = (const char *)t->k + b0 * t->k_batch * (int64_t)es;
+    u->v = (const char *)t->v + b0 * t->v_batch * (int64_t)es;
+    if (t->scale)
+      u->scale = (const char *)t->scale +
+                 (b0 * t->scale_batch + i0 * t->scale_row) * (int64_t)es;
+    if (t->mask)
+      u->mask = (const char *)t->mask +
+                (b0 * t->mask_batch + i0 * t->mask_row) * (int64_t)es;
+    u->out = (char *)t->out + r * t->dv * (int64_t)es;
+    void **row_out[5] = {&u->raw, &u->scaled, &u->masked, &u->logp, &u->probs};
+    for (int j = 0; j < 5; j++)
+      if (*row_out[j])
+        *row_out[j] = (char *)*row_out[j] + r * t->s * (int64_t)es;
+    if (exec_offer(env, &blk) != 0) {
+      if (r == 0) { /* declined: the reference computes the whole group */
+        rc = 1;
+        break;
+      }
+      /* A later block declined: the reference rows on the same arrays. */
+      if (kernel_attention(t, r, r + nr, err)) {
+        rc = -1;
+        break;
+      }
+    }
+    r += nr;
+  }
+  if (rc == 0) return y;
+  attention_abort(g, y, exports);
+  return rc > 0 ? group_eval_in(env, g, out, ins, exports, err) : NULL;
+}
+
 topos_tensor *exec_group(const exec_env *env, const plan_group *g,
-                         const tensor_meta *out, const topos_tensor *x,
-                         const topos_tensor *weight, topos_error *err) {
-  if (g->kind != GROUP_CONV || !is_real(out->dtype))
-    return group_eval_in(env, g, out, x, weight, err);
+                         const tensor_meta *out, const topos_tensor *const *ins,
+                         topos_tensor **exports, topos_error *err) {
+  if (!is_real(out->dtype) || g->kind == GROUP_POOL)
+    return group_eval_in(env, g, out, ins, exports, err);
   if (env->nchain == 0) {
     exec_reference_ran(env);
-    return group_eval_in(env, g, out, x, weight, err);
+    return group_eval_in(env, g, out, ins, exports, err);
   }
+  if (g->kind == GROUP_ATTENTION)
+    return offer_attention(env, g, out, ins, exports, err);
+  const topos_tensor *x = ins[0], *weight = ins[1];
   compute_view xv;
   if (compute_view_of(x, &xv, err)) return NULL;
   topos_tensor *y = tensor_new_meta(out, err);
@@ -396,5 +471,5 @@ topos_tensor *exec_group(const exec_env *env, const plan_group *g,
   compute_view_done(&xv);
   if (rc == 0) return y;
   topos_tensor_release(y);
-  return rc > 0 ? group_eval_in(env, g, out, x, weight, err) : NULL;
+  return rc > 0 ? group_eval_in(env, g, out, ins, exports, err) : NULL;
 }

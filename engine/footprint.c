@@ -57,10 +57,11 @@ size_t topos_plan_memory_bytes(const topos_plan *plan) {
   size_t bytes = malloc_block(sizeof *plan);
   bytes += malloc_block(sizeof(int32_t) * (size_t)(plan->nroots + 1));
   bytes += malloc_block(sizeof(int32_t) * (size_t)(plan->nobserves + 1));
-  /* live, keep, retain; group_of, schedule, last_use; the groups */
+  /* live, keep, retain; group_of, schedule, last_use; the groups (as
+   * many as were found) */
   bytes += 3 * malloc_block(sizeof(bool) * n);
   bytes += 3 * malloc_block(sizeof(int32_t) * n);
-  bytes += malloc_block(sizeof(plan_group) * n);
+  bytes += malloc_block(sizeof(plan_group) * (size_t)plan->ngroups);
   /* free_start, free_after */
   bytes += 2 * malloc_block(sizeof(int32_t) * s);
   return bytes;

@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 
+#include "backend.h"
 #include "topos.h"
 
 /* ------------------------------------------------------------ error helpers */
@@ -329,31 +330,49 @@ struct topos_run {
 /* ------------------------------------------------------------------ plans */
 
 typedef enum group_kind {
-  GROUP_CONV = 1, /* pad? -> pad? -> unfold -> unfold -> permute -> reshape
-                     -> matmul: a direct windowed product */
-  GROUP_POOL = 2  /* unfold -> unfold -> permute -> reshape -> max_along:
-                     a window walk */
+  GROUP_CONV = 1,     /* pad? -> pad? -> unfold -> unfold -> permute ->
+                         reshape -> matmul: a direct windowed product */
+  GROUP_POOL = 2,     /* unfold -> unfold -> permute -> reshape -> max_along:
+                         a window walk */
+  GROUP_ATTENTION = 3 /* matmul(q, kᵀ) -> mul? -> add? -> log_softmax(last)
+                         -> exp -> matmul(·, v): one pass per query row */
 } group_kind;
 
+#define GROUP_MAX_INS 5
+#define GROUP_MAX_MEMBERS 8
+
 /*
- * A fused group computes its head node straight from the chain's input x
- * (and, for a convolution, the matmul's weight operand) without
- * materialising the interior nodes.  Geometry is that of a 2-D window
- * over axes 2 and 3 of x[N,C,H,W]:  output position (oi, oj) reads
- * x[n, c, oi·stride_h + a·dil_h − pad_top, oj·stride_w + b·dil_w −
- * pad_left] for a < kh, b < kw (zero outside x).
+ * A fused group computes its head node straight from its inputs without
+ * materialising the interior nodes (its members).  The window groups'
+ * geometry is that of a 2-D window over axes 2 and 3 of x[N,C,H,W]:
+ * output position (oi, oj) reads x[n, c, oi·stride_h + a·dil_h −
+ * pad_top, oj·stride_w + b·dil_w − pad_left] for a < kh, b < kw (zero
+ * outside x).  An attention group's are the extents of its matmuls.
+ *
+ * A member is normally never evaluated.  An attention member the run
+ * keeps (backward reads it, or it is observed) is *exported*: the fused
+ * kernel writes its value too, at the head's step.
  */
 typedef struct plan_group {
   group_kind kind;
   int32_t head;   /* the node the group computes (matmul / max_along) */
-  int32_t x;      /* the chain's input, rank 4 */
+  int32_t x;      /* the window chain's input, rank 4; attention: q */
   int32_t weight; /* GROUP_CONV: the matmul's [C·kh·kw, O] operand; else -1 */
-  int32_t members[8]; /* interior nodes, chain order (never evaluated) */
+  /* What the head's step reads: conv x, weight; pool x; attention q, kᵀ,
+   * v, then the scale and mask operands when those steps are present. */
+  int32_t ins[GROUP_MAX_INS];
+  int nins;
+  int32_t members[GROUP_MAX_MEMBERS]; /* interior nodes, chain order */
+  bool exported[GROUP_MAX_MEMBERS];   /* per member: the kernel writes it */
   int nmembers;
   int64_t N, C, H, W, kh, kw, oh, ow;
   int64_t nout; /* GROUP_CONV: O, the weight's columns */
   int64_t stride_h, stride_w, dil_h, dil_w;
   int64_t pad_top, pad_bottom, pad_left, pad_right;
+  /* GROUP_ATTENTION: [batch,] t x dh queries, s keys, dv value features;
+   * the member of each row step (-1 when the chain has no such step). */
+  int64_t batch, t, s, dh, dv;
+  int32_t raw, scaled, masked, logp, probs;
 } plan_group;
 
 struct topos_plan {
@@ -426,26 +445,43 @@ static inline size_t malloc_block(size_t n) {
 #define TENSOR_STRUCT_BYTES malloc_block(sizeof(topos_tensor))
 #define BUFFER_STRUCT_BYTES malloc_block(sizeof(tensor_buffer))
 
-/* Runs one fused group on the reference kernels: the head's value from x
- * (and the weight). */
+/* Runs one fused group on the reference kernels: the head's value from
+ * its inputs ins[0..g->nins), and for an attention group each exported
+ * member's value into exports[k] (k indexing g->members; the others are
+ * left NULL).  On failure nothing is returned and exports stays NULL. */
 topos_tensor *group_eval(const plan_group *g, const tensor_meta *out,
-                         const topos_tensor *x, const topos_tensor *weight,
+                         const topos_tensor *const *ins, topos_tensor **exports,
                          topos_error *err);
 /* The same under a run's context: a convolution asks env between blocks
- * of output rows, a max-pool between images. */
+ * of output rows, a max-pool between images, attention between rows. */
 topos_tensor *group_eval_in(const exec_env *env, const plan_group *g,
-                            const tensor_meta *out, const topos_tensor *x,
-                            const topos_tensor *weight, topos_error *err);
+                            const tensor_meta *out,
+                            const topos_tensor *const *ins,
+                            topos_tensor **exports, topos_error *err);
 /* The reference window walk of a group over x (contiguous compute
  * array) and w (by strides) into y, in blocks (0, or -1 with err when env
  * said stop). */
 int kernel_window(const exec_env *env, const plan_group *g, topos_dtype dtype,
                   const void *x, const void *w, int64_t ws0, int64_t ws1,
                   void *y, topos_error *err);
-/* op_scratch_bytes for a fused group (x_contig: x is contiguous). */
-size_t group_scratch_bytes(const plan_group *g, const tensor_meta *x,
-                           bool x_contig, const tensor_meta *weight,
-                           const tensor_meta *out);
+/* The reference attention chain over rows [r0, r1) of the task's
+ * batch·t query rows (backend.h's contract, on the reference kernels). */
+int kernel_attention(const topos_attention_task *t, int64_t r0, int64_t r1,
+                     topos_error *err);
+/* An attention group's run begins: its head's tensor (returned), the
+ * exported members' (exports as group_eval's) and the task over them and
+ * the inputs.  NULL with err when memory runs out (nothing allocated). */
+topos_tensor *attention_begin(const plan_group *g, const tensor_meta *out,
+                              const topos_tensor *const *ins,
+                              topos_tensor **exports, topos_attention_task *t,
+                              topos_error *err);
+/* Releases what attention_begin made (y and the exports, set to NULL). */
+void attention_abort(const plan_group *g, topos_tensor *y,
+                     topos_tensor **exports);
+/* op_scratch_bytes for a fused group: its inputs' metas and contiguity
+ * (ins[k], contig[k] for k < g->nins) and the head's. */
+size_t group_scratch_bytes(const plan_group *g, const tensor_meta *ins,
+                           const bool *contig, const tensor_meta *out);
 
 /* ------------------------------------------------------------ the builder */
 
@@ -540,9 +576,10 @@ void exec_reference_ran(const exec_env *env);
 topos_tensor *exec_eval(const exec_env *env, op_code op, const node_attrs *at,
                         int nin, topos_tensor *const *in,
                         const tensor_meta *out, topos_error *err);
+/* A fused group's head (and exported members, as group_eval's). */
 topos_tensor *exec_group(const exec_env *env, const plan_group *g,
-                         const tensor_meta *out, const topos_tensor *x,
-                         const topos_tensor *weight, topos_error *err);
+                         const tensor_meta *out, const topos_tensor *const *ins,
+                         topos_tensor **exports, topos_error *err);
 
 /* The process default of threads per task: the setter's value when > 0,
  * else TOPOS_THREADS (read once), else the online cores.

@@ -666,9 +666,9 @@ topos_tensor *op_eval_in(const exec_env *env, op_code op, const node_attrs *at,
 }
 
 topos_tensor *group_eval(const plan_group *g, const tensor_meta *out,
-                         const topos_tensor *x, const topos_tensor *weight,
+                         const topos_tensor *const *ins, topos_tensor **exports,
                          topos_error *err) {
-  return group_eval_in(NULL, g, out, x, weight, err);
+  return group_eval_in(NULL, g, out, ins, exports, err);
 }
 
 /* The window walks over blocks: a convolution by output rows (n, oi) -
@@ -710,14 +710,121 @@ int kernel_window(const exec_env *env, const plan_group *g, topos_dtype dtype,
   return 0;
 }
 
+/* (batch, row, col) element strides of an operand of rank 2 or 3. */
+static void strides3_of(const topos_tensor *t, int64_t s[3]) {
+  s[0] = s[1] = s[2] = 0;
+  for (int i = 0; i < t->rank; i++) s[3 - t->rank + i] = t->stride[i];
+}
+
+static void attention_task_of(const plan_group *g,
+                              const topos_tensor *const *ins, topos_tensor *out,
+                              topos_tensor *const *exports,
+                              topos_attention_task *t) {
+  memset(t, 0, sizeof *t);
+  t->dtype = out->dtype;
+  t->batch = g->batch;
+  t->t = g->t;
+  t->s = g->s;
+  t->dh = g->dh;
+  t->dv = g->dv;
+  int64_t st[3];
+  const void **data[5] = {&t->q, &t->k, &t->v, &t->scale, &t->mask};
+  int64_t *strides[5] = {&t->q_batch, &t->k_batch, &t->v_batch, &t->scale_batch,
+                         &t->mask_batch};
+  int k = 0;
+  for (int slot = 0; slot < 5; slot++) {
+    if (slot == 3 && g->scaled < 0) continue;
+    if (slot == 4 && g->masked < 0) continue;
+    strides3_of(ins[k], st);
+    *data[slot] = tensor_data(ins[k]);
+    memcpy(strides[slot], st, sizeof st); /* batch, row, col in order */
+    k++;
+  }
+  t->out = tensor_data(out);
+  void **rows[5] = {&t->raw, &t->scaled, &t->masked, &t->logp, &t->probs};
+  const int32_t step[5] = {g->raw, g->scaled, g->masked, g->logp, g->probs};
+  for (int m = 0; m < g->nmembers; m++) {
+    if (!exports[m]) continue;
+    for (int j = 0; j < 5; j++)
+      if (step[j] == g->members[m]) *rows[j] = tensor_data(exports[m]);
+  }
+}
+
+topos_tensor *attention_begin(const plan_group *g, const tensor_meta *out,
+                              const topos_tensor *const *ins,
+                              topos_tensor **exports, topos_attention_task *t,
+                              topos_error *err) {
+  for (int k = 0; k < g->nmembers; k++) exports[k] = NULL;
+  topos_tensor *y = tensor_new_meta(out, err);
+  if (!y) return NULL;
+  tensor_meta m = *out; /* each written row array: [..., t, s] */
+  m.shape[m.rank - 1] = g->s;
+  for (int k = 0; k < g->nmembers; k++) {
+    if (!g->exported[k]) continue;
+    exports[k] = tensor_new_meta(&m, err);
+    if (!exports[k]) {
+      attention_abort(g, y, exports);
+      return NULL;
+    }
+  }
+  attention_task_of(g, ins, y, exports, t);
+  return y;
+}
+
+void attention_abort(const plan_group *g, topos_tensor *y,
+                     topos_tensor **exports) {
+  for (int k = 0; k < g->nmembers; k++) {
+    topos_tensor_release(exports[k]);
+    exports[k] = NULL;
+  }
+  topos_tensor_release(y);
+}
+
+int kernel_attention(const topos_attention_task *t, int64_t r0, int64_t r1,
+                     topos_error *err) {
+  scratch row = {0}, tmp = {0};
+  size_t es = compute_size(t->dtype);
+  if (!scratch_get(&row, t->s, es, err) || !scratch_get(&tmp, t->s, es, err)) {
+    scratch_done(&row);
+    return -1;
+  }
+  DISPATCH(t->dtype, attention_rows, t, r0, r1, row.p, tmp.p);
+  scratch_done(&tmp);
+  scratch_done(&row);
+  return 0;
+}
+
+static topos_tensor *attention_eval(const exec_env *env, const plan_group *g,
+                                    const tensor_meta *out,
+                                    const topos_tensor *const *ins,
+                                    topos_tensor **exports, topos_error *err) {
+  topos_attention_task t;
+  topos_tensor *y = attention_begin(g, out, ins, exports, &t, err);
+  if (!y) return NULL;
+  /* Rows per block: about STOP_MACS multiply-adds of the two products. */
+  int64_t rows = t.batch * t.t;
+  int64_t step = block_of(mul_sat(t.s, t.dh + t.dv), STOP_MACS);
+  for (int64_t r = 0; r < rows; r += step) {
+    if ((r > 0 && kernel_stop(env, err)) ||
+        kernel_attention(&t, r, rows - r < step ? rows : r + step, err)) {
+      attention_abort(g, y, exports);
+      return NULL;
+    }
+  }
+  return y;
+}
+
 topos_tensor *group_eval_in(const exec_env *env, const plan_group *g,
-                            const tensor_meta *out, const topos_tensor *x,
-                            const topos_tensor *weight, topos_error *err) {
+                            const tensor_meta *out,
+                            const topos_tensor *const *ins,
+                            topos_tensor **exports, topos_error *err) {
+  if (g->kind == GROUP_ATTENTION)
+    return attention_eval(env, g, out, ins, exports, err);
   compute_view xv;
   mm_operand W = {0};
   out_buf ob;
-  if (compute_view_of(x, &xv, err)) return NULL;
-  if (g->kind == GROUP_CONV && mm_operand_of(weight, &W, err)) goto fail_x;
+  if (compute_view_of(ins[0], &xv, err)) return NULL;
+  if (g->kind == GROUP_CONV && mm_operand_of(ins[1], &W, err)) goto fail_x;
   if (out_begin(&ob, out, err)) goto fail_w;
   int rc = kernel_window(env, g, out->dtype, xv.data, W.data, W.s[1], W.s[2],
                          ob.data, err);
@@ -820,11 +927,12 @@ size_t op_scratch_bytes(op_code op, const node_attrs *at, int nin,
   }
 }
 
-size_t group_scratch_bytes(const plan_group *g, const tensor_meta *x,
-                           bool x_contig, const tensor_meta *weight,
-                           const tensor_meta *out) {
-  size_t s = size_add(view_bytes(x, x_contig), out_scratch_bytes(out));
-  if (g->kind == GROUP_CONV && weight && weight->dtype == TOPOS_BF16)
-    s = size_add(s, view_bytes(weight, false));
+size_t group_scratch_bytes(const plan_group *g, const tensor_meta *ins,
+                           const bool *contig, const tensor_meta *out) {
+  if (g->kind == GROUP_ATTENTION) /* a row of scores and one of exps */
+    return size_mul(pool_bytes_of(g->s, compute_size(out->dtype)), 2);
+  size_t s = size_add(view_bytes(&ins[0], contig[0]), out_scratch_bytes(out));
+  if (g->kind == GROUP_CONV && ins[1].dtype == TOPOS_BF16)
+    s = size_add(s, view_bytes(&ins[1], false));
   return s;
 }

@@ -384,3 +384,45 @@ static void K(pool_window)(const plan_group *g, const void *xv, void *outv) {
           *out++ = m;
         }
 }
+
+/* The fused attention chain (plan.c's GROUP_ATTENTION, backend.h's
+ * topos_attention_task) over query rows [r0, r1) of batch·t: each row
+ * runs the very kernels the unfused nodes run, in their order - matmul
+ * for one row of scores, binary_block for the scale and the mask,
+ * lse_rows for the row's log_softmax, unary exp, matmul for one row of
+ * the output - so the bits are the chain's by construction.  row and tmp
+ * hold s values each. */
+static void K(attention_rows)(const topos_attention_task *t, int64_t r0,
+                              int64_t r1, R *row, R *tmp) {
+  const R *q = t->q, *k = t->k, *v = t->v, *sc = t->scale, *mk = t->mask;
+  R *out = t->out;
+  R *const rows[5] = {t->raw, t->scaled, t->masked, t->logp, t->probs};
+  int64_t S = t->s;
+  size_t bytes = sizeof(R) * (size_t)S;
+  for (int64_t r = r0; r < r1; r++) {
+    int64_t b = r / t->t, i = r % t->t;
+    K(matmul)
+    (q + b * t->q_batch + i * t->q_row, 0, t->q_col, k + b * t->k_batch,
+     t->k_row, t->k_col, row, 1, t->dh, S);
+    if (rows[0]) memcpy(rows[0] + r * S, row, bytes);
+    if (sc) {
+      K(binary_block)
+      (OP_MUL, row, 0, 1, sc + b * t->scale_batch + i * t->scale_row, 0,
+       t->scale_col, row, 1, S);
+      if (rows[1]) memcpy(rows[1] + r * S, row, bytes);
+    }
+    if (mk) {
+      K(binary_block)
+      (OP_ADD, row, 0, 1, mk + b * t->mask_batch + i * t->mask_row, 0,
+       t->mask_col, row, 1, S);
+      if (rows[2]) memcpy(rows[2] + r * S, row, bytes);
+    }
+    K(lse_rows)(row, row, 1, S, 1, true, tmp);
+    if (rows[3]) memcpy(rows[3] + r * S, row, bytes);
+    K(unary)(OP_EXP, 0, row, row, S);
+    if (rows[4]) memcpy(rows[4] + r * S, row, bytes);
+    K(matmul)
+    (row, 0, 1, v + b * t->v_batch, t->v_row, t->v_col, out + r * t->dv, 1, S,
+     t->dv);
+  }
+}

@@ -13,10 +13,14 @@
  *  - pattern offers: the conv2d chain (pad -> unfold -> unfold -> permute
  *    -> reshape -> matmul) runs as one direct windowed product and the
  *    max-pool chain (unfold -> unfold -> permute -> reshape -> max_along)
- *    as one window walk, without materialising the interior.  Both are
- *    recognised structurally and both reproduce the unfused bits; an
- *    interior value that is kept, read by backward, or used elsewhere
- *    blocks the fusion.
+ *    as one window walk, without materialising the interior; an interior
+ *    value that is kept, read by backward, or used elsewhere blocks them.
+ *    The attention chain (matmul -> mul? -> add? -> log_softmax -> exp ->
+ *    matmul) runs as one pass per query row, offered to backends as one
+ *    task; an interior value it must keep (backward reads it, or it is
+ *    observed) is written by that pass, and only one used elsewhere
+ *    blocks it.  All are recognised structurally and reproduce the
+ *    unfused bits.
  * Running a plan gives the interpreter's bits: the same kernels, the same
  * adjoint scan, only fewer live buffers.
  */
@@ -139,6 +143,9 @@ static bool match_conv(const topos_plan *p, const int32_t *uses, int32_t head,
   g->head = head;
   g->weight = m->in[1];
   g->nout = m->meta.shape[1];
+  g->ins[0] = g->x;
+  g->ins[1] = g->weight;
+  g->nins = 2;
   return true;
 }
 
@@ -156,27 +163,123 @@ static bool match_pool(const topos_plan *p, const int32_t *uses, int32_t head,
   g->head = head;
   g->weight = -1;
   g->nout = 0;
+  g->ins[0] = g->x;
+  g->nins = 1;
+  return true;
+}
+
+/* An attention link: read by the chain alone.  Unlike a window link it
+ * may be retained (backward reads it, or it is observed): the fused
+ * kernel then writes it too. */
+static bool linkable(const int32_t *uses, int32_t i) {
+  return uses[i] == 1;
+}
+
+/*
+ * matmul(exp(log_softmax(add?(mul?(matmul(q, kᵀ), scale), mask), last)), v)
+ * as topos_attention records it (scores first in the mul and the add),
+ * f32/f64, rank 3 (a batch of matrices) or 2, every extent >= 1.
+ */
+static bool match_attention(const topos_plan *p, const int32_t *uses,
+                            int32_t head, plan_group *g) {
+  const node *nodes = p->net->nodes;
+  const node *m2 = &nodes[head];
+  if (m2->op != OP_MATMUL ||
+      (m2->meta.dtype != TOPOS_F32 && m2->meta.dtype != TOPOS_F64))
+    return false;
+  int32_t ei = m2->in[0];
+  if (nodes[ei].op != OP_EXP || !linkable(uses, ei)) return false;
+  int32_t li = nodes[ei].in[0];
+  const node *ls = &nodes[li];
+  if (ls->op != OP_LOG_SOFTMAX || ls->at.axis != ls->meta.rank - 1 ||
+      !linkable(uses, li))
+    return false;
+  int32_t cur = ls->in[0], add = -1, mul = -1;
+  if (nodes[cur].op == OP_ADD && linkable(uses, cur)) {
+    add = cur;
+    cur = nodes[cur].in[0];
+  }
+  if (nodes[cur].op == OP_MUL && linkable(uses, cur)) {
+    mul = cur;
+    cur = nodes[cur].in[0];
+  }
+  int32_t m1i = cur;
+  const node *m1 = &nodes[m1i];
+  if (m1->op != OP_MATMUL || !linkable(uses, m1i)) return false;
+  int r = m2->meta.rank;
+  const tensor_meta *qm = &nodes[m1->in[0]].meta;
+  if (m1->meta.rank != r || (r != 2 && r != 3) ||
+      m1->meta.dtype != m2->meta.dtype || qm->rank != r)
+    return false;
+  memset(g, 0, sizeof *g);
+  g->kind = GROUP_ATTENTION;
+  g->head = head;
+  g->weight = -1;
+  g->batch = r == 3 ? m1->meta.shape[0] : 1;
+  g->t = m1->meta.shape[r - 2];
+  g->s = m1->meta.shape[r - 1];
+  g->dh = qm->shape[r - 1];
+  g->dv = m2->meta.shape[r - 1];
+  if (g->batch < 1 || g->t < 1 || g->s < 1 || g->dh < 1 || g->dv < 1)
+    return false;
+  g->x = m1->in[0];
+  g->ins[g->nins++] = m1->in[0];
+  g->ins[g->nins++] = m1->in[1];
+  g->ins[g->nins++] = m2->in[1];
+  if (mul >= 0) g->ins[g->nins++] = nodes[mul].in[1];
+  if (add >= 0) g->ins[g->nins++] = nodes[add].in[1];
+  g->raw = m1i;
+  g->scaled = mul;
+  g->masked = add;
+  g->logp = li;
+  g->probs = ei;
+  const int32_t chain[5] = {m1i, mul, add, li, ei};
+  for (int k = 0; k < 5; k++) {
+    if (chain[k] < 0) continue;
+    g->exported[g->nmembers] = p->retain[chain[k]];
+    g->members[g->nmembers++] = chain[k];
+  }
   return true;
 }
 
 static int elect_groups(topos_plan *p, topos_error *err) {
   const topos_network *net = p->net;
   int32_t *uses = count_consumers(net, p->live);
-  p->groups = calloc((size_t)net->n + 1, sizeof(plan_group));
-  if (!uses || !p->groups) {
-    free(uses);
-    return error_set(err, TOPOS_ERR_MEMORY, "lower: out of memory");
-  }
+  if (!uses) return error_set(err, TOPOS_ERR_MEMORY, "lower: out of memory");
+  /* The table grows as groups are found: most plans have none or few. */
+  int cap = 0;
   for (int i = 0; i < net->n; i++) {
     if (!p->live[i]) continue;
     plan_group g = {0};
-    if (!match_conv(p, uses, i, &g) && !match_pool(p, uses, i, &g)) continue;
+    if (!match_conv(p, uses, i, &g) && !match_pool(p, uses, i, &g) &&
+        !match_attention(p, uses, i, &g))
+      continue;
+    /* Chains may overlap in odd graphs: a node belongs to one group. */
+    bool taken = false;
+    for (int k = 0; k < g.nmembers; k++)
+      taken |= p->group_of[g.members[k]] >= 0;
+    if (taken) continue;
+    if (p->ngroups == cap) {
+      int more = cap ? cap * 2 : 4;
+      plan_group *grown = realloc(p->groups, sizeof(plan_group) * (size_t)more);
+      if (!grown) {
+        free(uses);
+        return error_set(err, TOPOS_ERR_MEMORY, "lower: out of memory");
+      }
+      p->groups = grown;
+      cap = more;
+    }
     int gi = p->ngroups++;
     p->groups[gi] = g;
     p->group_of[i] = gi;
     for (int k = 0; k < g.nmembers; k++) p->group_of[g.members[k]] = gi;
   }
   free(uses);
+  if (p->ngroups > 0 && p->ngroups < cap) { /* exactly what it holds */
+    plan_group *fit =
+        realloc(p->groups, sizeof(plan_group) * (size_t)p->ngroups);
+    if (fit) p->groups = fit;
+  }
   return 0;
 }
 
@@ -317,6 +420,15 @@ static int plan_bounds(topos_plan *p, const int32_t *owner, const int32_t *end,
       up[s] = size_add(up[s], bytes);
       down[end[i] + 1] = size_add(down[end[i] + 1], bytes);
     }
+    /* A group's exported members: born with the head, retained. */
+    int g = p->group_of[i];
+    for (int k = 0; g >= 0 && k < p->groups[g].nmembers; k++) {
+      if (!p->groups[g].exported[k]) continue;
+      const tensor_meta *m = &net->nodes[p->groups[g].members[k]].meta;
+      size_t bytes = size_add(buffer_bytes(m), TENSOR_STRUCT_BYTES);
+      up[s] = size_add(up[s], bytes);
+      down[S + 1] = size_add(down[S + 1], bytes);
+    }
   }
   /* live never goes below zero: each `down` matches an earlier `up`. */
   size_t live = 0, peak = 0;
@@ -328,10 +440,13 @@ static int plan_bounds(topos_plan *p, const int32_t *owner, const int32_t *end,
     size_t scratch;
     if (g >= 0) {
       const plan_group *grp = &p->groups[g];
-      scratch = group_scratch_bytes(
-          grp, &net->nodes[grp->x].meta, contig[grp->x],
-          grp->weight >= 0 ? &net->nodes[grp->weight].meta : NULL,
-          &net->nodes[i].meta);
+      tensor_meta ins[GROUP_MAX_INS];
+      bool cin[GROUP_MAX_INS];
+      for (int k = 0; k < grp->nins; k++) {
+        ins[k] = net->nodes[grp->ins[k]].meta;
+        cin[k] = contig[grp->ins[k]];
+      }
+      scratch = group_scratch_bytes(grp, ins, cin, &net->nodes[i].meta);
     } else {
       scratch = node_scratch(net, i, contig);
     }
@@ -443,9 +558,9 @@ static int plan_liveness(topos_plan *p, topos_error *err) {
   for (int s = 0; s < S; s++) {
     int32_t i = p->schedule[s];
     int g = p->group_of[i];
-    if (g >= 0) { /* a group head reads the chain input and the weight */
-      p->last_use[p->groups[g].x] = s;
-      if (p->groups[g].weight >= 0) p->last_use[p->groups[g].weight] = s;
+    if (g >= 0) { /* a group head reads the group's inputs */
+      for (int k = 0; k < p->groups[g].nins; k++)
+        p->last_use[p->groups[g].ins[k]] = s;
     } else {
       for (int j = 0; j < net->nodes[i].nin; j++)
         p->last_use[net->nodes[i].in[j]] = s;
@@ -503,6 +618,16 @@ static int plan_liveness(topos_plan *p, topos_error *err) {
         shape_count(m->rank, m->shape) * (int64_t)topos_dtype_size(m->dtype);
     delta[s] += bytes;
     delta[end[i] + 1] -= bytes;
+    /* A group's exported members: born with the head, retained. */
+    int g = p->group_of[i];
+    for (int k = 0; g >= 0 && k < p->groups[g].nmembers; k++) {
+      if (!p->groups[g].exported[k]) continue;
+      const tensor_meta *mm = &net->nodes[p->groups[g].members[k]].meta;
+      int64_t eb = shape_count(mm->rank, mm->shape) *
+                   (int64_t)topos_dtype_size(mm->dtype);
+      delta[s] += eb;
+      delta[S + 1] -= eb;
+    }
   }
   for (int s = 0; s < S; s++) {
     live_bytes = (size_t)((int64_t)live_bytes + delta[s]);
@@ -783,20 +908,27 @@ topos_run *topos_plan_forward(const topos_plan *plan,
     if (exec_stop(&env, err)) goto fail;
     if (g >= 0) {
       const plan_group *grp = &plan->groups[g];
-      if (!run->vals[grp->x] || (grp->weight >= 0 && !run->vals[grp->weight])) {
-        error_set(err, TOPOS_ERR_STATE,
-                  "fused group %d (node %d): an input has no value", g, i);
-        goto fail;
+      const topos_tensor *ins[GROUP_MAX_INS];
+      topos_tensor *exports[GROUP_MAX_MEMBERS] = {0};
+      for (int k = 0; k < grp->nins; k++) {
+        ins[k] = run->vals[grp->ins[k]];
+        if (!ins[k]) {
+          error_set(err, TOPOS_ERR_STATE,
+                    "fused group %d (node %d): input %%%d has no value", g, i,
+                    grp->ins[k]);
+          goto fail;
+        }
       }
       topos_error e = {0};
       run->vals[i] =
-          exec_group(&env, grp, &net->nodes[i].meta, run->vals[grp->x],
-                     grp->weight >= 0 ? run->vals[grp->weight] : NULL, &e);
+          exec_group(&env, grp, &net->nodes[i].meta, ins, exports, &e);
       if (!run->vals[i]) {
         error_set(err, e.code, "%s (node %d, fused): %s",
                   op_table[net->nodes[i].op].name, i, e.message);
         goto fail;
       }
+      for (int k = 0; k < grp->nmembers; k++)
+        if (exports[k]) run->vals[grp->members[k]] = exports[k];
     } else if (run_eval_node(&env, run, i, params, fed, err)) {
       goto fail;
     }
@@ -856,6 +988,18 @@ topos_params *topos_plan_gradients(const topos_plan *plan, const topos_run *run,
 
 /* ---------------------------------------------------------------- describe */
 
+static const char *group_name(group_kind kind) {
+  switch (kind) {
+    case GROUP_CONV:
+      return "fused-conv";
+    case GROUP_POOL:
+      return "fused-pool";
+    case GROUP_ATTENTION:
+      return "fused-attention";
+  }
+  return "fused";
+}
+
 char *topos_plan_describe(const topos_plan *plan, topos_error *err) {
   if (!plan) {
     error_set(err, TOPOS_ERR_ARGUMENT, "plan describe: plan is NULL");
@@ -889,9 +1033,7 @@ char *topos_plan_describe(const topos_plan *plan, topos_error *err) {
                    : plan->last_use[i] >= 0 ? plan->last_use[i]
                                             : s;
     text_add(&t, "  %4d: %%%-4d %-16s %-20s live %d..%d", s, i,
-             g >= 0 ? (plan->groups[g].kind == GROUP_CONV ? "fused-conv"
-                                                          : "fused-pool")
-                    : op_table[n->op].name,
+             g >= 0 ? group_name(plan->groups[g].kind) : op_table[n->op].name,
              meta_text(mt, &n->meta), s, last);
     if (plan->keep[i])
       text_add(&t, " keep");
@@ -907,6 +1049,25 @@ char *topos_plan_describe(const topos_plan *plan, topos_error *err) {
   }
   for (int g = 0; g < plan->ngroups; g++) {
     const plan_group *grp = &plan->groups[g];
+    if (grp->kind == GROUP_ATTENTION) {
+      text_add(&t,
+               "group %d: attention (one pass per query row) head %%%d q %%%d "
+               "k %%%d v %%%d",
+               g, grp->head, grp->ins[0], grp->ins[1], grp->ins[2]);
+      int k = 3;
+      if (grp->scaled >= 0) text_add(&t, " scale %%%d", grp->ins[k++]);
+      if (grp->masked >= 0) text_add(&t, " mask %%%d", grp->ins[k++]);
+      text_add(&t, " members");
+      for (int m = 0; m < grp->nmembers; m++)
+        text_add(&t, " %%%d%s", grp->members[m],
+                 grp->exported[m] ? " (written)" : "");
+      text_add(&t,
+               "; %lld x %lld queries, %lld keys, %lld head features, "
+               "%lld value features\n",
+               (long long)grp->batch, (long long)grp->t, (long long)grp->s,
+               (long long)grp->dh, (long long)grp->dv);
+      continue;
+    }
     text_add(&t, "group %d: %s head %%%d x %%%d", g,
              grp->kind == GROUP_CONV ? "conv (direct windowed product)"
                                      : "max-pool (window walk)",

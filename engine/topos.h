@@ -446,8 +446,8 @@ int64_t topos_now_ns(void);
 
 /* A backend as the registry describes it.  `tasks` has bit 1 << k for each
  * topos_task_kind it may take (backend.h: GEMM 0, WINDOW 1, REDUCE 2, MAP
- * 3), `dtypes` 1 << d for each topos_dtype; `fidelity` is "exact" or
- * "envelope"; `device` the ISA or device it runs on; `threads` the most
+ * 3, ATTENTION 4), `dtypes` 1 << d for each topos_dtype; `fidelity` is "exact"
+ * or "envelope"; `device` the ISA or device it runs on; `threads` the most
  * threads one of its tasks uses; `tasks_run` the tasks it has run in this
  * process. */
 typedef struct topos_backend_info {

@@ -5,6 +5,7 @@
  */
 #include <string.h>
 
+#include "backend.h"
 #include "health.pb-c.h"
 #include "listener.h"
 #include "rooms.h"
@@ -112,7 +113,7 @@ void handle_backends(call_ctx *cx) {
   if (n > TOPOS_BACKENDS_MAX) n = TOPOS_BACKENDS_MAX;
   Topos__V1__BackendInfo b[TOPOS_BACKENDS_MAX];
   Topos__V1__BackendInfo *ptrs[TOPOS_BACKENDS_MAX];
-  char *ops[TOPOS_BACKENDS_MAX][4];
+  char *ops[TOPOS_BACKENDS_MAX][TOPOS_TASK_COUNT];
   Topos__V1__DType dtypes[TOPOS_BACKENDS_MAX][4];
   for (int i = 0; i < n; i++) {
     topos__v1__backend_info__init(&b[i]);
@@ -123,7 +124,7 @@ void handle_backends(call_ctx *cx) {
     b[i].tasks_run = (int64_t)info[i].tasks_run;
     /* ops: the op lists of its task kinds (the reference: every op, and
      * listed as the kinds it runs when no backend takes them). */
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < TOPOS_TASK_COUNT; k++)
       if (info[i].tasks & (1u << k))
         ops[i][b[i].n_ops++] = (char *)topos_task_ops(k);
     b[i].ops = ops[i];

@@ -228,7 +228,11 @@ START_TEST(registry_lists_capabilities) {
   }
   ck_assert(cpu && blas);
   ck_assert_str_eq(cpu->fidelity, "exact");
-  ck_assert_uint_eq(cpu->tasks, 0xF);
+  ck_assert_uint_eq(cpu->tasks,
+                    0x1F); /* GEMM, WINDOW, REDUCE, MAP, ATTENTION */
+  ck_assert_uint_eq(info[0].tasks, 0x1F);
+  ck_assert_ptr_nonnull(
+      strstr(topos_task_ops(TOPOS_TASK_ATTENTION), "attention"));
   ck_assert_ptr_nonnull(strstr(cpu->device, topos_cpu_isa()));
   ck_assert_int_gt(cpu->threads, 1);
   ck_assert_str_eq(blas->fidelity, "envelope");

@@ -118,7 +118,8 @@ static void check_geom(topos_dtype d, geom ge, bool wtrans, values v,
   out.shape[0] = ge.N * g.oh * g.ow;
   out.shape[1] = ge.O;
   unsigned long long before = topos_cpu_tasks_run();
-  topos_tensor *ref = group_eval(&g, &out, x, w, &err);
+  const topos_tensor *ins[2] = {x, w};
+  topos_tensor *ref = group_eval(&g, &out, ins, NULL, &err);
   ck_assert_msg(ref != NULL, "%s", err.message);
   ck_assert_int_eq(topos_cpu_tasks_run(), before);
   for (int th = 1; th <= 4; th++) {
@@ -126,7 +127,7 @@ static void check_geom(topos_dtype d, geom ge, bool wtrans, values v,
     before = topos_cpu_tasks_run();
     exec_env env;
     ck_assert_int_eq(exec_resolve(NULL, &env, &err), TOPOS_OK);
-    topos_tensor *got = exec_group(&env, &g, &out, x, w, &err);
+    topos_tensor *got = exec_group(&env, &g, &out, ins, NULL, &err);
     ck_assert_msg(got != NULL, "%s", err.message);
     ck_assert_int_eq(topos_cpu_tasks_run(), before + 1);
     ck_assert_msg(topos_tensor_bitwise_equal(ref, got),
@@ -219,7 +220,8 @@ START_TEST(negative_zero_accumulators) {
     topos_error err = {0};
     for (int th = 1; th <= 2; th++) {
       backend_set_threads(th);
-      topos_tensor *got = group_eval(&g, &out, x, w, &err);
+      const topos_tensor *ins[2] = {x, w};
+      topos_tensor *got = group_eval(&g, &out, ins, NULL, &err);
       ck_assert_ptr_nonnull(got);
       double corner = topos_tensor_get(got, S(24, 0), &err);
       double centre = topos_tensor_get(got, S(12, 1), &err);

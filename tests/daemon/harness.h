@@ -132,8 +132,32 @@ static void daemon_start(daemon_proc *d, const char *const *extra) {
   }
   close(fds[0]);
   int port = 0;
-  ck_assert_msg(sscanf(line, "toposd listening on 127.0.0.1:%d", &port) == 1,
-                "toposd did not start (stdout: '%s', log %s)", line, d->log);
+  if (sscanf(line, "toposd listening on 127.0.0.1:%d", &port) != 1) {
+    /* Say why: whether the child is gone (and how), and the log's end. */
+    char why[96] = "still running after 60 s";
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      snprintf(why, sizeof why, "exited: status %d, signal %d",
+               WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+               WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+      d->pid = 0;
+    }
+    char tail[1024] = "";
+    FILE *f = fopen(d->log, "r");
+    if (f != NULL) {
+      if (fseek(f, 0, SEEK_END) == 0) {
+        long size = ftell(f);
+        fseek(f,
+              size > (long)sizeof tail - 1 ? size - (long)sizeof tail + 1 : 0,
+              SEEK_SET);
+      }
+      size_t n = fread(tail, 1, sizeof tail - 1, f);
+      tail[n] = '\0';
+      fclose(f);
+    }
+    ck_abort_msg("toposd did not start (%s; stdout: '%s'; log %s ends: %s)",
+                 why, line, d->log, tail);
+  }
   d->port = port;
 }
 

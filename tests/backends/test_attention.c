@@ -296,6 +296,14 @@ static topos_plan *lower(const model *m, topos_posture posture,
   return p;
 }
 
+/* The unfused interpreter's run of the whole network, on the reference. */
+static topos_run *interpret(const model *m) {
+  topos_error err = {0};
+  topos_run *r = topos_forward(m->net, NULL, NULL, 0, &TEST_REFERENCE, &err);
+  ck_assert_msg(r != NULL, "interpreter: %s", err.message);
+  return r;
+}
+
 static void expect_same(const topos_tensor *a, const topos_tensor *b,
                         const char *what) {
   ck_assert_msg(a && b && topos_tensor_bitwise_equal(a, b), "%s differs", what);
@@ -320,9 +328,7 @@ START_TEST(forward_plan_bits) {
       model m = build(d, cases[c].B, cases[c].T, cases[c].D, cases[c].H,
                       cases[c].causal, cases[c].past, false);
       topos_error err = {0};
-      topos_run *interp =
-          topos_forward(m.net, NULL, NULL, 0, &TEST_REFERENCE, &err);
-      ck_assert_msg(interp != NULL, "%s", err.message);
+      topos_run *interp = interpret(&m);
       topos_plan *plan = lower(&m, TOPOS_POSTURE_FORWARD, NULL, 0);
       ck_assert_int_eq(topos_plan_group_count(plan), 1);
       char *text = topos_plan_describe(plan, &err);
@@ -363,9 +369,7 @@ START_TEST(blocks) {
   topos_backends_register_defaults();
   model m = build(TOPOS_F32, 1, 1100, 64, 1, true, 0, false);
   topos_error err = {0};
-  topos_run *interp =
-      topos_forward(m.net, NULL, NULL, 0, &TEST_REFERENCE, &err);
-  ck_assert_msg(interp != NULL, "%s", err.message);
+  topos_run *interp = interpret(&m);
   topos_plan *plan = lower(&m, TOPOS_POSTURE_FORWARD, NULL, 0);
   ck_assert_int_eq(topos_plan_group_count(plan), 1);
   unsigned long long before = topos_cpu_attention_tasks_run();
@@ -391,9 +395,7 @@ START_TEST(training_plan_bits) {
     topos_dtype d = dd ? TOPOS_F64 : TOPOS_F32;
     model m = build(d, 2, 6, 12, 3, true, 0, false);
     topos_error err = {0};
-    topos_run *interp =
-        topos_forward(m.net, NULL, NULL, 0, &TEST_REFERENCE, &err);
-    ck_assert_msg(interp != NULL, "%s", err.message);
+    topos_run *interp = interpret(&m);
     topos_params *want = topos_gradients(interp, m.loss, &TEST_REFERENCE, &err);
     ck_assert_msg(want != NULL, "%s", err.message);
     topos_plan *plan = lower(&m, TOPOS_POSTURE_TRAINING, NULL, 0);
@@ -435,9 +437,7 @@ START_TEST(shared_interior_not_fused) {
   topos_backends_register_defaults();
   model m = build(TOPOS_F32, 1, 4, 8, 2, true, 0, true);
   topos_error err = {0};
-  topos_run *interp =
-      topos_forward(m.net, NULL, NULL, 0, &TEST_REFERENCE, &err);
-  ck_assert_msg(interp != NULL, "%s", err.message);
+  topos_run *interp = interpret(&m);
   for (int posture = 0; posture < 2; posture++) {
     topos_plan *plan = lower(
         &m, posture ? TOPOS_POSTURE_TRAINING : TOPOS_POSTURE_FORWARD, NULL, 0);

@@ -1302,10 +1302,7 @@ END_TEST
 
 Suite *nn_suite(void) {
   Suite *s = suite_create("nn");
-  struct {
-    const char *name;
-    const TTest *test;
-  } cases[] = {
+  const tt_case cases[] = {
       {"linear", test_linear_forward},
       {"linear", test_linear_gradient},
       {"linear", test_linear_bad_shapes},
@@ -1349,16 +1346,6 @@ Suite *nn_suite(void) {
       {"errors", test_foreign_operands},
       {"dtypes", test_f32_tape},
   };
-  TCase *tc = NULL;
-  const char *current = NULL;
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    if (current == NULL || strcmp(current, cases[i].name) != 0) {
-      tc = tcase_create(cases[i].name);
-      tcase_set_timeout(tc, 60);
-      suite_add_tcase(s, tc);
-      current = cases[i].name;
-    }
-    tcase_add_test(tc, cases[i].test);
-  }
+  tt_add_cases(s, cases, sizeof cases / sizeof cases[0], 60);
   return s;
 }

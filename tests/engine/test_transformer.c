@@ -1220,10 +1220,7 @@ END_TEST
 
 Suite *transformer_suite(void) {
   Suite *s = suite_create("transformer");
-  struct {
-    const char *name;
-    const TTest *test;
-  } cases[] = {
+  const tt_case cases[] = {
       {"erf", test_erf_op_bits},
       {"erf", test_erf_op_gradient},
       {"erf", test_erf_op_emits},
@@ -1260,16 +1257,6 @@ Suite *transformer_suite(void) {
       {"schedule", test_lr_schedule},
       {"embedding", test_embedding_emits},
   };
-  TCase *tc = NULL;
-  const char *current = NULL;
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    if (current == NULL || strcmp(current, cases[i].name) != 0) {
-      tc = tcase_create(cases[i].name);
-      tcase_set_timeout(tc, 120);
-      suite_add_tcase(s, tc);
-      current = cases[i].name;
-    }
-    tcase_add_test(tc, cases[i].test);
-  }
+  tt_add_cases(s, cases, sizeof cases / sizeof cases[0], 120);
   return s;
 }

@@ -176,4 +176,26 @@ static TT_UNUSED bool tt_fma_rounds_once(topos_dtype dt) {
  * (what every faster path is compared with). */
 static const topos_exec TEST_REFERENCE = {.backend = "reference"};
 
+/* A suite's tests grouped into test cases by name: consecutive entries
+ * with the same name share one TCase with the given timeout (seconds). */
+typedef struct tt_case {
+  const char *name;
+  const TTest *test;
+} tt_case;
+
+static TT_UNUSED void tt_add_cases(Suite *s, const tt_case *cases, size_t n,
+                                   double timeout) {
+  TCase *tc = NULL;
+  const char *current = NULL;
+  for (size_t i = 0; i < n; i++) {
+    if (current == NULL || strcmp(current, cases[i].name) != 0) {
+      tc = tcase_create(cases[i].name);
+      tcase_set_timeout(tc, timeout);
+      suite_add_tcase(s, tc);
+      current = cases[i].name;
+    }
+    tcase_add_test(tc, cases[i].test);
+  }
+}
+
 #endif /* TOPOS_TESTUTIL_H */

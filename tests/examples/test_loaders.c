@@ -28,6 +28,7 @@
 
 #include "cifar.h"
 #include "idx.h"
+#include "scratch_dir.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define UNDER_ASAN 1
@@ -44,24 +45,12 @@
 
 /* ------------------------------------------------------------- fixtures */
 
-static char g_dir[512];
-
 static void setup(void) {
-  const char *tmp = getenv("TMPDIR");
-  snprintf(g_dir, sizeof g_dir, "%s/topos-loaders-XXXXXX",
-           tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
-  ck_assert_msg(mkdtemp(g_dir) != NULL, "mkdtemp: %s", strerror(errno));
-}
-
-static int remove_entry(const char *path, const struct stat *sb, int flag,
-                        struct FTW *ftw) {
-  (void)sb, (void)flag, (void)ftw;
-  remove(path);
-  return 0;
+  scratch_dir_make("topos-loaders");
 }
 
 static void teardown(void) {
-  if (g_dir[0] != '\0') nftw(g_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  scratch_dir_remove();
 }
 
 /* dir/name into buf (PATH-sized). */
@@ -71,15 +60,6 @@ static char *in_dir(char *buf, const char *name) {
 }
 
 /* -------------------------------------------------------------- helpers */
-
-static uint64_t next_random(uint64_t *state) {
-  uint64_t x = *state;
-  x ^= x << 13;
-  x ^= x >> 7;
-  x ^= x << 17;
-  *state = x;
-  return x;
-}
 
 static void write_file(const char *path, const void *bytes, size_t n) {
   FILE *f = fopen(path, "wb");

@@ -28,30 +28,20 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "scratch_dir.h"
 #include "store.h"
 
 /* ------------------------------------------------------------- fixtures */
 
-static char g_dir[512];
 static char g_path[600];
 
 static void setup(void) {
-  const char *tmp = getenv("TMPDIR");
-  snprintf(g_dir, sizeof g_dir, "%s/topos-store-XXXXXX",
-           tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
-  ck_assert_msg(mkdtemp(g_dir) != NULL, "mkdtemp: %s", strerror(errno));
+  scratch_dir_make("topos-store");
   snprintf(g_path, sizeof g_path, "%s/store.db", g_dir);
 }
 
-static int remove_entry(const char *path, const struct stat *sb, int flag,
-                        struct FTW *ftw) {
-  (void)sb, (void)flag, (void)ftw;
-  remove(path);
-  return 0;
-}
-
 static void teardown(void) {
-  if (g_dir[0] != '\0') nftw(g_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  scratch_dir_remove();
 }
 
 /* A path next to the store. */
@@ -62,15 +52,6 @@ static const char *in_dir(const char *name) {
 }
 
 /* -------------------------------------------------------------- helpers */
-
-static uint64_t next_random(uint64_t *state) {
-  uint64_t x = *state;
-  x ^= x << 13;
-  x ^= x >> 7;
-  x ^= x << 17;
-  *state = x;
-  return x;
-}
 
 /* Deterministic bytes from a seed. */
 static void fill(uint8_t *buf, size_t n, uint64_t seed) {

@@ -145,12 +145,13 @@ static void K(binary_block)(op_code op, const R *a, int64_t sa1, int64_t sa0,
 /* c[m,n] = a[m,k]·b[k,n] with a and b addressed by (row, column) strides.
  * Each output is its own chain acc = fma(a[i,kk], b[kk,j], acc) for kk in
  * order, acc from +0.0; the i-k-j loop keeps a row of accumulators.  The
- * "fma" clone (chosen at load time where the CPU has FMA) lets the
- * compiler use the FMA instruction and vectorise over j: each lane is
- * still one output's own chain, so the bits do not change. */
-__attribute__((target_clones("fma", "default"))) static void K(matmul)(
-    const void *av, int64_t as0, int64_t as1, const void *bv, int64_t bs0,
-    int64_t bs1, void *cv, int64_t m, int64_t k, int64_t n) {
+ * body is written once and built twice (kernels.c): with the FMA
+ * instruction in its pinned form where the CPU has it, else with libm's
+ * fma; both give the same bits, NaNs included. */
+__attribute__((always_inline)) static inline void K(matmul_with)(
+    R (*fma_op)(R, R, R), const void *av, int64_t as0, int64_t as1,
+    const void *bv, int64_t bs0, int64_t bs1, void *cv, int64_t m, int64_t k,
+    int64_t n) {
   const R *a = av, *b = bv;
   R *c = cv;
   for (int64_t i = 0; i < m; i++) {
@@ -160,13 +161,33 @@ __attribute__((target_clones("fma", "default"))) static void K(matmul)(
       R aik = a[i * as0 + kk * as1];
       const R *brow = b + kk * bs0;
       if (bs1 == 1) {
-        for (int64_t j = 0; j < n; j++) row[j] = FMA(aik, brow[j], row[j]);
+        for (int64_t j = 0; j < n; j++) row[j] = fma_op(aik, brow[j], row[j]);
       } else {
         for (int64_t j = 0; j < n; j++)
-          row[j] = FMA(aik, brow[j * bs1], row[j]);
+          row[j] = fma_op(aik, brow[j * bs1], row[j]);
       }
     }
   }
+}
+
+#if KERNELS_X86
+__attribute__((target("fma"))) static void K(matmul_fma)(
+    const void *a, int64_t as0, int64_t as1, const void *b, int64_t bs0,
+    int64_t bs1, void *c, int64_t m, int64_t k, int64_t n) {
+  K(matmul_with)(K(fma231), a, as0, as1, b, bs0, bs1, c, m, k, n);
+}
+#endif
+
+static void K(matmul)(const void *a, int64_t as0, int64_t as1, const void *b,
+                      int64_t bs0, int64_t bs1, void *c, int64_t m, int64_t k,
+                      int64_t n) {
+#if KERNELS_X86
+  if (cpu_has_fma()) {
+    K(matmul_fma)(a, as0, as1, b, bs0, bs1, c, m, k, n);
+    return;
+  }
+#endif
+  K(matmul_with)(FMA, a, as0, as1, b, bs0, bs1, c, m, k, n);
 }
 
 /* x is [outer, L, inner]; y[outer, inner] = reduce over L. */
@@ -324,9 +345,9 @@ static void K(scatter)(const void *rv, void *yv, int64_t d, int64_t V,
  * exactly the chain the unfused matmul runs on the im2col matrix, padding
  * zeros included (fma with 0 can still turn an accumulated -0 into +0).
  * x is contiguous [N,C,H,W]; w is addressed by strides. */
-__attribute__((target_clones("fma", "default"))) static void K(conv_window)(
-    const plan_group *g, const void *xv, const void *wv, int64_t ws0,
-    int64_t ws1, void *outv) {
+__attribute__((always_inline)) static inline void K(conv_window_with)(
+    R (*fma_op)(R, R, R), const plan_group *g, const void *xv, const void *wv,
+    int64_t ws0, int64_t ws1, void *outv) {
   const R *x = xv, *w = wv;
   R *out = outv;
   int64_t O = g->nout;
@@ -347,14 +368,34 @@ __attribute__((target_clones("fma", "default"))) static void K(conv_window)(
               const R *wrow = w + kk * ws0;
               if (ws1 == 1) {
                 for (int64_t o = 0; o < O; o++)
-                  row[o] = FMA(xval, wrow[o], row[o]);
+                  row[o] = fma_op(xval, wrow[o], row[o]);
               } else {
                 for (int64_t o = 0; o < O; o++)
-                  row[o] = FMA(xval, wrow[o * ws1], row[o]);
+                  row[o] = fma_op(xval, wrow[o * ws1], row[o]);
               }
             }
           }
       }
+}
+
+#if KERNELS_X86
+__attribute__((target("fma"))) static void K(conv_window_fma)(
+    const plan_group *g, const void *x, const void *w, int64_t ws0, int64_t ws1,
+    void *out) {
+  K(conv_window_with)(K(fma231), g, x, w, ws0, ws1, out);
+}
+#endif
+
+/* Built as matmul is (the FMA instruction pinned, or libm's fma). */
+static void K(conv_window)(const plan_group *g, const void *x, const void *w,
+                           int64_t ws0, int64_t ws1, void *out) {
+#if KERNELS_X86
+  if (cpu_has_fma()) {
+    K(conv_window_fma)(g, x, w, ws0, ws1, out);
+    return;
+  }
+#endif
+  K(conv_window_with)(FMA, g, x, w, ws0, ws1, out);
 }
 
 /* The fused max-pool (GROUP_POOL): out[n, c, oi, oj] is the first maximal

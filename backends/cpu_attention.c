@@ -38,6 +38,7 @@
 #include "cpu_math.h"
 #include "cpu_reduce.h"
 #include "cpu_window.h"
+#include "fma_pinned.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ATT_X86 1
@@ -83,26 +84,12 @@ static void exp_f64(double *x, int64_t n) {
 #if ATT_X86
 /*
  * FMA builds.  A fused multiply-add that meets NaNs returns one of them,
- * and which one depends on the instruction form: with the form pinned to
- * vfmadd231 (acc = a·b + acc) it is a's, else b's, else acc's - the order
- * the reference's compiled chain gives (its multiplier first, then the
- * multiplicand, then the accumulator; measured, and checked by the
- * tests' NaN inputs).  Left to the compiler the form would vary with
- * register allocation.  The template derives the vector operations from
- * AP, the intrinsics' suffix, and APS, the instructions'.
+ * and which one depends on the instruction form: pinned to vfmadd231
+ * (acc = a·b + acc) it is a's, else b's, else acc's, as the reference's
+ * (fma_pinned.h; the tests' NaN inputs check it).  The template derives the
+ * vector operations from AP, the intrinsics' suffix, and APS, the
+ * instructions'.
  */
-__attribute__((target("fma"))) static inline float fma231_f32(float a, float b,
-                                                              float acc) {
-  __asm__("vfmadd231ss %2, %1, %0" : "+x"(acc) : "x"(a), "xm"(b));
-  return acc;
-}
-__attribute__((target("fma"))) static inline double fma231_f64(double a,
-                                                               double b,
-                                                               double acc) {
-  __asm__("vfmadd231sd %2, %1, %0" : "+x"(acc) : "x"(a), "xm"(b));
-  return acc;
-}
-
 #define ATT_TARGET __attribute__((target("fma")))
 #define ATT_VEC 1
 #define R float
@@ -136,7 +123,7 @@ __attribute__((target("fma"))) static inline double fma231_f64(double a,
  * not forced to portable C (topos_cpu_force_isa("c"), for tests). */
 static bool vector_ok(void) {
 #if ATT_X86
-  return __builtin_cpu_supports("fma") && strcmp(topos_cpu_isa(), "c") != 0;
+  return fma_pinned_available() && strcmp(topos_cpu_isa(), "c") != 0;
 #else
   return false;
 #endif

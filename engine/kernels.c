@@ -26,37 +26,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fma_pinned.h"
 #include "internal.h"
 
-/*
- * The fma chains' one operation, fma(a, b, acc) = a·b + acc rounded once.
- * Where more than one operand is NaN the result is one of them, and
- * which one depends on the instruction form (vfmadd132/213/231) a
- * compiler picks, which changes with optimisation flags: GCC's -O2 and
- * -O1 builds of the same loop returned different NaNs.  The reference
- * pins it: on FMA hardware vfmadd231 with a as its first multiplicand,
- * which returns a's NaN, else b's, else acc's - the order libm's fmaf and
- * fma give, which the portable build calls.
- */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define KERNELS_X86 1
-__attribute__((target("fma"))) static inline float fma231_f32(float a, float b,
-                                                              float acc) {
-  __asm__("vfmadd231ss %2, %1, %0" : "+x"(acc) : "x"(a), "xm"(b));
-  return acc;
-}
-__attribute__((target("fma"))) static inline double fma231_f64(double a,
-                                                               double b,
-                                                               double acc) {
-  __asm__("vfmadd231sd %2, %1, %0" : "+x"(acc) : "x"(a), "xm"(b));
-  return acc;
-}
-static bool cpu_has_fma(void) {
-  return __builtin_cpu_supports("fma");
-}
-#else
-#define KERNELS_X86 0
-#endif
+/* The fma chains' one operation has its NaN fixed: fma_pinned.h. */
 
 #define R float
 #define K(name) name##_f32

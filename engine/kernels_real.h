@@ -170,7 +170,7 @@ __attribute__((always_inline)) static inline void K(matmul_with)(
   }
 }
 
-#if KERNELS_X86
+#if FMA_PINNED_X86
 __attribute__((target("fma"))) static void K(matmul_fma)(
     const void *a, int64_t as0, int64_t as1, const void *b, int64_t bs0,
     int64_t bs1, void *c, int64_t m, int64_t k, int64_t n) {
@@ -181,8 +181,8 @@ __attribute__((target("fma"))) static void K(matmul_fma)(
 static void K(matmul)(const void *a, int64_t as0, int64_t as1, const void *b,
                       int64_t bs0, int64_t bs1, void *c, int64_t m, int64_t k,
                       int64_t n) {
-#if KERNELS_X86
-  if (cpu_has_fma()) {
+#if FMA_PINNED_X86
+  if (fma_pinned_available()) {
     K(matmul_fma)(a, as0, as1, b, bs0, bs1, c, m, k, n);
     return;
   }
@@ -378,7 +378,7 @@ __attribute__((always_inline)) static inline void K(conv_window_with)(
       }
 }
 
-#if KERNELS_X86
+#if FMA_PINNED_X86
 __attribute__((target("fma"))) static void K(conv_window_fma)(
     const plan_group *g, const void *x, const void *w, int64_t ws0, int64_t ws1,
     void *out) {
@@ -389,8 +389,8 @@ __attribute__((target("fma"))) static void K(conv_window_fma)(
 /* Built as matmul is (the FMA instruction pinned, or libm's fma). */
 static void K(conv_window)(const plan_group *g, const void *x, const void *w,
                            int64_t ws0, int64_t ws1, void *out) {
-#if KERNELS_X86
-  if (cpu_has_fma()) {
+#if FMA_PINNED_X86
+  if (fma_pinned_available()) {
     K(conv_window_fma)(g, x, w, ws0, ws1, out);
     return;
   }

@@ -31,10 +31,10 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "mlir_opt.h"
 #include "sample_nets.h"
 #include "testutil.h"
 
-#define MLIR_OPT "/usr/lib/llvm-19/bin/mlir-opt"
 #define S(...) ((const int64_t[]){__VA_ARGS__})
 
 /* ================================================================ parsing */
@@ -1429,38 +1429,6 @@ static mtype mtype_of(const topos_network *net, int32_t node_index) {
   mtype t = {(int)meta->dtype, meta->rank, {0}};
   memcpy(t.shape, meta->shape, sizeof(int64_t) * (size_t)meta->rank);
   return t;
-}
-
-/* Writes text to a temporary file and runs mlir-opt on it.  Returns its
- * exit status (0 = accepted); *diag gets its first error line. */
-static int run_mlir_opt(const char *text, char *diag, size_t len) {
-  ck_assert_msg(access(MLIR_OPT, X_OK) == 0,
-                "%s is missing: `make deps` installs mlir-19-tools", MLIR_OPT);
-  const char *tmp = getenv("TMPDIR");
-  if (!tmp || !tmp[0]) tmp = "/tmp";
-  char path[512], errpath[540];
-  snprintf(path, sizeof path, "%s/topos_emit_XXXXXX", tmp);
-  int fd = mkstemp(path);
-  ck_assert_msg(fd >= 0, "mkstemp: %s", strerror(errno));
-  size_t n = strlen(text);
-  ck_assert(write(fd, text, n) == (ssize_t)n);
-  close(fd);
-  snprintf(errpath, sizeof errpath, "%s.err", path);
-  char cmd[1400];
-  snprintf(cmd, sizeof cmd,
-           "'%s' --allow-unregistered-dialect '%s' > /dev/null 2> '%s'",
-           MLIR_OPT, path, errpath);
-  int rc = system(cmd);
-  int status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  diag[0] = '\0';
-  FILE *f = fopen(errpath, "r");
-  if (f) {
-    if (!fgets(diag, (int)len, f)) diag[0] = '\0';
-    fclose(f);
-  }
-  unlink(path);
-  unlink(errpath);
-  return status;
 }
 
 /* The evaluator's argument values: parameter initials, input defaults. */

@@ -15,21 +15,6 @@
 
 /* ------------------------------------------------------------- helpers */
 
-/* A parameter (or constant) from a new tensor, which the tape retains. */
-static topos_value param(topos_tape *tape, topos_tensor *t) {
-  topos_value v = topos_parameter(tape, t);
-  topos_tensor_release(t);
-  ck_assert_msg(topos_value_ok(v), "parameter: %s", topos_tape_error(tape));
-  return v;
-}
-
-static topos_value constant(topos_tape *tape, topos_tensor *t) {
-  topos_value v = topos_constant(tape, t);
-  topos_tensor_release(t);
-  ck_assert_msg(topos_value_ok(v), "constant: %s", topos_tape_error(tape));
-  return v;
-}
-
 /* A parameter of random values in [lo, hi), whose values are also copied
  * to *values (new, free it) when values is non-NULL. */
 static topos_value random_param(topos_tape *tape, int rank,
@@ -37,12 +22,12 @@ static topos_value random_param(topos_tape *tape, int rank,
                                 double hi, double **values) {
   topos_tensor *t = tt_random(TOPOS_F64, rank, shape, seed, lo, hi);
   if (values) *values = tt_values(t);
-  return param(tape, t);
+  return tt_param(tape, t);
 }
 
 static topos_value index_constant(topos_tape *tape, int rank,
                                   const int64_t *shape, const double *idx) {
-  return constant(tape, tt_tensor(TOPOS_I32, rank, shape, idx));
+  return tt_constant(tape, tt_tensor(TOPOS_I32, rank, shape, idx));
 }
 
 static topos_network *seal(topos_tape *tape) {
@@ -103,7 +88,7 @@ static topos_value weighted_sum(topos_tape *tape, topos_value y,
   int64_t shape[TOPOS_MAX_RANK];
   memcpy(shape, s, sizeof(int64_t) * (size_t)rank);
   topos_value r =
-      constant(tape, tt_random(TOPOS_F64, rank, shape, seed, -1.0, 1.0));
+      tt_constant(tape, tt_random(TOPOS_F64, rank, shape, seed, -1.0, 1.0));
   return topos_sum(tape, topos_mul(tape, y, r));
 }
 
@@ -165,9 +150,9 @@ START_TEST(test_linear_forward) {
   int64_t xs[2] = {2, 3}, ws[2] = {3, 2}, bs[1] = {2};
   double x[6] = {1, 2, 3, 4, 5, 6}, w[6] = {1, -1, 0, 2, 0.5, 0};
   double b[2] = {10, 20};
-  topos_value xv = param(tape, tt_tensor(TOPOS_F64, 2, xs, x));
-  topos_value wv = param(tape, tt_tensor(TOPOS_F64, 2, ws, w));
-  topos_value bv = param(tape, tt_tensor(TOPOS_F64, 1, bs, b));
+  topos_value xv = tt_param(tape, tt_tensor(TOPOS_F64, 2, xs, x));
+  topos_value wv = tt_param(tape, tt_tensor(TOPOS_F64, 2, ws, w));
+  topos_value bv = tt_param(tape, tt_tensor(TOPOS_F64, 1, bs, b));
   topos_value y = topos_linear(tape, xv, wv, bv);
   topos_value y0 = topos_linear(tape, xv, wv, TOPOS_NONE);
   int64_t out[2] = {2, 2};
@@ -298,7 +283,7 @@ START_TEST(test_activation_values) {
   topos_tape *tape = topos_tape_new(TOPOS_F64);
   int64_t s[1] = {9};
   double xv[9] = {-6, -2.5, -1, -0.25, 0, 0.3, 1, 2, 7};
-  topos_value x = param(tape, tt_tensor(TOPOS_F64, 1, s, xv));
+  topos_value x = tt_param(tape, tt_tensor(TOPOS_F64, 1, s, xv));
   topos_activation acts[5] = {TOPOS_ACT_NONE, TOPOS_ACT_RELU, TOPOS_ACT_TANH,
                               TOPOS_ACT_GELU, TOPOS_ACT_SILU};
   topos_value y[5];
@@ -343,7 +328,7 @@ START_TEST(test_silu_extremes_finite) {
   int64_t s[1] = {4};
   double xv[4] = {-1000, -700, 700, 1000};
   topos_tape *tape = topos_tape_new(TOPOS_F64);
-  topos_value x = param(tape, tt_tensor(TOPOS_F64, 1, s, xv));
+  topos_value x = tt_param(tape, tt_tensor(TOPOS_F64, 1, s, xv));
   topos_value y = topos_silu(tape, x);
   topos_value loss = topos_sum(tape, y);
   topos_network *net = seal(tape);
@@ -373,7 +358,7 @@ START_TEST(test_embedding_forward) {
   topos_tape *tape = topos_tape_new(TOPOS_F64);
   int64_t ts[2] = {5, 2};
   double table[10] = {0, 1, 10, 11, 20, 21, 30, 31, 40, 41};
-  topos_value t = param(tape, tt_tensor(TOPOS_F64, 2, ts, table));
+  topos_value t = tt_param(tape, tt_tensor(TOPOS_F64, 2, ts, table));
   int64_t is2[2] = {2, 3}, is1[1] = {3};
   double idx2[6] = {0, 4, 2, 1, 1, 3}, idx1[3] = {3, 0, 3}, idx0[1] = {2};
   topos_value e2 = topos_embedding(tape, t, index_constant(tape, 2, is2, idx2));
@@ -416,7 +401,7 @@ START_TEST(test_embedding_bad) {
   /* f64 indices */
   topos_tape *tape = topos_tape_new(TOPOS_F64);
   topos_value t = random_param(tape, 2, ts, 7, -1, 1, NULL);
-  topos_value bad = constant(tape, tt_tensor(TOPOS_F64, 1, is, idx));
+  topos_value bad = tt_constant(tape, tt_tensor(TOPOS_F64, 1, is, idx));
   expect_tape_error(tape, topos_embedding(tape, t, bad));
   /* an index outside the table fails at run time, naming it */
   tape = topos_tape_new(TOPOS_F64);
@@ -546,10 +531,10 @@ START_TEST(test_norm_bad_shapes) {
 
   /* rank 0 has no axis to normalise over */
   tape = topos_tape_new(TOPOS_F64);
-  x = param(tape, topos_tensor_scalar(TOPOS_F64, 1.0, NULL));
+  x = tt_param(tape, topos_tensor_scalar(TOPOS_F64, 1.0, NULL));
   expect_tape_error(tape, topos_layer_norm(tape, x, TOPOS_NONE, TOPOS_NONE, 1));
   tape = topos_tape_new(TOPOS_F64);
-  x = param(tape, topos_tensor_scalar(TOPOS_F64, 1.0, NULL));
+  x = tt_param(tape, topos_tensor_scalar(TOPOS_F64, 1.0, NULL));
   expect_tape_error(tape, topos_rms_norm(tape, x, TOPOS_NONE, 1));
 }
 END_TEST
@@ -873,7 +858,7 @@ START_TEST(test_max_pool2d_tie) {
   topos_tape *tape = topos_tape_new(TOPOS_F64);
   int64_t xs[4] = {1, 1, 2, 2};
   double xv[4] = {1, 3, 3, 3};
-  topos_value x = param(tape, tt_tensor(TOPOS_F64, 4, xs, xv));
+  topos_value x = tt_param(tape, tt_tensor(TOPOS_F64, 4, xs, xv));
   topos_value loss = topos_sum(tape, topos_max_pool2d(tape, x, 2, 2));
   topos_network *net = seal(tape);
   topos_error err = {0};
@@ -952,7 +937,7 @@ START_TEST(test_softmax_large) {
   topos_tape *tape = topos_tape_new(TOPOS_F64);
   int64_t xs[1] = {3};
   double xv[3] = {1000, 1000, -1000};
-  topos_value x = param(tape, tt_tensor(TOPOS_F64, 1, xs, xv));
+  topos_value x = tt_param(tape, tt_tensor(TOPOS_F64, 1, xs, xv));
   topos_value s = topos_softmax(tape, x, 0);
   topos_network *net = seal(tape);
   double *got = forward_values(net, s, NULL);
@@ -996,7 +981,7 @@ START_TEST(test_cross_entropy_forward) {
   topos_value targets = index_constant(tape, 1, ts, tv);
   double onehot[20] = {0};
   for (int i = 0; i < 4; i++) onehot[i * 5 + (int)tv[i]] = 1;
-  topos_value oh = constant(tape, tt_tensor(TOPOS_F64, 2, ls, onehot));
+  topos_value oh = tt_constant(tape, tt_tensor(TOPOS_F64, 2, ls, onehot));
   topos_value ce = topos_cross_entropy(tape, logits, targets);
   topos_value ce1 = topos_cross_entropy_onehot(tape, logits, oh);
   expect_shape(tape, ce, 0, NULL);
@@ -1025,7 +1010,7 @@ START_TEST(test_cross_entropy_uniform) {
   int64_t ls[2] = {3, 27}, ts[1] = {3};
   double tv[3] = {0, 26, 13};
   topos_value logits =
-      param(tape, topos_tensor_filled(TOPOS_F64, 2, ls, 0.25, NULL));
+      tt_param(tape, topos_tensor_filled(TOPOS_F64, 2, ls, 0.25, NULL));
   topos_value ce =
       topos_cross_entropy(tape, logits, index_constant(tape, 1, ts, tv));
   topos_network *net = seal(tape);
@@ -1048,7 +1033,7 @@ START_TEST(test_cross_entropy_gradient) {
   /* soft targets for the one-hot form */
   tape = topos_tape_new(TOPOS_F64);
   logits = random_param(tape, 2, ls, 72, -2, 2, NULL);
-  topos_value soft = constant(tape, tt_random(TOPOS_F64, 2, ls, 73, 0, 0.5));
+  topos_value soft = tt_constant(tape, tt_random(TOPOS_F64, 2, ls, 73, 0, 0.5));
   expect_gradients(tape, topos_cross_entropy_onehot(tape, logits, soft));
 }
 END_TEST
@@ -1059,7 +1044,7 @@ START_TEST(test_cross_entropy_bad) {
   /* f64 targets */
   topos_tape *tape = topos_tape_new(TOPOS_F64);
   topos_value logits = random_param(tape, 2, ls, 1, -1, 1, NULL);
-  topos_value bad = constant(tape, tt_tensor(TOPOS_F64, 1, ts, tv));
+  topos_value bad = tt_constant(tape, tt_tensor(TOPOS_F64, 1, ts, tv));
   expect_tape_error(tape, topos_cross_entropy(tape, logits, bad));
   /* too few targets */
   tape = topos_tape_new(TOPOS_F64);
@@ -1075,7 +1060,7 @@ START_TEST(test_cross_entropy_bad) {
   tape = topos_tape_new(TOPOS_F64);
   logits = random_param(tape, 2, ls, 1, -1, 1, NULL);
   int64_t ws[2] = {3, 5};
-  topos_value oh = constant(tape, tt_random(TOPOS_F64, 2, ws, 2, 0, 1));
+  topos_value oh = tt_constant(tape, tt_random(TOPOS_F64, 2, ws, 2, 0, 1));
   expect_tape_error(tape, topos_cross_entropy_onehot(tape, logits, oh));
 }
 END_TEST
@@ -1104,8 +1089,8 @@ START_TEST(test_mse) {
   topos_tape *tape = topos_tape_new(TOPOS_F64);
   int64_t s[2] = {2, 3};
   double a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, 3, 1, 5, 7};
-  topos_value av = param(tape, tt_tensor(TOPOS_F64, 2, s, a));
-  topos_value bv = param(tape, tt_tensor(TOPOS_F64, 2, s, b));
+  topos_value av = tt_param(tape, tt_tensor(TOPOS_F64, 2, s, a));
+  topos_value bv = tt_param(tape, tt_tensor(TOPOS_F64, 2, s, b));
   topos_value m = topos_mse(tape, av, bv);
   expect_shape(tape, m, 0, NULL);
   topos_network *net = seal(tape);
@@ -1134,7 +1119,7 @@ START_TEST(test_dropout) {
   topos_tape *tape = topos_tape_new(TOPOS_F64);
   int64_t s[1] = {5};
   double xv[5] = {1, -2, 3, 4, 5}, mv[5] = {1, 0, 1, 0, 1};
-  topos_value x = param(tape, tt_tensor(TOPOS_F64, 1, s, xv));
+  topos_value x = tt_param(tape, tt_tensor(TOPOS_F64, 1, s, xv));
   topos_tensor *mt = tt_tensor(TOPOS_F64, 1, s, mv);
   topos_value mask = topos_input(tape, mt);
   topos_tensor_release(mt);
@@ -1166,7 +1151,7 @@ START_TEST(test_dropout) {
 
   tape = topos_tape_new(TOPOS_F64);
   x = random_param(tape, 1, s, 90, -1, 1, NULL);
-  mask = constant(tape, tt_tensor(TOPOS_F64, 1, s, mv));
+  mask = tt_constant(tape, tt_tensor(TOPOS_F64, 1, s, mv));
   expect_gradients(tape, topos_dropout(tape, x, mask, 0.3));
 }
 END_TEST
@@ -1177,13 +1162,15 @@ START_TEST(test_dropout_bad) {
   for (int k = 0; k < 4; k++) {
     topos_tape *tape = topos_tape_new(TOPOS_F64);
     topos_value x = random_param(tape, 1, s, 90, -1, 1, NULL);
-    topos_value mask = constant(tape, topos_tensor_ones(TOPOS_F64, 1, s, NULL));
+    topos_value mask =
+        tt_constant(tape, topos_tensor_ones(TOPOS_F64, 1, s, NULL));
     ck_assert_ptr_null(topos_tape_error(tape));
     expect_tape_error(tape, topos_dropout(tape, x, mask, ps[k]));
   }
   topos_tape *tape = topos_tape_new(TOPOS_F64);
   topos_value x = random_param(tape, 1, s, 90, -1, 1, NULL);
-  topos_value mask = constant(tape, topos_tensor_ones(TOPOS_F64, 1, s4, NULL));
+  topos_value mask =
+      tt_constant(tape, topos_tensor_ones(TOPOS_F64, 1, s4, NULL));
   expect_tape_error(tape, topos_dropout(tape, x, mask, 0.5));
 }
 END_TEST
@@ -1283,7 +1270,7 @@ START_TEST(test_f32_tape) {
   int64_t xs[2] = {2, 4};
   double v[8] = {0.5, -1, 2, 3, 1, 1, -2, 0.25};
   topos_tape *tape = topos_tape_new(TOPOS_F32);
-  topos_value x = param(tape, tt_tensor(TOPOS_F32, 2, xs, v));
+  topos_value x = tt_param(tape, tt_tensor(TOPOS_F32, 2, xs, v));
   topos_value y =
       topos_gelu(tape, topos_layer_norm(tape, x, TOPOS_NONE, TOPOS_NONE, 1e-5));
   topos_value s = topos_softmax(tape, y, 1);

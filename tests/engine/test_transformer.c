@@ -22,27 +22,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "mlir_opt.h"
 #include "testutil.h"
 #include "topos.h"
 
 #define S(...) ((const int64_t[]){__VA_ARGS__})
-#define MLIR_OPT "/usr/lib/llvm-19/bin/mlir-opt"
 
 /* ------------------------------------------------------------- helpers */
-
-static topos_value param(topos_tape *tape, topos_tensor *t) {
-  topos_value v = topos_parameter(tape, t);
-  topos_tensor_release(t);
-  ck_assert_msg(topos_value_ok(v), "parameter: %s", topos_tape_error(tape));
-  return v;
-}
-
-static topos_value constant(topos_tape *tape, topos_tensor *t) {
-  topos_value v = topos_constant(tape, t);
-  topos_tensor_release(t);
-  ck_assert_msg(topos_value_ok(v), "constant: %s", topos_tape_error(tape));
-  return v;
-}
 
 /* A random f64 parameter (or constant when as_param is false); its values
  * are copied to *values (new) when values is non-NULL. */
@@ -52,7 +38,7 @@ static topos_value rand_leaf(topos_tape *tape, bool as_param, int rank,
   topos_tensor *t =
       tt_random(topos_tape_dtype(tape), rank, shape, seed, lo, hi);
   if (values) *values = tt_values(t);
-  return as_param ? param(tape, t) : constant(tape, t);
+  return as_param ? tt_param(tape, t) : tt_constant(tape, t);
 }
 
 static topos_value index_constant(topos_tape *tape, int64_t n,
@@ -60,7 +46,7 @@ static topos_value index_constant(topos_tape *tape, int64_t n,
   topos_error err = {0};
   topos_tensor *t = topos_tensor_from(TOPOS_I32, 1, &n, idx, &err);
   ck_assert_msg(t != NULL, "%s", err.message);
-  return constant(tape, t);
+  return tt_constant(tape, t);
 }
 
 static topos_network *seal(topos_tape *tape) {
@@ -127,7 +113,7 @@ static topos_value weighted_sum(topos_tape *tape, topos_value y,
   ck_assert_msg(s != NULL, "weighted_sum: %s", topos_tape_error(tape));
   int64_t shape[TOPOS_MAX_RANK];
   memcpy(shape, s, sizeof(int64_t) * (size_t)rank);
-  topos_value r = constant(
+  topos_value r = tt_constant(
       tape, tt_random(topos_tape_dtype(tape), rank, shape, seed, -1.0, 1.0));
   return topos_sum(tape, topos_mul(tape, y, r));
 }
@@ -163,37 +149,6 @@ static void expect_tape_error(topos_tape *tape, topos_value result,
 }
 
 /* ------------------------------------------------- emission and mlir-opt */
-
-/* mlir-opt's exit status on text (its first diagnostic line in diag). */
-static int run_mlir_opt(const char *text, char *diag, size_t len) {
-  ck_assert_msg(access(MLIR_OPT, X_OK) == 0,
-                "%s is missing: `make deps` installs mlir-19-tools", MLIR_OPT);
-  const char *tmp = getenv("TMPDIR");
-  if (!tmp || !tmp[0]) tmp = "/tmp";
-  char path[512], errpath[540];
-  snprintf(path, sizeof path, "%s/topos_transformer_XXXXXX", tmp);
-  int fd = mkstemp(path);
-  ck_assert_msg(fd >= 0, "mkstemp: %s", strerror(errno));
-  size_t n = strlen(text);
-  ck_assert(write(fd, text, n) == (ssize_t)n);
-  close(fd);
-  snprintf(errpath, sizeof errpath, "%s.err", path);
-  char cmd[1400];
-  snprintf(cmd, sizeof cmd,
-           "'%s' --allow-unregistered-dialect '%s' > /dev/null 2> '%s'",
-           MLIR_OPT, path, errpath);
-  int rc = system(cmd);
-  int status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  diag[0] = '\0';
-  FILE *f = fopen(errpath, "r");
-  if (f) {
-    if (!fgets(diag, (int)len, f)) diag[0] = '\0';
-    fclose(f);
-  }
-  unlink(path);
-  unlink(errpath);
-  return status;
-}
 
 /* Lowers (roots; posture), emits both forms, and checks: the generic form
  * holds `generic_has` and mlir-opt accepts it; the pretty form holds
@@ -234,7 +189,7 @@ START_TEST(test_erf_op_bits) {
     topos_tape *tape = topos_tape_new(dt);
     topos_tensor *xt = tt_tensor(dt, 1, S(9), xs);
     double *xv = tt_values(xt);
-    topos_value x = constant(tape, xt);
+    topos_value x = tt_constant(tape, xt);
     topos_value y = topos_erf(tape, x);
     topos_network *net = seal(tape);
     double *got = forward_one(net, y);
@@ -773,7 +728,7 @@ END_TEST
 START_TEST(test_rope_tables_rounded) {
   topos_tape *tape = topos_tape_new(TOPOS_F32);
   double xv[8] = {1, 0, 0, 0, 0, 0, 0, 0}; /* lane 0 only */
-  topos_value x = constant(tape, tt_tensor(TOPOS_F32, 3, S(1, 1, 8), xv));
+  topos_value x = tt_constant(tape, tt_tensor(TOPOS_F32, 3, S(1, 1, 8), xv));
   topos_value y = topos_rope(tape, x, 1, 3, 0);
   topos_network *net = seal(tape);
   double *got = forward_one(net, y);
@@ -1044,7 +999,8 @@ END_TEST
 /* Zero gradients: norm 0, scale 1, no division by zero. */
 START_TEST(test_clip_zero_norm) {
   topos_tape *tape = topos_tape_new(TOPOS_F32);
-  topos_value z = constant(tape, topos_tensor_zeros(TOPOS_F32, 1, S(4), NULL));
+  topos_value z =
+      tt_constant(tape, topos_tensor_zeros(TOPOS_F32, 1, S(4), NULL));
   topos_value c, nv;
   ck_assert_int_eq(topos_clip_global_norm(tape, 1, &z, 1.0, &c, &nv), TOPOS_OK);
   topos_network *net = seal(tape);
@@ -1120,7 +1076,7 @@ START_TEST(test_clip_bad) {
         break;
       case 4: { /* a bf16 value on an f32 tape */
         topos_tensor *h = tt_tensor(TOPOS_BF16, 1, S(3), (double[]){1, 2, 3});
-        g[1] = constant(tape, h);
+        g[1] = tt_constant(tape, h);
         want = TOPOS_ERR_DTYPE;
         break;
       }

@@ -176,6 +176,21 @@ static TT_UNUSED bool tt_fma_rounds_once(topos_dtype dt) {
  * (what every faster path is compared with). */
 static const topos_exec TEST_REFERENCE = {.backend = "reference"};
 
+/* A parameter (or constant) from a new tensor, which the tape retains. */
+static TT_UNUSED topos_value tt_param(topos_tape *tape, topos_tensor *t) {
+  topos_value v = topos_parameter(tape, t);
+  topos_tensor_release(t);
+  ck_assert_msg(topos_value_ok(v), "parameter: %s", topos_tape_error(tape));
+  return v;
+}
+
+static TT_UNUSED topos_value tt_constant(topos_tape *tape, topos_tensor *t) {
+  topos_value v = topos_constant(tape, t);
+  topos_tensor_release(t);
+  ck_assert_msg(topos_value_ok(v), "constant: %s", topos_tape_error(tape));
+  return v;
+}
+
 /* A suite's tests grouped into test cases by name: consecutive entries
  * with the same name share one TCase with the given timeout (seconds). */
 typedef struct tt_case {

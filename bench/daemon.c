@@ -113,8 +113,8 @@ static int daemon_start(void) {
     int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) dup2(fd, STDERR_FILENO);
     setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1", 1);
-    execl(bin, bin, "--listen", "127.0.0.1:0", "--store", store,
-          "--blob-cap-bytes", "2G", (char *)NULL);
+    execl(bin, bin, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+          "--store", store, "--blob-cap-bytes", "2G", (char *)NULL);
     _exit(127);
   }
   close(fds[1]);

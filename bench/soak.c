@@ -176,8 +176,8 @@ static int daemon_start(void) {
     char max_message[32], max_connections[32];
     snprintf(max_message, sizeof max_message, "%zu", MAX_MESSAGE_BYTES);
     snprintf(max_connections, sizeof max_connections, "%d", MAX_CONNECTIONS);
-    execl(bin, bin, "--listen", "127.0.0.1:0", "--store", g_store,
-          "--blob-cap-bytes", "8G", "--max-message-bytes", max_message,
+    execl(bin, bin, "--listen", "127.0.0.1:0", "--http", "off", "--store",
+          g_store, "--blob-cap-bytes", "8G", "--max-message-bytes", max_message,
           "--max-connections", max_connections, "--idle-timeout-ms", "20000",
           (char *)NULL);
     _exit(127);

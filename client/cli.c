@@ -8,7 +8,8 @@
  *                        "TPOS" magic) or a serialised topos.v1.Spec
  *                        message (what any gRPC language can write); "-"
  *                        reads standard input
- *   describe ID          [--format text|json|dot]
+ *   describe ID          [--format text|json|dot|svg]  (svg: laid out
+ *                        by the daemon with Graphviz)
  *   lower ID             [ENTRY]  the plan: schedule, liveness, groups, peak
  *   emit ID              [ENTRY] [--generic]  the plan as StableHLO
  *   conformance ID       [ENTRY] [--backend NAME,...] [--allow-envelope]
@@ -61,7 +62,7 @@ static const char *const usage_text =
     "commands:\n"
     "  record FILE [--summary]     store a spec (canonical encoding or a\n"
     "                              serialised topos.v1.Spec; - for stdin)\n"
-    "  describe ID [--format text|json|dot]\n"
+    "  describe ID [--format text|json|dot|svg]\n"
     "  lower ID [ENTRY]            the compiled plan\n"
     "  emit ID [ENTRY] [--generic] the plan as StableHLO\n"
     "  conformance ID [ENTRY] [--backend NAME,...] [--allow-envelope]\n"
@@ -88,8 +89,10 @@ static const struct {
      "also prints the node, parameter and input counts and the daemon's\n"
      "summary.\n"},
     {"describe",
-     "usage: topos describe ID [--format text|json|dot]\n"
-     "Prints the stored spec: one line per node (text), JSON, or Graphviz.\n"},
+     "usage: topos describe ID [--format text|json|dot|svg]\n"
+     "Prints the stored spec: one line per node (text), JSON, Graphviz DOT,\n"
+     "or an SVG drawing of it the daemon lays out with Graphviz (networks\n"
+     "too large for that are refused: ask for dot and render it yourself).\n"},
     {"lower",
      "usage: topos lower ID [--roots V,...] [--observes V,...] [--training]\n"
      "                  [--fast] [--backend NAME] [--threads N]\n"
@@ -463,8 +466,10 @@ static int cmd_describe(topos_client *c, const options *o) {
     f = TOPOS_FORMAT_JSON;
   else if (strcmp(o->format, "dot") == 0)
     f = TOPOS_FORMAT_DOT;
+  else if (strcmp(o->format, "svg") == 0)
+    f = TOPOS_CLIENT_FORMAT_SVG;
   else
-    return usage_error("describe: --format is text, json or dot, not %s",
+    return usage_error("describe: --format is text, json, dot or svg, not %s",
                        o->format);
   topos_error err = {0};
   char *text = NULL;

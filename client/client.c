@@ -603,11 +603,16 @@ int topos_client_describe(topos_client *c, const char *id, topos_format format,
                           char **text, topos_error *err) {
   if (!text) return fail(err, TOPOS_ERR_ARGUMENT, "describe: text is NULL");
   *text = NULL;
-  if ((int)format < TOPOS_FORMAT_TEXT || (int)format > TOPOS_FORMAT_DOT)
+  if ((int)format < TOPOS_FORMAT_TEXT ||
+      (int)format > (int)TOPOS_CLIENT_FORMAT_SVG)
     return fail(err, TOPOS_ERR_ARGUMENT, "describe: unknown format %d",
                 (int)format);
   Topos__V1__DescribeRequest req = TOPOS__V1__DESCRIBE_REQUEST__INIT;
   int rc = set_id(&req.id, id, err);
+  /* The engine's formats and SVG are the wire's numbers. */
+  _Static_assert(TOPOS_CLIENT_FORMAT_SVG == (int)TOPOS__V1__FORMAT__SVG &&
+                     TOPOS_FORMAT_DOT == (int)TOPOS__V1__FORMAT__DOT,
+                 "Format numbers");
   req.format = (Topos__V1__Format)format;
   ProtobufCMessage *r = NULL;
   if (rc == TOPOS_OK)

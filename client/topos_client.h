@@ -81,8 +81,15 @@ int topos_client_grpc_status(int code);
  * Idempotent.  Returns a topos_status. */
 int topos_client_record(topos_client *c, const topos_network *net, char id[65],
                         topos_error *err);
+/* Describe's SVG format: the daemon lays the DOT listing out with
+ * Graphviz and answers an SVG document (the engine's topos_format has no
+ * SVG: it renders nothing).  Networks over the daemon's size caps are
+ * RESOURCE_EXHAUSTED (TOPOS_ERR_MEMORY): ask for DOT and render it. */
+#define TOPOS_CLIENT_FORMAT_SVG ((topos_format)3)
+
 /* Describe: the stored spec as text, JSON or DOT (topos_network_describe
- * on the daemon).  *text is new (topos_free). */
+ * on the daemon), or SVG (TOPOS_CLIENT_FORMAT_SVG).  *text is new
+ * (topos_free). */
 int topos_client_describe(topos_client *c, const char *id, topos_format format,
                           char **text, topos_error *err);
 /* Every call that takes an entry sends all of it: roots, observes,

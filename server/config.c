@@ -70,13 +70,27 @@ const char config_usage[] =
     "                           (default 1G)\n"
     "  --store-bytes N          the store file's budget; a write past it is\n"
     "                           RESOURCE_EXHAUSTED (default 16G)\n"
+    "  --http HOST:PORT|off      the HTTP JSON gateway's address (default\n"
+    "                           127.0.0.1:8080; port 0 picks a free port)\n"
+    "  --http-header-bytes N    largest request line and headers (default\n"
+    "                           16K); more is 431\n"
+    "  --http-body-bytes N      largest request body (default 64M); more is\n"
+    "                           413\n"
+    "  --http-read-timeout-ms N a request's headers, and every gap in its\n"
+    "                           body, must arrive within this (default\n"
+    "                           10000); else 408 and the connection closes\n"
+    "  --http-idle-timeout-ms N a keep-alive connection idle this long is\n"
+    "                           closed (default 60000)\n"
+    "  --http-max-connections N HTTP connections open at once; past it the\n"
+    "                           longest-idle one is closed (default 1024)\n"
     "  --test-backend NAME      also register a test backend: flip-test\n"
     "                           (claims exact, flips one GEMM bit; used\n"
     "                           only when named) for conformance tests\n"
     "  --help, --version\n"
     "\n"
     "Byte counts take a K, M or G suffix (powers of 1024).  On start the\n"
-    "daemon prints 'toposd listening on HOST:PORT' on stdout.\n";
+    "daemon prints 'toposd listening on HOST:PORT' on stdout, then\n"
+    "'toposd http on HOST:PORT' unless --http is off.\n";
 
 void config_defaults(toposd_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
@@ -103,6 +117,12 @@ void config_defaults(toposd_config *cfg) {
   cfg->pool_bytes = (int64_t)256 << 20;
   cfg->spec_bytes = (int64_t)1 << 30;
   cfg->store_bytes = (int64_t)16 << 30;
+  snprintf(cfg->http, sizeof cfg->http, "127.0.0.1:8080");
+  cfg->http_header_bytes = (int64_t)16 << 10;
+  cfg->http_body_bytes = (int64_t)64 << 20;
+  cfg->http_read_timeout_ms = 10000;
+  cfg->http_idle_timeout_ms = 60000;
+  cfg->http_max_connections = 1024;
 }
 
 static int config_error(char *msg, size_t msglen, const char *fmt, ...)
@@ -306,6 +326,44 @@ static int apply(toposd_config *cfg, const char *key, const char *value,
       cfg->spec_bytes = v;
     else
       cfg->store_bytes = v;
+  } else if (strcmp(name, "http") == 0) {
+    char host[sizeof cfg->http];
+    int port = 0;
+    if (strlen(value) >= sizeof cfg->http)
+      return config_error(msg, msglen, "http: the address is too long");
+    if (strcmp(value, "off") == 0) {
+      cfg->http[0] = '\0';
+      return 0;
+    }
+    if (config_split_listen(value, host, sizeof host, &port, msg, msglen) != 0)
+      return -1;
+    snprintf(cfg->http, sizeof cfg->http, "%s", value);
+  } else if (strcmp(name, "http-header-bytes") == 0) {
+    if (!parse_int64(value, true, &v) || v < 1024 || v > (1 << 20))
+      return config_error(msg, msglen,
+                          "http-header-bytes: '%s' is not in 1K..1M", value);
+    cfg->http_header_bytes = v;
+  } else if (strcmp(name, "http-body-bytes") == 0) {
+    if (!parse_int64(value, true, &v) || v < 1024 || v > INT32_MAX)
+      return config_error(
+          msg, msglen, "http-body-bytes: '%s' is not in 1K..2147483647", value);
+    cfg->http_body_bytes = v;
+  } else if (strcmp(name, "http-read-timeout-ms") == 0 ||
+             strcmp(name, "http-idle-timeout-ms") == 0) {
+    if (!parse_int64(value, false, &v) || v < 100 || v > (int64_t)1 << 40)
+      return config_error(msg, msglen,
+                          "%s: '%s' is not a duration of at least 100", name,
+                          value);
+    if (name[5] == 'r')
+      cfg->http_read_timeout_ms = v;
+    else
+      cfg->http_idle_timeout_ms = v;
+  } else if (strcmp(name, "http-max-connections") == 0) {
+    if (!parse_int64(value, false, &v) || v < 1 || v > 1000000)
+      return config_error(msg, msglen,
+                          "http-max-connections: '%s' is not in 1..1000000",
+                          value);
+    cfg->http_max_connections = (int)v;
   } else if (strcmp(name, "test-backend") == 0) {
     if (strcmp(value, "flip-test") != 0)
       return config_error(msg, msglen,

@@ -42,6 +42,16 @@ typedef struct toposd_config {
    * recently used unreferenced spec is dropped, and the whole store file. */
   int64_t spec_bytes;
   int64_t store_bytes;
+  /* The HTTP gateway (http.c, gateway.c): its address ("" = off), and
+   * the limits of one connection. */
+  char http[256];
+  int64_t http_header_bytes;    /* request line and headers */
+  int64_t http_body_bytes;      /* one request's body */
+  int64_t http_read_timeout_ms; /* a request's headers, and each gap in
+                                 * its body, must arrive within this */
+  int64_t http_idle_timeout_ms; /* a keep-alive connection idle this long
+                                 * is closed */
+  int http_max_connections;     /* open HTTP connections at once */
 } toposd_config;
 
 /* Fills *cfg with the defaults. */

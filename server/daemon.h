@@ -30,6 +30,7 @@ typedef struct daemon_state {
   _Atomic int64_t requests; /* calls answered, any status */
   _Atomic int64_t errors;   /* calls answered with a status other than OK */
   _Atomic int queue_depth;  /* jobs waiting for a worker */
+  _Atomic int busy_workers; /* workers running a job */
   /* Memory admission (admission.c): the peak bytes reserved by the runs
    * in flight, at most cfg->memory_bytes. */
   _Atomic int64_t reserved_bytes;

@@ -229,6 +229,7 @@ const method_def handler_methods[] = {
     {"Health", "/topos.v1.Topos/Health", handle_health, true},
     METHOD("Stats", handle_stats),
     METHOD("Backends", handle_backends),
+    METHOD("ListSpecs", handle_list_specs),
     {"grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Check",
      handle_health_check, true},
 };

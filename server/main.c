@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include "cache.h"
 #include "config.h"
 #include "daemon.h"
+#include "http.h"
 #include "log.h"
 #include "rpc.h"
 #include "store.h"
@@ -80,6 +82,13 @@ int main(int argc, char **argv) {
     return 2;
   }
   log_set_format(cfg.log_format);
+  /* Connections are descriptors: take all the hard limit allows (the
+   * caps in listener.c and http.c then decide). */
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
   /* Exact backends reproduce the reference's bits, so registering them
    * changes no reply; envelope ones serve only `fast` entries. */
   topos_backends_register_defaults();
@@ -160,13 +169,35 @@ int main(int argc, char **argv) {
     store_close(store);
     return 1;
   }
-  printf("toposd listening on %s\n", bound);
+  char http_bound[300] = "";
+  http_server *http = NULL;
+  if (cfg.http[0] != '\0') {
+    http = http_server_start(&d, server, http_bound, sizeof http_bound, msg,
+                             sizeof msg);
+    if (http == NULL) {
+      fprintf(stderr, "toposd: %s\n", msg);
+      volatile sig_atomic_t stop = 2;
+      rpc_server_run(server, &stop);
+      rpc_server_destroy(server);
+      grpc_shutdown();
+      blob_writer_stop(blobs);
+      cache_free(c);
+      store_close(store);
+      return 1;
+    }
+  }
+  /* One write, so a reader waiting for the first line has both. */
+  if (http != NULL)
+    printf("toposd listening on %s\ntoposd http on %s\n", bound, http_bound);
+  else
+    printf("toposd listening on %s\n", bound);
   fflush(stdout);
   log_event("start",
             "toposd %s on %s: store %s, %d workers, queue %d, max message %lld "
             "bytes",
             TOPOSD_VERSION, bound, cfg.store, cfg.workers, cfg.queue,
             (long long)cfg.max_message_bytes);
+  if (http != NULL) log_event("start", "http gateway on %s", http_bound);
 
   int rc = rpc_server_run(server, &stop_requested);
   if (rc != 0) {
@@ -176,6 +207,9 @@ int main(int argc, char **argv) {
     log_event("stop", "exiting with work abandoned");
     _exit(0);
   }
+  /* The workers are joined: every HTTP call is answered; the loop sends
+   * the last responses and closes. */
+  http_server_stop(http);
   rpc_server_destroy(server);
   grpc_shutdown();
   blob_writer_stop(blobs); /* writes what is pending */

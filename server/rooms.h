@@ -134,6 +134,7 @@ void run_inputs_clear(run_inputs *in);
 void handle_backends(call_ctx *cx);
 void handle_record(call_ctx *cx);
 void handle_describe(call_ctx *cx);
+void handle_list_specs(call_ctx *cx);
 void handle_lower(call_ctx *cx);
 void handle_emit(call_ctx *cx);
 void handle_forward(call_ctx *cx);

@@ -47,14 +47,20 @@
 
 #include "arena.h"
 #include "handlers.h"
+#include "health.pb-c.h"
 #include "listener.h"
 #include "log.h"
+#include "metrics.h"
 #include "wire.h"
 
 /* Registered-call requests kept posted per method. */
 #define REQUESTS_PER_METHOD 16
 /* Unregistered-call requests (answered UNIMPLEMENTED). */
 #define UNREGISTERED_REQUESTS 4
+/* grpc.health.v1.Health/Watch requests kept posted. */
+#define WATCH_REQUESTS 4
+#define METHOD_UNREGISTERED (-1)
+#define METHOD_WATCH (-2)
 /* The queue thread wakes at least this often to look at the stop flag. */
 #define POLL_MS 50
 /* After the grace period, how long cancelled jobs get to notice before
@@ -67,10 +73,12 @@
 #define PROBER_RETAIN_BYTES ((size_t)64 << 10)
 
 typedef enum tag_kind {
-  TAG_REQUEST, /* a posted request slot received a call */
-  TAG_CLOSE,   /* a job's RECV_CLOSE_ON_SERVER completed */
-  TAG_SEND,    /* a job's reply batch completed */
-  TAG_SHUTDOWN /* grpc_server_shutdown_and_notify is done */
+  TAG_REQUEST,     /* a posted request slot received a call */
+  TAG_CLOSE,       /* a job's RECV_CLOSE_ON_SERVER completed */
+  TAG_SEND,        /* a job's reply batch completed */
+  TAG_WATCH_SEND,  /* a health watcher's message (or status) went out */
+  TAG_WATCH_CLOSE, /* a health watcher's call is over */
+  TAG_SHUTDOWN     /* grpc_server_shutdown_and_notify is done */
 } tag_kind;
 
 typedef struct tag {
@@ -112,7 +120,27 @@ struct job {
   grpc_metadata trailing[2];
   size_t ntrailing;
   char trailing_text[2][32];
-  job *next; /* queue link */
+  service_call *ext; /* a call from another transport (rpc_submit) */
+  job *next;         /* queue link */
+};
+
+/* A grpc.health.v1.Health/Watch stream.  Lives on the queue thread only:
+ * it sends the status when it changes (the drain), and its status line
+ * when the server stops.  refs: the close batch, and a send in flight. */
+typedef struct watcher watcher;
+struct watcher {
+  tag send_tag, close_tag;
+  grpc_call *call;
+  grpc_metadata_array metadata;
+  grpc_byte_buffer *out;
+  grpc_slice details;
+  int refs;
+  int close_cancelled;
+  int sent;      /* the status last sent; -1: none yet */
+  uint64_t conn; /* listener_call_begin's: a stream is a call in flight */
+  bool unknown;  /* a service not served: SERVICE_UNKNOWN, for good */
+  bool sending, finishing, finished, gone;
+  watcher *prev, *next;
 };
 
 typedef struct job_queue {
@@ -137,6 +165,8 @@ struct rpc_server {
   grpc_completion_queue *cq;
   listener *listener;
   void *methods[32]; /* registered method handles */
+  void *watch_method;
+  watcher *watchers;
   request_slot *slots;
   int nslots;
   tag shutdown_tag;
@@ -144,6 +174,10 @@ struct rpc_server {
   worker *workers;
   int nworkers;
   worker prober; /* answers health probes on the queue thread */
+  /* Answers the probes other transports submit (rpc_submit), on their
+   * thread; the lock keeps two such threads apart. */
+  worker ext_prober;
+  pthread_mutex_t ext_prober_lock;
   listener_counts last_counts;
   _Atomic int live_jobs;
   _Atomic uint64_t next_request_id;
@@ -351,23 +385,99 @@ static int64_t thread_cpu_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static void worker_run_job(worker *w, job *j) {
+/* Runs method m's handler over cx (its request set; a status already set
+ * by reading the request skips the handler), then logs the request, counts
+ * it and resets the worker's memory.  What the handler left in cx is the
+ * transport's to send. */
+static void serve(worker *w, int method, call_ctx *cx, int transport,
+                  const char *peer, int64_t arrival_ns, int64_t picked_ns,
+                  int64_t cpu_start_ns) {
   rpc_server *s = w->server;
   daemon_state *d = s->d;
+  const method_def *m = &handler_methods[method];
+  cx->d = d;
+  cx->alloc = &w->arena.allocator;
+  cx->request_id = atomic_fetch_add(&s->next_request_id, 1) + 1;
+  size_t bytes_in = cx->in_len;
+  /* The handlers' engine runs carry call_should_stop in their context
+   * (handlers.c, call_exec), so a cancelled call, an expired deadline or a
+   * drain stops the job at a node boundary and its buffers are released. */
+  if (cx->status == GRPC_STATUS_OK && call_continue(cx)) m->handler(cx);
+  if (cx->status == GRPC_STATUS_INTERNAL) {
+    /* A bug: the request id ties the client's error to the log line. */
+    size_t len = strlen(cx->message);
+    snprintf(cx->message + len, sizeof cx->message - len, " (request %llu)",
+             (unsigned long long)cx->request_id);
+  }
+  if (cx->status != GRPC_STATUS_OK && cx->out) {
+    free(cx->out);
+    cx->out = NULL;
+    cx->out_len = 0;
+  }
+
+  int64_t done_ns = daemon_now_ns();
+  log_request_line line = {
+      .request_id = cx->request_id,
+      .method = m->name,
+      .spec_id = cx->spec_id,
+      .peer = peer,
+      .status = cx->status,
+      .message = cx->message,
+      .bytes_in = (int64_t)bytes_in,
+      .bytes_out = (int64_t)cx->out_len,
+      .queue_us = micros_between(arrival_ns, picked_ns),
+      .duration_us = micros_between(arrival_ns, done_ns),
+      .cpu_us = micros_between(cpu_start_ns, thread_cpu_ns()),
+  };
+  log_request(&line);
+  metrics_observe(method, transport, cx->status,
+                  micros_between(arrival_ns, done_ns));
+  atomic_fetch_add(&d->requests, 1);
+  if (cx->status != GRPC_STATUS_OK) atomic_fetch_add(&d->errors, 1);
+
+  arena_reset(&w->arena);
+  reuse_buf_reset(&w->input);
+}
+
+/* Runs a call of another transport: its request is its own bytes, its
+ * result goes back through c->done. */
+static void run_service_call(worker *w, service_call *c, int64_t picked_ns) {
+  int64_t cpu_start_ns = thread_cpu_ns();
+  call_ctx cx;
+  memset(&cx, 0, sizeof cx);
+  cx.in = c->in;
+  cx.in_len = c->in_len;
+  cx.has_message = c->has_message;
+  cx.deadline_ns = c->deadline_ns;
+  cx.cancelled = &c->cancelled;
+  cx.status = GRPC_STATUS_OK;
+  serve(w, c->method, &cx, TRANSPORT_HTTP, c->peer, c->arrival_ns, picked_ns,
+        cpu_start_ns);
+  c->status = cx.status;
+  c->topos_code = cx.topos_code;
+  memcpy(c->message, cx.message, sizeof c->message);
+  c->out = cx.out;
+  c->out_len = cx.out_len;
+}
+
+static void worker_run_job(worker *w, job *j) {
   int64_t picked_ns = daemon_now_ns();
+  if (j->ext) {
+    service_call *c = j->ext;
+    run_service_call(w, c, picked_ns);
+    job_unref(j);
+    c->done(c); /* the last touch: c may be gone after this */
+    return;
+  }
   int64_t cpu_start_ns = thread_cpu_ns();
   const method_def *m = &handler_methods[j->method];
   call_ctx cx;
   memset(&cx, 0, sizeof cx);
-  cx.d = d;
   cx.deadline_ns = j->deadline_ns;
   cx.cancelled = &j->cancelled;
-  cx.alloc = &w->arena.allocator;
-  cx.request_id = atomic_fetch_add(&s->next_request_id, 1) + 1;
   cx.status = GRPC_STATUS_OK;
 
   grpc_slice hold = grpc_empty_slice();
-  size_t bytes_in = 0;
   if (j->payload != NULL &&
       j->payload->data.raw.compression != GRPC_COMPRESS_NONE) {
     /* Never inflated (rpc_server_start): refused as the gRPC spec asks. */
@@ -383,49 +493,14 @@ static void worker_run_job(worker *w, job *j) {
                "%s: out of memory reading the request", m->name);
     }
     cx.has_message = true;
-    bytes_in = cx.in_len;
   }
-  /* The handlers' engine runs carry call_should_stop in their context
-   * (handlers.c, call_exec), so a cancelled call, an expired deadline or a
-   * drain stops the job at a node boundary and its buffers are released. */
-  if (cx.status == GRPC_STATUS_OK && call_continue(&cx)) m->handler(&cx);
+  serve(w, j->method, &cx, TRANSPORT_GRPC, j->peer, j->arrival_ns, picked_ns,
+        cpu_start_ns);
   grpc_slice_unref(hold);
   if (j->payload) {
     grpc_byte_buffer_destroy(j->payload);
     j->payload = NULL;
   }
-  if (cx.status == GRPC_STATUS_INTERNAL) {
-    /* A bug: the request id ties the client's error to the log line. */
-    size_t len = strlen(cx.message);
-    snprintf(cx.message + len, sizeof cx.message - len, " (request %llu)",
-             (unsigned long long)cx.request_id);
-  }
-  if (cx.status != GRPC_STATUS_OK && cx.out) {
-    free(cx.out);
-    cx.out = NULL;
-    cx.out_len = 0;
-  }
-
-  int64_t done_ns = daemon_now_ns();
-  log_request_line line = {
-      .request_id = cx.request_id,
-      .method = m->name,
-      .spec_id = cx.spec_id,
-      .peer = j->peer,
-      .status = cx.status,
-      .message = cx.message,
-      .bytes_in = (int64_t)bytes_in,
-      .bytes_out = (int64_t)cx.out_len,
-      .queue_us = micros_between(j->arrival_ns, picked_ns),
-      .duration_us = micros_between(j->arrival_ns, done_ns),
-      .cpu_us = micros_between(cpu_start_ns, thread_cpu_ns()),
-  };
-  log_request(&line);
-  atomic_fetch_add(&d->requests, 1);
-  if (cx.status != GRPC_STATUS_OK) atomic_fetch_add(&d->errors, 1);
-
-  arena_reset(&w->arena);
-  reuse_buf_reset(&w->input);
   job_send(j, cx.status, cx.message, cx.topos_code, cx.out, cx.out_len, false);
 }
 
@@ -433,8 +508,11 @@ static void *worker_main(void *arg) {
   worker *w = arg;
   rpc_server *s = w->server;
   job *j;
-  while ((j = queue_pop(&s->queue, &s->d->queue_depth)) != NULL)
+  while ((j = queue_pop(&s->queue, &s->d->queue_depth)) != NULL) {
+    atomic_fetch_add(&s->d->busy_workers, 1);
     worker_run_job(w, j);
+    atomic_fetch_sub(&s->d->busy_workers, 1);
+  }
   return NULL;
 }
 
@@ -446,10 +524,12 @@ static void post_request(rpc_server *s, request_slot *slot) {
   slot->payload = NULL;
   grpc_metadata_array_init(&slot->metadata);
   grpc_call_error e;
-  if (slot->method >= 0) {
+  if (slot->method >= 0 || slot->method == METHOD_WATCH) {
     e = grpc_server_request_registered_call(
-        s->server, s->methods[slot->method], &slot->call, &slot->deadline,
-        &slot->metadata, &slot->payload, s->cq, s->cq, &slot->tag);
+        s->server,
+        slot->method >= 0 ? s->methods[slot->method] : s->watch_method,
+        &slot->call, &slot->deadline, &slot->metadata, &slot->payload, s->cq,
+        s->cq, &slot->tag);
   } else {
     grpc_call_details_init(&slot->details);
     e = grpc_server_request_call(s->server, &slot->call, &slot->details,
@@ -458,32 +538,198 @@ static void post_request(rpc_server *s, request_slot *slot) {
   slot->posted = e == GRPC_CALL_OK;
   if (!slot->posted) {
     grpc_metadata_array_destroy(&slot->metadata);
-    if (slot->method < 0) grpc_call_details_destroy(&slot->details);
+    if (slot->method == METHOD_UNREGISTERED)
+      grpc_call_details_destroy(&slot->details);
   }
+}
+
+/* ------------------------------------------------------ health watchers */
+
+static int serving_status(rpc_server *s, const watcher *w) {
+  if (w->unknown)
+    return GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN;
+  return atomic_load(&s->d->draining) || s->shutdown_started
+             ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
+             : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+}
+
+static void watcher_unref(rpc_server *s, watcher *w) {
+  if (--w->refs > 0) return;
+  if (w->prev)
+    w->prev->next = w->next;
+  else
+    s->watchers = w->next;
+  if (w->next) w->next->prev = w->prev;
+  if (w->out) grpc_byte_buffer_destroy(w->out);
+  grpc_slice_unref(w->details);
+  grpc_metadata_array_destroy(&w->metadata);
+  grpc_call_unref(w->call);
+  listener_call_end(s->listener, w->conn);
+  free(w);
+}
+
+/* Sends what the watcher has not seen: the status when it changed, or
+ * (finishing) the last status and the end of the stream.  One batch at a
+ * time; the completion calls this again. */
+static void watcher_send(rpc_server *s, watcher *w) {
+  if (w->sending || w->gone || w->finished) return;
+  int status = serving_status(s, w);
+  bool finish = w->finishing && status == w->sent;
+  if (status == w->sent && !finish) return;
+  grpc_op ops[3];
+  memset(ops, 0, sizeof ops);
+  size_t n = 0;
+  if (w->sent < 0) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+  if (finish) {
+    w->details = grpc_slice_from_static_string("toposd is stopping");
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = GRPC_STATUS_UNAVAILABLE;
+    ops[n].data.send_status_from_server.status_details = &w->details;
+    n++;
+    w->finished = true;
+  } else {
+    Grpc__Health__V1__HealthCheckResponse r =
+        GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    r.status = (Grpc__Health__V1__HealthCheckResponse__ServingStatus)status;
+    uint8_t buf[16];
+    size_t len = protobuf_c_message_pack(&r.base, buf);
+    grpc_slice slice = grpc_slice_from_copied_buffer((const char *)buf, len);
+    if (w->out) grpc_byte_buffer_destroy(w->out);
+    w->out = grpc_raw_byte_buffer_create(&slice, 1);
+    grpc_slice_unref(slice);
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n].data.send_message.send_message = w->out;
+    n++;
+    w->sent = status;
+  }
+  w->refs++;
+  w->sending = true;
+  if (grpc_call_start_batch(w->call, ops, n, &w->send_tag, NULL) !=
+      GRPC_CALL_OK) {
+    w->sending = false;
+    w->gone = true;
+    watcher_unref(s, w);
+  }
+}
+
+static void watchers_update(rpc_server *s, bool finish) {
+  for (watcher *w = s->watchers, *next; w; w = next) {
+    next = w->next;
+    if (finish) w->finishing = true;
+    watcher_send(s, w);
+  }
+}
+
+/* A Watch call arrived: answer the status now and keep the stream. */
+static void on_watch(rpc_server *s, request_slot *slot) {
+  watcher *w = calloc(1, sizeof *w);
+  Grpc__Health__V1__HealthCheckRequest *req = NULL;
+  if (slot->payload != NULL) {
+    grpc_slice hold;
+    worker *p = &s->prober;
+    const uint8_t *data = NULL;
+    size_t len = 0;
+    if (read_payload(p, slot->payload, &data, &len, &hold) == 0)
+      req = grpc__health__v1__health_check_request__unpack(NULL, len, data);
+    grpc_slice_unref(hold);
+    reuse_buf_reset(&p->input);
+    grpc_byte_buffer_destroy(slot->payload);
+  }
+  const char *why = NULL;
+  if (w == NULL)
+    why = "daemon out of memory";
+  else if (slot->payload != NULL && req == NULL)
+    why = "HealthCheckRequest does not parse";
+  if (why != NULL) {
+    grpc_call_cancel_with_status(
+        slot->call,
+        w ? GRPC_STATUS_INVALID_ARGUMENT : GRPC_STATUS_RESOURCE_EXHAUSTED, why,
+        NULL);
+    grpc_call_unref(slot->call);
+    grpc_metadata_array_destroy(&slot->metadata);
+    free(w);
+    if (req) grpc__health__v1__health_check_request__free_unpacked(req, NULL);
+    return;
+  }
+  w->send_tag = (tag){TAG_WATCH_SEND, w};
+  w->close_tag = (tag){TAG_WATCH_CLOSE, w};
+  w->call = slot->call;
+  w->metadata = slot->metadata; /* moved */
+  w->details = grpc_empty_slice();
+  w->sent = -1;
+  char *peer = grpc_call_get_peer(w->call);
+  char shown[64];
+  w->conn = listener_call_begin(s->listener, peer, shown, sizeof shown);
+  gpr_free(peer);
+  w->unknown = req != NULL && req->service[0] != '\0' &&
+               strcmp(req->service, "topos.v1.Topos") != 0;
+  if (req) grpc__health__v1__health_check_request__free_unpacked(req, NULL);
+  w->next = s->watchers;
+  if (s->watchers) s->watchers->prev = w;
+  s->watchers = w;
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  op.data.recv_close_on_server.cancelled = &w->close_cancelled;
+  w->refs = 1;
+  if (grpc_call_start_batch(w->call, &op, 1, &w->close_tag, NULL) !=
+      GRPC_CALL_OK) {
+    w->gone = true;
+    watcher_unref(s, w);
+    return;
+  }
+  w->finishing = s->shutdown_started;
+  watcher_send(s, w);
+}
+
+/* Logs and counts a call answered without a worker (unknown method, full
+ * queue, draining, shutting down). */
+static void log_refusal(rpc_server *s, const char *method, int method_index,
+                        int transport, const char *peer, int status,
+                        const char *message, int64_t bytes_in,
+                        int64_t arrival_ns) {
+  uint64_t id = atomic_fetch_add(&s->next_request_id, 1) + 1;
+  log_request_line line = {
+      .request_id = id,
+      .method = method,
+      .spec_id = "",
+      .peer = peer,
+      .status = status,
+      .message = message,
+      .bytes_in = bytes_in,
+      .bytes_out = 0,
+      .queue_us = 0,
+      .duration_us = micros_between(arrival_ns, daemon_now_ns()),
+      .cpu_us = -1,
+  };
+  log_request(&line);
+  if (method_index >= 0)
+    metrics_observe(method_index, transport, status, line.duration_us);
+  atomic_fetch_add(&s->d->requests, 1);
+  atomic_fetch_add(&s->d->errors, 1);
 }
 
 /* Answers a job from the queue thread without a worker (unknown method,
  * full queue, shutting down). */
 static void reject(rpc_server *s, job *j, int status, const char *message,
                    const char *method, bool with_close) {
-  uint64_t id = atomic_fetch_add(&s->next_request_id, 1) + 1;
-  log_request_line line = {
-      .request_id = id,
-      .method = method,
-      .spec_id = "",
-      .peer = j->peer,
-      .status = status,
-      .message = message,
-      .bytes_in = j->payload ? (int64_t)grpc_byte_buffer_length(j->payload) : 0,
-      .bytes_out = 0,
-      .queue_us = 0,
-      .duration_us = micros_between(j->arrival_ns, daemon_now_ns()),
-      .cpu_us = -1,
-  };
-  log_request(&line);
-  atomic_fetch_add(&s->d->requests, 1);
-  atomic_fetch_add(&s->d->errors, 1);
+  log_refusal(s, method, j->method, TRANSPORT_GRPC, j->peer, status, message,
+              j->payload ? (int64_t)grpc_byte_buffer_length(j->payload) : 0,
+              j->arrival_ns);
   job_send(j, status, message, 0, NULL, 0, with_close);
+}
+
+/* Why new work is refused now (UNAVAILABLE), or NULL when it is taken. */
+static const char *refusal(rpc_server *s) {
+  if (atomic_load(&s->d->cancel_all)) return "toposd is shutting down";
+  if (atomic_load(&s->d->draining))
+    return "toposd is draining (SIGTERM): it takes no new work; retry on "
+           "another server";
+  return NULL;
+}
+
+static void queue_full_message(rpc_server *s, char *buf, size_t len) {
+  snprintf(buf, len, "job queue full (%d jobs)", s->queue.capacity);
 }
 
 static int64_t deadline_of(rpc_server *s, gpr_timespec deadline,
@@ -503,7 +749,13 @@ static void on_request(rpc_server *s, request_slot *slot, bool ok) {
   if (!ok) {
     /* The server is shutting down: the request is returned unused. */
     grpc_metadata_array_destroy(&slot->metadata);
-    if (slot->method < 0) grpc_call_details_destroy(&slot->details);
+    if (slot->method == METHOD_UNREGISTERED)
+      grpc_call_details_destroy(&slot->details);
+    return;
+  }
+  if (slot->method == METHOD_WATCH) {
+    on_watch(s, slot);
+    post_request(s, slot);
     return;
   }
   int64_t now = daemon_now_ns();
@@ -560,20 +812,61 @@ static void on_request(rpc_server *s, request_slot *slot, bool ok) {
   if (m->probe) {
     /* Probes never wait behind work, and are answered while draining. */
     worker_run_job(&s->prober, j);
-  } else if (atomic_load(&s->d->cancel_all)) {
-    reject(s, j, GRPC_STATUS_UNAVAILABLE, "toposd is shutting down", m->name,
-           false);
-  } else if (atomic_load(&s->d->draining)) {
-    reject(s, j, GRPC_STATUS_UNAVAILABLE,
-           "toposd is draining (SIGTERM): it takes no new work; retry on "
-           "another server",
-           m->name, false);
+  } else if (refusal(s) != NULL) {
+    reject(s, j, GRPC_STATUS_UNAVAILABLE, refusal(s), m->name, false);
   } else if (!queue_push(&s->queue, j, &s->d->queue_depth)) {
     char message[128];
-    snprintf(message, sizeof message, "job queue full (%d jobs)",
-             s->queue.capacity);
+    queue_full_message(s, message, sizeof message);
     reject(s, j, GRPC_STATUS_UNAVAILABLE, message, m->name, false);
   }
+}
+
+int rpc_method_index(const char *name) {
+  for (int i = 0; i < handler_method_count; i++)
+    if (strcmp(handler_methods[i].name, name) == 0) return i;
+  return -1;
+}
+
+bool rpc_submit(rpc_server *s, service_call *c) {
+  const method_def *m = &handler_methods[c->method];
+  c->status = GRPC_STATUS_OK;
+  c->topos_code = 0;
+  c->message[0] = '\0';
+  c->out = NULL;
+  c->out_len = 0;
+  if (m->probe || c->inline_call) {
+    /* Probes never wait behind work, and are answered while draining. */
+    pthread_mutex_lock(&s->ext_prober_lock);
+    run_service_call(&s->ext_prober, c, daemon_now_ns());
+    pthread_mutex_unlock(&s->ext_prober_lock);
+    return false;
+  }
+  char why[128];
+  const char *refused = refusal(s);
+  int status = GRPC_STATUS_UNAVAILABLE;
+  if (refused == NULL) {
+    job *j = calloc(1, sizeof *j);
+    if (j != NULL) {
+      atomic_fetch_add(&s->live_jobs, 1);
+      atomic_store(&j->refs, 1);
+      j->server = s;
+      j->ext = c;
+      j->method = c->method;
+      j->status_details = grpc_empty_slice();
+      if (queue_push(&s->queue, j, &s->d->queue_depth)) return true;
+      job_unref(j);
+      queue_full_message(s, why, sizeof why);
+    } else {
+      status = GRPC_STATUS_RESOURCE_EXHAUSTED;
+      snprintf(why, sizeof why, "daemon out of memory");
+    }
+    refused = why;
+  }
+  c->status = status;
+  snprintf(c->message, sizeof c->message, "%s", refused);
+  log_refusal(s, m->name, c->method, TRANSPORT_HTTP, c->peer, status, refused,
+              (int64_t)c->in_len, c->arrival_ns);
+  return false;
 }
 
 static void dispatch(rpc_server *s, grpc_event ev) {
@@ -591,6 +884,20 @@ static void dispatch(rpc_server *s, grpc_event ev) {
     case TAG_SEND:
       job_unref(t->owner);
       break;
+    case TAG_WATCH_SEND: {
+      watcher *w = t->owner;
+      w->sending = false;
+      if (ev.success == 0) w->gone = true;
+      watcher_send(s, w);
+      watcher_unref(s, w);
+      break;
+    }
+    case TAG_WATCH_CLOSE: {
+      watcher *w = t->owner;
+      w->gone = true;
+      watcher_unref(s, w);
+      break;
+    }
     case TAG_SHUTDOWN:
       s->shutdown_done = true;
       break;
@@ -656,6 +963,9 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
         s->server, handler_methods[i].path, NULL,
         GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
   }
+  s->watch_method = grpc_server_register_method(
+      s->server, "/grpc.health.v1.Health/Watch", NULL,
+      GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
   /* gRPC gets no port of its own: the listener accepts and hands it each
    * connection (listener.h says why). */
   grpc_server_start(s->server);
@@ -679,8 +989,8 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
     return NULL;
   }
 
-  s->nslots =
-      handler_method_count * REQUESTS_PER_METHOD + UNREGISTERED_REQUESTS;
+  s->nslots = handler_method_count * REQUESTS_PER_METHOD +
+              UNREGISTERED_REQUESTS + WATCH_REQUESTS;
   s->slots = calloc((size_t)s->nslots, sizeof *s->slots);
   s->nworkers = cfg->workers;
   s->workers = calloc((size_t)s->nworkers, sizeof *s->workers);
@@ -700,14 +1010,20 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
   for (int i = 0; i < s->nslots; i++) {
     request_slot *slot = &s->slots[i];
     slot->tag = (tag){TAG_REQUEST, slot};
-    slot->method = i < handler_method_count * REQUESTS_PER_METHOD
-                       ? i / REQUESTS_PER_METHOD
-                       : -1;
+    int registered = handler_method_count * REQUESTS_PER_METHOD;
+    slot->method = i < registered ? i / REQUESTS_PER_METHOD
+                   : i < registered + UNREGISTERED_REQUESTS
+                       ? METHOD_UNREGISTERED
+                       : METHOD_WATCH;
     post_request(s, slot);
   }
   s->prober.server = s;
   arena_init(&s->prober.arena, PROBER_RETAIN_BYTES);
   s->prober.input.retain = PROBER_RETAIN_BYTES;
+  s->ext_prober.server = s;
+  arena_init(&s->ext_prober.arena, PROBER_RETAIN_BYTES);
+  s->ext_prober.input.retain = PROBER_RETAIN_BYTES;
+  pthread_mutex_init(&s->ext_prober_lock, NULL);
   for (int i = 0; i < s->nworkers; i++) {
     worker *w = &s->workers[i];
     w->server = s;
@@ -735,6 +1051,7 @@ int rpc_server_run(rpc_server *s, volatile sig_atomic_t *stop) {
       log_event("drain", "draining: no new work, %d calls in flight",
                 atomic_load(&s->live_jobs));
       grace_end = now + d->cfg->grace_ms * 1000000;
+      watchers_update(s, false); /* NOT_SERVING */
     }
     if (s->drain_started && !s->shutdown_started &&
         (atomic_load(&s->live_jobs) == 0 || now >= grace_end || *stop > 1)) {
@@ -745,6 +1062,7 @@ int rpc_server_run(rpc_server *s, volatile sig_atomic_t *stop) {
       log_event("drain", "stopping: no new calls, %d in flight",
                 atomic_load(&s->live_jobs));
       grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
+      watchers_update(s, true); /* the streams end */
     }
     if (s->shutdown_started) {
       /* A second signal cancels at once. */
@@ -806,6 +1124,9 @@ void rpc_server_destroy(rpc_server *s) {
   }
   arena_destroy(&s->prober.arena);
   reuse_buf_destroy(&s->prober.input);
+  arena_destroy(&s->ext_prober.arena);
+  reuse_buf_destroy(&s->ext_prober.input);
+  pthread_mutex_destroy(&s->ext_prober_lock);
   queue_destroy(&s->queue);
   listener_free(s->listener);
   free(s->workers);

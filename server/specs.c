@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "rooms.h"
+#include "svg.h"
 
 /* ----------------------------------------------------- cached networks */
 
@@ -213,24 +214,52 @@ void handle_describe(call_ctx *cx) {
       cx, &topos__v1__describe_request__descriptor, "Describe", false);
   if (req == NULL) return;
   if (req->format < TOPOS__V1__FORMAT__TEXT ||
-      req->format > TOPOS__V1__FORMAT__DOT) {
+      req->format > TOPOS__V1__FORMAT__SVG) {
     call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
-              "format %d is not TEXT, JSON or DOT", (int)req->format);
+              "format %d is not TEXT, JSON, DOT or SVG", (int)req->format);
     return;
   }
+  bool svg = req->format == TOPOS__V1__FORMAT__SVG;
   cache_entry *ref = NULL;
   topos_network *net = spec_network(cx, req->id, &ref);
   if (net == NULL) return;
+  /* SVG is the DOT listing laid out by Graphviz (svg.c), refused before
+   * any work for a network over its node cap. */
+  int nodes = topos_network_node_count(net);
+  if (svg && nodes > SVG_MAX_NODES) {
+    cache_release(cx->d->cache, ref);
+    call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY,
+              "Describe SVG: the network has %d nodes, over the %d the daemon "
+              "lays out as SVG (Graphviz's dot layout is superlinear): ask for "
+              "format dot and render it yourself (dot -Tsvg)",
+              nodes, SVG_MAX_NODES);
+    return;
+  }
   topos_error err = {0};
-  char *text = topos_network_describe(net, (topos_format)req->format, &err);
+  char *text = topos_network_describe(
+      net, svg ? TOPOS_FORMAT_DOT : (topos_format)req->format, &err);
   cache_release(cx->d->cache, ref);
   if (text == NULL) {
     call_fail_err(cx, &err, "describe");
     return;
   }
-  Topos__V1__TextReply r = TOPOS__V1__TEXT_REPLY__INIT;
-  r.text = text;
-  call_reply(cx, &r.base);
+  char *image = NULL;
+  if (svg && call_continue(cx)) {
+    size_t len = 0;
+    char msg[512];
+    int rc = svg_render(text, strlen(text), &image, &len, msg, sizeof msg);
+    if (rc == SVG_ERR_TOO_LARGE || rc == SVG_ERR_MEMORY)
+      call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY,
+                "Describe %s", msg);
+    else if (rc != SVG_OK) /* the engine's DOT always parses: a bug */
+      call_fail(cx, WIRE_GRPC_INTERNAL, 0, "Describe %s", msg);
+  }
+  if (!svg || (image != NULL && call_continue(cx))) {
+    Topos__V1__TextReply r = TOPOS__V1__TEXT_REPLY__INIT;
+    r.text = svg ? image : text;
+    call_reply(cx, &r.base);
+  }
+  free(image);
   topos_free(text);
 }
 
@@ -319,4 +348,73 @@ void handle_emit(call_ctx *cx) {
     topos_free(text);
   }
   planned_clear(cx, &p);
+}
+
+/* ------------------------------------------------------------- ListSpecs */
+
+#define LIST_PAGE_DEFAULT 100
+#define LIST_PAGE_MAX 1000
+
+void handle_list_specs(call_ctx *cx) {
+  Topos__V1__ListSpecsRequest *req = call_unpack(
+      cx, &topos__v1__list_specs_request__descriptor, "ListSpecs", true);
+  if (req == NULL) return;
+  if (req->page_size < 0 || req->page_size > LIST_PAGE_MAX) {
+    call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
+              "page_size %d is not in 0..%d (0 = %d)", (int)req->page_size,
+              LIST_PAGE_MAX, LIST_PAGE_DEFAULT);
+    return;
+  }
+  int limit = req->page_size ? req->page_size : LIST_PAGE_DEFAULT;
+  /* The token is the position of the page's first spec, in decimal. */
+  int64_t offset = 0;
+  const char *token = req->page_token;
+  if (token[0] != '\0') {
+    char *end = NULL;
+    long long v = strtoll(token, &end, 10);
+    if (token[0] < '0' || token[0] > '9' || *end != '\0' || v < 0 ||
+        strlen(token) > 18) {
+      call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
+                "page_token '%.40s' is not one this daemon gave out", token);
+      return;
+    }
+    offset = v;
+  }
+  store_spec_info *rows = NULL;
+  int n = 0;
+  topos_error err = {0};
+  /* One more than the page: whether there is a next one. */
+  if (store_list_specs(cx->d->store, offset, limit + 1, &rows, &n, &err) !=
+      TOPOS_OK) {
+    call_fail_err(cx, &err, "list specs");
+    return;
+  }
+  int shown = n > limit ? limit : n;
+  Topos__V1__SpecInfo *infos =
+      call_scratch(cx, (size_t)(shown ? shown : 1) * sizeof *infos);
+  Topos__V1__SpecInfo **ptrs =
+      call_scratch(cx, (size_t)(shown ? shown : 1) * sizeof *ptrs);
+  char *ids = call_scratch(cx, (size_t)(shown ? shown : 1) * 65);
+  if (infos == NULL || ptrs == NULL || ids == NULL) {
+    free(rows);
+    return;
+  }
+  for (int i = 0; i < shown; i++) {
+    topos__v1__spec_info__init(&infos[i]);
+    memcpy(ids + (size_t)i * 65, rows[i].id, 65);
+    infos[i].id = ids + (size_t)i * 65;
+    infos[i].bytes = rows[i].size;
+    infos[i].created_ms = rows[i].created_ms;
+    infos[i].last_used_ms = rows[i].last_used_ms;
+    ptrs[i] = &infos[i];
+  }
+  free(rows);
+  char next[32] = "";
+  if (n > limit)
+    snprintf(next, sizeof next, "%lld", (long long)(offset + limit));
+  Topos__V1__ListSpecsReply r = TOPOS__V1__LIST_SPECS_REPLY__INIT;
+  r.n_specs = (size_t)shown;
+  r.specs = ptrs;
+  r.next_page_token = next;
+  call_reply(cx, &r.base);
 }

@@ -55,6 +55,7 @@ static double now_s(void) {
 typedef struct daemon_proc {
   pid_t pid;
   int port;
+  int http_port; /* the HTTP gateway's; 0 when started with --http off */
   char dir[256];
   char store[320];
   char log[320];
@@ -99,6 +100,14 @@ static void daemon_start(daemon_proc *d, const char *const *extra) {
   argv[argc++] = "127.0.0.1:0";
   argv[argc++] = "--store";
   argv[argc++] = d->store;
+  /* The HTTP gateway on an ephemeral port too, unless the test sets it. */
+  bool http_given = false;
+  for (int i = 0; extra && extra[i]; i++)
+    http_given = http_given || strcmp(extra[i], "--http") == 0;
+  if (!http_given) {
+    argv[argc++] = "--http";
+    argv[argc++] = "127.0.0.1:0";
+  }
   for (int i = 0; extra && extra[i] && argc < 30; i++) argv[argc++] = extra[i];
   argv[argc] = NULL;
   int fds[2];
@@ -119,9 +128,11 @@ static void daemon_start(daemon_proc *d, const char *const *extra) {
   }
   close(fds[1]);
   d->pid = pid;
-  char line[256] = {0};
+  char line[512] = {0};
   size_t len = 0;
   double until = now_s() + 60;
+  /* Both lines come in one write: "toposd listening on ...", then
+   * "toposd http on ..." unless --http is off. */
   while (len < sizeof line - 1 && strchr(line, '\n') == NULL &&
          now_s() < until) {
     struct pollfd p = {fds[0], POLLIN, 0};
@@ -159,6 +170,9 @@ static void daemon_start(daemon_proc *d, const char *const *extra) {
                  why, line, d->log, tail);
   }
   d->port = port;
+  d->http_port = 0;
+  const char *http = strstr(line, "toposd http on 127.0.0.1:");
+  if (http != NULL) sscanf(http, "toposd http on 127.0.0.1:%d", &d->http_port);
 }
 
 /* SIGTERM (or `sig`) and wait up to `seconds`; returns the wait status, or

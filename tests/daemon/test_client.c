@@ -81,8 +81,8 @@ static void daemon_up(void) {
     if (log >= 0) dup2(log, STDERR_FILENO);
     /* flip-test joins no chain unless named: the conformance tests ask
      * for it to see a row turn red. */
-    execl(bin, bin, "--listen", "127.0.0.1:0", "--store", store,
-          "--test-backend", "flip-test", (char *)NULL);
+    execl(bin, bin, "--listen", "127.0.0.1:0", "--http", "off", "--store",
+          store, "--test-backend", "flip-test", (char *)NULL);
     _exit(127);
   }
   close(fds[1]);

@@ -225,6 +225,7 @@ test-valgrind:
 # through TOPOS_IREE_BIN.  Without them the suite says so and skips.
 export IREE_VENV ?= $(CURDIR)/.iree-venv
 export TOPOS_IREE_BIN ?= $(IREE_VENV)/bin
+export SCHEMATHESIS_VENV ?= $(CURDIR)/.schemathesis-venv
 
 deps:
 	@sh tools/deps.sh

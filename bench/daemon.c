@@ -15,16 +15,33 @@
  *     topos_plan_step: forward + backward + SGD),
  *     target <= 1.5x; the parameters of both paths are checked to be
  *     bit-identical afterwards.
+ *  5. The HTTP gateway's GET /healthz under wrk (one thread, 8
+ *     keep-alive connections, 5 s): requests/s and p99 latency, as wrk
+ *     reports them (issue 12, item 7).
+ *  6. GET /v1/specs/{id}?format=json of the recorded makemore MLP spec
+ *     under the same wrk load: requests/s and p99.  Before any load, one
+ *     gRPC Describe and one GET (untimed) put the decoded network in the
+ *     daemon's cache (server/specs.c; the JSON is rendered on every call)
+ *     and check that both return the same text.
+ *  7. gRPC Describe (format JSON) of the same spec under a comparable
+ *     load: one thread driving 8 channels, each on its own connection
+ *     with one call in flight, for 5 s: calls/s and p99; then gRPC
+ *     calls/s over HTTP requests/s, the HTTP per-request cost over
+ *     gRPC's (aim: within 1.5x).
+ *  Rows 5 and 6 need wrk (Debian package; `make deps` installs it); when
+ *  it is missing they are skipped with a line saying so.
  *
  * It starts its own toposd ($TOPOS_BUILD/bin/toposd, default build/) on
- * 127.0.0.1:0 with a temporary store, talks raw gRPC C core with
+ * 127.0.0.1:0 (gRPC) and 127.0.0.1:0 (--http, the JSON gateway) with a
+ * temporary store, talks raw gRPC C core with
  * protobuf-c messages built by proto/wire.c (what libtoposclient does),
  * and stops the daemon with SIGTERM at the end.  The daemon runs with
  * GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (transparent huge pages for
  * malloc), which platform-notes.md measured to cut the first-touch cost
  * of large messages.  Times are medians after warm-up unless the row says
- * otherwise.  Exits 1 when a call fails or a bit check fails; a missed
- * target is reported, not an error.
+ * otherwise.  Exits 1 when a call fails (for rows 5 and 6: a non-2xx
+ * response or a socket error counted by wrk, reported after the table) or
+ * a bit check fails; a missed target is reported, not an error.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,6 +51,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -43,6 +61,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -89,6 +108,15 @@ static uint64_t splitmix64(uint64_t *state) {
 static pid_t daemon_pid;
 static char tmp_dir[256];
 
+/* The gateway's port from the daemon's second line; 0 when none came. */
+static int http_port;
+
+static int line_count(const char *text) {
+  int n = 0;
+  for (; *text; text++) n += *text == '\n';
+  return n;
+}
+
 static int daemon_start(void) {
   const char *build = getenv("TOPOS_BUILD");
   char bin[512], store[400], log[400];
@@ -119,10 +147,11 @@ static int daemon_start(void) {
   }
   close(fds[1]);
   daemon_pid = pid;
-  char line[256] = {0};
+  /* Two lines: the gRPC address, then the HTTP gateway's. */
+  char line[512] = {0};
   size_t len = 0;
   double until = now_s() + 60;
-  while (len < sizeof line - 1 && !strchr(line, '\n') && now_s() < until) {
+  while (len < sizeof line - 1 && line_count(line) < 2 && now_s() < until) {
     struct pollfd p = {fds[0], POLLIN, 0};
     if (poll(&p, 1, 200) <= 0) continue;
     ssize_t n = read(fds[0], line + len, sizeof line - 1 - len);
@@ -133,6 +162,10 @@ static int daemon_start(void) {
   int port = 0;
   if (sscanf(line, "toposd listening on 127.0.0.1:%d", &port) != 1)
     die("starting toposd", bin);
+  const char *second = strchr(line, '\n');
+  if (second == NULL ||
+      sscanf(second + 1, "toposd http on 127.0.0.1:%d", &http_port) != 1)
+    http_port = 0;
   return port;
 }
 
@@ -161,8 +194,8 @@ typedef struct client {
 } client;
 
 static const char *const method_names[] = {"Record", "Forward", "Step",
-                                           "PutBlob"};
-enum { M_RECORD, M_FORWARD, M_STEP, M_PUTBLOB };
+                                           "PutBlob", "Describe"};
+enum { M_RECORD, M_FORWARD, M_STEP, M_PUTBLOB, M_DESCRIBE, N_METHODS };
 
 static void client_open(client *c, int port) {
   char target[64];
@@ -180,7 +213,7 @@ static void client_open(client *c, int port) {
   c->ch = grpc_channel_create(target, cr, &chargs);
   grpc_channel_credentials_release(cr);
   c->cq = grpc_completion_queue_create_for_pluck(NULL);
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < N_METHODS; i++) {
     char path[64];
     snprintf(path, sizeof path, "/topos.v1.Topos/%s", method_names[i]);
     c->methods[i] = grpc_channel_register_call(c->ch, path, NULL, NULL);
@@ -709,6 +742,323 @@ static double bench_makemore(int port, double *local_us, double *remote_us) {
   return *remote_us / *local_us;
 }
 
+/* ------------------------------------- 5-7. HTTP gateway against gRPC */
+
+/* Both sides run LOAD_CONNECTIONS connections for LOAD_SECONDS: wrk with
+ * one thread (its event loop keeps one request in flight per connection),
+ * the gRPC side with one thread driving as many channels. */
+enum { LOAD_CONNECTIONS = 8, LOAD_SECONDS = 5 };
+
+/* Whether an executable called name is on $PATH. */
+static bool on_path(const char *name) {
+  const char *path = getenv("PATH");
+  if (path == NULL) return false;
+  while (*path) {
+    size_t n = strcspn(path, ":");
+    char full[1024];
+    snprintf(full, sizeof full, "%.*s/%s", (int)n, n ? path : ".", name);
+    if (access(full, X_OK) == 0) return true;
+    path += n;
+    if (*path == ':') path++;
+  }
+  return false;
+}
+
+/* One GET on a fresh connection ("Connection: close"); returns the HTTP
+ * status (-1 when the exchange fails) and the body in *body (malloc'd,
+ * NUL-terminated, caller frees) and *body_len. */
+static int http_get(int port, const char *target, char **body,
+                    size_t *body_len) {
+  *body = NULL;
+  *body_len = 0;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_in a = {0};
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  char req[512];
+  int n = snprintf(req, sizeof req,
+                   "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                   "Connection: close\r\n\r\n",
+                   target);
+  if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+      write(fd, req, (size_t)n) != n) {
+    close(fd);
+    return -1;
+  }
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap);
+  if (buf == NULL) die("GET", "out of memory");
+  ssize_t got;
+  while ((got = read(fd, buf + len, cap - len - 1)) > 0) {
+    len += (size_t)got;
+    if (cap - len < 2) {
+      char *grown = realloc(buf, cap *= 2);
+      if (grown == NULL) die("GET", "out of memory");
+      buf = grown;
+    }
+  }
+  close(fd);
+  buf[len] = '\0';
+  int status = -1;
+  char *start = strstr(buf, "\r\n\r\n");
+  if (sscanf(buf, "HTTP/1.1 %d", &status) != 1 || start == NULL) {
+    free(buf);
+    return -1;
+  }
+  start += 4;
+  *body_len = len - (size_t)(start - buf);
+  *body = malloc(*body_len + 1);
+  if (*body == NULL) die("GET", "out of memory");
+  memcpy(*body, start, *body_len + 1);
+  free(buf);
+  return status;
+}
+
+typedef struct load_result {
+  bool measured;
+  double rate; /* requests (calls) per second */
+  double p99;  /* µs */
+  long requests, non_2xx, socket_errors;
+} load_result;
+
+/* wrk's latency with its unit ("541.00us", "0.92ms", "1.02s") in µs. */
+static double wrk_us(double v, const char *unit) {
+  if (strcmp(unit, "us") == 0) return v;
+  if (strcmp(unit, "ms") == 0) return v * 1e3;
+  if (strcmp(unit, "s") == 0) return v * 1e6;
+  if (strcmp(unit, "m") == 0) return v * 60e6;
+  return -1;
+}
+
+/* Runs wrk against the gateway's target and reads its summary; false with
+ * the output on stderr when wrk fails or prints something else. */
+static bool wrk_run(int port, const char *target, load_result *r) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd,
+           "wrk --latency -t1 -c%d -d%ds http://127.0.0.1:%d%s 2>&1",
+           LOAD_CONNECTIONS, LOAD_SECONDS, port, target);
+  *r = (load_result){0};
+  FILE *p = popen(cmd, "r");
+  if (p == NULL) return false;
+  char line[512], all[8192] = {0};
+  size_t used = 0;
+  bool have_rate = false, have_p99 = false;
+  while (fgets(line, sizeof line, p)) {
+    used += (size_t)snprintf(all + used, sizeof all - used, "%s", line);
+    if (used >= sizeof all) used = sizeof all - 1;
+    double v;
+    char unit[8];
+    long c, rd, wr, to;
+    if (sscanf(line, " Requests/sec: %lf", &r->rate) == 1) have_rate = true;
+    if (sscanf(line, " 99%% %lf%7s", &v, unit) == 2) {
+      r->p99 = wrk_us(v, unit);
+      have_p99 = r->p99 >= 0;
+    }
+    if (sscanf(line, " %ld requests in", &c) == 1) r->requests = c;
+    if (sscanf(line, " Non-2xx or 3xx responses: %ld", &c) == 1) r->non_2xx = c;
+    if (sscanf(line,
+               " Socket errors: connect %ld, read %ld, write %ld, "
+               "timeout %ld",
+               &c, &rd, &wr, &to) == 4)
+      r->socket_errors = c + rd + wr + to;
+  }
+  int status = pclose(p);
+  r->measured = status == 0 && have_rate && have_p99;
+  if (!r->measured) fprintf(stderr, "bench/daemon: %s gave:\n%s", cmd, all);
+  return r->measured;
+}
+
+/* One gRPC Describe in flight on a channel of its own. */
+typedef struct describe_slot {
+  grpc_channel *ch;
+  void *method;
+  grpc_call *call;
+  grpc_byte_buffer *send, *recv;
+  grpc_metadata_array initial, trailing;
+  grpc_status_code status;
+  grpc_slice details;
+  double t0;
+} describe_slot;
+
+static void describe_start(describe_slot *s, grpc_completion_queue *cq,
+                           const uint8_t *req, size_t len) {
+  s->call = grpc_channel_create_registered_call(
+      s->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, s->method,
+      gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                   gpr_time_from_seconds(60, GPR_TIMESPAN)),
+      NULL);
+  grpc_slice slice = grpc_slice_from_static_buffer(req, len);
+  s->send = grpc_raw_byte_buffer_create(&slice, 1);
+  s->recv = NULL;
+  grpc_metadata_array_init(&s->initial);
+  grpc_metadata_array_init(&s->trailing);
+  s->status = GRPC_STATUS_UNKNOWN;
+  s->details = grpc_empty_slice();
+  grpc_op ops[6];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = s->send;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &s->initial;
+  ops[4].op = GRPC_OP_RECV_MESSAGE;
+  ops[4].data.recv_message.recv_message = &s->recv;
+  ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[5].data.recv_status_on_client.trailing_metadata = &s->trailing;
+  ops[5].data.recv_status_on_client.status = &s->status;
+  ops[5].data.recv_status_on_client.status_details = &s->details;
+  s->t0 = now_s();
+  if (grpc_call_start_batch(s->call, ops, 6, s, NULL) != GRPC_CALL_OK)
+    die("grpc", "start_batch");
+}
+
+/* Ends a completed call; returns whether it was OK with a reply of the
+ * expected length. */
+static bool describe_finish(describe_slot *s, bool success, size_t reply_len) {
+  bool ok = success && s->status == GRPC_STATUS_OK && s->recv != NULL &&
+            grpc_byte_buffer_length(s->recv) == reply_len;
+  if (s->recv) grpc_byte_buffer_destroy(s->recv);
+  grpc_byte_buffer_destroy(s->send);
+  grpc_slice_unref(s->details);
+  grpc_metadata_array_destroy(&s->initial);
+  grpc_metadata_array_destroy(&s->trailing);
+  grpc_call_unref(s->call);
+  s->call = NULL;
+  return ok;
+}
+
+/* Row 7: LOAD_CONNECTIONS channels, each with a local subchannel pool so
+ * that it has a connection of its own (channels to one target otherwise
+ * share one), driven from one thread through one completion queue.  Calls
+ * completing inside the timed window are counted; their latencies give
+ * the p99.  reply_len is the packed TextReply's length, checked on every
+ * reply. */
+static void bench_grpc_describe(int port, const char *id, size_t reply_len,
+                                load_result *r) {
+  Topos__V1__DescribeRequest dr = TOPOS__V1__DESCRIBE_REQUEST__INIT;
+  dr.id = (char *)id;
+  dr.format = TOPOS__V1__FORMAT__JSON;
+  size_t len = 0;
+  uint8_t *req = pack(&dr.base, &len);
+  char target[64];
+  snprintf(target, sizeof target, "127.0.0.1:%d", port);
+  grpc_arg arg = {0};
+  arg.type = GRPC_ARG_INTEGER;
+  arg.key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL;
+  arg.value.integer = 1;
+  grpc_channel_args chargs = {1, &arg};
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+  describe_slot slots[LOAD_CONNECTIONS];
+  memset(slots, 0, sizeof slots);
+  for (int i = 0; i < LOAD_CONNECTIONS; i++) {
+    grpc_channel_credentials *cr = grpc_insecure_credentials_create();
+    slots[i].ch = grpc_channel_create(target, cr, &chargs);
+    grpc_channel_credentials_release(cr);
+    slots[i].method = grpc_channel_register_call(
+        slots[i].ch, "/topos.v1.Topos/Describe", NULL, NULL);
+    describe_start(&slots[i], cq, req, len);
+  }
+  size_t cap = 1 << 16, n = 0;
+  double *lat = malloc(sizeof(double) * cap);
+  if (lat == NULL) die("Describe", "out of memory");
+  long failures = 0;
+  int in_flight = LOAD_CONNECTIONS;
+  /* Half a second of warm-up: the connections are made and every channel
+   * has had calls through it before the window opens. */
+  double start = now_s() + 0.5, end = start + LOAD_SECONDS;
+  while (in_flight > 0) {
+    grpc_event ev = grpc_completion_queue_next(
+        cq,
+        gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                     gpr_time_from_seconds(1, GPR_TIMESPAN)),
+        NULL);
+    if (ev.type == GRPC_QUEUE_TIMEOUT) continue;
+    if (ev.type != GRPC_OP_COMPLETE) die("grpc", "completion queue");
+    describe_slot *s = ev.tag;
+    double t = now_s();
+    if (!describe_finish(s, ev.success != 0, reply_len)) failures++;
+    if (t >= start && t <= end) {
+      if (n == cap) {
+        double *grown = realloc(lat, sizeof(double) * (cap *= 2));
+        if (grown == NULL) die("Describe", "out of memory");
+        lat = grown;
+      }
+      lat[n++] = (t - s->t0) * 1e6;
+    }
+    if (t <= end)
+      describe_start(s, cq, req, len);
+    else
+      in_flight--;
+  }
+  for (int i = 0; i < LOAD_CONNECTIONS; i++) grpc_channel_destroy(slots[i].ch);
+  grpc_completion_queue_shutdown(cq);
+  while (
+      grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
+          .type != GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(cq);
+  if (failures) die("Describe", "calls failed under load");
+  *r = (load_result){true,
+                     (double)n / LOAD_SECONDS,
+                     n ? quantile(lat, (int)n, 0.99) : 0,
+                     (long)n,
+                     0,
+                     0};
+  free(lat);
+  free(req);
+}
+
+typedef struct gateway_figures {
+  bool have_wrk;
+  size_t describe_bytes;
+  load_result healthz, http_describe, grpc_describe;
+} gateway_figures;
+
+/* Rows 5-7.  The spec is the makemore MLP's, recorded over gRPC; before
+ * any load, one gRPC Describe and one HTTP GET (untimed: they put the
+ * decoded network in the daemon's cache) must return the same JSON text. */
+static void bench_gateway(int port, gateway_figures *f) {
+  *f = (gateway_figures){0};
+  client c;
+  client_open(&c, port);
+  mm_model m = mm_build();
+  char id[65];
+  record(&c, m.net, id);
+  topos_network_release(m.net);
+  Topos__V1__DescribeRequest dr = TOPOS__V1__DESCRIBE_REQUEST__INIT;
+  dr.id = id;
+  dr.format = TOPOS__V1__FORMAT__JSON;
+  Topos__V1__TextReply *tr =
+      call_msg(&c, M_DESCRIBE, &dr.base, &topos__v1__text_reply__descriptor);
+  size_t reply_len = protobuf_c_message_get_packed_size(&tr->base);
+  f->describe_bytes = strlen(tr->text);
+  client_close(&c);
+  char target[128];
+  snprintf(target, sizeof target, "/v1/specs/%s?format=json", id);
+  f->have_wrk = on_path("wrk");
+  if (http_port > 0) {
+    char *body = NULL;
+    size_t body_len = 0;
+    int status = http_get(http_port, target, &body, &body_len);
+    if (status != 200) die("GET /v1/specs/{id}?format=json", body);
+    if (body_len != f->describe_bytes || memcmp(body, tr->text, body_len) != 0)
+      die("GET /v1/specs/{id}?format=json",
+          "body differs from gRPC Describe's JSON");
+    free(body);
+    if (f->have_wrk) {
+      if (!wrk_run(http_port, "/healthz", &f->healthz))
+        die("wrk", "GET /healthz");
+      if (!wrk_run(http_port, target, &f->http_describe))
+        die("wrk", "GET /v1/specs/{id}?format=json");
+    }
+  }
+  wire_message_free(&tr->base);
+  bench_grpc_describe(port, id, reply_len, &f->grpc_describe);
+}
+
 /* ------------------------------------------------------------------ main */
 
 int main(void) {
@@ -724,7 +1074,8 @@ int main(void) {
   record(&c, g.net, id);
   client_close(&c);
 
-  /* TOPOS_BENCH_ONLY=forward,step,upload,makemore runs a subset. */
+  /* TOPOS_BENCH_ONLY=forward,step,upload,makemore,http runs a subset
+   * (http: rows 5-7). */
   const char *only = getenv("TOPOS_BENCH_ONLY");
 #define WANT(name) (only == NULL || strstr(only, name) != NULL)
   double p50 = 0, p99 = 0;
@@ -735,6 +1086,9 @@ int main(void) {
   double local_us = 0, remote_us = 0;
   double ratio =
       WANT("makemore") ? bench_makemore(port, &local_us, &remote_us) : 0;
+  /* The gateway rows before the uploads too, for the same reason. */
+  gateway_figures gw = {0};
+  if (WANT("http")) bench_gateway(port, &gw);
   double best_upload = 0, best_stream = 0;
   double upload = WANT("upload") ? bench_upload(port, true, &best_upload) : 0;
   double stream = WANT("upload") ? bench_upload(port, false, &best_stream) : 0;
@@ -760,10 +1114,53 @@ int main(void) {
   snprintf(m, sizeof m, "%.2fx (%.0f / %.0f us)", ratio, remote_us, local_us);
   printf("%-44s %-22s %-14s %s\n", "makemore step, remote / in-process", m,
          "<= 1.5x", ratio <= 1.5 ? "met" : "MISSED");
+  bool http_failed = false;
+  if (gw.grpc_describe.measured) {
+    const load_result *rows[3] = {&gw.healthz, &gw.http_describe,
+                                  &gw.grpc_describe};
+    static const char *const names[3] = {"HTTP GET /healthz, wrk 8 conns",
+                                         "HTTP GET describe json, wrk 8 conns",
+                                         "gRPC Describe json, 8 channels"};
+    for (int i = 0; i < 3; i++) {
+      if (!rows[i]->measured) continue;
+      snprintf(m, sizeof m, "%.0f req/s", rows[i]->rate);
+      printf("%-44s %-22s %-14s\n", names[i], m, "-");
+      snprintf(m, sizeof m, "%.0f us", rows[i]->p99);
+      printf("%-44s %-22s %-14s\n", i < 2 ? "  p99 (wrk)" : "  p99", m, "-");
+    }
+    if (gw.http_describe.measured) {
+      double cost = gw.grpc_describe.rate / gw.http_describe.rate;
+      snprintf(m, sizeof m, "%.2fx", cost);
+      printf("%-44s %-22s %-14s %s\n",
+             "HTTP/gRPC describe cost (gRPC/HTTP rps)", m, "<= 1.5x",
+             cost <= 1.5 ? "met" : "MISSED");
+    }
+    printf(
+        "(describe JSON of the makemore MLP spec: %zu bytes, the same "
+        "text over both)\n",
+        gw.describe_bytes);
+    if (http_port == 0)
+      printf("HTTP rows skipped: toposd printed no 'toposd http on' line\n");
+    else if (!gw.have_wrk)
+      printf(
+          "HTTP rows skipped: wrk is not installed (make deps installs "
+          "it)\n");
+    for (int i = 0; i < 2; i++) {
+      if (!rows[i]->measured ||
+          (rows[i]->non_2xx == 0 && rows[i]->socket_errors == 0))
+        continue;
+      printf(
+          "%s: %ld non-2xx responses and %ld socket errors in %ld "
+          "requests\n",
+          names[i], rows[i]->non_2xx, rows[i]->socket_errors,
+          rows[i]->requests);
+      http_failed = true;
+    }
+  }
   fflush(stdout);
 
   topos_network_release(g.net);
   grpc_shutdown();
   daemon_stop();
-  return 0;
+  return http_failed ? 1 : 0;
 }

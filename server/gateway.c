@@ -38,6 +38,7 @@
 #include "page.h"
 #include "pbjson.h"
 #include "topos.pb-c.h"
+#include "utf8.h"
 #include "version.h"
 #include "wire.h"
 
@@ -99,10 +100,25 @@ int gateway_http_status(int grpc_status) {
   return 500;
 }
 
+/* Makes text valid UTF-8 in place: a message may quote client bytes (or
+ * cut a character in two), and JSON must be UTF-8.  Each byte that does
+ * not begin a valid sequence becomes '?'. */
+static void utf8_scrub(char *text) {
+  size_t n = strlen(text);
+  for (size_t i = 0; i < n;) {
+    size_t at = 0;
+    const char *why = NULL;
+    if (utf8_check(text + i, n - i, &at, &why)) break;
+    text[i + at] = '?';
+    i += at + 1;
+  }
+}
+
 static void verror(http_response *r, int http_status, const char *code,
                    const char *fmt, va_list ap) {
   char text[1200];
   vsnprintf(text, sizeof text, fmt, ap);
+  utf8_scrub(text);
   cJSON *doc = cJSON_CreateObject();
   cJSON *e = cJSON_AddObjectToObject(doc, "error");
   cJSON_AddStringToObject(e, "code", code);

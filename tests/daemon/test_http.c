@@ -862,6 +862,71 @@ START_TEST(test_http_off_and_bad_address) {
 }
 END_TEST
 
+/* The tail of a file, for failure messages. */
+static void file_tail(const char *path, char *out, size_t outlen) {
+  out[0] = '\0';
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return;
+  if (fseek(f, 0, SEEK_END) == 0) {
+    long size = ftell(f);
+    fseek(f, size > (long)outlen - 1 ? size - (long)outlen + 1 : 0, SEEK_SET);
+  }
+  size_t n = fread(out, 1, outlen - 1, f);
+  out[n] = '\0';
+  fclose(f);
+}
+
+START_TEST(test_http_schemathesis) {
+  /* schemathesis generates requests from /openapi.json (valid and
+   * invalid ones) against the live gateway: no 5xx, every status and
+   * content type documented, every response matching its schema. */
+  const char *venv = getenv("SCHEMATHESIS_VENV");
+  char st[600];
+  snprintf(st, sizeof st, "%s/bin/st",
+           venv && *venv ? venv : ".schemathesis-venv");
+  ck_assert_msg(access(st, X_OK) == 0,
+                "%s is missing: `make deps` installs schemathesis", st);
+  up(NULL);
+  /* A stored spec, so describe, lower, emit and the page have something
+   * real behind the ids the examples use. */
+  mlp_net m = mlp_network();
+  char id[65];
+  record(&C, m.net, id);
+  /* Two runs: ids as generated (mostly malformed or unknown), then every
+   * {id} the stored spec's, so the routes behind it run for real. */
+  char config[400];
+  snprintf(config, sizeof config, "%s/schemathesis.toml", D.dir);
+  FILE *f = fopen(config, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "[parameters]\n\"path.id\" = \"%s\"\n", id);
+  fclose(f);
+  for (int run = 0; run < 2; run++) {
+    char out[400], cmd[2400], with_config[500] = "";
+    snprintf(out, sizeof out, "%s/schemathesis-%d.txt", D.dir, run);
+    if (run == 1)
+      snprintf(with_config, sizeof with_config, "--config-file %s", config);
+    snprintf(cmd, sizeof cmd,
+             "timeout 600 %s %s run http://127.0.0.1:%d/openapi.json "
+             "--no-color --checks not_a_server_error,status_code_conformance,"
+             "content_type_conformance,response_schema_conformance "
+             "--max-examples 25 --seed 12 --workers 1 "
+             "--suppress-health-check all > %s 2>&1",
+             st, with_config, D.http_port, out);
+    int rc = system(cmd);
+    char tail[3000];
+    file_tail(out, tail, sizeof tail);
+    ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 0,
+                  "schemathesis run %d found failures (exit %d):\n%s", run,
+                  WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, tail);
+    ck_assert_msg(strstr(tail, " passed") != NULL, "no cases ran:\n%s", tail);
+  }
+  /* And the daemon still serves. */
+  assert_serving(&C);
+  topos_network_release(m.net);
+  down();
+}
+END_TEST
+
 Suite *http_suite(void) {
   Suite *s = suite_create("http");
   TCase *tc = tcase_create("gateway");
@@ -875,6 +940,7 @@ Suite *http_suite(void) {
   tcase_add_test(tc, test_http_metrics_promtool);
   tcase_add_test(tc, test_http_drain);
   tcase_add_test(tc, test_http_off_and_bad_address);
+  tcase_add_test(tc, test_http_schemathesis);
   suite_add_tcase(s, tc);
   return s;
 }

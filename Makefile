@@ -146,7 +146,7 @@ $(TOPOS_CLI): $(BUILD)/obj/client/cli.o $(LIB_CLIENT) $(LIB_A) $(if $(BACKEND_SR
 # `make run`: the daemon in the foreground on loopback, store under ./var.
 run: $(TOPOSD)
 	@mkdir -p var
-	$(TOPOSD) --listen 127.0.0.1:50051 --store var/topos.db
+	$(TOPOSD) --listen 127.0.0.1:50051 --http 127.0.0.1:8080 --store var/topos.db
 
 $(LIB_A): $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)

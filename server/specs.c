@@ -223,6 +223,20 @@ void handle_describe(call_ctx *cx) {
   cache_entry *ref = NULL;
   topos_network *net = spec_network(cx, req->id, &ref);
   if (net == NULL) return;
+  /* The text is cached as a child of the network's entry (so it goes
+   * when the network does): a describe is rendered once per format. */
+  char key[96];
+  snprintf(key, sizeof key, "describe %d %s", (int)req->format, req->id);
+  cache_entry *text_ref = NULL;
+  const char *cached = cache_get(cx->d->cache, key, &text_ref);
+  if (cached != NULL) {
+    Topos__V1__TextReply r = TOPOS__V1__TEXT_REPLY__INIT;
+    r.text = (char *)cached;
+    call_reply(cx, &r.base);
+    cache_release(cx->d->cache, text_ref);
+    cache_release(cx->d->cache, ref);
+    return;
+  }
   /* SVG is the DOT listing laid out by Graphviz (svg.c), refused before
    * any work for a network over its node cap. */
   int nodes = topos_network_node_count(net);
@@ -238,8 +252,8 @@ void handle_describe(call_ctx *cx) {
   topos_error err = {0};
   char *text = topos_network_describe(
       net, svg ? TOPOS_FORMAT_DOT : (topos_format)req->format, &err);
-  cache_release(cx->d->cache, ref);
   if (text == NULL) {
+    cache_release(cx->d->cache, ref);
     call_fail_err(cx, &err, "describe");
     return;
   }
@@ -258,7 +272,16 @@ void handle_describe(call_ctx *cx) {
     Topos__V1__TextReply r = TOPOS__V1__TEXT_REPLY__INIT;
     r.text = svg ? image : text;
     call_reply(cx, &r.base);
+    char *keep = strdup(r.text);
+    if (keep != NULL) {
+      char net_key[80];
+      snprintf(net_key, sizeof net_key, "net %s", req->id);
+      cache_put_child(cx->d->cache, net_key, net, key, keep, free,
+                      (int64_t)strlen(keep) + 1, &text_ref);
+      cache_release(cx->d->cache, text_ref);
+    }
   }
+  cache_release(cx->d->cache, ref);
   free(image);
   topos_free(text);
 }

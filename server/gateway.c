@@ -229,6 +229,22 @@ static int method_index(const char *name) {
   return i; /* every name used here is in the table (tests cover each) */
 }
 
+/* Submits request bytes to method `index`, with the daemon's deadline
+ * from the request's arrival.  True when x->resp is filled now. */
+static bool submit(gateway *g, http_exchange *x, int index, const uint8_t *in,
+                   size_t len, bool (*finish)(http_exchange *)) {
+  x->call.method = index;
+  x->call.in = in;
+  x->call.in_len = len;
+  x->call.has_message = true;
+  x->call.arrival_ns = x->req.arrival_ns;
+  int64_t ms = g->d->cfg->deadline_ms;
+  x->call.deadline_ns = ms > 0 ? x->req.arrival_ns + ms * 1000000 : INT64_MAX;
+  x->finish = finish;
+  if (rpc_submit(g->rpc, &x->call)) return false;
+  return finish(x);
+}
+
 /* Packs m as the request of `method` and submits it.  True when x->resp is
  * filled now (answered at once: a probe, a refusal), false when a worker
  * has it and `finish` runs when it comes back. */
@@ -250,32 +266,16 @@ static bool start_call(gateway *g, http_exchange *x, const char *method,
     return true;
   }
   protobuf_c_message_pack(m, x->packed);
-  x->call.method = index;
-  x->call.in = x->packed;
-  x->call.in_len = n;
-  x->call.has_message = true;
   x->call.inline_call = inline_call;
-  x->call.arrival_ns = x->req.arrival_ns;
-  int64_t ms = g->d->cfg->deadline_ms;
-  x->call.deadline_ns = ms > 0 ? x->req.arrival_ns + ms * 1000000 : INT64_MAX;
-  x->finish = finish;
-  if (rpc_submit(g->rpc, &x->call)) return false;
-  return finish(x);
+  return submit(g, x, index, x->packed, n, finish);
 }
 
 /* Raw request bytes (POST /v1/specs with a protobuf body). */
 static bool start_raw_call(gateway *g, http_exchange *x, const char *method,
                            bool (*finish)(http_exchange *)) {
-  x->call.method = method_index(method);
-  x->call.in = x->req.body ? x->req.body : (const uint8_t *)"";
-  x->call.in_len = x->req.body_len;
-  x->call.has_message = true;
-  x->call.arrival_ns = x->req.arrival_ns;
-  int64_t ms = g->d->cfg->deadline_ms;
-  x->call.deadline_ns = ms > 0 ? x->req.arrival_ns + ms * 1000000 : INT64_MAX;
-  x->finish = finish;
-  if (rpc_submit(g->rpc, &x->call)) return false;
-  return finish(x);
+  return submit(g, x, method_index(method),
+                x->req.body ? x->req.body : (const uint8_t *)"",
+                x->req.body_len, finish);
 }
 
 /* ------------------------------------------------------------ the query */
@@ -559,11 +559,18 @@ enum { PAGE_SVG, PAGE_ROOTS, PAGE_LOWER, PAGE_EMIT };
 static bool page_next(http_exchange *x);
 static Topos__V1__Entry *page_entry(http_exchange *x, const char *roots_json);
 
+static bool percent_decode(char *s, bool plus);
+
 static bool page_reply(http_exchange *x, const char *hlo) {
   size_t len = 0;
-  const char *label = strchr(x->req.target, '?');
-  char *html = page_html(x->name, x->saved[0], x->saved[2],
-                         label ? label + 1 : "the spec's outputs", hlo, &len);
+  /* The entry as the query gave it, decoded for reading. */
+  const char *query = strchr(x->req.target, '?');
+  char label[512];
+  snprintf(label, sizeof label, "%s", query ? query + 1 : "");
+  if (!percent_decode(label, true) || label[0] == '\0')
+    snprintf(label, sizeof label, "%s",
+             query ? query + 1 : "the spec's outputs");
+  char *html = page_html(x->name, x->saved[0], x->saved[2], label, hlo, &len);
   return reply_text(x, 200, "text/html; charset=utf-8", html, len);
 }
 

@@ -43,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <uv.h>
 
@@ -56,6 +57,8 @@
 #define MAX_HEADERS 100
 #define PENDING_MAX ((size_t)64 << 10)
 #define STOP_FLUSH_MS 1000
+/* Descriptors kept out of the HTTP cap for everything else. */
+#define FD_HEADROOM 64
 
 typedef enum conn_state { C_IDLE, C_READING, C_WAITING, C_WRITING } conn_state;
 
@@ -107,6 +110,7 @@ struct http_server {
   bool thread_started;
   conn *conns; /* every open connection */
   int nconns;
+  int cap; /* http_max_connections, clamped below the descriptor limit */
   char read_buf[READ_CHUNK]; /* one read at a time on this thread */
   bool read_buf_busy;
   /* Exchanges the workers finished, for the loop. */
@@ -299,11 +303,17 @@ static void on_call_done(service_call *call) {
   uv_async_send(&h->wake);
 }
 
-static void run_done(http_server *h) {
+/* The exchanges the workers finished, in order, taken off the list. */
+static http_exchange *take_done(http_server *h) {
   pthread_mutex_lock(&h->done_lock);
   http_exchange *x = h->done_head;
   h->done_head = h->done_tail = NULL;
   pthread_mutex_unlock(&h->done_lock);
+  return x;
+}
+
+static void run_done(http_server *h) {
+  http_exchange *x = take_done(h);
   while (x) {
     http_exchange *next = x->next;
     x->next = NULL;
@@ -724,12 +734,12 @@ static void on_connection(uv_stream_t *server, int status) {
       port = ntohs(((struct sockaddr_in6 *)&addr)->sin6_port);
     }
   }
-  snprintf(c->peer, sizeof c->peer, "http:%s:%d", ip, port);
+  snprintf(c->peer, sizeof c->peer, "http:%.45s:%d", ip, port);
   http_parser_init(&c->parser, HTTP_REQUEST);
   c->parser.data = c;
   c->state = C_IDLE;
   c->last_read_ns = now_ns();
-  if (h->nconns > h->cfg->http_max_connections) {
+  if (h->nconns > h->cap) {
     conn *idle = longest_idle(h);
     if (idle != NULL && idle != c) {
       atomic_fetch_add(&h->shed, 1);
@@ -858,6 +868,14 @@ http_server *http_server_start(daemon_state *d, rpc_server *rpc, char *bound,
   }
   h->d = d;
   h->cfg = cfg;
+  /* The cap, clamped below the descriptor limit with room for the store,
+   * gRPC and its connections (listener.c keeps its own share). */
+  h->cap = cfg->http_max_connections;
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+      (int64_t)rl.rlim_cur - FD_HEADROOM < h->cap)
+    h->cap = rl.rlim_cur > 2 * FD_HEADROOM ? (int)rl.rlim_cur - FD_HEADROOM
+                                           : (int)rl.rlim_cur / 2;
   h->gw = (gateway){.d = d, .rpc = rpc, .http = h};
   pthread_mutex_init(&h->done_lock, NULL);
   uv_loop_init(&h->loop);
@@ -927,10 +945,7 @@ void http_server_stop(http_server *h) {
   if (h->thread_started) pthread_join(h->thread, NULL);
   /* Exchanges finished after the loop ended (none once the workers are
    * joined, but a stop without that leaves nothing behind either). */
-  pthread_mutex_lock(&h->done_lock);
-  http_exchange *x = h->done_head;
-  h->done_head = h->done_tail = NULL;
-  pthread_mutex_unlock(&h->done_lock);
+  http_exchange *x = take_done(h);
   while (x) {
     http_exchange *next = x->next;
     exchange_free(x);
@@ -950,5 +965,5 @@ void http_server_counts(http_server *h, http_counts *out) {
   out->refused = atomic_load(&h->refused);
   out->timeouts = atomic_load(&h->timeouts);
   out->bad_requests = atomic_load(&h->bad_requests);
-  out->cap = h->cfg->http_max_connections;
+  out->cap = h->cap;
 }

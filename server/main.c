@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -82,13 +81,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   log_set_format(cfg.log_format);
-  /* Connections are descriptors: take all the hard limit allows (the
-   * caps in listener.c and http.c then decide). */
-  struct rlimit rl;
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &rl);
-  }
+
   /* Exact backends reproduce the reference's bits, so registering them
    * changes no reply; envelope ones serve only `fast` entries. */
   topos_backends_register_defaults();

@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "text_buf.h"
+
 typedef enum transport_kind {
   TRANSPORT_GRPC,
   TRANSPORT_HTTP,
@@ -21,17 +23,6 @@ typedef enum transport_kind {
  * arrival to the reply handed to the transport.  Lock-free. */
 void metrics_observe(int method, int transport, int status,
                      int64_t duration_us);
-
-/* A growing text buffer; on out of memory it stops growing and says so. */
-typedef struct text_buf {
-  char *data;
-  size_t len, cap;
-  bool failed;
-} text_buf;
-
-void text_printf(text_buf *b, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-void text_put(text_buf *b, const char *s, size_t n);
 
 /* Appends topos_requests_total{method,transport,code} and
  * topos_request_duration_seconds{method,transport} (a histogram) for every

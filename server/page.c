@@ -14,38 +14,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A growing buffer; `failed` once an allocation did not succeed. */
-typedef struct page_buf {
-  char *p;
-  size_t n, cap;
-  bool failed;
-} page_buf;
+#include "text_buf.h"
 
-static void put_n(page_buf *b, const char *s, size_t n) {
-  if (b->failed) return;
-  if (b->n + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->n + n + 1) cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (p == NULL) {
-      b->failed = true;
-      return;
-    }
-    b->p = p;
-    b->cap = cap;
-  }
-  memcpy(b->p + b->n, s, n);
-  b->n += n;
-  b->p[b->n] = '\0';
-}
-
-static void put(page_buf *b, const char *s) {
-  put_n(b, s, strlen(s));
+static void put(text_buf *b, const char *s) {
+  text_put(b, s, strlen(s));
 }
 
 /* s with & < > " ' as entities, so it is text in an element or an
  * attribute value; runs of other bytes go as they are. */
-static void put_escaped(page_buf *b, const char *s) {
+static void put_escaped(text_buf *b, const char *s) {
   const char *run = s;
   for (; *s; s++) {
     const char *ent = NULL;
@@ -68,11 +45,11 @@ static void put_escaped(page_buf *b, const char *s) {
       default:
         continue;
     }
-    put_n(b, run, (size_t)(s - run));
+    text_put(b, run, (size_t)(s - run));
     put(b, ent);
     run = s + 1;
   }
-  put_n(b, run, (size_t)(s - run));
+  text_put(b, run, (size_t)(s - run));
 }
 
 /* The svg element and what follows it: Graphviz writes an XML
@@ -89,7 +66,7 @@ char *page_html(const char *spec_id, const char *svg, const char *plan_text,
                 const char *entry_label, const char *stablehlo, size_t *len) {
   if (len != NULL) *len = 0;
   if (spec_id == NULL || svg == NULL) return NULL;
-  page_buf b = {0};
+  text_buf b = {0};
   put(&b,
       "<!DOCTYPE html>\n"
       "<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
@@ -131,9 +108,9 @@ char *page_html(const char *spec_id, const char *svg, const char *plan_text,
   }
   put(&b, "</section>\n</body>\n</html>\n");
   if (b.failed) {
-    free(b.p);
+    free(b.data);
     return NULL;
   }
-  if (len != NULL) *len = b.n;
-  return b.p;
+  if (len != NULL) *len = b.len;
+  return b.data;
 }

@@ -117,25 +117,6 @@ static void watch_free(watch *w) {
   grpc_call_unref(w->call);
 }
 
-typedef struct slow_call {
-  int port;
-  uint8_t *bytes;
-  size_t len;
-  int status;
-} slow_call;
-
-static void *slow_forward(void *p) {
-  slow_call *s = p;
-  client c;
-  client_open(&c, s->port);
-  reply r;
-  call_raw(&c, "Forward", s->bytes, s->len, 0, &r);
-  s->status = r.status;
-  reply_clear(&r);
-  client_close(&c);
-  return NULL;
-}
-
 START_TEST(test_health_watch) {
   const char *extra[] = {"--grace-ms", "20000", "--workers", "2", NULL};
   fixture_start(&D, &C, extra);
@@ -170,10 +151,12 @@ START_TEST(test_health_watch) {
   topos_network *net = calibrated_slow_network(1.0, &out, NULL);
   char id[65];
   record(&C, net, id);
-  slow_call s = {.port = D.port};
-  slow_forward_request(net, out, id, &s.bytes, &s.len);
+  flood_arg s = {.port = D.port};
+  uint8_t *bytes = NULL;
+  slow_forward_request(net, out, id, &bytes, &s.len);
+  s.bytes = bytes;
   pthread_t t;
-  pthread_create(&t, NULL, slow_forward, &s);
+  pthread_create(&t, NULL, flood_one, &s);
   usleep(200000);
   kill(D.pid, SIGTERM);
   ck_assert_int_eq(watch_next(&all, 10), NOT_SERVING);
@@ -186,7 +169,7 @@ START_TEST(test_health_watch) {
   watch_free(&all);
   watch_free(&topos);
   watch_free(&other);
-  free(s.bytes);
+  free(bytes);
   int status = daemon_stop(&D, SIGTERM, 30);
   assert_clean_exit(status, 30);
   client_close(&C);

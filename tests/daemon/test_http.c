@@ -53,6 +53,19 @@ static void store_counts(int64_t *specs, int64_t *bytes) {
   wire_message_free(&st->base);
 }
 
+/* The daemon serves on (gRPC and HTTP) and its store holds what it held. */
+static void assert_store_unchanged(int64_t specs0, int64_t bytes0) {
+  int64_t specs1, bytes1;
+  store_counts(&specs1, &bytes1);
+  ck_assert_int_eq(specs1, specs0);
+  ck_assert_int_eq(bytes1, bytes0);
+  assert_serving(&C);
+  http_reply r;
+  http_get(D.http_port, "/healthz", &r);
+  ck_assert_int_eq(r.status, 200);
+  http_reply_clear(&r);
+}
+
 START_TEST(test_http_routes_match_grpc) {
   up(NULL);
   mlp_net m = mlp_network();
@@ -344,11 +357,7 @@ START_TEST(test_http_errors) {
                   spec_cases[i].status, r.status, r.body);
     http_reply_clear(&r);
   }
-  int64_t specs1, bytes1;
-  store_counts(&specs1, &bytes1);
-  ck_assert_int_eq(specs1, specs0);
-  ck_assert_int_eq(bytes1, bytes0);
-  assert_serving(&C);
+  assert_store_unchanged(specs0, bytes0);
   topos_network_release(g.net);
   down();
 }
@@ -596,14 +605,7 @@ START_TEST(test_http_hostile) {
     }
 
   /* The daemon serves on, and nothing stored changed. */
-  http_get(D.http_port, "/healthz", &r);
-  ck_assert_int_eq(r.status, 200);
-  http_reply_clear(&r);
-  int64_t specs1, bytes1;
-  store_counts(&specs1, &bytes1);
-  ck_assert_int_eq(specs1, specs0);
-  ck_assert_int_eq(bytes1, bytes0);
-  assert_serving(&C);
+  assert_store_unchanged(specs0, bytes0);
   topos_network_release(g.net);
   down();
 }
@@ -768,25 +770,6 @@ START_TEST(test_http_metrics_promtool) {
 }
 END_TEST
 
-typedef struct slow_call {
-  int port;
-  uint8_t *bytes;
-  size_t len;
-  int status;
-} slow_call;
-
-static void *slow_forward(void *p) {
-  slow_call *s = p;
-  client c;
-  client_open(&c, s->port);
-  reply r;
-  call_raw(&c, "Forward", s->bytes, s->len, 0, &r);
-  s->status = r.status;
-  reply_clear(&r);
-  client_close(&c);
-  return NULL;
-}
-
 START_TEST(test_http_drain) {
   const char *extra[] = {"--grace-ms", "20000", "--workers", "2", NULL};
   up(extra);
@@ -794,8 +777,10 @@ START_TEST(test_http_drain) {
   topos_network *net = calibrated_slow_network(1.5, &out, NULL);
   char id[65];
   record(&C, net, id);
-  slow_call s = {.port = D.port};
-  slow_forward_request(net, out, id, &s.bytes, &s.len);
+  flood_arg s = {.port = D.port};
+  uint8_t *bytes = NULL;
+  slow_forward_request(net, out, id, &bytes, &s.len);
+  s.bytes = bytes;
   /* An idle keep-alive connection, to see it closed by the drain. */
   int idle = http_connect(D.http_port);
   http_conn *kc = calloc(1, sizeof *kc);
@@ -807,7 +792,7 @@ START_TEST(test_http_drain) {
   ck_assert_int_eq(r.status, 200);
   http_reply_clear(&r);
   pthread_t t;
-  pthread_create(&t, NULL, slow_forward, &s);
+  pthread_create(&t, NULL, flood_one, &s);
   usleep(300000);
   kill(D.pid, SIGTERM);
   usleep(300000);
@@ -829,7 +814,7 @@ START_TEST(test_http_drain) {
   free(kc);
   pthread_join(t, NULL);
   ck_assert_int_eq(s.status, GRPC_STATUS_OK); /* in flight: it finished */
-  free(s.bytes);
+  free(bytes);
   int status = daemon_stop(&D, SIGTERM, 30);
   assert_clean_exit(status, 30);
   client_close(&C);

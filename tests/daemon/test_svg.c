@@ -16,6 +16,7 @@
 
 #include "../../server/page.c"
 #include "../../server/svg.c"
+#include "../../server/text_buf.c"
 
 static const char *const http_off[] = {"--http", "off", NULL};
 

@@ -206,7 +206,9 @@ test: $(RUNNER)
 # Sanitized code runs several times slower; Check's per-test timeouts are
 # hang guards, so they stretch with it.
 asan:
-	CK_TIMEOUT_MULTIPLIER=4 $(MAKE) BUILD=build/asan OPT=-O1 \
+	CK_TIMEOUT_MULTIPLIER=4 \
+	LSAN_OPTIONS=suppressions=$(CURDIR)/tools/lsan.supp:print_suppressions=0 \
+	  $(MAKE) BUILD=build/asan OPT=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" test
 
 # Valgrind runs the engine suites in one process (no fork) and fails on

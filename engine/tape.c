@@ -1155,7 +1155,7 @@ topos_value topos_record(topos_tape *tape, int op, const topos_value *operands,
     }
     int rank = 0;
     if (n == 1 && operands) topos_value_shape(tape, operands[0], &rank);
-    memcpy(na.perm, at->perm, sizeof(int) * (size_t)rank);
+    if (rank > 0) memcpy(na.perm, at->perm, sizeof(int) * (size_t)rank);
   }
   if (reads & ATTR_TARGET) {
     if (at->target_rank < 0 || at->target_rank > TOPOS_MAX_RANK ||
@@ -1163,7 +1163,9 @@ topos_value topos_record(topos_tape *tape, int op, const topos_value *operands,
       return topos_tape_fail(tape, TOPOS_ERR_ARGUMENT,
                              "record: a target shape needs rank 0..8 extents");
     na.rank = at->target_rank;
-    memcpy(na.shape, at->target, sizeof(int64_t) * (size_t)na.rank);
+    /* A rank-0 target may come with no extents at all (NULL). */
+    if (na.rank > 0)
+      memcpy(na.shape, at->target, sizeof(int64_t) * (size_t)na.rank);
   }
   return tape_record(tape, (op_code)op, operands, n, &na);
 }

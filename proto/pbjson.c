@@ -412,8 +412,10 @@ static bool read_field(reader *r, ProtobufCMessage *m,
   }
   if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
     uint32_t *which = (uint32_t *)(base + f->quantifier_offset);
-    if (*which != 0 && *which != f->id)
-      return fail(r, "another member of its oneof is set too");
+    if (*which != 0)
+      return fail(r, *which == f->id
+                         ? "given twice"
+                         : "another member of its oneof is set too");
     /* The member's storage is shared: it must be clean before reading. */
     if (!read_value(r, f, j, base + f->offset, depth)) return false;
     *which = f->id;

@@ -872,7 +872,9 @@ static bool route(gateway *g, http_exchange *x, char **seg, int nseg,
     if (r->id[0] != '\0' && strcmp(r->id, id) != 0) {
       done = bad_request(x, "the body's id is not the path's (leave it out)");
     } else {
-      if (r->id != NULL && r->id[0] != '\0') free(r->id);
+      /* pbjson strdup'd any id it read, "" included. */
+      if (r->id != NULL && r->id != (char *)protobuf_c_empty_string)
+        free(r->id);
       r->id = strdup(id);
       done = r->id == NULL ? (gateway_error(&x->resp, 8, "out of memory"), true)
                            : start_call(g, x, "Conformance", &r->base,

@@ -310,6 +310,8 @@ START_TEST(test_pbjson_refuses) {
        "roots[0].index: 99999999999 is out of int32 range"},
       {"{\"roots\": [7]}", "roots[0]: expected an object (topos.v1.Value)"},
       {"{\"backend\": 3}", "backend: expected a string"},
+      {"{\"roots\": [{\"name\": \"a\", \"name\": \"b\"}]}",
+       "roots[0].name: given twice"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     char msg[512] = "";

@@ -310,6 +310,14 @@ START_TEST(test_http_errors) {
        "INVALID_ARGUMENT"},
       {"POST", "/v1/specs", "application/json", "{\"dtype\": \"F128\"}", 400,
        "INVALID_ARGUMENT"},
+      /* A rank-0 target with no extents (UBSan caught memcpy from NULL
+       * in the engine's recorder under schemathesis). */
+      {"POST", "/v1/specs", "application/json",
+       "{\"nodes\": [{\"op\": \"BROADCAST\", \"shape\": []}]}", 400,
+       "INVALID_ARGUMENT"},
+      {"POST", "/v1/specs", "application/json",
+       "{\"nodes\": [{\"op\": \"PERMUTE\", \"perm\": []}]}", 400,
+       "INVALID_ARGUMENT"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     http_do(D.http_port, cases[i].method, cases[i].path, cases[i].type,
@@ -341,6 +349,7 @@ START_TEST(test_http_errors) {
       {"POST", "/lower", "[1, 2]", 400},
       {"POST", "/emit?form=ugly", "{}", 400},
       {"POST", "/conformance", "{\"id\": \"abc\"}", 400},
+      {"POST", "/conformance", "{\"id\": \"\"}", 400}, /* no entry */
       {"POST", "/conformance", "{\"parameters\": [{\"data\": \"!!\"}]}", 400},
       {"POST", "/frobnicate", "{}", 404},
       {"GET", "/lower", NULL, 405},

@@ -620,6 +620,61 @@ START_TEST(test_http_hostile) {
 }
 END_TEST
 
+static bool log_contains(const char *needle) {
+  FILE *f = fopen(D.log, "r");
+  if (f == NULL) return false;
+  char line[4096];
+  bool found = false;
+  while (!found && fgets(line, sizeof line, f))
+    found = strstr(line, needle) != NULL;
+  fclose(f);
+  return found;
+}
+
+START_TEST(test_http_client_gone_cancels) {
+  /* One worker, a Conformance that takes seconds, and a client that hangs
+   * up 300 ms in: the call is cancelled and the worker is free again at
+   * once, as with gRPC. */
+  const char *extra[] = {"--workers", "1", NULL};
+  up(extra);
+  topos_value out;
+  double took = 0;
+  topos_network *net = calibrated_slow_network(1.0, &out, &took);
+  char id[65];
+  record(&C, net, id);
+  char body[128], head[512];
+  snprintf(body, sizeof body, "{\"entry\": {\"roots\": [{\"index\": %d}]}}",
+           out.index);
+  int n = snprintf(head, sizeof head,
+                   "POST /v1/specs/%s/conformance HTTP/1.1\r\nHost: x\r\n"
+                   "Content-Type: application/json\r\nContent-Length: %zu"
+                   "\r\n\r\n%s",
+                   id, strlen(body), body);
+  int fd = http_connect(D.http_port);
+  http_send_all(fd, head, (size_t)n);
+  usleep(300000);
+  close(fd);
+  double t0 = now_s();
+  http_reply r;
+  http_get(D.http_port, "/v1/backends", &r); /* needs the one worker */
+  double waited = now_s() - t0;
+  ck_assert_int_eq(r.status, 200);
+  http_reply_clear(&r);
+  /* Conformance runs the reference and every exact backend: at least
+   * twice the forward's time when it is not cancelled. */
+  ck_assert_msg(waited < took,
+                "the worker was busy %.2f s after the client "
+                "left (a forward takes %.2f s)",
+                waited, took);
+  double until = now_s() + 10;
+  while (!log_contains("method=Conformance") && now_s() < until) usleep(50000);
+  ck_assert_msg(log_contains("status=CANCELLED"),
+                "the abandoned Conformance was not cancelled (log %s)", D.log);
+  topos_network_release(net);
+  down();
+}
+END_TEST
+
 static void raise_fd_limit(void) {
   struct rlimit rl;
   ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
@@ -935,6 +990,7 @@ Suite *http_suite(void) {
   tcase_add_test(tc, test_http_drain);
   tcase_add_test(tc, test_http_off_and_bad_address);
   tcase_add_test(tc, test_http_schemathesis);
+  tcase_add_test(tc, test_http_client_gone_cancels);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -175,6 +175,18 @@ static void daemon_start(daemon_proc *d, const char *const *extra) {
   if (http != NULL) sscanf(http, "toposd http on 127.0.0.1:%d", &d->http_port);
 }
 
+/* Whether a line of the daemon's log holds `needle`. */
+static bool log_has(const daemon_proc *d, const char *needle) {
+  FILE *f = fopen(d->log, "r");
+  if (f == NULL) return false;
+  char line[4096];
+  bool found = false;
+  while (!found && fgets(line, sizeof line, f))
+    found = strstr(line, needle) != NULL;
+  fclose(f);
+  return found;
+}
+
 /* SIGTERM (or `sig`) and wait up to `seconds`; returns the wait status, or
  * -1 after a SIGKILL when the daemon did not exit in time. */
 static int daemon_stop(daemon_proc *d, int sig, double seconds) {

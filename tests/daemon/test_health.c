@@ -170,11 +170,7 @@ START_TEST(test_health_watch) {
   watch_free(&topos);
   watch_free(&other);
   free(bytes);
-  int status = daemon_stop(&D, SIGTERM, 30);
-  assert_clean_exit(status, 30);
-  client_close(&C);
-  grpc_shutdown();
-  daemon_cleanup(&D);
+  fixture_stop(&D, &C, 30);
   topos_network_release(net);
 }
 END_TEST

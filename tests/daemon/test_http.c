@@ -620,17 +620,6 @@ START_TEST(test_http_hostile) {
 }
 END_TEST
 
-static bool log_contains(const char *needle) {
-  FILE *f = fopen(D.log, "r");
-  if (f == NULL) return false;
-  char line[4096];
-  bool found = false;
-  while (!found && fgets(line, sizeof line, f))
-    found = strstr(line, needle) != NULL;
-  fclose(f);
-  return found;
-}
-
 START_TEST(test_http_client_gone_cancels) {
   /* One worker, a Conformance that takes seconds, and a client that hangs
    * up 300 ms in: the call is cancelled and the worker is free again at
@@ -667,8 +656,8 @@ START_TEST(test_http_client_gone_cancels) {
                 "left (a forward takes %.2f s)",
                 waited, took);
   double until = now_s() + 10;
-  while (!log_contains("method=Conformance") && now_s() < until) usleep(50000);
-  ck_assert_msg(log_contains("status=CANCELLED"),
+  while (!log_has(&D, "method=Conformance") && now_s() < until) usleep(50000);
+  ck_assert_msg(log_has(&D, "status=CANCELLED"),
                 "the abandoned Conformance was not cancelled (log %s)", D.log);
   topos_network_release(net);
   down();
@@ -879,11 +868,7 @@ START_TEST(test_http_drain) {
   pthread_join(t, NULL);
   ck_assert_int_eq(s.status, GRPC_STATUS_OK); /* in flight: it finished */
   free(bytes);
-  int status = daemon_stop(&D, SIGTERM, 30);
-  assert_clean_exit(status, 30);
-  client_close(&C);
-  grpc_shutdown();
-  daemon_cleanup(&D);
+  down();
   topos_network_release(net);
 }
 END_TEST

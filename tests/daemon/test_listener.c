@@ -85,17 +85,6 @@ static void start_limited(daemon_proc *d, rlim_t nofile,
   ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &mine), 0);
 }
 
-static bool log_has(const daemon_proc *d, const char *needle) {
-  FILE *f = fopen(d->log, "r");
-  if (f == NULL) return false;
-  char line[4096];
-  bool found = false;
-  while (!found && fgets(line, sizeof line, f))
-    found = strstr(line, needle) != NULL;
-  fclose(f);
-  return found;
-}
-
 /* Descriptor exhaustion: 400 idle connections against a daemon allowed 64
  * descriptors.  gRPC's own listener stopped accepting for good at the
  * first EMFILE; here new clients are served during the flood and after. */

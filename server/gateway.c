@@ -166,10 +166,7 @@ static bool reply_text(http_exchange *x, int status, const char *type,
   x->resp.content_type = type;
   x->resp.body = body;
   x->resp.body_len = len;
-  if (body == NULL && len > 0) {
-    gateway_error(&x->resp, 14, "out of memory");
-    return true;
-  }
+  if (body == NULL && len > 0) gateway_error(&x->resp, 14, "out of memory");
   return true;
 }
 
@@ -224,15 +221,16 @@ static bool reply_text_field(http_exchange *x, const char *type) {
 
 /* ----------------------------------------------------------------- calls */
 
-static int method_index(const char *name) {
-  int i = rpc_method_index(name);
-  return i; /* every name used here is in the table (tests cover each) */
-}
-
-/* Submits request bytes to method `index`, with the daemon's deadline
- * from the request's arrival.  True when x->resp is filled now. */
-static bool submit(gateway *g, http_exchange *x, int index, const uint8_t *in,
-                   size_t len, bool (*finish)(http_exchange *)) {
+/* Submits request bytes to `method`, with the daemon's deadline from the
+ * request's arrival.  True when x->resp is filled now. */
+static bool submit(gateway *g, http_exchange *x, const char *method,
+                   const uint8_t *in, size_t len,
+                   bool (*finish)(http_exchange *)) {
+  int index = rpc_method_index(method);
+  if (index < 0) {
+    gateway_error(&x->resp, 13, "no method %s", method);
+    return true;
+  }
   x->call.method = index;
   x->call.in = in;
   x->call.in_len = len;
@@ -251,11 +249,6 @@ static bool submit(gateway *g, http_exchange *x, int index, const uint8_t *in,
 static bool start_call(gateway *g, http_exchange *x, const char *method,
                        const ProtobufCMessage *m,
                        bool (*finish)(http_exchange *), bool inline_call) {
-  int index = method_index(method);
-  if (index < 0) {
-    gateway_error(&x->resp, 13, "no method %s", method);
-    return true;
-  }
   free(x->packed);
   free(x->call.out);
   x->call.out = NULL;
@@ -267,14 +260,13 @@ static bool start_call(gateway *g, http_exchange *x, const char *method,
   }
   protobuf_c_message_pack(m, x->packed);
   x->call.inline_call = inline_call;
-  return submit(g, x, index, x->packed, n, finish);
+  return submit(g, x, method, x->packed, n, finish);
 }
 
 /* Raw request bytes (POST /v1/specs with a protobuf body). */
 static bool start_raw_call(gateway *g, http_exchange *x, const char *method,
                            bool (*finish)(http_exchange *)) {
-  return submit(g, x, method_index(method),
-                x->req.body ? x->req.body : (const uint8_t *)"",
+  return submit(g, x, method, x->req.body ? x->req.body : (const uint8_t *)"",
                 x->req.body_len, finish);
 }
 

@@ -45,10 +45,31 @@ ENGINE_SRC := $(sort $(wildcard engine/*.c))
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 # Execution backends (backends/): a library of their own; programs opt in
 # by calling topos_backends_register_defaults() (backends/backends.h).
-BACKEND_SRC := $(sort $(wildcard backends/*.c))
+# backends/cuda/'s device-memory bookkeeping (the buffer pool, the blob
+# cache, operand spans) is plain C, tested on any host: it lives here too.
+BACKEND_SRC := $(sort $(wildcard backends/*.c) $(wildcard backends/cuda/devpool.c \
+                 backends/cuda/blobcache.c backends/cuda/span.c))
 BACKEND_OBJ := $(BACKEND_SRC:%.c=$(BUILD)/obj/%.o)
 LIB_BACKENDS := $(BUILD)/lib/libtopos_backends.a
-BACKEND_LIBS := $(if $(wildcard backends/blas.c),-lopenblas)
+BACKEND_LIBS := $(if $(wildcard backends/blas.c),-lopenblas) -ldl
+
+# The CUDA plugin (backends/cuda/): build/lib/libtopos_cuda.so, loaded at
+# run time by topos_backends_register_defaults() (backends/defaults.c), so
+# programs start on hosts without CUDA.  Built when nvcc is found (on PATH
+# or under CUDA_HOME); `make CUDA=0` leaves it out.  The static CUDA
+# runtime; cuBLAS is opened at run time once a device is found; kernels for sm_80 and sm_90, plus PTX that
+# newer GPUs compile at load time.
+CUDA_HOME ?= /usr/local/cuda
+NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard $(CUDA_HOME)/bin/nvcc))
+CUDA ?= $(if $(NVCC),1,0)
+CUDA_ARCHS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+              -gencode arch=compute_90,code=compute_90
+CUDA_SO := $(BUILD)/lib/libtopos_cuda.so
+CUDA_HOST_SRC := backends/cuda/plugin.c backends/cuda/devpool.c \
+                 backends/cuda/blobcache.c backends/cuda/span.c
+CUDA_HOST_OBJ := $(CUDA_HOST_SRC:%.c=$(BUILD)/obj/cuda-plugin/%.o)
+CUDA_KERNEL_OBJ := $(BUILD)/obj/cuda-plugin/backends/cuda/kernels.o
+PLUGINS := $(if $(filter 1,$(CUDA)),$(CUDA_SO))
 # The backends plus the engine, for every program that links both.
 ENGINE_LINK = $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(LIB_A) $(BACKEND_LIBS)
 
@@ -69,7 +90,10 @@ TOPOS_CLI  := $(BUILD)/bin/topos
 BINS       := $(if $(SERVER_SRC),$(TOPOSD)) $(if $(wildcard client/cli.c),$(TOPOS_CLI))
 
 TEST_SRC   := $(sort $(wildcard tests/engine/test_*.c tests/backends/test_*.c tests/store/test_*.c tests/daemon/test_*.c tests/examples/test_*.c))
-TEST_OBJ   := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
+# The CUDA cases and their reference loops: run by the cuda suite here
+# (skipped without a device) and by the standalone device check.
+TEST_OBJ   := $(TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/cuda/ref.o \
+              $(BUILD)/obj/tests/cuda/cases.o
 SUITES     := $(patsubst test_%.c,%,$(notdir $(TEST_SRC)))
 # What the examples share (examples/common: flags, where steps run,
 # checkpoints, data loaders, progress and metrics) is a library of its
@@ -91,11 +115,11 @@ LIB_STORE := $(BUILD)/lib/libtopos_store.a
 RUNNER := $(BUILD)/tests/topos_tests
 
 .PHONY: all test asan test-valgrind deps bench-deps clean format lint examples fuzz bench run soak
-all: $(LIB_A) $(LIB_SO) $(LIB_STORE) $(LIB_CLIENT) $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(BINS) examples
+all: $(LIB_A) $(LIB_SO) $(LIB_STORE) $(LIB_CLIENT) $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(BINS) $(PLUGINS) examples
 
 examples: $(EXAMPLES)
 
-$(BUILD)/obj/%.o: %.c $(wildcard engine/*.h backends/*.h bench/*.h store/*.h proto/*.h client/*.h server/*.h examples/common/*.h tests/engine/*.h tests/daemon/*.h) $(GEN_H)
+$(BUILD)/obj/%.o: %.c $(wildcard engine/*.h backends/*.h backends/cuda/*.h bench/*.h store/*.h proto/*.h client/*.h server/*.h examples/common/*.h tests/engine/*.h tests/daemon/*.h tests/cuda/*.h) $(GEN_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(LAYER_INC) -c $< -o $@
 
@@ -110,7 +134,7 @@ $(BUILD)/obj/server/%.o:   LAYER_INC = $(INC_SERVER)
 # The CLI is a program, not the library: it lists the backends too.
 $(BUILD)/obj/client/cli.o: LAYER_INC = $(INC_CLIENT) -Ibackends
 # Tests reach into every layer, and share tests/engine's helpers.
-$(BUILD)/obj/tests/%.o:    LAYER_INC = $(INC_ALL) -Itests/engine -Iexamples/common
+$(BUILD)/obj/tests/%.o:    LAYER_INC = $(INC_ALL) -Itests/engine -Iexamples/common -Itests/cuda
 # The examples' library is a program-side layer: it sees everything.
 $(BUILD)/obj/examples/%.o: LAYER_INC = $(INC_ALL) -Ibackends -Iexamples/common \
                                        -DTOPOS_SOURCE_DIR='"$(CURDIR)"'
@@ -160,6 +184,22 @@ $(LIB_BACKENDS): $(BACKEND_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
+# The plugin's objects: hidden symbols but its entry point, the host side
+# compiled against the CUDA headers, the kernels by nvcc without
+# contraction (-fmad=false: numerics.md's fma only where it is written).
+$(BUILD)/obj/cuda-plugin/%.o: %.c $(wildcard engine/*.h backends/*.h backends/cuda/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(INC_BACKENDS) -Ibackends/cuda -I$(CUDA_HOME)/include \
+	  -fvisibility=hidden -c $< -o $@
+$(CUDA_KERNEL_OBJ): backends/cuda/kernels.cu $(wildcard backends/cuda/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) -std=c++17 -O3 -fmad=false $(CUDA_ARCHS) -Ibackends/cuda \
+	  -Xcompiler -fPIC,-fvisibility=hidden -c $< -o $@
+$(CUDA_SO): $(CUDA_HOST_OBJ) $(CUDA_KERNEL_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) -shared -o $@ $^ -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
+	  -lcudart_static -ldl -lrt -lpthread -lstdc++ $(SAN)
+
 $(LIB_STORE): $(STORE_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
@@ -195,7 +235,7 @@ $(BUILD)/tests/suites.c: $(TEST_SRC) Makefile
 	   for s in $(SUITES); do echo "  srunner_add_suite(r, $${s}_suite());"; done; \
 	   echo '}'; } > $@
 
-$(RUNNER): $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c $(LIB_A) $(LIB_STORE) $(LIB_EX) $(EXAMPLES) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(BINS)
+$(RUNNER): $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c $(LIB_A) $(LIB_STORE) $(LIB_EX) $(EXAMPLES) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(BINS) $(PLUGINS)
 	$(CC) $(CFLAGS) -Itests/engine $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c \
 	  -o $@ $(LIB_EX) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(LIB_STORE) $(ENGINE_LINK) $(PKG_CHECK) \
 	  $(if $(CLIENT_SRC),$(GRPC_LIBS)) $(GVC_LIBS) $(STORE_LIBS) $(EXLIB_LIBS) $(LDLIBS)

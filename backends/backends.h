@@ -6,15 +6,41 @@
 #define TOPOS_BACKENDS_H
 
 #include "backend.h"
+#include "plugin.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Registers the default chain: `cpu` (exact) first, then `blas`
- * (envelope, fast posture only) where it is built.  Idempotent and
- * thread-safe. */
+/* Registers the default chain: the plugins' backends where they load
+ * (`cuda` exact, `cublas` envelope: defaults.c says where they are
+ * looked for), then `cpu` (exact), then `blas` (envelope, fast posture
+ * only) where it is built.  Idempotent and thread-safe: the first call
+ * decides. */
 void topos_backends_register_defaults(void);
+/* The same with options for the plugins (the devices to use, device
+ * memory budgets); NULL is the defaults. */
+void topos_backends_register_with(const topos_plugin_options *opt);
+/* One line per plugin tried, "; "-separated: "cuda: 1 device (NVIDIA
+ * H200)", "cuda: not loaded: no CUDA device (...)", "cuda: not built
+ * (...)", "cuda: off (TOPOS_CUDA=off)". */
+void topos_backends_plugin_report(char *buf, size_t len);
+/* Loads one plugin from path and registers its backends (tests and
+ * tools; the defaults find theirs).  0, or -1 with the reason in err. */
+int topos_plugin_load(const char *path, const topos_plugin_options *opt,
+                      const topos_plugin **out, char *err, size_t errlen);
+
+/* The accelerators the loaded plugins use, with their counters: how many
+ * there are (at most max written). */
+int topos_devices_list(topos_device_info *out, int max);
+/* Binds the calling thread to device slot % count (a daemon worker's
+ * index): returns the device's ordinal, -1 when there is none. */
+int topos_devices_bind_thread(int slot);
+/* Host bytes [host, host+bytes) hold content with this SHA-256 until
+ * retracted: device backends may keep a copy keyed by the hash, so
+ * unchanged parameters are not sent to the device again (plugin.h). */
+int topos_blob_announce(const void *host, size_t bytes, const uint8_t hash[32]);
+void topos_blob_retract(const void *host);
 
 /* The `cpu` backend (cpu.c): exact, packed and register-blocked GEMM with
  * AVX-512 / AVX2+FMA microkernels chosen at run time. */

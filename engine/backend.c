@@ -150,6 +150,12 @@ static void chain_add(exec_env *env, int i) {
   env->nchain++;
 }
 
+/* The chain's first backend sets the block size of split tasks. */
+static int chain_done(exec_env *env) {
+  env->task_block = env->nchain > 0 ? env->chain[0]->task_block : 0;
+  return 0;
+}
+
 int exec_resolve(const topos_exec *ctx, exec_env *env, topos_error *err) {
   topos_exec dflt = {0};
   if (!ctx) ctx = &dflt;
@@ -181,9 +187,9 @@ int exec_resolve(const topos_exec *ctx, exec_env *env, topos_error *err) {
       if ((fast || chain[i]->fidelity == TOPOS_FIDELITY_EXACT) &&
           !chain[i]->named_only)
         chain_add(env, i);
-    return 0;
+    return chain_done(env);
   }
-  if (strcmp(name, "reference") == 0) return 0;
+  if (strcmp(name, "reference") == 0) return chain_done(env);
   int chosen = -1;
   for (int i = 0; i < n; i++)
     if (strcmp(chain[i]->name, name) == 0) chosen = i;
@@ -205,7 +211,7 @@ int exec_resolve(const topos_exec *ctx, exec_env *env, topos_error *err) {
     if (i != chosen && chain[i]->fidelity == TOPOS_FIDELITY_EXACT &&
         !chain[i]->named_only)
       chain_add(env, i);
-  return 0;
+  return chain_done(env);
 }
 
 int topos_exec_check(const topos_exec *ctx, topos_error *err) {

@@ -195,6 +195,12 @@ struct topos_backend {
    * `auto` chain or of another backend's fallback (test and experimental
    * backends). */
   bool named_only;
+  /* The work (multiply-adds or elements) per offered task this backend
+   * prefers when it heads a run's chain; 0: the engine's blocks (about
+   * 2^27, so a cancelled run stops within milliseconds).  A GPU asks for
+   * more: each task's operands cross the bus, and a split product would
+   * send its B operand once per block. */
+  int64_t task_block;
 };
 
 /* Appends a backend to the registry (the struct must outlive the

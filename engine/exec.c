@@ -34,6 +34,14 @@
  * for a GEMM, a few ms of map or reduction. */
 #define TASK_BLOCK ((int64_t)1 << 27)
 #define MAP_BLOCK ((int64_t)1 << 22)
+/* A chain whose first backend asks for larger tasks (backend.h,
+ * task_block: a GPU, whose every task crosses the bus) gets them. */
+static int64_t task_block(const exec_env *env) {
+  return env && env->task_block > TASK_BLOCK ? env->task_block : TASK_BLOCK;
+}
+static int64_t map_block(const exec_env *env) {
+  return env && env->task_block > MAP_BLOCK ? env->task_block : MAP_BLOCK;
+}
 /* A GEMM block keeps at least this many rows, so its B panel's packing
  * stays a small part of the block's work. */
 #define GEMM_MIN_ROWS 32
@@ -131,8 +139,9 @@ static int offer_gemm(const exec_env *env, topos_tensor *const *in,
   /* Rows per block: the whole task when it is small. */
   int64_t per_row = mul_sat(k, n);
   int64_t rows = m;
-  if (mul_sat(mul_sat(batch, m), per_row) > TASK_BLOCK) {
-    rows = per_row > 0 ? TASK_BLOCK / per_row : m;
+  int64_t block = task_block(env);
+  if (mul_sat(mul_sat(batch, m), per_row) > block) {
+    rows = per_row > 0 ? block / per_row : m;
     if (rows < GEMM_MIN_ROWS) rows = GEMM_MIN_ROWS;
     if (rows > m) rows = m;
   }
@@ -142,7 +151,7 @@ static int offer_gemm(const exec_env *env, topos_tensor *const *in,
   bool first = true;
   /* A small batch goes as one task; a large one matrix by matrix. */
   int64_t nb =
-      whole && mul_sat(mul_sat(batch, m), per_row) <= TASK_BLOCK ? batch : 1;
+      whole && mul_sat(mul_sat(batch, m), per_row) <= block ? batch : 1;
   for (int64_t bi = 0; bi < batch; bi += nb)
     for (int64_t i = 0; i < m; i += rows) {
       int64_t mr = m - i < rows ? m - i : rows;
@@ -214,8 +223,9 @@ static int offer_map(const exec_env *env, op_code op, const node_attrs *at,
    * loop on the arrays already prepared. */
   int64_t total = task.u.map.n;
   size_t es = task.u.map.dtype == TOPOS_F64 ? sizeof(double) : sizeof(float);
-  for (int64_t i = 0; i < total || i == 0; i += MAP_BLOCK) {
-    int64_t len = total - i < MAP_BLOCK ? total - i : MAP_BLOCK;
+  int64_t block = map_block(env);
+  for (int64_t i = 0; i < total || i == 0; i += block) {
+    int64_t len = total - i < block ? total - i : block;
     if (i > 0 && kernel_stop(env, err)) {
       out_abort(&ob);
       goto done;
@@ -266,8 +276,8 @@ static int offer_reduce(const exec_env *env, op_code op, const node_attrs *at,
   size_t es = compute_size(a->dtype);
   int64_t row = mul_sat(L, inner);
   int64_t step = outer;
-  if (mul_sat(outer, row) > TASK_BLOCK) {
-    step = row > 0 ? TASK_BLOCK / row : outer;
+  if (mul_sat(outer, row) > task_block(env)) {
+    step = row > 0 ? task_block(env) / row : outer;
     if (step < 1) step = 1;
   }
   for (int64_t o = 0; o < outer || o == 0; o += step) {
@@ -331,8 +341,8 @@ static topos_tensor *offer_attention(const exec_env *env, const plan_group *g,
   int64_t rows = t->batch * t->t;
   int64_t per = mul_sat(t->s, t->dh + t->dv);
   int64_t step = rows;
-  if (mul_sat(rows, per) > TASK_BLOCK) {
-    step = per > 0 ? TASK_BLOCK / per : rows;
+  if (mul_sat(rows, per) > task_block(env)) {
+    step = per > 0 ? task_block(env) / per : rows;
     if (step < 1) step = 1;
   }
   size_t es = compute_size(out->dtype);
@@ -437,8 +447,8 @@ topos_tensor *exec_group(const exec_env *env, const plan_group *g,
   int64_t image = g->C * g->H * g->W, image_out = g->oh * g->ow * g->nout;
   int64_t per = mul_sat(image_out, g->C * g->kh * g->kw);
   int64_t step = g->N;
-  if (mul_sat(g->N, per) > TASK_BLOCK) {
-    step = per > 0 ? TASK_BLOCK / per : g->N;
+  if (mul_sat(g->N, per) > task_block(env)) {
+    step = per > 0 ? task_block(env) / per : g->N;
     if (step < 1) step = 1;
   }
   int rc = 0;

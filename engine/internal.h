@@ -554,6 +554,7 @@ struct exec_env {
   void *cancel_ctx;
   int64_t deadline_ns;
   topos_exec_report *report;
+  int64_t task_block; /* the chain's first backend's task_block (0: none) */
 };
 
 /* Resolves ctx (NULL: the default) into env.  Returns a topos_status:

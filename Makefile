@@ -92,8 +92,13 @@ BINS       := $(if $(SERVER_SRC),$(TOPOSD)) $(if $(wildcard client/cli.c),$(TOPO
 TEST_SRC   := $(sort $(wildcard tests/engine/test_*.c tests/backends/test_*.c tests/store/test_*.c tests/daemon/test_*.c tests/examples/test_*.c))
 # The CUDA cases and their reference loops: run by the cuda suite here
 # (skipped without a device) and by the standalone device check.
+# The CUDA kernels themselves also run here, on a CPU simulator
+# (tests/cuda/sim.h): kernels.cu compiled as C++.
+SIM_OBJ    := $(BUILD)/obj/tests/cuda/kernels_sim.o $(BUILD)/obj/tests/cuda/sim.o
 TEST_OBJ   := $(TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/cuda/ref.o \
-              $(BUILD)/obj/tests/cuda/cases.o
+              $(BUILD)/obj/tests/cuda/cases.o $(SIM_OBJ)
+CXXFLAGS_SIM = -std=c++17 $(OPT) -g -Wall -Wextra -Werror -Wno-unknown-pragmas \
+               -Wno-unused-parameter -ffp-contract=off -fno-fast-math -fPIC $(SAN)
 SUITES     := $(patsubst test_%.c,%,$(notdir $(TEST_SRC)))
 # What the examples share (examples/common: flags, where steps run,
 # checkpoints, data loaders, progress and metrics) is a library of its
@@ -198,7 +203,14 @@ $(CUDA_KERNEL_OBJ): backends/cuda/kernels.cu $(wildcard backends/cuda/*.h)
 $(CUDA_SO): $(CUDA_HOST_OBJ) $(CUDA_KERNEL_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) -shared -o $@ $^ -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
-	  -lcudart_static -ldl -lrt -lpthread -lstdc++ $(SAN)
+	  -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm $(SAN)
+
+$(BUILD)/obj/tests/cuda/kernels_sim.o: backends/cuda/kernels.cu $(wildcard backends/cuda/*.h tests/cuda/*.h)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS_SIM) -DTOPOS_CUDA_SIM -Itests/cuda -Ibackends/cuda -x c++ -c $< -o $@
+$(BUILD)/obj/tests/cuda/sim.o: tests/cuda/sim.cc tests/cuda/sim.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS_SIM) -Itests/cuda -c $< -o $@
 
 $(LIB_STORE): $(STORE_OBJ)
 	@mkdir -p $(dir $@)
@@ -238,7 +250,7 @@ $(BUILD)/tests/suites.c: $(TEST_SRC) Makefile
 $(RUNNER): $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c $(LIB_A) $(LIB_STORE) $(LIB_EX) $(EXAMPLES) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(BINS) $(PLUGINS)
 	$(CC) $(CFLAGS) -Itests/engine $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c \
 	  -o $@ $(LIB_EX) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(LIB_STORE) $(ENGINE_LINK) $(PKG_CHECK) \
-	  $(if $(CLIENT_SRC),$(GRPC_LIBS)) $(GVC_LIBS) $(STORE_LIBS) $(EXLIB_LIBS) $(LDLIBS)
+	  $(if $(CLIENT_SRC),$(GRPC_LIBS)) $(GVC_LIBS) $(STORE_LIBS) $(EXLIB_LIBS) $(LDLIBS) -lstdc++
 
 test: $(RUNNER)
 	TOPOS_BUILD=$(BUILD) $(RUNNER)

@@ -20,8 +20,17 @@
  * (fma(0, 0, -0) is +0: a padded k would change a -0 chain), while rows
  * and columns past the edges are computed on zeros and not stored.
  */
+#ifdef TOPOS_CUDA_SIM
+#include "sim.h" /* tests/cuda/sim.h: these kernels on the CPU, for tests */
+#else
 #include <cuda_runtime.h>
+/* A launch: the kernel (a function or a pointer to one), then its
+ * arguments.  The simulator defines its own. */
+#define LAUNCH(grid, block, stream, kernel, ...) \
+  (kernel)<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#endif
 #include <stdint.h>
+#include <string.h>
 
 #include "exact_math.h"
 #include "kernels.h"
@@ -229,8 +238,8 @@ static int launch_product(AL A, MatB<T> B, T *C, int64_t batch, int64_t m,
   for (int64_t b0 = 0; b0 < batch; b0 += 65535) {
     int64_t nb = batch - b0 < 65535 ? batch - b0 : 65535;
     dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)nb);
-    product_kernel<T, AL, S::BM, S::BN, S::BK, S::TM, S::TN>
-        <<<grid, nt, 0, st>>>(A, B, C, m, n, k, b0, nan_flag);
+    auto kernel = product_kernel<T, AL, S::BM, S::BN, S::BK, S::TM, S::TN>;
+    LAUNCH(grid, nt, st, kernel, A, B, C, m, n, k, b0, nan_flag);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return (int)e;
   }
@@ -352,11 +361,11 @@ static int reduce_t(const void *x, void *y, int64_t outer, int64_t L,
   if (outer == 0 || inner == 0) return 0;
   if (inner == 1 && L > 4096 && outer < (int64_t)1 << 16) {
     int64_t blocks = (outer + 15) / 16;
-    reduce_lanes_kernel<T><<<(unsigned)blocks, 256, 0, st>>>(
-        (const T *)x, (T *)y, outer, L, flag);
+    LAUNCH((unsigned)blocks, 256, st, reduce_lanes_kernel<T>, (const T *)x,
+           (T *)y, outer, L, flag);
   } else {
-    reduce_kernel<T><<<grid_for(outer * inner, 256, 1 << 16), 256, 0, st>>>(
-        (const T *)x, (T *)y, outer, L, inner, flag);
+    LAUNCH(grid_for(outer * inner, 256, 1 << 16), 256, st, reduce_kernel<T>,
+           (const T *)x, (T *)y, outer, L, inner, flag);
   }
   return (int)cudaGetLastError();
 }
@@ -479,7 +488,7 @@ static int map_t(int op, const void *a, const void *b, void *y, int64_t n,
   switch (op) {
 #define MAP_CASE(K)                                                  \
   case K:                                                            \
-    map_kernel<T, K><<<grid, 256, 0, st>>>(pa, pb, py, n, flag);     \
+    LAUNCH(grid, 256, st, (map_kernel<T, K>), pa, pb, py, n, flag); \
     break;
     MAP_CASE(M_NEG)
     MAP_CASE(M_EXP)
@@ -536,11 +545,12 @@ extern "C" int cuda_scan(bool f64, const void *x, int64_t count,
   if (count == 0) return 0;
   cudaStream_t st = (cudaStream_t)stream;
   int grid = grid_for(count, 256, 1024);
-  if (f64)
-    scan_kernel<double, unsigned long long>
-        <<<grid, 256, 0, st>>>((const double *)x, count, bad, max_bits);
-  else
-    scan_kernel<float, unsigned>
-        <<<grid, 256, 0, st>>>((const float *)x, count, bad, max_bits);
+  if (f64) {
+    auto kernel = scan_kernel<double, unsigned long long>;
+    LAUNCH(grid, 256, st, kernel, (const double *)x, count, bad, max_bits);
+  } else {
+    auto kernel = scan_kernel<float, unsigned>;
+    LAUNCH(grid, 256, st, kernel, (const float *)x, count, bad, max_bits);
+  }
   return (int)cudaGetLastError();
 }

@@ -34,6 +34,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -42,6 +43,7 @@
 
 #include "blobcache.h"
 #include "devpool.h"
+#include "exact_math.h"
 #include "kernels.h"
 #include "plugin.h"
 #include "span.h"
@@ -131,6 +133,11 @@ static device devs[TOPOS_DEVICES_MAX];
 static int ndevs;
 static atomic_uint next_bind;
 static _Thread_local int bound = -1;
+
+/* Whether exact_math.h's expf, logf, tanhf (index: the map op's) give
+ * this process's libm bits: the kernels replay glibc 2.36's algorithms,
+ * and a host whose libm computes differently must not be offered them. */
+static bool math_ok[TOPOS_MAP_COUNT];
 
 /* Min-work overrides for tests: TOPOS_CUDA_MIN_WORK=0 offers every task. */
 static int64_t min_product = MIN_PRODUCT_WORK, min_elements = MIN_ELEMENTS;
@@ -327,6 +334,40 @@ static bool c_dense(const topos_gemm_task *g) {
 }
 
 /* ------------------------------------------------------- exact: `cuda` */
+
+/*
+ * The device runs the same source (exact_math.h) as this host code, so
+ * the host build compared with libm says whether the device's results
+ * are libm's: every 4093rd bit pattern, and the ends of each branch,
+ * about a million inputs per function (milliseconds).  A NaN result may
+ * be any NaN (the plugin hands NaN outputs back).
+ */
+static bool math_check(int op) {
+  for (uint64_t u = 0; u < ((uint64_t)1 << 32); u += 4093) {
+    for (int d = 0; d < 3; d++) { /* and a neighbour each side */
+      uint32_t b = (uint32_t)(u + (uint64_t)d * 2047);
+      float x, want, got;
+      memcpy(&x, &b, sizeof x);
+      switch (op) {
+        case TOPOS_MAP_EXP:
+          want = expf(x);
+          got = tp_expf(x);
+          break;
+        case TOPOS_MAP_LOG:
+          want = logf(x);
+          got = tp_logf(x);
+          break;
+        default:
+          want = tanhf(x);
+          got = tp_tanhf(x);
+          break;
+      }
+      if (isnan(want) && isnan(got)) continue;
+      if (memcmp(&want, &got, sizeof want) != 0) return false;
+    }
+  }
+  return true;
+}
 
 /* Whether run() can compute the task at all (dtype, layout, op). */
 static bool cuda_valid(const topos_task *t) {
@@ -1024,6 +1065,9 @@ EXPORT int topos_plugin_init(const topos_plugin_options *opt,
                driver / 1000, driver % 1000 / 10);
     } else {
       blas_open();
+      math_ok[TOPOS_MAP_EXP] = math_check(TOPOS_MAP_EXP);
+      math_ok[TOPOS_MAP_LOG] = math_check(TOPOS_MAP_LOG);
+      math_ok[TOPOS_MAP_TANH] = math_check(TOPOS_MAP_TANH);
       int want[TOPOS_DEVICES_MAX], nwant = 0;
       if (opt && opt->ndevices > 0) {
         for (int i = 0; i < opt->ndevices && i < TOPOS_DEVICES_MAX; i++)

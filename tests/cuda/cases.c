@@ -126,8 +126,18 @@ static int expect_exact(const cuda_env *env, topos_task t, topos_dtype dt,
   bool nan = any_nan(dt, ref, n);
   int bad = 0;
   (*checks)++;
+  bool libm = t.kind == TOPOS_TASK_MAP &&
+              (t.u.map.op == TOPOS_MAP_EXP || t.u.map.op == TOPOS_MAP_LOG ||
+               t.u.map.op == TOPOS_MAP_TANH);
   if (rc == TOPOS_ERR_RANGE && nan) {
     /* handed back: the reference computes it */
+  } else if (rc == TOPOS_ERR_ARGUMENT && libm) {
+    /* The plugin's self-check found this host's libm computing otherwise
+     * than the glibc the kernels replay: not offered, which is right. */
+    fprintf(stderr,
+            "note: %s: not offered (this host's libm differs from "
+            "glibc 2.36's)\n",
+            what);
   } else if (rc != 0) {
     snprintf(msg, len, "%s: run failed (%d): %s%s", what, rc, err.message,
              nan ? "" : " (the reference output has no NaN)");
@@ -230,7 +240,8 @@ static int case_gemm_sweep(const cuda_env *env, char *msg, size_t len,
     for (int i = 0; i < 10; i++)
       for (int j = 0; j < 10; j++)
         for (int l = 0; l < 10; l++, c++)
-          if (one_gemm(env, d ? TOPOS_F64 : TOPOS_F32, 1, sweep[i], sweep[j],
+          if ((!env->sim || c % 7 == 0) &&
+              one_gemm(env, d ? TOPOS_F64 : TOPOS_F32, 1, sweep[i], sweep[j],
                        sweep[l], (layout)(c % NLAYOUT),
                        (layout)((c / NLAYOUT) % NLAYOUT), false, (uint64_t)c, 0,
                        "sweep", msg, len, checks))
@@ -489,6 +500,12 @@ static int case_map(const cuda_env *env, char *msg, size_t len, long *checks) {
  * NaN (8.4M inputs each): exact_math.h against this host's libm. */
 static int case_math_sweep(const cuda_env *env, char *msg, size_t len,
                            long *checks) {
+  if (env->sim) { /* millions of fibers; the cuda_math suite has it */
+    snprintf(msg, len,
+             "too slow on the simulator (exact_math.h is swept "
+             "against libm by the cuda_math suite)");
+    return CUDA_SKIP;
+  }
   const int ops[] = {TOPOS_MAP_EXP, TOPOS_MAP_LOG, TOPOS_MAP_TANH};
   int64_t cap = ((int64_t)1 << 32) / 509 + 1;
   float *x = malloc((size_t)cap * sizeof(float));
@@ -522,8 +539,10 @@ static int case_math_sweep(const cuda_env *env, char *msg, size_t len,
 static int case_cublas(const cuda_env *env, char *msg, size_t len,
                        long *checks) {
   if (!env->fast) {
-    snprintf(msg, len, "no cublas backend (cuBLAS missing on this host)");
-    return 1;
+    snprintf(msg, len, "no cublas backend (%s)",
+             env->sim ? "the simulator runs the exact kernels only"
+                      : "cuBLAS missing on this host");
+    return env->sim ? CUDA_SKIP : CUDA_FAIL;
   }
   const int64_t shapes[][4] = {{1, 64, 64, 64},
                                {1, 200, 300, 100},
@@ -600,6 +619,10 @@ static int case_cublas(const cuda_env *env, char *msg, size_t len,
  * the device cache. */
 static int case_blob_cache(const cuda_env *env, char *msg, size_t len,
                            long *checks) {
+  if (!env->announce) {
+    snprintf(msg, len, "no device memory to cache blobs in");
+    return CUDA_SKIP;
+  }
   topos_dtype dt = TOPOS_F32;
   int64_t m = 64, n = 256, k = 512;
   mat A = mat_new(dt, ROW, 1, m, k, 60, 1.0, 0);
@@ -681,6 +704,10 @@ static int case_threads(const cuda_env *env, char *msg, size_t len,
 /* A NaN output is handed back and counted. */
 static int case_declines(const cuda_env *env, char *msg, size_t len,
                          long *checks) {
+  if (!env->devices) {
+    snprintf(msg, len, "no device counters");
+    return CUDA_SKIP;
+  }
   topos_device_info a[TOPOS_DEVICES_MAX], b[TOPOS_DEVICES_MAX];
   env->devices(a, TOPOS_DEVICES_MAX);
   mat A = mat_new(TOPOS_F32, ROW, 1, 8, 8, 70, 1.0, 0);

@@ -13,6 +13,7 @@
 #ifndef TOPOS_TESTS_CUDA_CASES_H
 #define TOPOS_TESTS_CUDA_CASES_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "plugin.h"
@@ -23,10 +24,15 @@ typedef struct cuda_env {
   int (*devices)(topos_device_info *out, int max);
   int (*announce)(const void *host, size_t bytes, const uint8_t hash[32]);
   void (*retract)(const void *host);
+  /* The kernels on the CPU simulator (tests/cuda/sim.h): smaller sweeps,
+   * and no device-only cases. */
+  bool sim;
 } cuda_env;
 
-/* 0 when the case holds; else non-zero with what failed in msg.  *checks
- * counts the comparisons made. */
+/* CUDA_PASS when the case holds, CUDA_FAIL with what failed in msg, or
+ * CUDA_SKIP with why in msg (a case the environment cannot run).
+ * *checks counts the comparisons made. */
+enum { CUDA_PASS = 0, CUDA_FAIL = 1, CUDA_SKIP = 2 };
 typedef int (*cuda_case_fn)(const cuda_env *env, char *msg, size_t len,
                             long *checks);
 

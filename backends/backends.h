@@ -40,6 +40,8 @@ int topos_devices_bind_thread(int slot);
  * retracted: device backends may keep a copy keyed by the hash, so
  * unchanged parameters are not sent to the device again (plugin.h). */
 int topos_blob_announce(const void *host, size_t bytes, const uint8_t hash[32]);
+/* Whether any loaded plugin keeps such copies (else announcing is moot). */
+bool topos_blob_announce_wanted(void);
 void topos_blob_retract(const void *host);
 
 /* The `cpu` backend (cpu.c): exact, packed and register-blocked GEMM with

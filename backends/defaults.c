@@ -106,6 +106,11 @@ static void load_slot(plugin_slot *s, const topos_plugin_options *opt) {
              mode);
     return;
   }
+  if (opt && opt->off) {
+    snprintf(s->report, sizeof s->report, "%s: off (no devices asked for)",
+             s->name);
+    return;
+  }
   char var[48], dir[PATH_MAX], cand[2][PATH_MAX + 64];
   snprintf(var, sizeof var, "%s_PLUGIN", env);
   int ncand = 0;
@@ -193,6 +198,14 @@ int topos_devices_bind_thread(int slot) {
     if (p && p->bind_thread) return p->bind_thread(slot);
   }
   return -1;
+}
+
+bool topos_blob_announce_wanted(void) {
+  for (int i = 0; i < NSLOTS; i++) {
+    const topos_plugin *p = plugin_at(i);
+    if (p && p->announce) return true;
+  }
+  return false;
 }
 
 int topos_blob_announce(const void *host, size_t bytes,

@@ -47,7 +47,8 @@ typedef struct topos_device_info {
 
 /* What the host program asks of a plugin at load time. */
 typedef struct topos_plugin_options {
-  int abi; /* TOPOS_PLUGIN_ABI */
+  int abi;  /* TOPOS_PLUGIN_ABI */
+  bool off; /* load no plugin (toposd --devices none) */
   /* The devices to use, by ordinal; ndevices 0: all of them. */
   int ndevices;
   int devices[TOPOS_DEVICES_MAX];

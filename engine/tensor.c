@@ -314,6 +314,13 @@ void *tensor_data(const topos_tensor *t) {
   return (char *)t->buf->data + (size_t)t->offset * topos_dtype_size(t->dtype);
 }
 
+const void *topos_tensor_memory(const topos_tensor *t, size_t *bytes) {
+  *bytes = 0;
+  if (t == NULL || !topos_tensor_is_contiguous(t)) return NULL;
+  *bytes = (size_t)topos_tensor_count(t) * topos_dtype_size(t->dtype);
+  return tensor_data(t);
+}
+
 topos_tensor *tensor_zeros_like_meta(const tensor_meta *m, topos_error *err) {
   if (m == NULL) {
     error_set(err, TOPOS_ERR_ARGUMENT, "tensor_zeros_like_meta: meta is NULL");

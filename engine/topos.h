@@ -111,6 +111,11 @@ int topos_tensor_rank(const topos_tensor *t);
 const int64_t *topos_tensor_shape(const topos_tensor *t);
 int64_t topos_tensor_count(const topos_tensor *t); /* element count */
 bool topos_tensor_is_contiguous(const topos_tensor *t);
+/* A contiguous tensor's elements in memory: their first byte, and their
+ * length in *bytes (read-only: tensors are values).  NULL and 0 for a
+ * strided view.  For a host that tells device backends which memory
+ * holds which content (backends.h, topos_blob_announce). */
+const void *topos_tensor_memory(const topos_tensor *t, size_t *bytes);
 
 /* One element, widened exactly to double (bf16 and f32 exactly, i32
  * exactly).  An index out of range sets err and returns NaN. */

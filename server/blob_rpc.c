@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends.h"
 #include "blobs.h"
 #include "rooms.h"
 
@@ -105,6 +106,35 @@ static blob_set *get_blob(call_ctx *cx, const char *id, cache_entry **ref,
 
 /* ------------------------------------------------ references in requests */
 
+/*
+ * A run's blob tensors are announced to the device backends for as long
+ * as the run holds them (blob_refs_add to blob_refs_clear): tensor i of
+ * blob X is content SHA-256("X:i"), so a GPU keeps one copy of it across
+ * steps and a client's unchanged parameters cross the bus once.  The
+ * announcement only names memory; a run that finds it retracted (another
+ * run holding the same blob finished first) uploads as usual.  Nothing
+ * happens without a device.
+ */
+static void announce_tensors(const char *id, topos_tensor *const *t, int n,
+                             bool on) {
+  if (!topos_blob_announce_wanted()) return;
+  for (int i = 0; i < n; i++) {
+    size_t bytes;
+    const void *mem = topos_tensor_memory(t[i], &bytes);
+    if (mem == NULL || bytes == 0) continue;
+    if (!on) {
+      topos_blob_retract(mem);
+      continue;
+    }
+    char key[80];
+    int len = snprintf(key, sizeof key, "%s:%d", id, i);
+    uint8_t hash[32];
+    unsigned hlen = 0;
+    if (EVP_Digest(key, (size_t)len, hash, &hlen, EVP_sha256(), NULL) == 1)
+      topos_blob_announce(mem, bytes, hash);
+  }
+}
+
 bool blob_refs_add(call_ctx *cx, blob_refs *b, Topos__V1__Tensor *const *v,
                    size_t n) {
   for (size_t i = 0; v != NULL && i < n; i++) {
@@ -141,6 +171,7 @@ bool blob_refs_add(call_ctx *cx, blob_refs *b, Topos__V1__Tensor *const *v,
     b->v[b->n] = (wire_blob){r->id, s->tensors, s->n};
     b->refs[b->n] = ref;
     b->n++;
+    announce_tensors(r->id, s->tensors, s->n, true);
     b->last = r->id;
   }
   return true;
@@ -154,7 +185,10 @@ const wire_blobs *blob_refs_table(blob_refs *b) {
 }
 
 void blob_refs_clear(call_ctx *cx, blob_refs *b) {
-  for (size_t i = 0; i < b->n; i++) cache_release(cx->d->cache, b->refs[i]);
+  for (size_t i = 0; i < b->n; i++) {
+    announce_tensors(b->v[i].id, b->v[i].tensors, b->v[i].n, false);
+    cache_release(cx->d->cache, b->refs[i]);
+  }
   free(b->refs);
   free(b->v);
   memset(b, 0, sizeof *b);

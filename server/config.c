@@ -83,6 +83,12 @@ const char config_usage[] =
     "                           closed (default 60000)\n"
     "  --http-max-connections N HTTP connections open at once; past it the\n"
     "                           longest-idle one is closed (default 1024)\n"
+    "  --devices LIST|all|none  the GPUs the CUDA backends use, by ordinal\n"
+    "                           (\"0,2\"; default all); none loads no plugin\n"
+    "  --device-pool-bytes N    device memory each GPU's buffer pool may\n"
+    "                           keep (default: half the device)\n"
+    "  --device-cache-bytes N   device memory for parameter blobs cached by\n"
+    "                           content hash (default: a quarter)\n"
     "  --test-backend NAME      also register a test backend: flip-test\n"
     "                           (claims exact, flips one GEMM bit; used\n"
     "                           only when named) for conformance tests\n"
@@ -127,6 +133,43 @@ void config_defaults(toposd_config *cfg) {
 
 static int config_error(char *msg, size_t msglen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* --devices: "all", "none", or distinct ordinals 0..63, comma-separated,
+ * at most 16. */
+static int parse_devices(toposd_config *cfg, const char *value, char *msg,
+                         size_t msglen) {
+  cfg->devices_off = false;
+  cfg->ndevices = 0;
+  if (strcmp(value, "all") == 0) return 0;
+  if (strcmp(value, "none") == 0) {
+    cfg->devices_off = true;
+    return 0;
+  }
+  const char *p = value;
+  for (;;) {
+    if (*p < '0' || *p > '9')
+      return config_error(msg, msglen,
+                          "devices: '%s' is not all, none or a list of "
+                          "device ordinals like 0,1",
+                          value);
+    long d = 0;
+    while (*p >= '0' && *p <= '9' && d < 1000) d = d * 10 + (*p++ - '0');
+    if (d > 63)
+      return config_error(msg, msglen, "devices: ordinal %ld is not in 0..63",
+                          d);
+    for (int i = 0; i < cfg->ndevices; i++)
+      if (cfg->devices[i] == d)
+        return config_error(msg, msglen, "devices: %ld is listed twice", d);
+    if (cfg->ndevices == 16)
+      return config_error(msg, msglen, "devices: more than 16 devices");
+    cfg->devices[cfg->ndevices++] = (int)d;
+    if (*p == 0) return 0;
+    if (*p++ != ',' || *p == 0)
+      return config_error(msg, msglen,
+                          "devices: '%s' is not a comma-separated list",
+                          value);
+  }
+}
 
 static int config_error(char *msg, size_t msglen, const char *fmt, ...) {
   va_list ap;
@@ -364,6 +407,17 @@ static int apply(toposd_config *cfg, const char *key, const char *value,
                           "http-max-connections: '%s' is not in 1..1000000",
                           value);
     cfg->http_max_connections = (int)v;
+  } else if (strcmp(name, "devices") == 0) {
+    return parse_devices(cfg, value, msg, msglen);
+  } else if (strcmp(name, "device-pool-bytes") == 0 ||
+             strcmp(name, "device-cache-bytes") == 0) {
+    if (!parse_int64(value, true, &v) || v < (int64_t)1 << 20)
+      return config_error(msg, msglen, "%s: '%s' is not a size of at least 1M",
+                          name, value);
+    if (strcmp(name, "device-pool-bytes") == 0)
+      cfg->device_pool_bytes = v;
+    else
+      cfg->device_cache_bytes = v;
   } else if (strcmp(name, "test-backend") == 0) {
     if (strcmp(value, "flip-test") != 0)
       return config_error(msg, msglen,

@@ -7,6 +7,7 @@
 #define TOPOSD_CONFIG_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef enum log_format { LOG_TEXT = 0, LOG_JSON = 1 } log_format;
@@ -52,6 +53,15 @@ typedef struct toposd_config {
   int64_t http_idle_timeout_ms; /* a keep-alive connection idle this long
                                  * is closed */
   int http_max_connections;     /* open HTTP connections at once */
+  /* Accelerators (backends/plugin.h): which devices the plugins use
+   * (ndevices 0 = all; devices_off: none, the plugins are not loaded),
+   * and the device bytes for each one's buffer pool and blob cache (0 =
+   * the plugin's defaults). */
+  bool devices_off;
+  int ndevices;
+  int devices[16];
+  int64_t device_pool_bytes;
+  int64_t device_cache_bytes;
 } toposd_config;
 
 /* Fills *cfg with the defaults. */

@@ -527,6 +527,38 @@ static bool finish_metrics(http_exchange *x) {
     text_printf(&b, "topos_backend_tasks_total{backend=\"%s\"} %lld\n",
                 s->backend_tasks[i]->backend,
                 (long long)s->backend_tasks[i]->tasks);
+  /* Per device: what it ran and what crossed the bus. */
+  static const struct {
+    const char *name, *type, *help;
+  } dm[] = {
+      {"topos_device_tasks_total", "counter", "Tasks a device ran."},
+      {"topos_device_declined_total", "counter",
+       "Tasks a device handed back to the reference (a NaN output)."},
+      {"topos_device_bytes_up_total", "counter", "Bytes sent to a device."},
+      {"topos_device_bytes_down_total", "counter",
+       "Bytes read back from a device."},
+      {"topos_device_blob_cache_hits_total", "counter",
+       "Parameter blobs found resident on a device."},
+      {"topos_device_blob_cache_bytes", "gauge",
+       "Parameter blob bytes resident on a device."},
+      {"topos_device_memory_free_bytes", "gauge", "A device's free memory."},
+  };
+  for (size_t m = 0; m < sizeof dm / sizeof dm[0] && s->n_devices > 0; m++) {
+    text_printf(&b, "# HELP %s %s\n# TYPE %s %s\n", dm[m].name, dm[m].help,
+                dm[m].name, dm[m].type);
+    for (size_t i = 0; i < s->n_devices; i++) {
+      const Topos__V1__DeviceInfo *d = s->devices[i];
+      int64_t v = m == 0   ? d->tasks
+                  : m == 1 ? d->declined
+                  : m == 2 ? d->bytes_up
+                  : m == 3 ? d->bytes_down
+                  : m == 4 ? d->cache_hits
+                  : m == 5 ? d->cache_bytes
+                           : d->memory_free;
+      text_printf(&b, "%s{device=\"%s:%d\"} %lld\n", dm[m].name, d->backend,
+                  (int)d->ordinal, (long long)v);
+    }
+  }
 #undef GAUGE
 #undef COUNTER
   protobuf_c_message_free_unpacked(&s->base, NULL);

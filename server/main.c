@@ -84,7 +84,18 @@ int main(int argc, char **argv) {
 
   /* Exact backends reproduce the reference's bits, so registering them
    * changes no reply; envelope ones serve only `fast` entries. */
-  topos_backends_register_defaults();
+  topos_plugin_options popt = {.abi = TOPOS_PLUGIN_ABI,
+                               .off = cfg.devices_off,
+                               .ndevices = cfg.ndevices,
+                               .pool_bytes = (uint64_t)cfg.device_pool_bytes,
+                               .cache_bytes = (uint64_t)cfg.device_cache_bytes};
+  memcpy(popt.devices, cfg.devices, sizeof popt.devices);
+  topos_backends_register_with(&popt);
+  {
+    char plugins[512];
+    topos_backends_plugin_report(plugins, sizeof plugins);
+    log_event("backends", "%s", plugins);
+  }
   /* What runs free stays in the engine's pool only up to pool_bytes. */
   topos_pool_set_cap((size_t)cfg.pool_bytes);
   if (strcmp(cfg.test_backend, "flip-test") == 0)

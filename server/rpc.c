@@ -46,6 +46,7 @@
 #include <time.h>
 
 #include "arena.h"
+#include "backends.h"
 #include "handlers.h"
 #include "health.pb-c.h"
 #include "listener.h"
@@ -508,6 +509,9 @@ static void *worker_main(void *arg) {
   worker *w = arg;
   rpc_server *s = w->server;
   job *j;
+  /* Workers are dealt to the devices in turn: worker i runs its GPU
+   * tasks on device i mod count (none: nothing happens). */
+  topos_devices_bind_thread((int)(w - s->workers));
   while ((j = queue_pop(&s->queue, &s->d->queue_depth)) != NULL) {
     atomic_fetch_add(&s->d->busy_workers, 1);
     worker_run_job(w, j);

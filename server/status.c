@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "backends.h"
 #include "health.pb-c.h"
 #include "listener.h"
 #include "rooms.h"
@@ -44,6 +45,36 @@ void handle_health_check(call_ctx *cx) {
           ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
           : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
   call_reply(cx, &r.base);
+}
+
+/* The devices the plugins use, into out/ptrs (TOPOS_DEVICES_MAX each);
+ * returns how many.  The strings point into info. */
+static size_t devices_fill(topos_device_info *info, Topos__V1__DeviceInfo *out,
+                           Topos__V1__DeviceInfo **ptrs) {
+  int n = topos_devices_list(info, TOPOS_DEVICES_MAX);
+  if (n > TOPOS_DEVICES_MAX) n = TOPOS_DEVICES_MAX;
+  for (int i = 0; i < n; i++) {
+    Topos__V1__DeviceInfo *o = &out[i];
+    topos__v1__device_info__init(o);
+    o->backend = info[i].backend;
+    o->ordinal = info[i].ordinal;
+    o->name = info[i].name;
+    o->memory_total = (int64_t)info[i].memory_total;
+    o->memory_free = (int64_t)info[i].memory_free;
+    o->cc_major = info[i].cc_major;
+    o->cc_minor = info[i].cc_minor;
+    o->multiprocessors = info[i].multiprocessors;
+    o->tasks = (int64_t)info[i].tasks;
+    o->declined = (int64_t)info[i].declined;
+    o->bytes_up = (int64_t)info[i].bytes_up;
+    o->bytes_down = (int64_t)info[i].bytes_down;
+    o->cache_hits = (int64_t)info[i].cache_hits;
+    o->cache_misses = (int64_t)info[i].cache_misses;
+    o->cache_bytes = (int64_t)info[i].cache_bytes;
+    o->pool_bytes = (int64_t)info[i].pool_bytes;
+    ptrs[i] = o;
+  }
+  return (size_t)n;
 }
 
 void handle_stats(call_ctx *cx) {
@@ -99,6 +130,10 @@ void handle_stats(call_ctx *cx) {
   r.connection_cap = lc.cap;
   r.n_backend_tasks = (size_t)n;
   r.backend_tasks = ptrs;
+  topos_device_info dinfo[TOPOS_DEVICES_MAX];
+  Topos__V1__DeviceInfo dev[TOPOS_DEVICES_MAX], *dptrs[TOPOS_DEVICES_MAX];
+  r.n_devices = devices_fill(dinfo, dev, dptrs);
+  r.devices = dptrs;
   call_reply(cx, &r.base);
 }
 
@@ -137,5 +172,12 @@ void handle_backends(call_ctx *cx) {
   Topos__V1__BackendsReply r = TOPOS__V1__BACKENDS_REPLY__INIT;
   r.n_backends = (size_t)n;
   r.backends = ptrs;
+  topos_device_info dinfo[TOPOS_DEVICES_MAX];
+  Topos__V1__DeviceInfo dev[TOPOS_DEVICES_MAX], *dptrs[TOPOS_DEVICES_MAX];
+  r.n_devices = devices_fill(dinfo, dev, dptrs);
+  r.devices = dptrs;
+  char plugins[512];
+  topos_backends_plugin_report(plugins, sizeof plugins);
+  r.plugins = plugins;
   call_reply(cx, &r.base);
 }

@@ -84,6 +84,24 @@ static void run_cpu(bench_case *bc) {
   }
 }
 
+/* A named backend (the CUDA plugin's `cuda` or `cublas`): through its
+ * run(), so the figure includes the operands' trip over the bus. */
+static const topos_backend *named;
+static void run_named(bench_case *bc) {
+  topos_task t = {.kind = TOPOS_TASK_GEMM, .threads = bc->threads};
+  t.u.gemm = (topos_gemm_task){.dtype = bc->dtype, .batch = 1, .m = bc->n,
+                               .n = bc->n, .k = bc->n,
+                               .a = tensor_data(bc->a), .a_row = bc->n,
+                               .a_col = 1, .b = tensor_data(bc->b),
+                               .b_row = bc->n, .b_col = 1, .c = bc->c,
+                               .c_row = bc->n, .c_col = 1};
+  topos_error err = {0};
+  if (named->run(named, &t, &err) != TOPOS_OK) {
+    fprintf(stderr, "gemm: %s failed: %s\n", named->name, err.message);
+    exit(1);
+  }
+}
+
 #if HAVE_OPENBLAS
 static void run_openblas(bench_case *bc) {
   int n = (int)bc->n;
@@ -156,14 +174,24 @@ static void run_case(int64_t n, topos_dtype dtype, int threads) {
 #if HAVE_OPENBLAS
   blas = measure(run_openblas, &bc, budget);
 #endif
-  char r[32], c[32], o[32];
+  /* The GPU's backends when the CUDA plugin found a device (with the
+   * host<->device copies: bench/cuda's device check times the kernels
+   * alone). */
+  double gpu[2] = {-1, -1};
+  const char *gpu_names[2] = {"cuda", "cublas"};
+  for (int g = 0; g < 2; g++)
+    if ((named = topos_backend_find(gpu_names[g])) != NULL)
+      gpu[g] = measure(run_named, &bc, budget);
+  char r[32], c[32], o[32], ge[32], gb[32];
   fmt(r, sizeof r, ref);
   fmt(c, sizeof c, cpu);
   fmt(o, sizeof o, blas);
+  fmt(ge, sizeof ge, gpu[0]);
+  fmt(gb, sizeof gb, gpu[1]);
   printf(
       "gemm n=%lld dtype=%s threads=%d reference=%s cpu_exact=%s "
-      "openblas=%s gflops\n",
-      (long long)n, topos_dtype_name(dtype), threads, r, c, o);
+      "openblas=%s cuda_exact=%s cublas=%s gflops\n",
+      (long long)n, topos_dtype_name(dtype), threads, r, c, o, ge, gb);
   fflush(stdout);
   topos_tensor_release(bc.a);
   topos_tensor_release(bc.b);
@@ -218,6 +246,9 @@ int main(int argc, char **argv) {
   }
   topos_backends_register_defaults();
   fprintf(stderr, "gemm: cpu backend microkernels: %s\n", topos_cpu_isa());
+  char plugins[512];
+  topos_backends_plugin_report(plugins, sizeof plugins);
+  fprintf(stderr, "gemm: %s\n", plugins);
   const int64_t sizes[] = {256, 512, 1024, 2048};
   const topos_dtype dtypes[] = {TOPOS_F32, TOPOS_F64};
   const int threads[] = {1, 2};

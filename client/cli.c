@@ -677,7 +677,21 @@ static int cmd_backends_local(void) {
   topos_backends_register_defaults();
   topos_backend_info info[TOPOS_BACKENDS_MAX];
   int n = topos_backends_list(info, TOPOS_BACKENDS_MAX);
-  return print_backends(info, n < TOPOS_BACKENDS_MAX ? n : TOPOS_BACKENDS_MAX);
+  print_backends(info, n < TOPOS_BACKENDS_MAX ? n : TOPOS_BACKENDS_MAX);
+  /* The plugins, and the devices they use. */
+  char plugins[512];
+  topos_backends_plugin_report(plugins, sizeof plugins);
+  printf("plugins: %s\n", plugins);
+  topos_device_info dev[TOPOS_DEVICES_MAX];
+  int nd = topos_devices_list(dev, TOPOS_DEVICES_MAX);
+  for (int i = 0; i < nd && i < TOPOS_DEVICES_MAX; i++)
+    printf("device %s:%d %s sm_%d%d %d SMs %.1f GiB (%.1f free) tasks %llu\n",
+           dev[i].backend, dev[i].ordinal, dev[i].name, dev[i].cc_major,
+           dev[i].cc_minor, dev[i].multiprocessors,
+           dev[i].memory_total / 1073741824.0,
+           dev[i].memory_free / 1073741824.0,
+           (unsigned long long)dev[i].tasks);
+  return 0;
 }
 
 static int cmd_health(topos_client *c, const options *o) {

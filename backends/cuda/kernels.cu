@@ -174,7 +174,8 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
     if (s + 1 < steps) fetch((s + 1) * BK);
     const int64_t left = k - s * BK;
     const int kmax = left < BK ? (int)left : BK;
-    for (int kk = 0; kk < kmax; kk++) { /* k order, never past k */
+    /* One k: every owned output's chain advances by one fma. */
+    auto advance = [&](int kk) {
       T av[TM], bv[TN];
 #pragma unroll
       for (int i = 0; i < TM / 2; i++) {
@@ -190,6 +191,12 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
       for (int i = 0; i < TM; i++)
 #pragma unroll
         for (int j = 0; j < TN; j++) acc[i][j] = fma_t(av[i], bv[j], acc[i][j]);
+    };
+    if (kmax == BK) { /* a whole step, unrolled */
+#pragma unroll
+      for (int kk = 0; kk < BK; kk++) advance(kk);
+    } else { /* the last, short step: k order, never past k */
+      for (int kk = 0; kk < kmax; kk++) advance(kk);
     }
     if (s + 1 < steps) stash(cur ^ 1);
     __syncthreads();
@@ -376,6 +383,124 @@ extern "C" int cuda_reduce_exact(bool f64, const void *x, void *y,
   cudaStream_t st = (cudaStream_t)stream;
   return f64 ? reduce_t<double>(x, y, outer, L, inner, nan_flag, st)
              : reduce_t<float>(x, y, outer, L, inner, nan_flag, st);
+}
+
+/* ------------------------------------------------------------ attention */
+
+/*
+ * One block per query row (b, i), the reference's steps in its order
+ * (backend.h, cpu_attention_real.h):
+ *   raw[j] = fma chain over c of q[c]·k[c, j] from +0.0; scaled = raw *
+ *   scale; masked = scaled + mask; shift = the row's first NaN or first
+ *   largest value (0 when infinite); sum = the striped-16 sum of
+ *   exp(masked - shift); logp = (masked - shift) - log(sum); probs =
+ *   exp(logp); out[c] = fma chain over j of probs[j]·v[j, c] from +0.0.
+ * Threads split j (and then c), never one chain; the maximum and the
+ * lane tree are one thread's, in order.
+ */
+#define ATT_THREADS 128
+__global__ void __launch_bounds__(ATT_THREADS)
+    attention_kernel(cuda_attention_args a, unsigned *nan_flag) {
+  __shared__ float part[16];
+  __shared__ float shift_lse[2];
+  const int tid = threadIdx.x;
+  const int64_t row = blockIdx.x; /* b * t + i */
+  const int64_t b = row / a.t, i = row - b * a.t, S = a.s;
+  const float *q = (const float *)a.q + b * a.q_batch + i * a.q_row;
+  const float *k = (const float *)a.k + b * a.k_batch;
+  const float *v = (const float *)a.v + b * a.v_batch;
+  const float *sc = a.scale ? (const float *)a.scale + b * a.scale_batch +
+                                  i * a.scale_row
+                            : NULL;
+  const float *mk = a.mask ? (const float *)a.mask + b * a.mask_batch +
+                                 i * a.mask_row
+                           : NULL;
+  float *buf = (float *)a.rows + row * S;
+  const int64_t at = row * S;
+  bool nan = false;
+  for (int64_t j = tid; j < S; j += ATT_THREADS) {
+    float acc = 0.0f;
+    for (int64_t c = 0; c < a.dh; c++)
+      acc = fmaf(q[c * a.q_col], k[c * a.k_row + j * a.k_col], acc);
+    if (a.raw) ((float *)a.raw)[at + j] = acc;
+    if (sc) {
+      acc = __fmul_rn(acc, sc[j * a.scale_col]);
+      if (a.scaled) ((float *)a.scaled)[at + j] = acc;
+    }
+    if (mk) {
+      acc = __fadd_rn(acc, mk[j * a.mask_col]);
+      if (a.masked) ((float *)a.masked)[at + j] = acc;
+    }
+    buf[j] = acc;
+    nan |= is_nan(acc);
+  }
+  __syncthreads();
+  if (tid == 0) { /* the reference's row maximum */
+    float m = buf[0];
+    for (int64_t l = 0; l < S && !is_nan(m); l++) {
+      float x = buf[l];
+      if (is_nan(x) || x > m) m = x;
+    }
+    shift_lse[0] = isinf(m) ? 0.0f : m;
+  }
+  __syncthreads();
+  const float shift = shift_lse[0];
+  if (S > 16) { /* lane l of the striped sum on thread l */
+    if (tid < 16) {
+      float lane = tp_expf(__fsub_rn(buf[tid], shift));
+      for (int64_t j = 16 + tid; j < S; j += 16)
+        lane = __fadd_rn(lane, tp_expf(__fsub_rn(buf[j], shift)));
+      part[tid] = lane;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      float lane[16];
+#pragma unroll
+      for (int l = 0; l < 16; l++) lane[l] = part[l];
+#pragma unroll
+      for (int width = 16; width > 1; width /= 2)
+#pragma unroll
+        for (int l = 0; l < width / 2; l++)
+          lane[l] = __fadd_rn(lane[2 * l], lane[2 * l + 1]);
+      shift_lse[1] = tp_logf(lane[0]);
+    }
+  } else if (tid == 0) { /* a left fold */
+    float sum = tp_expf(__fsub_rn(buf[0], shift));
+    for (int64_t j = 1; j < S; j++)
+      sum = __fadd_rn(sum, tp_expf(__fsub_rn(buf[j], shift)));
+    shift_lse[1] = tp_logf(sum);
+  }
+  __syncthreads();
+  const float lse = shift_lse[1];
+  for (int64_t j = tid; j < S; j += ATT_THREADS) {
+    float lp = __fsub_rn(__fsub_rn(buf[j], shift), lse);
+    if (a.logp) ((float *)a.logp)[at + j] = lp;
+    float p = tp_expf(lp);
+    if (a.probs) ((float *)a.probs)[at + j] = p;
+    buf[j] = p;
+    nan |= is_nan(lp) || is_nan(p);
+  }
+  __syncthreads();
+  float *out = (float *)a.out + row * a.dv;
+  for (int64_t c = tid; c < a.dv; c += ATT_THREADS) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < S; j++)
+      acc = fmaf(buf[j], v[j * a.v_row + c * a.v_col], acc);
+    out[c] = acc;
+    nan |= is_nan(acc);
+  }
+  if (nan) atomicOr(nan_flag, 1u);
+}
+
+extern "C" int cuda_attention_exact(const cuda_attention_args *a,
+                                    unsigned *nan_flag, void *stream) {
+  if (a->f64) return (int)cudaErrorInvalidValue;
+  int64_t rows = a->batch * a->t;
+  if (rows == 0) return 0;
+  if (rows > INT32_MAX || a->s < 1) return (int)cudaErrorInvalidValue;
+  LAUNCH((unsigned)rows, ATT_THREADS, (cudaStream_t)stream, attention_kernel,
+         *a, nan_flag);
+  return (int)cudaGetLastError();
 }
 
 /* ----------------------------------------------------------------- maps */

@@ -45,6 +45,29 @@ typedef struct cuda_window_args {
   void *out; /* [n*oh*ow, o] row-major */
 } cuda_window_args;
 
+/* backend.h's topos_attention_task with device pointers: q [batch, t, dh],
+ * k the transposed keys [batch, dh, s], v [batch, s, dv], scale and mask
+ * [batch, t, s] (NULL: no step), each by element strides; out [batch, t,
+ * dv] and the optional rows [batch, t, s] dense; `rows` scratch of
+ * batch*t*s elements. */
+typedef struct cuda_attention_args {
+  bool f64;
+  int64_t batch, t, s, dh, dv;
+  const void *q;
+  int64_t q_batch, q_row, q_col;
+  const void *k;
+  int64_t k_batch, k_row, k_col;
+  const void *v;
+  int64_t v_batch, v_row, v_col;
+  const void *scale;
+  int64_t scale_batch, scale_row, scale_col;
+  const void *mask;
+  int64_t mask_batch, mask_row, mask_col;
+  void *out;
+  void *raw, *scaled, *masked, *logp, *probs;
+  void *rows;
+} cuda_attention_args;
+
 /* The map ops, numbered as backend.h's topos_map_op. */
 int cuda_gemm_exact(const cuda_gemm_args *g, unsigned *nan_flag, void *stream);
 int cuda_window_exact(const cuda_window_args *w, unsigned *nan_flag,
@@ -54,6 +77,9 @@ int cuda_reduce_exact(bool f64, const void *x, void *y, int64_t outer,
                       void *stream);
 int cuda_map_exact(bool f64, int op, const void *a, const void *b, void *y,
                    int64_t n, unsigned *nan_flag, void *stream);
+/* f32 only (exp and log are exact_math.h's). */
+int cuda_attention_exact(const cuda_attention_args *a, unsigned *nan_flag,
+                         void *stream);
 /* Whether cuda_map_exact computes op in this dtype (exp, log and tanh in
  * f32 only; pow in neither). */
 bool cuda_map_supported(bool f64, int op);

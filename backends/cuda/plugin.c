@@ -378,9 +378,17 @@ static bool cuda_valid(const topos_task *t) {
       return real(t->u.window.dtype);
     case TOPOS_TASK_REDUCE:
       return real(t->u.reduce.dtype);
-    case TOPOS_TASK_MAP:
-      return real(t->u.map.dtype) &&
-             cuda_map_supported(t->u.map.dtype == TOPOS_F64, (int)t->u.map.op);
+    case TOPOS_TASK_MAP: {
+      const topos_map_task *m = &t->u.map;
+      bool libm = m->op == TOPOS_MAP_EXP || m->op == TOPOS_MAP_LOG ||
+                  m->op == TOPOS_MAP_TANH;
+      return real(m->dtype) &&
+             cuda_map_supported(m->dtype == TOPOS_F64, (int)m->op) &&
+             (!libm || math_ok[m->op]);
+    }
+    case TOPOS_TASK_ATTENTION: /* exp and log: f32 exact_math.h */
+      return t->u.attention.dtype == TOPOS_F32 && math_ok[TOPOS_MAP_EXP] &&
+             math_ok[TOPOS_MAP_LOG];
     default:
       return false;
   }
@@ -404,6 +412,10 @@ static int64_t task_work(const topos_task *t) {
     }
     case TOPOS_TASK_MAP:
       return t->u.map.n;
+    case TOPOS_TASK_ATTENTION: {
+      const topos_attention_task *a = &t->u.attention;
+      return mul_sat(mul_sat(mul_sat(a->batch, a->t), a->s), a->dh + a->dv);
+    }
     default:
       return 0;
   }
@@ -412,7 +424,8 @@ static int64_t task_work(const topos_task *t) {
 /* Offered: valid and worth the bus. */
 static bool cuda_supports(const topos_backend *self, const topos_task *t) {
   (void)self;
-  bool product = t->kind == TOPOS_TASK_GEMM || t->kind == TOPOS_TASK_WINDOW;
+  bool product = t->kind == TOPOS_TASK_GEMM || t->kind == TOPOS_TASK_WINDOW ||
+                 t->kind == TOPOS_TASK_ATTENTION;
   return cuda_valid(t) &&
          task_work(t) >= (product ? min_product : min_elements);
 }
@@ -562,6 +575,89 @@ static int run_map(device *d, const topos_map_task *m, topos_error *err) {
   return rc;
 }
 
+/* The attention chain: q, k, v, scale and mask by their spans; out and
+ * each row output asked for in pool blocks, copied back only when no
+ * NaN was written. */
+static int run_attention(device *d, const topos_attention_task *t,
+                         topos_error *err) {
+  const size_t es = sizeof(float);
+  operand in[5] = {{0}};
+  void *outs[6] = {0}, *rows = NULL;
+  void *host[6] = {
+      t->out,  t->raw,  t->scale ? t->scaled : NULL, t->mask ? t->masked : NULL,
+      t->logp, t->probs};
+  size_t obytes = (size_t)(t->batch * t->t * t->dv) * es;
+  size_t rbytes = (size_t)(t->batch * t->t * t->s) * es;
+  int rc = operand_put3(d, t->q, t->batch, t->q_batch, t->t, t->q_row, t->dh,
+                        t->q_col, es, &in[0], err);
+  if (!rc)
+    rc = operand_put3(d, t->k, t->batch, t->k_batch, t->dh, t->k_row, t->s,
+                      t->k_col, es, &in[1], err);
+  if (!rc)
+    rc = operand_put3(d, t->v, t->batch, t->v_batch, t->s, t->v_row, t->dv,
+                      t->v_col, es, &in[2], err);
+  if (!rc && t->scale)
+    rc = operand_put3(d, t->scale, t->batch, t->scale_batch, t->t, t->scale_row,
+                      t->s, t->scale_col, es, &in[3], err);
+  if (!rc && t->mask)
+    rc = operand_put3(d, t->mask, t->batch, t->mask_batch, t->t, t->mask_row,
+                      t->s, t->mask_col, es, &in[4], err);
+  for (int o = 0; o < 6 && !rc; o++)
+    if (host[o] && !(outs[o] = devpool_get(d->pool, o ? rbytes : obytes, NULL)))
+      rc = refuse(err, TOPOS_ERR_MEMORY, "device memory exhausted");
+  if (!rc && !(rows = devpool_get(d->pool, rbytes, NULL)))
+    rc = refuse(err, TOPOS_ERR_MEMORY, "device memory exhausted");
+  if (!rc) {
+    cuda_attention_args a = {.batch = t->batch,
+                             .t = t->t,
+                             .s = t->s,
+                             .dh = t->dh,
+                             .dv = t->dv,
+                             .q = in[0].ptr,
+                             .q_batch = t->q_batch,
+                             .q_row = t->q_row,
+                             .q_col = t->q_col,
+                             .k = in[1].ptr,
+                             .k_batch = t->k_batch,
+                             .k_row = t->k_row,
+                             .k_col = t->k_col,
+                             .v = in[2].ptr,
+                             .v_batch = t->v_batch,
+                             .v_row = t->v_row,
+                             .v_col = t->v_col,
+                             .scale = t->scale ? in[3].ptr : NULL,
+                             .scale_batch = t->scale_batch,
+                             .scale_row = t->scale_row,
+                             .scale_col = t->scale_col,
+                             .mask = t->mask ? in[4].ptr : NULL,
+                             .mask_batch = t->mask_batch,
+                             .mask_row = t->mask_row,
+                             .mask_col = t->mask_col,
+                             .out = outs[0],
+                             .raw = outs[1],
+                             .scaled = outs[2],
+                             .masked = outs[3],
+                             .logp = outs[4],
+                             .probs = outs[5],
+                             .rows = rows};
+    cudaError_t e = cudaMemsetAsync(d->d_flags, 0, sizeof(unsigned), d->stream);
+    if (e == cudaSuccess)
+      e = (cudaError_t)cuda_attention_exact(&a, d->d_flags, d->stream);
+    rc = e != cudaSuccess ? fail(err, e, "attention")
+                          : finish(d, host[0], outs[0], obytes, err);
+    for (int o = 1; o < 6 && !rc; o++) {
+      if (!host[o]) continue;
+      e = download(d, host[o], outs[o], rbytes);
+      if (e != cudaSuccess) rc = fail(err, e, "download");
+    }
+  }
+  for (int o = 0; o < 6; o++)
+    if (outs[o]) devpool_put(d->pool, outs[o]);
+  if (rows) devpool_put(d->pool, rows);
+  for (int i = 0; i < 5; i++) operand_drop(d, &in[i]);
+  return rc;
+}
+
 static int cuda_run(const topos_backend *self, const topos_task *t,
                     topos_error *err) {
   (void)self;
@@ -586,6 +682,9 @@ static int cuda_run(const topos_backend *self, const topos_task *t,
         break;
       case TOPOS_TASK_MAP:
         rc = run_map(d, &t->u.map, err);
+        break;
+      case TOPOS_TASK_ATTENTION:
+        rc = run_attention(d, &t->u.attention, err);
         break;
       default:
         rc = refuse(err, TOPOS_ERR_ARGUMENT, "task kind not supported");
@@ -792,7 +891,8 @@ static const topos_backend cuda_backend = {
     .supports = cuda_supports,
     .run = cuda_run,
     .tasks = 1u << TOPOS_TASK_GEMM | 1u << TOPOS_TASK_WINDOW |
-             1u << TOPOS_TASK_REDUCE | 1u << TOPOS_TASK_MAP,
+             1u << TOPOS_TASK_REDUCE | 1u << TOPOS_TASK_MAP |
+             1u << TOPOS_TASK_ATTENTION,
     .dtypes = 1u << TOPOS_F32 | 1u << TOPOS_F64,
     .device = cuda_device,
     .max_threads = one_thread,

@@ -252,6 +252,78 @@ START_TEST(ref_matches_cpu_backend) {
         free(y1);
         free(y2);
       }
+      /* attention with a broadcast scale, a mask and every row output */
+      {
+        int64_t B = 2, T = 9, S = 33, DH = 8, DV = 12;
+        void *q = values(dt, B * T * DH, 20, sp),
+             *kk = values(dt, B * DH * S, 21, sp);
+        void *v = values(dt, B * S * DV, 22, sp),
+             *sc = values(dt, B * T, 23, false);
+        void *mk = values(dt, B * T * S, 24, false);
+        void *o1[6], *o2[6];
+        for (int o = 0; o < 6; o++) {
+          size_t n = (size_t)(o ? B * T * S : B * T * DV) * es;
+          o1[o] = calloc(1, n);
+          o2[o] = calloc(1, n);
+        }
+        topos_task ta = {.kind = TOPOS_TASK_ATTENTION, .threads = 1};
+        ta.u.attention = (topos_attention_task){.dtype = dt,
+                                                .batch = B,
+                                                .t = T,
+                                                .s = S,
+                                                .dh = DH,
+                                                .dv = DV,
+                                                .q = q,
+                                                .q_batch = T * DH,
+                                                .q_row = DH,
+                                                .q_col = 1,
+                                                .k = kk,
+                                                .k_batch = DH * S,
+                                                .k_row = 1,
+                                                .k_col = DH,
+                                                .v = v,
+                                                .v_batch = S * DV,
+                                                .v_row = DV,
+                                                .v_col = 1,
+                                                .scale = sc,
+                                                .scale_batch = T,
+                                                .scale_row = 1,
+                                                .scale_col = 0,
+                                                .mask = mk,
+                                                .mask_batch = T * S,
+                                                .mask_row = S,
+                                                .mask_col = 1,
+                                                .out = o1[0],
+                                                .raw = o1[1],
+                                                .scaled = o1[2],
+                                                .masked = o1[3],
+                                                .logp = o1[4],
+                                                .probs = o1[5]};
+        if (cpu->supports(cpu, &ta)) {
+          ck_assert_int_eq(cpu->run(cpu, &ta, &err), 0);
+          topos_attention_task *a = &ta.u.attention;
+          a->out = o2[0];
+          a->raw = o2[1];
+          a->scaled = o2[2];
+          a->masked = o2[3];
+          a->logp = o2[4];
+          a->probs = o2[5];
+          ref_attention(a);
+          for (int o = 0; o < 6; o++)
+            same(dt, o1[o], o2[o], o ? B * T * S : B * T * DV, "attention");
+        } else {
+          ck_abort_msg("the cpu backend declined an attention task");
+        }
+        for (int o = 0; o < 6; o++) {
+          free(o1[o]);
+          free(o2[o]);
+        }
+        free(q);
+        free(kk);
+        free(v);
+        free(sc);
+        free(mk);
+      }
       /* maps, every op */
       int64_t nm = 20000;
       void *a = values(dt, nm, 8, sp), *b = values(dt, nm, 9, sp);

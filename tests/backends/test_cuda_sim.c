@@ -11,6 +11,7 @@
  */
 #include <check.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cases.h"
@@ -89,6 +90,47 @@ static int sim_run(const topos_backend *self, const topos_task *t,
       rc = cuda_map_exact(m->dtype == TOPOS_F64, (int)m->op, m->a,
                           m->op >= TOPOS_MAP_ADD ? m->b : NULL, m->y, m->n,
                           &flag, NULL);
+      break;
+    }
+    case TOPOS_TASK_ATTENTION: {
+      const topos_attention_task *t2 = &t->u.attention;
+      if (t2->dtype != TOPOS_F32)
+        return sim_fail(err, TOPOS_ERR_ARGUMENT, "f32 only");
+      float *rows = malloc(sizeof(float) * (size_t)(t2->batch * t2->t * t2->s));
+      cuda_attention_args a = {.batch = t2->batch,
+                               .t = t2->t,
+                               .s = t2->s,
+                               .dh = t2->dh,
+                               .dv = t2->dv,
+                               .q = t2->q,
+                               .q_batch = t2->q_batch,
+                               .q_row = t2->q_row,
+                               .q_col = t2->q_col,
+                               .k = t2->k,
+                               .k_batch = t2->k_batch,
+                               .k_row = t2->k_row,
+                               .k_col = t2->k_col,
+                               .v = t2->v,
+                               .v_batch = t2->v_batch,
+                               .v_row = t2->v_row,
+                               .v_col = t2->v_col,
+                               .scale = t2->scale,
+                               .scale_batch = t2->scale_batch,
+                               .scale_row = t2->scale_row,
+                               .scale_col = t2->scale_col,
+                               .mask = t2->mask,
+                               .mask_batch = t2->mask_batch,
+                               .mask_row = t2->mask_row,
+                               .mask_col = t2->mask_col,
+                               .out = t2->out,
+                               .raw = t2->raw,
+                               .scaled = t2->scale ? t2->scaled : NULL,
+                               .masked = t2->mask ? t2->masked : NULL,
+                               .logp = t2->logp,
+                               .probs = t2->probs,
+                               .rows = rows};
+      rc = cuda_attention_exact(&a, &flag, NULL);
+      free(rows);
       break;
     }
     default:

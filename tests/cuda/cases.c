@@ -496,6 +496,158 @@ static int case_map(const cuda_env *env, char *msg, size_t len, long *checks) {
   return 0;
 }
 
+/* One attention task: q [batch, t, dh], k given as [batch, dh, s] or as
+ * the transposed view of [batch, s, dh], v [batch, s, dv], a scale
+ * broadcast over the row (stride 0) and a causal mask when asked, every
+ * optional row output when `rows`. */
+static int one_attention(const cuda_env *env, topos_dtype dt, int64_t batch,
+                         int64_t t, int64_t s, int64_t dh, int64_t dv,
+                         bool k_view, bool scale, bool causal, bool rows,
+                         int every, uint64_t seed, char *msg, size_t len,
+                         long *checks) {
+  size_t es = esize(dt);
+  void *q = fill(dt, batch * t * dh, seed, 1.0, every);
+  void *k = fill(dt, batch * dh * s, seed + 1, 1.0, every);
+  void *v = fill(dt, batch * s * dv, seed + 2, 1.0, every);
+  void *sc = fill(dt, batch * t, seed + 3, 0.5, 0);
+  void *mk = fill(dt, batch * t * s, seed + 4, 0.0, 0);
+  for (int64_t b = 0; b < batch; b++)
+    for (int64_t i = 0; i < t; i++)
+      for (int64_t j = 0; j < s; j++)
+        put(dt, mk, (b * t + i) * s + j, j > i + (s - t) ? -INFINITY : 0.0);
+  topos_task tk = {.kind = TOPOS_TASK_ATTENTION};
+  topos_attention_task *a = &tk.u.attention;
+  *a = (topos_attention_task){.dtype = dt,
+                              .batch = batch,
+                              .t = t,
+                              .s = s,
+                              .dh = dh,
+                              .dv = dv,
+                              .q = q,
+                              .q_batch = t * dh,
+                              .q_row = dh,
+                              .q_col = 1,
+                              .k = k,
+                              .k_batch = dh * s,
+                              .k_row = k_view ? 1 : s,
+                              .k_col = k_view ? dh : 1,
+                              .v = v,
+                              .v_batch = s * dv,
+                              .v_row = dv,
+                              .v_col = 1,
+                              .scale = scale ? sc : NULL,
+                              .scale_batch = t,
+                              .scale_row = 1,
+                              .scale_col = 0,
+                              .mask = causal ? mk : NULL,
+                              .mask_batch = t * s,
+                              .mask_row = s,
+                              .mask_col = 1};
+  size_t ob = (size_t)(batch * t * dv) * es, rb = (size_t)(batch * t * s) * es;
+  void *ref[6], *got[6];
+  for (int o = 0; o < 6; o++) {
+    ref[o] = (o == 0 || rows) ? malloc(o ? rb : ob) : NULL;
+    got[o] = (o == 0 || rows) ? malloc(o ? rb : ob) : NULL;
+    if (got[o]) memset(got[o], 0xa5, o ? rb : ob);
+  }
+  /* Rows the task has no step for stay unwritten: make them equal. */
+  if (rows) {
+    memset(ref[2], 0xa5, rb);
+    memset(ref[3], 0xa5, rb);
+  }
+  topos_task r = tk;
+  topos_attention_task *ra = &r.u.attention;
+  ra->out = ref[0];
+  ra->raw = ref[1];
+  ra->scaled = ref[2];
+  ra->masked = ref[3];
+  ra->logp = ref[4];
+  ra->probs = ref[5];
+  ref_attention(ra);
+  a->out = got[0];
+  a->raw = got[1];
+  a->scaled = got[2];
+  a->masked = got[3];
+  a->logp = got[4];
+  a->probs = got[5];
+  topos_error err = {0};
+  tk.threads = 1;
+  int rc = env->exact->run(env->exact, &tk, &err);
+  bool nan = any_nan(dt, ref[0], batch * t * dv);
+  for (int o = 1; o < 6 && rows; o++)
+    if ((o != 2 || scale) && (o != 3 || causal))
+      nan |= any_nan(dt, ref[o], batch * t * s);
+  char tag[160];
+  snprintf(tag, sizeof tag,
+           "attention %s batch %lld t %lld s %lld dh %lld dv %lld%s%s%s%s",
+           dt == TOPOS_F64 ? "f64" : "f32", (long long)batch, (long long)t,
+           (long long)s, (long long)dh, (long long)dv, k_view ? " k-view" : "",
+           scale ? " scale" : "", causal ? " causal" : "",
+           every ? " specials" : "");
+  int bad = 0;
+  (*checks)++;
+  if (dt == TOPOS_F64) {
+    if (rc == 0) {
+      snprintf(msg, len, "%s: ran, but the device has no exact f64 exp", tag);
+      bad = 1;
+    }
+  } else if (rc == TOPOS_ERR_RANGE && nan) {
+    /* handed back */
+  } else if (rc == TOPOS_ERR_ARGUMENT) {
+    fprintf(stderr, "note: %s: not offered (this host's libm differs)\n", tag);
+  } else if (rc != 0) {
+    snprintf(msg, len, "%s: run failed (%d): %s", tag, rc, err.message);
+    bad = 1;
+  } else if (nan) {
+    snprintf(msg, len, "%s: ran although the reference holds a NaN", tag);
+    bad = 1;
+  } else {
+    const char *names[6] = {"out", "raw", "scaled", "masked", "logp", "probs"};
+    for (int o = 0; o < 6 && !bad; o++) {
+      if (!ref[o]) continue;
+      size_t n = o ? rb : ob;
+      if (memcmp(ref[o], got[o], n) != 0) {
+        size_t i = 0;
+        while (memcmp((char *)ref[o] + i * es, (char *)got[o] + i * es, es) ==
+               0)
+          i++;
+        snprintf(msg, len, "%s: %s element %zu differs: %.17g vs %.17g", tag,
+                 names[o], i, get(dt, got[o], (int64_t)i),
+                 get(dt, ref[o], (int64_t)i));
+        bad = 1;
+      }
+    }
+  }
+  for (int o = 0; o < 6; o++) {
+    free(ref[o]);
+    free(got[o]);
+  }
+  free(q);
+  free(k);
+  free(v);
+  free(sc);
+  free(mk);
+  return bad;
+}
+
+static int case_attention(const cuda_env *env, char *msg, size_t len,
+                          long *checks) {
+  return one_attention(env, TOPOS_F32, 2, 5, 7, 8, 8, false, false, false, true,
+                       0, 1, msg, len, checks) ||
+         one_attention(env, TOPOS_F32, 3, 17, 17, 16, 16, true, true, true,
+                       true, 0, 2, msg, len, checks) ||
+         one_attention(env, TOPOS_F32, 1, 64, 300, 32, 24, false, true, true,
+                       false, 0, 3, msg, len, checks) ||
+         one_attention(env, TOPOS_F32, 4, 1, 1, 4, 4, false, false, false, true,
+                       0, 4, msg, len, checks) ||
+         one_attention(env, TOPOS_F32, 2, 20, 40, 8, 130, true, true, false,
+                       true, 0, 5, msg, len, checks) || /* dv past a block */
+         one_attention(env, TOPOS_F32, 2, 9, 33, 8, 8, false, true, true, true,
+                       9, 6, msg, len, checks) || /* specials */
+         one_attention(env, TOPOS_F64, 1, 4, 4, 4, 4, false, false, false,
+                       false, 0, 7, msg, len, checks);
+}
+
 /* expf, logf, tanhf over every 509th bit pattern whose libm result is not
  * NaN (8.4M inputs each): exact_math.h against this host's libm. */
 static int case_math_sweep(const cuda_env *env, char *msg, size_t len,
@@ -740,6 +892,7 @@ const cuda_case cuda_cases[] = {
     {"reduce", case_reduce},
     {"map", case_map},
     {"math_sweep", case_math_sweep},
+    {"attention", case_attention},
     {"cublas_envelope", case_cublas},
     {"blob_cache", case_blob_cache},
     {"threads", case_threads},

@@ -5,6 +5,8 @@
 #include "ref.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define GEMM_LOOP(R)                                                         \
   do {                                                                       \
@@ -163,4 +165,88 @@ void ref_map(const topos_map_task *m) {
     MAP_BODY(double, exp, log, sqrt, tanh, pow);
   else
     MAP_BODY(float, expf, logf, sqrtf, tanhf, powf);
+}
+
+/* The striped-16 sum of x[0..n) (numerics.md). */
+#define STRIPED(R, NAME)                                                       \
+  static R NAME(const R *x, int64_t n) {                                       \
+    if (n == 0) return (R)0;                                                   \
+    if (n <= 16) {                                                             \
+      R acc = x[0];                                                            \
+      for (int64_t i = 1; i < n; i++) acc = acc + x[i];                        \
+      return acc;                                                              \
+    }                                                                          \
+    R lane[16];                                                                \
+    for (int l = 0; l < 16; l++) lane[l] = x[l];                               \
+    for (int64_t i = 16; i < n; i++) lane[i % 16] = lane[i % 16] + x[i];       \
+    for (int w = 16; w > 1; w /= 2)                                            \
+      for (int l = 0; l < w / 2; l++) lane[l] = lane[2 * l] + lane[2 * l + 1]; \
+    return lane[0];                                                            \
+  }
+STRIPED(float, striped_f32)
+STRIPED(double, striped_f64)
+
+#define ATTENTION_BODY(R, FMA, EXP, LOG, SUM)                                \
+  do {                                                                       \
+    int64_t S = a->s;                                                        \
+    R *row = malloc(sizeof(R) * (size_t)S),                                  \
+      *tmp = malloc(sizeof(R) * (size_t)S);                                  \
+    for (int64_t b = 0; b < a->batch; b++)                                   \
+      for (int64_t i = 0; i < a->t; i++) {                                   \
+        const R *q = (const R *)a->q + b * a->q_batch + i * a->q_row;        \
+        const R *k = (const R *)a->k + b * a->k_batch;                       \
+        int64_t at = (b * a->t + i) * S;                                     \
+        for (int64_t j = 0; j < S; j++) {                                    \
+          R acc = (R)0;                                                      \
+          for (int64_t c = 0; c < a->dh; c++)                                \
+            acc = FMA(q[c * a->q_col], k[c * a->k_row + j * a->k_col], acc); \
+          row[j] = acc;                                                      \
+          if (a->raw) ((R *)a->raw)[at + j] = acc;                           \
+        }                                                                    \
+        if (a->scale) {                                                      \
+          const R *sc =                                                      \
+              (const R *)a->scale + b * a->scale_batch + i * a->scale_row;   \
+          for (int64_t j = 0; j < S; j++)                                    \
+            row[j] = row[j] * sc[j * a->scale_col];                          \
+          if (a->scaled)                                                     \
+            memcpy((R *)a->scaled + at, row, sizeof(R) * (size_t)S);         \
+        }                                                                    \
+        if (a->mask) {                                                       \
+          const R *mk =                                                      \
+              (const R *)a->mask + b * a->mask_batch + i * a->mask_row;      \
+          for (int64_t j = 0; j < S; j++)                                    \
+            row[j] = row[j] + mk[j * a->mask_col];                           \
+          if (a->masked)                                                     \
+            memcpy((R *)a->masked + at, row, sizeof(R) * (size_t)S);         \
+        }                                                                    \
+        R m = row[0];                                                        \
+        for (int64_t l = 0; l < S && !isnan(m); l++)                         \
+          if (isnan(row[l]) || row[l] > m) m = row[l];                       \
+        R shift = isinf(m) ? (R)0 : m;                                       \
+        for (int64_t j = 0; j < S; j++) tmp[j] = EXP(row[j] - shift);        \
+        R lse = LOG(SUM(tmp, S));                                            \
+        for (int64_t j = 0; j < S; j++) {                                    \
+          row[j] = (row[j] - shift) - lse;                                   \
+          if (a->logp) ((R *)a->logp)[at + j] = row[j];                      \
+          row[j] = EXP(row[j]);                                              \
+          if (a->probs) ((R *)a->probs)[at + j] = row[j];                    \
+        }                                                                    \
+        const R *v = (const R *)a->v + b * a->v_batch;                       \
+        R *out = (R *)a->out + (b * a->t + i) * a->dv;                       \
+        for (int64_t c = 0; c < a->dv; c++) {                                \
+          R acc = (R)0;                                                      \
+          for (int64_t j = 0; j < S; j++)                                    \
+            acc = FMA(row[j], v[j * a->v_row + c * a->v_col], acc);          \
+          out[c] = acc;                                                      \
+        }                                                                    \
+      }                                                                      \
+    free(row);                                                               \
+    free(tmp);                                                               \
+  } while (0)
+
+void ref_attention(const topos_attention_task *a) {
+  if (a->dtype == TOPOS_F64)
+    ATTENTION_BODY(double, fma, exp, log, striped_f64);
+  else
+    ATTENTION_BODY(float, fmaf, expf, logf, striped_f32);
 }

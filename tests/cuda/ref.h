@@ -20,6 +20,8 @@ void ref_gemm(const topos_gemm_task *g);
 void ref_window(const topos_window_task *w);
 /* y = the striped-16 sum. */
 void ref_reduce(const topos_reduce_task *r);
+/* The attention chain of backend.h, step by step (f32 and f64). */
+void ref_attention(const topos_attention_task *a);
 /* y = the reference's element op (libm once per element). */
 void ref_map(const topos_map_task *m);
 

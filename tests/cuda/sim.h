@@ -24,6 +24,7 @@
 
 using std::fabs;
 using std::isfinite;
+using std::isinf;
 
 struct dim3 {
   unsigned x, y, z;

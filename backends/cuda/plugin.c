@@ -430,149 +430,143 @@ static bool cuda_supports(const topos_backend *self, const topos_task *t) {
          task_work(t) >= (product ? min_product : min_elements);
 }
 
-static int run_gemm(device *d, const topos_gemm_task *g, topos_error *err) {
-  size_t es = dtype_size(g->dtype);
-  operand a, b;
-  int rc = operand_put3(d, g->a, g->batch, g->a_batch, g->m, g->a_row, g->k,
-                        g->a_col, es, &a, err);
-  if (rc) return rc;
-  rc = operand_put3(d, g->b, g->batch, g->b_batch, g->k, g->b_row, g->n,
-                    g->b_col, es, &b, err);
-  if (rc) {
-    operand_drop(d, &a);
-    return rc;
-  }
-  size_t cbytes = (size_t)(g->batch * g->m * g->n) * es;
-  void *c = devpool_get(d->pool, cbytes ? cbytes : 1, NULL);
-  if (!c) {
+/* Launches one task's kernel into `out` (its output block), with the
+ * operands already on the device. */
+typedef cudaError_t (*launch_fn)(device *d, const void *task, const operand *in,
+                                 void *out);
+
+/* Drops n operands, passing rc through. */
+static int drop_all(device *d, operand *in, int n, int rc) {
+  for (int i = 0; i < n; i++) operand_drop(d, &in[i]);
+  return rc;
+}
+
+/* The rest of every task but attention: an output block of `bytes`, the
+ * NaN flag cleared, the kernel, and finish(); the operands dropped. */
+static int compute(device *d, const void *task, operand *in, int nin,
+                   void *host_out, size_t bytes, launch_fn launch,
+                   const char *what, topos_error *err) {
+  int rc;
+  void *out = devpool_get(d->pool, bytes ? bytes : 1, NULL);
+  if (!out) {
     rc = refuse(err, TOPOS_ERR_MEMORY, "device memory exhausted");
   } else {
-    cuda_gemm_args args = {.f64 = g->dtype == TOPOS_F64,
-                           .batch = g->batch,
-                           .m = g->m,
-                           .n = g->n,
-                           .k = g->k,
-                           .a = a.ptr,
-                           .a_row = g->a_row,
-                           .a_col = g->a_col,
-                           .a_batch = g->a_batch,
-                           .b = b.ptr,
-                           .b_row = g->b_row,
-                           .b_col = g->b_col,
-                           .b_batch = g->b_batch,
-                           .c = c};
     cudaError_t e = cudaMemsetAsync(d->d_flags, 0, sizeof(unsigned), d->stream);
-    if (e == cudaSuccess)
-      e = (cudaError_t)cuda_gemm_exact(&args, d->d_flags, d->stream);
-    rc = e != cudaSuccess ? fail(err, e, "gemm")
-                          : finish(d, g->c, c, cbytes, err);
-    devpool_put(d->pool, c);
+    if (e == cudaSuccess) e = launch(d, task, in, out);
+    rc = e != cudaSuccess ? fail(err, e, what)
+                          : finish(d, host_out, out, bytes, err);
+    devpool_put(d->pool, out);
   }
-  operand_drop(d, &a);
-  operand_drop(d, &b);
-  return rc;
+  return drop_all(d, in, nin, rc);
+}
+
+static cudaError_t launch_gemm(device *d, const void *task, const operand *in,
+                               void *out) {
+  const topos_gemm_task *g = task;
+  cuda_gemm_args a = {.f64 = g->dtype == TOPOS_F64,
+                      .batch = g->batch,
+                      .m = g->m,
+                      .n = g->n,
+                      .k = g->k,
+                      .a = in[0].ptr,
+                      .a_row = g->a_row,
+                      .a_col = g->a_col,
+                      .a_batch = g->a_batch,
+                      .b = in[1].ptr,
+                      .b_row = g->b_row,
+                      .b_col = g->b_col,
+                      .b_batch = g->b_batch,
+                      .c = out};
+  return (cudaError_t)cuda_gemm_exact(&a, d->d_flags, d->stream);
+}
+
+static int run_gemm(device *d, const topos_gemm_task *g, topos_error *err) {
+  size_t es = dtype_size(g->dtype);
+  operand in[2] = {{0}};
+  int rc = operand_put3(d, g->a, g->batch, g->a_batch, g->m, g->a_row, g->k,
+                        g->a_col, es, &in[0], err);
+  if (!rc)
+    rc = operand_put3(d, g->b, g->batch, g->b_batch, g->k, g->b_row, g->n,
+                      g->b_col, es, &in[1], err);
+  if (rc) return drop_all(d, in, 2, rc);
+  return compute(d, g, in, 2, g->c, (size_t)(g->batch * g->m * g->n) * es,
+                 launch_gemm, "gemm", err);
+}
+
+static cudaError_t launch_window(device *d, const void *task, const operand *in,
+                                 void *out) {
+  const topos_window_task *w = task;
+  cuda_window_args a = {.f64 = w->dtype == TOPOS_F64,
+                        .n = w->n,
+                        .c = w->c,
+                        .h = w->h,
+                        .w = w->w,
+                        .x = in[0].ptr,
+                        .o = w->o,
+                        .weight = in[1].ptr,
+                        .w_row = w->w_row,
+                        .w_col = w->w_col,
+                        .kh = w->kh,
+                        .kw = w->kw,
+                        .stride_h = w->stride_h,
+                        .stride_w = w->stride_w,
+                        .dil_h = w->dil_h,
+                        .dil_w = w->dil_w,
+                        .pad_top = w->pad_top,
+                        .pad_left = w->pad_left,
+                        .oh = w->oh,
+                        .ow = w->ow,
+                        .out = out};
+  return (cudaError_t)cuda_window_exact(&a, d->d_flags, d->stream);
 }
 
 static int run_window(device *d, const topos_window_task *w, topos_error *err) {
   size_t es = dtype_size(w->dtype);
-  int64_t kk = w->c * w->kh * w->kw;
-  operand x, wt;
-  int rc = operand_put(d, w->x, 0, w->n * w->c * w->h * w->w, es, &x, err);
-  if (rc) return rc;
-  rc = operand_put3(d, w->weight, 1, 0, kk, w->w_row, w->o, w->w_col, es, &wt,
-                    err);
-  if (rc) {
-    operand_drop(d, &x);
-    return rc;
-  }
-  size_t obytes = (size_t)(w->n * w->oh * w->ow * w->o) * es;
-  void *out = devpool_get(d->pool, obytes ? obytes : 1, NULL);
-  if (!out) {
-    rc = refuse(err, TOPOS_ERR_MEMORY, "device memory exhausted");
-  } else {
-    cuda_window_args args = {.f64 = w->dtype == TOPOS_F64,
-                             .n = w->n,
-                             .c = w->c,
-                             .h = w->h,
-                             .w = w->w,
-                             .x = x.ptr,
-                             .o = w->o,
-                             .weight = wt.ptr,
-                             .w_row = w->w_row,
-                             .w_col = w->w_col,
-                             .kh = w->kh,
-                             .kw = w->kw,
-                             .stride_h = w->stride_h,
-                             .stride_w = w->stride_w,
-                             .dil_h = w->dil_h,
-                             .dil_w = w->dil_w,
-                             .pad_top = w->pad_top,
-                             .pad_left = w->pad_left,
-                             .oh = w->oh,
-                             .ow = w->ow,
-                             .out = out};
-    cudaError_t e = cudaMemsetAsync(d->d_flags, 0, sizeof(unsigned), d->stream);
-    if (e == cudaSuccess)
-      e = (cudaError_t)cuda_window_exact(&args, d->d_flags, d->stream);
-    rc = e != cudaSuccess ? fail(err, e, "window")
-                          : finish(d, w->out, out, obytes, err);
-    devpool_put(d->pool, out);
-  }
-  operand_drop(d, &x);
-  operand_drop(d, &wt);
-  return rc;
+  operand in[2] = {{0}};
+  int rc = operand_put(d, w->x, 0, w->n * w->c * w->h * w->w, es, &in[0], err);
+  if (!rc)
+    rc = operand_put3(d, w->weight, 1, 0, w->c * w->kh * w->kw, w->w_row, w->o,
+                      w->w_col, es, &in[1], err);
+  if (rc) return drop_all(d, in, 2, rc);
+  return compute(d, w, in, 2, w->out,
+                 (size_t)(w->n * w->oh * w->ow * w->o) * es, launch_window,
+                 "window", err);
+}
+
+static cudaError_t launch_reduce(device *d, const void *task, const operand *in,
+                                 void *out) {
+  const topos_reduce_task *r = task;
+  return (cudaError_t)cuda_reduce_exact(r->dtype == TOPOS_F64, in[0].ptr, out,
+                                        r->outer, r->L, r->inner, d->d_flags,
+                                        d->stream);
 }
 
 static int run_reduce(device *d, const topos_reduce_task *r, topos_error *err) {
   size_t es = dtype_size(r->dtype);
-  operand x;
-  int rc = operand_put(d, r->x, 0, r->outer * r->L * r->inner, es, &x, err);
+  operand in[1] = {{0}};
+  int rc = operand_put(d, r->x, 0, r->outer * r->L * r->inner, es, &in[0], err);
   if (rc) return rc;
-  size_t ybytes = (size_t)(r->outer * r->inner) * es;
-  void *y = devpool_get(d->pool, ybytes ? ybytes : 1, NULL);
-  if (!y) {
-    rc = refuse(err, TOPOS_ERR_MEMORY, "device memory exhausted");
-  } else {
-    cudaError_t e = cudaMemsetAsync(d->d_flags, 0, sizeof(unsigned), d->stream);
-    if (e == cudaSuccess)
-      e = (cudaError_t)cuda_reduce_exact(r->dtype == TOPOS_F64, x.ptr, y,
-                                         r->outer, r->L, r->inner, d->d_flags,
-                                         d->stream);
-    rc = e != cudaSuccess ? fail(err, e, "reduce")
-                          : finish(d, r->y, y, ybytes, err);
-    devpool_put(d->pool, y);
-  }
-  operand_drop(d, &x);
-  return rc;
+  return compute(d, r, in, 1, r->y, (size_t)(r->outer * r->inner) * es,
+                 launch_reduce, "reduce", err);
+}
+
+static cudaError_t launch_map(device *d, const void *task, const operand *in,
+                              void *out) {
+  const topos_map_task *m = task;
+  return (cudaError_t)cuda_map_exact(m->dtype == TOPOS_F64, (int)m->op,
+                                     in[0].ptr,
+                                     m->op >= TOPOS_MAP_ADD ? in[1].ptr : NULL,
+                                     out, m->n, d->d_flags, d->stream);
 }
 
 static int run_map(device *d, const topos_map_task *m, topos_error *err) {
   size_t es = dtype_size(m->dtype);
-  bool binary = m->op >= TOPOS_MAP_ADD;
-  operand a, b = {0};
-  int rc = operand_put(d, m->a, 0, m->n, es, &a, err);
-  if (rc) return rc;
-  if (binary && (rc = operand_put(d, m->b, 0, m->n, es, &b, err)) != 0) {
-    operand_drop(d, &a);
-    return rc;
-  }
-  size_t ybytes = (size_t)m->n * es;
-  void *y = devpool_get(d->pool, ybytes ? ybytes : 1, NULL);
-  if (!y) {
-    rc = refuse(err, TOPOS_ERR_MEMORY, "device memory exhausted");
-  } else {
-    cudaError_t e = cudaMemsetAsync(d->d_flags, 0, sizeof(unsigned), d->stream);
-    if (e == cudaSuccess)
-      e = (cudaError_t)cuda_map_exact(m->dtype == TOPOS_F64, (int)m->op, a.ptr,
-                                      binary ? b.ptr : NULL, y, m->n,
-                                      d->d_flags, d->stream);
-    rc = e != cudaSuccess ? fail(err, e, "map")
-                          : finish(d, m->y, y, ybytes, err);
-    devpool_put(d->pool, y);
-  }
-  operand_drop(d, &a);
-  operand_drop(d, &b);
-  return rc;
+  operand in[2] = {{0}};
+  int rc = operand_put(d, m->a, 0, m->n, es, &in[0], err);
+  if (!rc && m->op >= TOPOS_MAP_ADD)
+    rc = operand_put(d, m->b, 0, m->n, es, &in[1], err);
+  if (rc) return drop_all(d, in, 2, rc);
+  return compute(d, m, in, 2, m->y, (size_t)m->n * es, launch_map, "map", err);
 }
 
 /* The attention chain: q, k, v, scale and mask by their spans; out and

@@ -70,6 +70,8 @@ CUDA_HOST_SRC := backends/cuda/plugin.c backends/cuda/devpool.c \
 CUDA_HOST_OBJ := $(CUDA_HOST_SRC:%.c=$(BUILD)/obj/cuda-plugin/%.o)
 CUDA_KERNEL_OBJ := $(BUILD)/obj/cuda-plugin/backends/cuda/kernels.o
 PLUGINS := $(if $(filter 1,$(CUDA)),$(CUDA_SO))
+# A pretend device plugin for the daemon's tests (tests/cuda/fake_plugin.c).
+FAKE_PLUGIN := $(BUILD)/lib/libtopos_fakegpu.so
 # The backends plus the engine, for every program that links both.
 ENGINE_LINK = $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(LIB_A) $(BACKEND_LIBS)
 
@@ -205,6 +207,9 @@ $(CUDA_SO): $(CUDA_HOST_OBJ) $(CUDA_KERNEL_OBJ)
 	$(CC) -shared -o $@ $^ -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
 	  -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm $(SAN)
 
+$(FAKE_PLUGIN): tests/cuda/fake_plugin.c backends/plugin.h engine/backend.h engine/topos.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(INC_BACKENDS) -fvisibility=hidden -shared $< -o $@
 $(BUILD)/obj/tests/cuda/kernels_sim.o: backends/cuda/kernels.cu $(wildcard backends/cuda/*.h tests/cuda/*.h)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS_SIM) -DTOPOS_CUDA_SIM -Itests/cuda -Ibackends/cuda -x c++ -c $< -o $@
@@ -247,7 +252,7 @@ $(BUILD)/tests/suites.c: $(TEST_SRC) Makefile
 	   for s in $(SUITES); do echo "  srunner_add_suite(r, $${s}_suite());"; done; \
 	   echo '}'; } > $@
 
-$(RUNNER): $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c $(LIB_A) $(LIB_STORE) $(LIB_EX) $(EXAMPLES) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(BINS) $(PLUGINS)
+$(RUNNER): $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c $(LIB_A) $(LIB_STORE) $(LIB_EX) $(EXAMPLES) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(BINS) $(PLUGINS) $(FAKE_PLUGIN)
 	$(CC) $(CFLAGS) -Itests/engine $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c \
 	  -o $@ $(LIB_EX) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(LIB_STORE) $(ENGINE_LINK) $(PKG_CHECK) \
 	  $(if $(CLIENT_SRC),$(GRPC_LIBS)) $(GVC_LIBS) $(STORE_LIBS) $(EXLIB_LIBS) $(LDLIBS) -lstdc++

@@ -14,39 +14,6 @@
 
 /* ---------------------------------------------------------- Health, Stats */
 
-void handle_health(call_ctx *cx) {
-  if (call_unpack(cx, &topos__v1__health_request__descriptor, "Health", true) ==
-      NULL)
-    return;
-  Topos__V1__HealthReply r = TOPOS__V1__HEALTH_REPLY__INIT;
-  r.status = atomic_load(&cx->d->draining) ? "draining" : "serving";
-  r.version = TOPOSD_VERSION;
-  call_reply(cx, &r.base);
-}
-
-/* The standard health protocol: "" is the whole server, and the one
- * service it serves is topos.v1.Topos. */
-void handle_health_check(call_ctx *cx) {
-  Grpc__Health__V1__HealthCheckRequest *req =
-      call_unpack(cx, &grpc__health__v1__health_check_request__descriptor,
-                  "HealthCheckRequest", true);
-  if (req == NULL) return;
-  if (req->service[0] != '\0' && strcmp(req->service, "topos.v1.Topos") != 0) {
-    call_fail(cx, WIRE_GRPC_NOT_FOUND, 0,
-              "HealthCheckRequest.service: '%s' is not served here (\"\" "
-              "and \"topos.v1.Topos\" are)",
-              req->service);
-    return;
-  }
-  Grpc__Health__V1__HealthCheckResponse r =
-      GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-  r.status =
-      atomic_load(&cx->d->draining)
-          ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
-          : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
-  call_reply(cx, &r.base);
-}
-
 /* The devices the plugins use, into out/ptrs (TOPOS_DEVICES_MAX each);
  * returns how many.  The strings point into info. */
 static size_t devices_fill(topos_device_info *info, Topos__V1__DeviceInfo *out,
@@ -75,6 +42,43 @@ static size_t devices_fill(topos_device_info *info, Topos__V1__DeviceInfo *out,
     ptrs[i] = o;
   }
   return (size_t)n;
+}
+
+void handle_health(call_ctx *cx) {
+  if (call_unpack(cx, &topos__v1__health_request__descriptor, "Health", true) ==
+      NULL)
+    return;
+  Topos__V1__HealthReply r = TOPOS__V1__HEALTH_REPLY__INIT;
+  r.status = atomic_load(&cx->d->draining) ? "draining" : "serving";
+  r.version = TOPOSD_VERSION;
+  topos_device_info dinfo[TOPOS_DEVICES_MAX];
+  Topos__V1__DeviceInfo dev[TOPOS_DEVICES_MAX], *dptrs[TOPOS_DEVICES_MAX];
+  r.n_devices = devices_fill(dinfo, dev, dptrs);
+  r.devices = dptrs;
+  call_reply(cx, &r.base);
+}
+
+/* The standard health protocol: "" is the whole server, and the one
+ * service it serves is topos.v1.Topos. */
+void handle_health_check(call_ctx *cx) {
+  Grpc__Health__V1__HealthCheckRequest *req =
+      call_unpack(cx, &grpc__health__v1__health_check_request__descriptor,
+                  "HealthCheckRequest", true);
+  if (req == NULL) return;
+  if (req->service[0] != '\0' && strcmp(req->service, "topos.v1.Topos") != 0) {
+    call_fail(cx, WIRE_GRPC_NOT_FOUND, 0,
+              "HealthCheckRequest.service: '%s' is not served here (\"\" "
+              "and \"topos.v1.Topos\" are)",
+              req->service);
+    return;
+  }
+  Grpc__Health__V1__HealthCheckResponse r =
+      GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+  r.status =
+      atomic_load(&cx->d->draining)
+          ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
+          : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+  call_reply(cx, &r.base);
 }
 
 void handle_stats(call_ctx *cx) {

@@ -923,7 +923,9 @@ static int list_devices(topos_device_info *out, int max) {
     o->declined = atomic_load(&d->declined);
     o->bytes_up = atomic_load(&d->bytes_up);
     o->bytes_down = atomic_load(&d->bytes_down);
-    pthread_mutex_lock(&d->mu);
+    /* Without the device's lock: a listing (a health probe) must not wait
+     * for a task.  The runtime's calls are thread-safe, and the pool and
+     * the cache have locks of their own. */
     size_t free_b = 0, total_b = 0;
     if (cudaSetDevice(d->ordinal) == cudaSuccess &&
         cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
@@ -932,7 +934,6 @@ static int list_devices(topos_device_info *out, int max) {
     blobcache_get_stats(d->cache, &cs);
     devpool_stats ps;
     devpool_get_stats(d->pool, &ps);
-    pthread_mutex_unlock(&d->mu);
     o->cache_hits = cs.hits;
     o->cache_misses = cs.misses;
     o->cache_bytes = cs.bytes;

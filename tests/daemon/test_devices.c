@@ -52,9 +52,9 @@ START_TEST(test_devices_default) {
     /* No GPU: no cuda backend, and the report says why. */
     ck_assert(!has_backend(b, "cuda"));
     ck_assert(!has_backend(b, "cublas"));
-    ck_assert_msg(strstr(b->plugins, "not loaded") ||
-                      strstr(b->plugins, "not built"),
-                  "plugins: %s", b->plugins);
+    ck_assert_msg(
+        strstr(b->plugins, "not loaded") || strstr(b->plugins, "not built"),
+        "plugins: %s", b->plugins);
   } else {
     ck_assert(has_backend(b, "cuda"));
     for (size_t i = 0; i < b->n_devices; i++) {
@@ -77,9 +77,9 @@ START_TEST(test_devices_default) {
   http_reply_clear(&r);
   http_get(D.http_port, "/metrics", &r);
   ck_assert_int_eq(r.status, 200);
-  ck_assert(b->n_devices == 0 ? strstr(r.body, "topos_device_") == NULL
-                              : strstr(r.body, "topos_device_tasks_total{") !=
-                                    NULL);
+  ck_assert(b->n_devices == 0
+                ? strstr(r.body, "topos_device_") == NULL
+                : strstr(r.body, "topos_device_tasks_total{") != NULL);
   http_reply_clear(&r);
   protobuf_c_message_free_unpacked(&b->base, NULL);
   protobuf_c_message_free_unpacked(&s->base, NULL);
@@ -107,9 +107,9 @@ START_TEST(test_devices_missing_ordinal) {
   const char *extra[] = {"--devices", "15", NULL};
   fixture_start(&D, &C, extra);
   Topos__V1__BackendsReply *b = backends();
-  ck_assert_msg(strstr(b->plugins, "not loaded") ||
-                    strstr(b->plugins, "not built"),
-                "plugins: %s", b->plugins);
+  ck_assert_msg(
+      strstr(b->plugins, "not loaded") || strstr(b->plugins, "not built"),
+      "plugins: %s", b->plugins);
   ck_assert_uint_eq(b->n_devices, 0);
   ck_assert(!has_backend(b, "cuda"));
   ck_assert(has_backend(b, "cpu"));
@@ -122,11 +122,16 @@ END_TEST
 /* Bad --devices values: exit 2 with the reason, nothing started. */
 START_TEST(test_devices_bad_flags) {
   const char *build = getenv("TOPOS_BUILD");
-  const char *bad[] = {"0,0", "x", "1,", "64", "0,1,2,3,4,5,6,7,8,9,10,11,12,"
-                                               "13,14,15,16",
-                       "-1", ""};
+  const char *bad[] = {"0,0",
+                       "x",
+                       "1,",
+                       "64",
+                       "0,1,2,3,4,5,6,7,8,9,10,11,12,"
+                       "13,14,15,16",
+                       "-1",
+                       ""};
   const char *why[] = {"listed twice", "not all, none", "comma-separated",
-                       "not in 0..63", "more than 16", "not all, none",
+                       "not in 0..63", "more than 16",  "not all, none",
                        "not all, none"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     char cmd[512];
@@ -159,6 +164,93 @@ START_TEST(test_devices_bad_flags) {
 }
 END_TEST
 
+/* The daemon announces a run's blob tensors to the device plugin by
+ * content - SHA-256("<blob id>:<index>") - for the run's duration and
+ * retracts them after, so a GPU's blob cache can keep them across steps.
+ * Shown with a pretend plugin (tests/cuda/fake_plugin.c) that records the
+ * announcements; a Forward by value announces nothing. */
+START_TEST(test_devices_blob_announce) {
+  const char *build = getenv("TOPOS_BUILD");
+  char plugin[512];
+  snprintf(plugin, sizeof plugin, "%s/lib/libtopos_fakegpu.so",
+           build && *build ? build : "build");
+  setenv("TOPOS_CUDA_PLUGIN", plugin, 1);
+  fixture_start(&D, &C, NULL);
+  unsetenv("TOPOS_CUDA_PLUGIN");
+  Topos__V1__BackendsReply *b = backends();
+  ck_assert_msg(strncmp(b->plugins, "cuda: 1 device (fake", 20) == 0,
+                "plugins: %s", b->plugins);
+  ck_assert_uint_eq(b->n_devices, 1);
+  ck_assert_str_eq(b->devices[0]->backend, "fake");
+  /* Every worker bound itself to a device at start. */
+  ck_assert_int_ge(b->devices[0]->tasks, 1);
+  protobuf_c_message_free_unpacked(&b->base, NULL);
+
+  topos_error err = {0};
+  mlp_net m = mlp_network();
+  char id[65];
+  record(&C, m.net, id);
+  topos_params *p = topos_network_parameters(m.net);
+  Topos__V1__PutBlobRequest pb = TOPOS__V1__PUT_BLOB_REQUEST__INIT;
+  ck_assert_int_eq(
+      wire_tensors_from_params(p, &pb.tensors, &pb.n_tensors, &err), TOPOS_OK);
+  Topos__V1__PutBlobReply *put = NULL;
+  CALL_OK(&C, "PutBlob", &pb, &topos__v1__put_blob_reply__descriptor, &put);
+  size_t np = pb.n_tensors;
+
+  topos_value roots[1] = {m.logits};
+  topos_entry e = {
+      roots, 1, NULL, 0, TOPOS_POSTURE_FORWARD, TOPOS_NUMERICS_EXACT};
+  Topos__V1__ForwardRequest fr = TOPOS__V1__FORWARD_REQUEST__INIT;
+  fr.id = id;
+  fr.entry = wire_entry_new(&e, NULL, &err);
+  /* By value: nothing to announce. */
+  fr.parameters = pb.tensors;
+  fr.n_parameters = pb.n_tensors;
+  Topos__V1__ForwardReply *fwd = NULL;
+  CALL_OK(&C, "Forward", &fr, &topos__v1__forward_reply__descriptor, &fwd);
+  wire_message_free(&fwd->base);
+  Topos__V1__StatsReply *s = stats();
+  ck_assert_uint_eq(s->n_devices, 1);
+  ck_assert_int_eq(s->devices[0]->cache_hits, 0);
+  protobuf_c_message_free_unpacked(&s->base, NULL);
+  /* By reference, twice: each run announces every tensor of the blob and
+   * retracts it when done. */
+  ck_assert_int_eq(
+      wire_tensor_refs(put->id, np, &fr.parameters, &fr.n_parameters, &err),
+      TOPOS_OK);
+  for (int round = 1; round <= 2; round++) {
+    CALL_OK(&C, "Forward", &fr, &topos__v1__forward_reply__descriptor, &fwd);
+    wire_message_free(&fwd->base);
+    s = stats();
+    ck_assert_int_eq(s->devices[0]->cache_hits, (int64_t)np * round);
+    ck_assert_int_eq(s->devices[0]->cache_misses, (int64_t)np * round);
+    ck_assert_int_eq(s->devices[0]->cache_bytes, 0);
+    /* The last tensor announced is the blob's last, named by content. */
+    char key[80], want[65];
+    snprintf(key, sizeof key, "%s:%zu", put->id, np - 1);
+    topos_sha256_hex(key, strlen(key), want);
+    char name[96];
+    snprintf(name, sizeof name, "fake %s", want);
+    ck_assert_str_eq(s->devices[0]->name, name);
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+  }
+  /* Health carries the device too. */
+  Topos__V1__HealthRequest hq = TOPOS__V1__HEALTH_REQUEST__INIT;
+  Topos__V1__HealthReply *hr = NULL;
+  CALL_OK(&C, "Health", &hq, &topos__v1__health_reply__descriptor, &hr);
+  ck_assert_uint_eq(hr->n_devices, 1);
+  protobuf_c_message_free_unpacked(&hr->base, NULL);
+  wire_tensors_free(fr.parameters, fr.n_parameters);
+  wire_tensors_free(pb.tensors, pb.n_tensors);
+  wire_message_free(&fr.entry->base);
+  wire_message_free(&put->base);
+  topos_params_free(p);
+  topos_network_release(m.net);
+  fixture_stop(&D, &C, 10);
+}
+END_TEST
+
 Suite *devices_suite(void) {
   Suite *s = suite_create("devices");
   TCase *tc = tcase_create("daemon");
@@ -167,6 +259,7 @@ Suite *devices_suite(void) {
   tcase_add_test(tc, test_devices_none);
   tcase_add_test(tc, test_devices_missing_ordinal);
   tcase_add_test(tc, test_devices_bad_flags);
+  tcase_add_test(tc, test_devices_blob_announce);
   suite_add_tcase(s, tc);
   return s;
 }

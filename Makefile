@@ -113,7 +113,7 @@ EXLIB_LIBS := -lz
 # (but inspect, which links the engine alone) build $(BUILD)/examples/<name>.
 TRAIN_EXAMPLE_SRC := $(sort $(filter-out examples/inspect.c,$(wildcard examples/*.c)) \
                      $(wildcard examples/makemore/*.c examples/mnist/*.c examples/cifar10/*.c \
-                                examples/gpt2/*.c))
+                                examples/gpt2/*.c examples/llama/*.c))
 TRAIN_EXAMPLES := $(foreach f,$(TRAIN_EXAMPLE_SRC),$(BUILD)/examples/$(basename $(notdir $(f))))
 EXAMPLES   := $(TRAIN_EXAMPLES) $(BUILD)/examples/inspect
 

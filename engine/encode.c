@@ -28,8 +28,12 @@
 
 /* "TPOS", then the format version this file writes and reads. */
 static const uint8_t MAGIC[4] = {'T', 'P', 'O', 'S'};
-#define FORMAT_VERSION 1
+#define FORMAT_VERSION 2
+/* Version 1 (no splat form) is still read; its networks re-encode as 2. */
+#define FORMAT_OLDEST 1
 #define HEADER_BYTES 11 /* magic 4, version u16, tape dtype u8, count u32 */
+/* A tensor's form (version 2). */
+enum { TENSOR_ELEMENTS = 0, TENSOR_SPLAT = 1 };
 /* op u8, dtype u8, rank u8, operand count u32, name length u8: no node
  * can take fewer bytes, which bounds the node count a header may claim. */
 #define MIN_NODE_BYTES 8
@@ -96,13 +100,26 @@ static void swap_elements(uint8_t *p, int64_t n, size_t es) {
     }
 }
 
-/* A leaf's tensor: dtype, shape and its elements row-major, whatever its
- * layout (a view or a broadcast encodes as the values it shows). */
+/* A leaf's tensor: dtype, shape, then its form: 1 and one element when it
+ * has two or more elements that are all the same bits (a zero-initialised
+ * parameter of any size is a few bytes), else 0 and its elements
+ * row-major, whatever its layout (a view or a broadcast encodes as the
+ * values it shows). */
 static void put_tensor(writer *w, const topos_tensor *t) {
   put_u8(w, (unsigned)t->dtype);
   put_shape(w, t->rank, t->shape);
   int64_t n = shape_count(t->rank, t->shape);
   size_t es = topos_dtype_size(t->dtype);
+  if (tensor_is_uniform(t)) {
+    put_u8(w, TENSOR_SPLAT);
+    if (w->buf) {
+      memcpy(w->buf + w->pos, tensor_data(t), es);
+      if (!host_is_little_endian()) swap_elements(w->buf + w->pos, 1, es);
+    }
+    w->pos += es;
+    return;
+  }
+  put_u8(w, TENSOR_ELEMENTS);
   size_t bytes = n > 0 ? (size_t)n * es : 0;
   if (w->buf && bytes) {
     tensor_copy_out(t, w->buf + w->pos);
@@ -252,9 +269,10 @@ int topos_network_id(const topos_network *net, char out[65], topos_error *err) {
 
 typedef struct reader {
   const uint8_t *p;
-  size_t left;   /* bytes not yet read */
-  size_t offset; /* of p from the start, for messages */
-  int node;      /* the node being read, -1 in the header */
+  size_t left;      /* bytes not yet read */
+  size_t offset;    /* of p from the start, for messages */
+  int node;         /* the node being read, -1 in the header */
+  unsigned version; /* the input's format version */
   topos_error *err;
 } reader;
 
@@ -376,7 +394,11 @@ static topos_tensor *get_tensor(reader *r) {
   if (!get_shape(r, "tensor shape", &rank, shape)) return NULL;
   int64_t count = shape_count(rank, shape);
   size_t es = topos_dtype_size(dtype);
-  if (count < 0 || (uint64_t)count > r->left / es) {
+  unsigned form = TENSOR_ELEMENTS;
+  if (count >= 0 && r->version >= 2 && !get_u8(r, "tensor form", &form))
+    return NULL;
+  if (count < 0 ||
+      (form == TENSOR_ELEMENTS && (uint64_t)count > r->left / es)) {
     char st[SHAPE_TEXT];
     shape_text(st, rank, shape);
     if (count < 0)
@@ -392,7 +414,26 @@ static topos_tensor *get_tensor(reader *r) {
                   r->left);
     return NULL;
   }
-  size_t bytes = (size_t)count * es;
+  if (form != TENSOR_ELEMENTS && form != TENSOR_SPLAT) {
+    decode_fail(r, TOPOS_ERR_CORRUPT, "unknown tensor form %u at offset %zu",
+                form, r->offset - 1);
+    return NULL;
+  }
+  if (form == TENSOR_SPLAT && count < 2) {
+    decode_fail(r, TOPOS_ERR_CORRUPT,
+                "a splat tensor of %lld elements (the form is for two or "
+                "more)",
+                (long long)count);
+    return NULL;
+  }
+  size_t bytes = form == TENSOR_SPLAT ? es : (size_t)count * es;
+  if (bytes > r->left) {
+    decode_fail(r, TOPOS_ERR_CORRUPT,
+                "truncated: a tensor element at offset %zu needs %zu bytes, "
+                "%zu remain",
+                r->offset, bytes, r->left);
+    return NULL;
+  }
   const uint8_t *data = take(r, bytes);
   uint8_t *swapped = NULL;
   if (!host_is_little_endian() && bytes) {
@@ -402,16 +443,38 @@ static topos_tensor *get_tensor(reader *r) {
       return NULL;
     }
     memcpy(swapped, data, bytes);
-    swap_elements(swapped, count, es);
+    swap_elements(swapped, form == TENSOR_SPLAT ? 1 : count, es);
     data = swapped;
   }
   topos_error terr = {0};
-  topos_tensor *t = topos_tensor_from(dtype, rank, shape, data, &terr);
+  topos_tensor *t;
+  if (form == TENSOR_SPLAT) {
+    /* One element, shown at every index: a broadcast view, so a splat of
+     * any size costs one element of memory. */
+    topos_tensor *one = topos_tensor_from(dtype, 0, NULL, data, &terr);
+    t = one ? topos_tensor_broadcast(one, rank, shape, &terr) : NULL;
+    /* A shape past the engine's tensor limit is the input's fault. */
+    if (one && !t) terr.code = TOPOS_ERR_CORRUPT;
+    topos_tensor_release(one);
+  } else {
+    t = topos_tensor_from(dtype, rank, shape, data, &terr);
+  }
   free(swapped);
-  if (!t)
+  if (!t) {
     decode_fail(
         r, terr.code == TOPOS_ERR_MEMORY ? TOPOS_ERR_MEMORY : TOPOS_ERR_CORRUPT,
         "%s", terr.message);
+    return NULL;
+  }
+  /* Canonical: version 2 writes a uniform tensor only as a splat. */
+  if (r->version >= 2 && form == TENSOR_ELEMENTS && tensor_is_uniform(t)) {
+    topos_tensor_release(t);
+    decode_fail(r, TOPOS_ERR_CORRUPT,
+                "a tensor whose %lld elements are all equal must be written "
+                "as a splat (not canonical)",
+                (long long)count);
+    return NULL;
+  }
   return t;
 }
 
@@ -594,7 +657,7 @@ static bool decode_node(reader *r, topos_tape *tape, int i) {
 
 topos_network *topos_network_decode(const uint8_t *bytes, size_t len,
                                     topos_error *err) {
-  reader r = {bytes, len, 0, -1, err};
+  reader r = {bytes, len, 0, -1, 0, err};
   if (!bytes) {
     decode_fail(&r, TOPOS_ERR_ARGUMENT, "bytes is NULL");
     return NULL;
@@ -610,12 +673,13 @@ topos_network *topos_network_decode(const uint8_t *bytes, size_t len,
   get_u16(&r, "version", &version);
   get_u8(&r, "tape dtype", &dtype);
   get_u32(&r, "node count", &count);
-  if (version != FORMAT_VERSION) {
+  if (version < FORMAT_OLDEST || version > FORMAT_VERSION) {
     decode_fail(&r, TOPOS_ERR_CORRUPT,
-                "format version %u is not supported (this build reads %d)",
-                version, FORMAT_VERSION);
+                "format version %u is not supported (this build reads %d..%d)",
+                version, FORMAT_OLDEST, FORMAT_VERSION);
     return NULL;
   }
+  r.version = version;
   if (!dtype_is_float((topos_dtype)dtype)) {
     decode_fail(&r, TOPOS_ERR_CORRUPT,
                 "tape dtype %u is not f32 (0), f64 (1) or bf16 (2)", dtype);

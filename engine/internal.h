@@ -116,6 +116,9 @@ topos_tensor *tensor_view(const topos_tensor *base, int rank,
 void *tensor_data(const topos_tensor *t);
 /* Copies t's elements row-major into dst (count * dtype size bytes). */
 void tensor_copy_out(const topos_tensor *t, void *dst);
+/* Whether t has at least two elements and all of them have the same bit
+ * pattern (the encoding's splat form). */
+bool tensor_is_uniform(const topos_tensor *t);
 /* Writes src's elements, walked row-major, to dst laid out by dst_stride
  * (in elements); dst may be unaligned. */
 void tensor_copy_strided(const topos_tensor *src, void *dst,

@@ -508,6 +508,31 @@ void tensor_copy_out(const topos_tensor *t, void *dst) {
   tensor_copy_strided(t, dst, stride);
 }
 
+bool tensor_is_uniform(const topos_tensor *t) {
+  size_t es = topos_dtype_size(t->dtype);
+  int64_t n = shape_count(t->rank, t->shape);
+  if (n < 2) return false;
+  const char *base = tensor_data(t);
+  bool broadcast = true; /* every element is element 0 */
+  for (int a = 0; a < t->rank; a++)
+    if (t->shape[a] > 1 && t->stride[a] != 0) broadcast = false;
+  if (broadcast) return true;
+  /* Walk the view row-major, comparing each element's bytes with the
+   * first; the first difference ends it. */
+  int64_t idx[TOPOS_MAX_RANK] = {0}, off = 0;
+  for (;;) {
+    if (memcmp(base + off * (int64_t)es, base, es) != 0) return false;
+    int a = t->rank - 1;
+    for (; a >= 0; a--) {
+      off += t->stride[a];
+      if (++idx[a] < t->shape[a]) break;
+      off -= t->stride[a] * t->shape[a];
+      idx[a] = 0;
+    }
+    if (a < 0) return true;
+  }
+}
+
 int64_t topos_tensor_count(const topos_tensor *t) {
   if (t == NULL) return -1;
   return shape_count(t->rank, t->shape);

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "topos_client.h"
+
 static int fail(topos_error *err, int code, const char *fmt, const char *a,
                 long long b) {
   err->code = code;
@@ -109,6 +111,11 @@ int ex_gpt2_init(ex_gpt2_weights *w, const ex_gpt2_config *c, uint64_t seed,
     }
   }
   free(s);
+  w->params = topos_params_new(w->n, w->t, err);
+  if (!w->params) {
+    ex_gpt2_weights_free(w);
+    return -1;
+  }
   return 0;
 }
 
@@ -147,6 +154,7 @@ int ex_gpt2_load(ex_gpt2_weights *w, const ex_gpt2_config *c, const char *path,
   }
   topos_safetensors_free(st);
   free(s);
+  if (rc == 0 && !(w->params = topos_params_new(w->n, w->t, err))) rc = -1;
   if (rc != 0) ex_gpt2_weights_free(w);
   return rc;
 }
@@ -162,6 +170,7 @@ int ex_gpt2_save(const ex_gpt2_weights *w, const char *path, topos_error *err) {
 }
 
 void ex_gpt2_weights_free(ex_gpt2_weights *w) {
+  topos_params_free(w->params);
   for (int i = 0; w->t && i < w->n; i++) topos_tensor_release(w->t[i]);
   free(w->t);
   free(w->names);
@@ -190,6 +199,7 @@ int ex_gpt2_record(ex_gpt2_net *n, const ex_gpt2_weights *w, int64_t T,
                 "", (long long)T);
   const int L = c->layers;
   const int64_t D = c->width;
+  n->w = w;
   n->layers = L;
   n->T = T;
   n->past = past;
@@ -217,8 +227,20 @@ int ex_gpt2_record(ex_gpt2_net *n, const ex_gpt2_weights *w, int64_t T,
   topos_tape *tape =
       x0 && pt && zero && (past == 0 || zc) ? topos_tape_new(TOPOS_F32) : NULL;
   if (tape) {
-    for (int i = 0; i < w->n; i++)
-      p[i] = topos_name(tape, topos_parameter(tape, w->t[i]), w->names[i]);
+    /* Zeros of each weight's shape: a splat in the encoding. */
+    for (int i = 0; i < w->n && tape; i++) {
+      topos_tensor *z = topos_tensor_broadcast(
+          zero, topos_tensor_rank(w->t[i]), topos_tensor_shape(w->t[i]), err);
+      if (!z) {
+        topos_tape_free(tape);
+        tape = NULL;
+        break;
+      }
+      p[i] = topos_name(tape, topos_parameter(tape, z), w->names[i]);
+      topos_tensor_release(z);
+    }
+  }
+  if (tape) {
     n->x = topos_name(tape, topos_input(tape, x0), "x");
     int64_t rows[2] = {T, D}, btd[3] = {1, T, D};
     topos_value tok =
@@ -323,8 +345,8 @@ int ex_gpt2_run(const ex_gpt2_net *n, const int32_t *tokens,
     targets[1 + 2 * l] = n->k_out[l];
     targets[2 + 2 * l] = n->v_out[l];
   }
-  topos_run *run = topos_forward_for(n->net, NULL, feeds, nfeeds, targets,
-                                     1 + 2 * L, ctx, err);
+  topos_run *run = topos_forward_for(n->net, n->w->params, feeds, nfeeds,
+                                     targets, 1 + 2 * L, ctx, err);
   int rc = run ? 0 : -1;
   const topos_tensor *lg = run ? topos_run_of(run, n->logits, err) : NULL;
   if (run && !lg) rc = -1;
@@ -355,5 +377,81 @@ int ex_gpt2_run(const ex_gpt2_net *n, const int32_t *tokens,
   topos_tensor_release(xt);
   free(feeds);
   free(targets);
+  return rc;
+}
+
+int ex_gpt2_run_remote(const ex_gpt2_net *n, topos_client *c,
+                       const char *weights_blob, const int32_t *tokens,
+                       ex_gpt2_cache *cache, const topos_exec *ctx,
+                       float *logits_last, topos_tensor **all,
+                       topos_error *err) {
+  if (cache->len != n->past || cache->layers != n->layers)
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "gpt2: the cache holds %s%lld positions, not the network's", "",
+                (long long)cache->len);
+  const int L = n->layers;
+  char id[65];
+  if (topos_client_record(c, n->net, id, err) != TOPOS_OK) return -1;
+  int64_t xs[2] = {1, n->T};
+  topos_tensor *xt = topos_tensor_from(TOPOS_I32, 2, xs, tokens, err);
+  int nfeeds = 1 + (n->past > 0 ? 2 * L : 0);
+  topos_feed *feeds = calloc((size_t)nfeeds, sizeof *feeds);
+  topos_value *roots = calloc((size_t)(1 + 2 * L), sizeof *roots);
+  if (!xt || !feeds || !roots) {
+    topos_tensor_release(xt);
+    free(feeds);
+    free(roots);
+    return xt ? fail(err, TOPOS_ERR_MEMORY, "gpt2: out of memory%s%lld", "", 0)
+              : -1;
+  }
+  feeds[0] = (topos_feed){n->x, xt};
+  for (int l = 0; n->past > 0 && l < L; l++) {
+    feeds[1 + 2 * l] = (topos_feed){n->k_in[l], cache->k[l]};
+    feeds[2 + 2 * l] = (topos_feed){n->v_in[l], cache->v[l]};
+  }
+  roots[0] = n->logits;
+  for (int l = 0; l < L; l++) {
+    roots[1 + 2 * l] = n->k_out[l];
+    roots[2 + 2 * l] = n->v_out[l];
+  }
+  topos_entry e = {roots,
+                   1 + 2 * L,
+                   NULL,
+                   0,
+                   TOPOS_POSTURE_FORWARD,
+                   ctx ? ctx->numerics : TOPOS_NUMERICS_EXACT};
+  topos_client_args args = {.params_blob = weights_blob,
+                            .nparams_blob = n->w->n,
+                            .feeds = feeds,
+                            .nfeeds = nfeeds,
+                            .exec = ctx};
+  topos_tensor **out = NULL;
+  int rc =
+      topos_client_forward_with(c, id, &e, &args, &out, NULL, err) == TOPOS_OK
+          ? 0
+          : -1;
+  if (rc == 0 && logits_last) {
+    topos_tensor *row = topos_tensor_narrow(out[0], 0, n->T - 1, 1, err);
+    int64_t V = topos_tensor_shape(out[0])[1];
+    rc = row && topos_tensor_read(row, logits_last, (size_t)V * sizeof(float),
+                                  err) == TOPOS_OK
+             ? 0
+             : -1;
+    topos_tensor_release(row);
+  }
+  if (rc == 0) {
+    for (int l = 0; l < L; l++) {
+      topos_tensor_release(cache->k[l]);
+      topos_tensor_release(cache->v[l]);
+      cache->k[l] = topos_tensor_retain(out[1 + 2 * l]);
+      cache->v[l] = topos_tensor_retain(out[2 + 2 * l]);
+    }
+    cache->len = n->past + n->T;
+    if (all) *all = topos_tensor_retain(out[0]);
+  }
+  if (out) topos_client_tensors_free(out, 1 + 2 * L);
+  topos_tensor_release(xt);
+  free(feeds);
+  free(roots);
   return rc;
 }

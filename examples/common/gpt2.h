@@ -47,6 +47,7 @@ typedef struct ex_gpt2_weights {
   int n;
   char (*names)[48];
   topos_tensor **t;
+  topos_params *params; /* the tensors as a parameter set (retained) */
 } ex_gpt2_weights;
 
 /* Checks a config (positive sizes, heads dividing the width, at most 64
@@ -66,8 +67,12 @@ int ex_gpt2_load(ex_gpt2_weights *w, const ex_gpt2_config *c, const char *path,
 int ex_gpt2_save(const ex_gpt2_weights *w, const char *path, topos_error *err);
 void ex_gpt2_weights_free(ex_gpt2_weights *w);
 
+/* A network's parameters are recorded as zeros (the encoding's splat form:
+ * a spec of kilobytes whatever the model's size); the weights go with
+ * each run, in-process as a parameter set, remotely as one blob. */
 typedef struct ex_gpt2_net {
   topos_network *net;
+  const ex_gpt2_weights *w;
   int layers;
   int64_t T, past;
   topos_value x;              /* i32 [1, T] tokens */
@@ -102,5 +107,16 @@ void ex_gpt2_cache_free(ex_gpt2_cache *c);
 int ex_gpt2_run(const ex_gpt2_net *n, const int32_t *tokens,
                 ex_gpt2_cache *cache, const topos_exec *ctx, float *logits_last,
                 topos_tensor **all, topos_error *err);
+
+typedef struct topos_client topos_client;
+/* The same on a daemon: the network is recorded there (a small spec),
+ * the weights are the blob `weights_blob` (topos_client_put_blob of
+ * w->params, uploaded once), the tokens and the cache travel as feeds and
+ * the new cache comes back as roots.  Bits equal ex_gpt2_run's. */
+int ex_gpt2_run_remote(const ex_gpt2_net *n, topos_client *c,
+                       const char *weights_blob, const int32_t *tokens,
+                       ex_gpt2_cache *cache, const topos_exec *ctx,
+                       float *logits_last, topos_tensor **all,
+                       topos_error *err);
 
 #endif /* TOPOS_EX_GPT2_H */

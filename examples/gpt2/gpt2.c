@@ -15,7 +15,12 @@
  * the text is then noise, but every step is the real computation.
  * --temperature 0 (the default) is greedy; otherwise the next token is
  * drawn from softmax(logits / T), over the K largest with --top-k K.
- * Prints the prompt, the tokens as they come, then the speed.
+ * Prints the prompt, the tokens as they come, then the speed.  With
+ * --server ADDRESS (or $TOPOS_SERVER) every step runs on toposd: the
+ * weights are uploaded once as a blob, each step's network (a spec of
+ * kilobytes: its parameters are recorded as zeros) runs on them by
+ * reference, and the cache travels as the step's feeds and roots.  The
+ * tokens are the in-process run's.
  */
 #include <errno.h>
 #include <math.h>
@@ -27,6 +32,7 @@
 #include "bpe.h"
 #include "ex.h"
 #include "gpt2.h"
+#include "topos_client.h"
 
 static const char usage[] =
     "usage: gpt2 [--weights FILE] [--config 124m|tiny] [--prompt TEXT]\n"
@@ -99,12 +105,6 @@ static int parse(int argc, char **argv, ex_args *a, opts *o) {
     }
   }
   if (ex_args_done(a) != 0) return -1;
-  if (a->server) {
-    fprintf(stderr,
-            "gpt2: --server: remote generation is not built yet; this "
-            "example runs in-process\n");
-    return -1;
-  }
   return 0;
 }
 
@@ -210,6 +210,25 @@ static int generate(const ex_args *a, const opts *o, const ex_bpe *bpe) {
     ex_gpt2_weights_free(&w);
     return 1;
   }
+  /* Remote: the weights go up once as a blob; each step sends its small
+   * spec, the tokens and the cache, and gets the logits and the new cache
+   * back.  The cache stays here, the caller's. */
+  topos_client *client = NULL;
+  char blob[65] = "";
+  if (a->server) {
+    double tb = ex_now_s();
+    int64_t bytes = 0;
+    client = topos_client_connect(a->server, &err);
+    if (!client ||
+        topos_client_put_blob(client, w.params, blob, &bytes, &err) != 0) {
+      topos_client_close(client);
+      free(ids);
+      ex_gpt2_weights_free(&w);
+      return ex_fail(a, a->server, &err);
+    }
+    fprintf(stderr, "gpt2: weights on %s as blob %.12s (%.1f MB, %.1f s)\n",
+            a->server, blob, bytes / 1e6, ex_now_s() - tb);
+  }
   const int V = o->config.vocab;
   float *logits = malloc(sizeof(float) * (size_t)V);
   ex_gpt2_cache cache;
@@ -223,9 +242,12 @@ static int generate(const ex_args *a, const opts *o, const ex_bpe *bpe) {
     /* The prompt in one run, then one token per run. */
     int64_t T = pos == 0 ? (int64_t)n : 1;
     ex_gpt2_net net;
+    const int32_t *in = pos == 0 ? ids : &ids[pos];
     if (ex_gpt2_record(&net, &w, T, pos, &err) != 0 ||
-        ex_gpt2_run(&net, pos == 0 ? ids : &ids[pos], &cache, &a->exec, logits,
-                    NULL, &err) != 0) {
+        (client ? ex_gpt2_run_remote(&net, client, blob, in, &cache, &a->exec,
+                                     logits, NULL, &err)
+                : ex_gpt2_run(&net, in, &cache, &a->exec, logits, NULL,
+                              &err)) != 0) {
       rc = ex_fail(a, "step", &err);
       ex_gpt2_net_free(&net);
       break;
@@ -254,6 +276,7 @@ static int generate(const ex_args *a, const opts *o, const ex_bpe *bpe) {
             made > 1 ? (total - prefill) / (double)(made - 1) * 1e3 : 0.0,
             made / total);
   if (logits) ex_gpt2_cache_free(&cache);
+  topos_client_close(client);
   free(logits);
   free(ids);
   ex_gpt2_weights_free(&w);

@@ -1232,6 +1232,41 @@ START_TEST(test_makemore_remote) {
 }
 END_TEST
 
+/* GPT-2 generation on the daemon (weights as one blob, each step's small
+ * spec, the cache as feeds and roots) prints the tokens the in-process
+ * run prints, greedy and sampled. */
+START_TEST(test_gpt2_remote) {
+  const char *modes[2] = {"", "--temperature 0.9 --top-k 50 --seed 5"};
+  for (int m = 0; m < 2; m++) {
+    char cmd[1400];
+    int st = -1;
+    char *err = NULL;
+    snprintf(cmd, sizeof cmd,
+             "env -u TOPOS_SERVER '%s/examples/gpt2' --config tiny --prompt "
+             "'The cache is the callers' --tokens 12 %s",
+             build_dir(), modes[m]);
+    char *local = run_cmd(cmd, &st, &err);
+    ck_assert_msg(st == 0, "%s exited %d: %s", cmd, st, err);
+    free(err);
+    snprintf(cmd, sizeof cmd,
+             "'%s/examples/gpt2' --config tiny --prompt 'The cache is the "
+             "callers' --tokens 12 %s --server %s",
+             build_dir(), modes[m], daemon_.address);
+    char *remote = run_cmd(cmd, &st, &err);
+    ck_assert_msg(st == 0, "%s exited %d: %s", cmd, st, err);
+    ck_assert_msg(strstr(err, "as blob"), "no blob upload said: %s", err);
+    free(err);
+    ck_assert_msg(strncmp(local, "The cache is the callers", 24) == 0, "%s",
+                  local);
+    ck_assert_msg(strlen(local) > 30, "no tokens: %s", local);
+    ck_assert_msg(strcmp(local, remote) == 0, "local:\n%s\nremote:\n%s", local,
+                  remote);
+    free(local);
+    free(remote);
+  }
+}
+END_TEST
+
 /* ------------------------------------------------------------ the CLI */
 
 static char *cli(const char *args, int *status, char **err) {
@@ -1708,6 +1743,7 @@ Suite *client_suite(void) {
   tcase_set_timeout(tools, 600);
   tcase_add_test(tools, test_gradient_descent_remote);
   tcase_add_test(tools, test_makemore_remote);
+  tcase_add_test(tools, test_gpt2_remote);
   tcase_add_test(tools, test_cli);
   tcase_add_test(tools, test_backends_end_to_end);
   tcase_add_test(tools, test_python_client);

@@ -111,13 +111,17 @@ static void bf32(bytes_out *o, float f) {
   b32(o, u);
 }
 
+/* The format version hand-made inputs carry (2; a test of version 1's
+ * inputs sets 1 for its own). */
+static unsigned b_version = 2;
+
 static void b_header(bytes_out *o, unsigned dtype, uint32_t count) {
   o->n = 0;
   b8(o, 'T');
   b8(o, 'P');
   b8(o, 'O');
   b8(o, 'S');
-  b16(o, 1);
+  b16(o, b_version);
   b8(o, dtype);
   b32(o, count);
 }
@@ -139,6 +143,7 @@ static void b_constant2(bytes_out *o) {
   b8(o, TOPOS_F32);
   b8(o, 1);
   b64(o, 2);
+  if (b_version >= 2) b8(o, 0); /* its elements follow */
   bf32(o, 1.0f);
   bf32(o, 2.0f);
   b8(o, 0); /* no name */
@@ -276,13 +281,13 @@ START_TEST(layout_is_pinned) {
   topos_network *net = sn_gradient_descent();
   size_t len;
   uint8_t *bytes = encode(net, &len);
-  static const uint8_t header[11] = {'T', 'P', 'O', 'S', 1, 0, 1, 6, 0, 0, 0};
+  static const uint8_t header[11] = {'T', 'P', 'O', 'S', 2, 0, 1, 6, 0, 0, 0};
   ck_assert_uint_ge(len, sizeof header);
   ck_assert(memcmp(bytes, header, sizeof header) == 0);
   /* Node 0: parameter (1), f64 (1), rank 0, no operands, slot 0, tensor
-   * f64 rank 0 with 8 zero bytes, name "w". */
-  static const uint8_t node0[] = {1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0,  1,
-                                  0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 'w'};
+   * f64 rank 0, form 0 (elements) with 8 zero bytes, name "w". */
+  static const uint8_t node0[] = {1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1,
+                                  0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 'w'};
   ck_assert(memcmp(bytes + 11, node0, sizeof node0) == 0);
   /* Its hand-made twin: the same bytes from the document alone. */
   bytes_out o;
@@ -292,6 +297,7 @@ START_TEST(layout_is_pinned) {
     b32(&o, k ? (uint32_t)k - 1 : 0);
     b8(&o, TOPOS_F64);
     b8(&o, 0);
+    b8(&o, 0); /* form: elements */
     b64(&o, 0);
     b8(&o, 1);
     b8(&o, "wxy"[k]);
@@ -572,6 +578,135 @@ START_TEST(hand_made_valid) {
 }
 END_TEST
 
+/* A tensor whose elements are all one value is written as that value:
+ * a zero-initialised f32[1000, 1000] parameter takes a few bytes, decodes
+ * to a broadcast of one element, and re-encodes to the same bytes. */
+START_TEST(splat_tensors) {
+  topos_error err = {0};
+  int64_t big[2] = {1000, 1000}, two[1] = {2};
+  topos_tensor *z = topos_tensor_zeros(TOPOS_F32, 2, big, &err);
+  topos_tensor *half = topos_tensor_filled(TOPOS_F64, 1, two, -0.5, &err);
+  topos_tape *tape = topos_tape_new(TOPOS_F32);
+  topos_value w = topos_parameter(tape, z);
+  topos_value c = topos_constant(tape, half);
+  topos_name(tape, topos_sum(tape, w), "s");
+  (void)c;
+  topos_network *net = topos_tape_seal(tape, &err);
+  ck_assert_msg(net != NULL, "%s", err.message);
+  size_t len;
+  uint8_t *bytes = encode(net, &len);
+  ck_assert_uint_lt(len, 200);
+  topos_network *back = decode_copy(bytes, len, &err);
+  ck_assert_msg(back != NULL, "%s", err.message);
+  size_t len2;
+  uint8_t *again = encode(back, &len2);
+  ck_assert(len2 == len && memcmp(again, bytes, len) == 0);
+  topos_run *run = topos_forward(back, NULL, NULL, 0, NULL, &err);
+  ck_assert_ptr_nonnull(run);
+  ck_assert(topos_run_scalar(run, topos_network_find(back, "s"), &err) == 0);
+  topos_run_free(run);
+  topos_free(again);
+  topos_free(bytes);
+  topos_network_release(back);
+  topos_network_release(net);
+  topos_tensor_release(z);
+  topos_tensor_release(half);
+}
+END_TEST
+
+/* The splat form's rules: only for two or more elements, only when they
+ * are all equal (one encoding per content), a known form byte. */
+START_TEST(splat_form_is_canonical) {
+  bytes_out o;
+  /* f32[2] {3, 3} written as elements: not canonical. */
+  b_header(&o, TOPOS_F32, 1);
+  b_node(&o, OP_CONSTANT, TOPOS_F32, 1, SN_S(2), 0, NULL);
+  b8(&o, TOPOS_F32);
+  b8(&o, 1);
+  b64(&o, 2);
+  b8(&o, 0);
+  bf32(&o, 3.0f);
+  bf32(&o, 3.0f);
+  b8(&o, 0);
+  expect_decode_error(o.b, o.n, TOPOS_ERR_CORRUPT,
+                      "must be written as a splat");
+  /* The same as a splat: valid. */
+  b_header(&o, TOPOS_F32, 1);
+  b_node(&o, OP_CONSTANT, TOPOS_F32, 1, SN_S(2), 0, NULL);
+  b8(&o, TOPOS_F32);
+  b8(&o, 1);
+  b64(&o, 2);
+  b8(&o, 1);
+  bf32(&o, 3.0f);
+  b8(&o, 0);
+  topos_error err = {0};
+  topos_network *net = decode_copy(o.b, o.n, &err);
+  ck_assert_msg(net != NULL, "%s", err.message);
+  size_t len;
+  uint8_t *again = encode(net, &len);
+  ck_assert(len == o.n && memcmp(again, o.b, len) == 0);
+  topos_free(again);
+  topos_network_release(net);
+  /* A splat of one element. */
+  b_header(&o, TOPOS_F32, 1);
+  b_node(&o, OP_CONSTANT, TOPOS_F32, 1, SN_S(1), 0, NULL);
+  b8(&o, TOPOS_F32);
+  b8(&o, 1);
+  b64(&o, 1);
+  b8(&o, 1);
+  bf32(&o, 3.0f);
+  b8(&o, 0);
+  expect_decode_error(o.b, o.n, TOPOS_ERR_CORRUPT, "a splat tensor of 1");
+  /* An unknown form; a splat whose element is cut off. */
+  b_header(&o, TOPOS_F32, 1);
+  b_node(&o, OP_CONSTANT, TOPOS_F32, 1, SN_S(2), 0, NULL);
+  b8(&o, TOPOS_F32);
+  b8(&o, 1);
+  b64(&o, 2);
+  b8(&o, 7);
+  bf32(&o, 3.0f);
+  b8(&o, 0);
+  expect_decode_error(o.b, o.n, TOPOS_ERR_CORRUPT, "unknown tensor form 7");
+  b_header(&o, TOPOS_F32, 1);
+  b_node(&o, OP_CONSTANT, TOPOS_F32, 1, SN_S(4), 0, NULL);
+  b8(&o, TOPOS_F32);
+  b8(&o, 1);
+  b64(&o, 4);
+  b8(&o, 1);
+  b8(&o, 0);
+  expect_decode_error(o.b, o.n, TOPOS_ERR_CORRUPT, "truncated");
+  /* A splat past the engine's tensor limit: refused like any tensor. */
+  b_header(&o, TOPOS_F32, 1);
+  b_node(&o, OP_CONSTANT, TOPOS_F32, 1, SN_S((int64_t)1 << 60), 0, NULL);
+  b8(&o, TOPOS_F32);
+  b8(&o, 1);
+  b64(&o, (uint64_t)1 << 60);
+  b8(&o, 1);
+  bf32(&o, 0.0f);
+  b8(&o, 0);
+  expect_decode_error(o.b, o.n, TOPOS_ERR_CORRUPT, "2^40-byte limit");
+}
+END_TEST
+
+/* Version 1 (no form byte) still decodes, and re-encodes as version 2. */
+START_TEST(version_one_still_reads) {
+  bytes_out o;
+  b_version = 1;
+  b_valid(&o);
+  b_version = 2;
+  topos_error err = {0};
+  topos_network *net = decode_copy(o.b, o.n, &err);
+  ck_assert_msg(net != NULL, "%s", err.message);
+  size_t len;
+  uint8_t *again = encode(net, &len);
+  bytes_out v2;
+  b_valid(&v2);
+  ck_assert(len == v2.n && memcmp(again, v2.b, len) == 0);
+  topos_free(again);
+  topos_network_release(net);
+}
+END_TEST
+
 START_TEST(null_and_empty_input) {
   topos_error err = {0};
   ck_assert_ptr_null(topos_network_decode(NULL, 0, &err));
@@ -589,8 +724,11 @@ START_TEST(bad_header) {
   o.b[0] = 'X';
   expect_decode_error(o.b, o.n, TOPOS_ERR_CORRUPT, "magic");
   b_valid(&o);
-  o.b[4] = 2; /* version 2 */
-  expect_decode_error(o.b, o.n, TOPOS_ERR_CORRUPT, "format version 2");
+  o.b[4] = 3; /* version 3 */
+  expect_decode_error(o.b, o.n, TOPOS_ERR_CORRUPT, "format version 3");
+  b_valid(&o);
+  o.b[4] = 0; /* version 0 */
+  expect_decode_error(o.b, o.n, TOPOS_ERR_CORRUPT, "format version 0");
   b_valid(&o);
   o.b[6] = TOPOS_I32; /* an integer tape */
   expect_decode_error(o.b, o.n, TOPOS_ERR_CORRUPT, "tape dtype 3");
@@ -626,6 +764,7 @@ START_TEST(huge_tensor_extent) {
   b8(&o, TOPOS_F32);
   b8(&o, 1);
   b64(&o, (uint64_t)huge);
+  b8(&o, 0); /* its elements follow */
   bf32(&o, 1.0f);
   b8(&o, 0);
   expect_decode_error(o.b, o.n, TOPOS_ERR_CORRUPT, "truncated: tensor f32[");
@@ -653,6 +792,7 @@ START_TEST(huge_tensor_extent) {
   b64(&o, 0);
   b64(&o, (uint64_t)huge);
   b64(&o, (uint64_t)huge);
+  b8(&o, 0); /* form: elements (none) */
   b8(&o, 0);
   topos_error err = {0};
   topos_network *net = decode_copy(o.b, o.n, &err);
@@ -750,10 +890,10 @@ END_TEST
 START_TEST(unknown_op_and_dtype) {
   bytes_out o;
   b_valid(&o);
-  /* The header takes 11 bytes, the constant node 34: op, dtype, rank 1,
-   * one extent, operand count (15); tensor dtype, rank 1, one extent, two
-   * f32 (18); name length (1). */
-  size_t add_at = 11 + 34;
+  /* The header takes 11 bytes, the constant node 35: op, dtype, rank 1,
+   * one extent, operand count (15); tensor dtype, rank 1, one extent, its
+   * form, two f32 (19); name length (1). */
+  size_t add_at = 11 + 35;
   ck_assert_uint_eq(o.b[add_at], OP_ADD);
   o.b[add_at] = 200;
   expect_decode_error(o.b, o.n, TOPOS_ERR_CORRUPT, "node 1: unknown op 200");
@@ -790,6 +930,7 @@ START_TEST(stored_facts_must_match) {
   b8(&o, TOPOS_F32);
   b8(&o, 1);
   b64(&o, 2);
+  b8(&o, 0);
   bf32(&o, 1);
   bf32(&o, 2);
   b8(&o, 0);
@@ -800,6 +941,7 @@ START_TEST(stored_facts_must_match) {
   b_node(&o, OP_PARAMETER, TOPOS_F32, 0, NULL, 0, NULL);
   b32(&o, 5);
   b8(&o, TOPOS_F32);
+  b8(&o, 0);
   b8(&o, 0);
   bf32(&o, 1);
   b8(&o, 0);
@@ -846,6 +988,7 @@ START_TEST(replay_applies_the_shape_rules) {
   b_node(&o, OP_PARAMETER, TOPOS_I32, 0, NULL, 0, NULL);
   b32(&o, 0);
   b8(&o, TOPOS_I32);
+  b8(&o, 0);
   b8(&o, 0);
   b32(&o, 7);
   b8(&o, 0);
@@ -916,6 +1059,9 @@ Suite *encode_suite(void) {
   tcase_add_test(tc, random_flips);
   tcase_add_test(tc, hand_made_valid);
   tcase_add_test(tc, null_and_empty_input);
+  tcase_add_test(tc, splat_tensors);
+  tcase_add_test(tc, splat_form_is_canonical);
+  tcase_add_test(tc, version_one_still_reads);
   tcase_add_test(tc, bad_header);
   tcase_add_test(tc, huge_node_count);
   tcase_add_test(tc, huge_tensor_extent);

@@ -245,7 +245,12 @@ START_TEST(encoding_carries_exactly_the_mask) {
           for (int k = 0; k < tr; k++)
             count *= (int64_t)take(&w, 8, "tensor shape");
           ck_assert_int_eq(count, topos_tensor_count(t));
-          take(&w, (size_t)count * topos_dtype_size(topos_tensor_dtype(t)),
+          /* The form: 1 (splat) gives one element, 0 all of them. */
+          int form = (int)take(&w, 1, "tensor form");
+          ck_assert_int_le(form, 1);
+          take(&w,
+               (size_t)(form ? 1 : count) *
+                   topos_dtype_size(topos_tensor_dtype(t)),
                "tensor data");
         } else {
           ck_abort_msg("node %d (%s): attribute %d has no encoding", i, op, b);

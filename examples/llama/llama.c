@@ -1,0 +1,348 @@
+/*
+ * llama.c - Llama text generation with topos: a prefill network over the
+ * prompt, then one decode network per position whose KV cache (the KV
+ * heads only) is the caller's state (examples/common/llama.h).
+ *
+ * Usage:
+ *   llama [--weights model.safetensors] [--config NAME] [--prompt TEXT]
+ *         [--prompt-ids ID,ID,...] [--tokens N] [--temperature T]
+ *         [--top-k K] [--seed S] [--data DIR] [--backend NAME]
+ *         [--threads N] [--fast]
+ *
+ * No Llama tokenizer ships here (SentencePiece or tiktoken files are not
+ * in data/).  When the config's vocabulary is GPT-2's (50257, the default
+ * "tiny" config) the prompt is tokenized, and the output detokenized,
+ * with GPT-2's byte-level BPE (data/gpt2), and the example says so; with
+ * any other vocabulary the prompt is given as ids (--prompt-ids; token 1,
+ * Llama's <s>, when not) and the output is printed as ids.
+ *
+ * Without --weights the model is initialised with Hugging Face's scheme
+ * from the seed (no weights can be downloaded here), and the example says
+ * so: the text is then noise, but every step is the real computation.
+ * --temperature 0 (the default) is greedy; otherwise the next token is
+ * drawn from softmax(logits / T), over the K largest with --top-k K.
+ * Prints the prompt, the tokens as they come, then the speed.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends.h"
+#include "bpe.h"
+#include "ex.h"
+#include "llama.h"
+
+enum { GPT2_VOCAB = 50257 };
+
+static const char usage[] =
+    "usage: llama [--weights FILE] [--config NAME] [--prompt TEXT]\n"
+    "             [--prompt-ids ID,ID,...] [--tokens N] [--temperature T]\n"
+    "             [--top-k K] [--seed S]\n"
+    "  configs: tiny (the default), smollm-135m, tinyllama-1.1b\n";
+
+typedef struct opts {
+  const char *weights, *prompt, *prompt_ids, *config_name;
+  ex_llama_config config;
+  int64_t tokens, top_k;
+  double temperature;
+  uint64_t seed;
+} opts;
+
+static int bad_value(const char *flag, const char *v) {
+  fprintf(stderr, "llama: %s: '%s' is not a valid value\n%s", flag, v, usage);
+  return -1;
+}
+
+static int parse(int argc, char **argv, ex_args *a, opts *o) {
+  *o = (opts){.prompt = "Hello",
+              .config_name = "tiny",
+              .config = EX_LLAMA_TINY,
+              .tokens = 20,
+              .seed = 1};
+  for (int i = 1; i < argc; i++) {
+    const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    char *end = NULL;
+    if (!strcmp(f, "--help")) {
+      printf("%s%s", usage, ex_args_usage);
+      exit(0);
+    } else if (v && !strcmp(f, "--weights")) {
+      o->weights = argv[++i];
+    } else if (v && !strcmp(f, "--prompt")) {
+      o->prompt = argv[++i];
+    } else if (v && !strcmp(f, "--prompt-ids")) {
+      o->prompt_ids = argv[++i];
+    } else if (v && !strcmp(f, "--config")) {
+      i++;
+      if (ex_llama_config_named(v, &o->config) != 0) return bad_value(f, v);
+      o->config_name = v;
+    } else if (v && !strcmp(f, "--tokens")) {
+      i++;
+      if (ex_parse_count(a, f, v, 1 << 20, &o->tokens) != 0) return -1;
+    } else if (v && !strcmp(f, "--top-k")) {
+      i++;
+      if (ex_parse_count(a, f, v, 1 << 20, &o->top_k) != 0) return -1;
+    } else if (v && !strcmp(f, "--temperature")) {
+      i++;
+      errno = 0;
+      o->temperature = strtod(v, &end);
+      if (errno || !end || *end || !(o->temperature >= 0) ||
+          o->temperature > 1e6)
+        return bad_value(f, v);
+    } else if (v && !strcmp(f, "--seed")) {
+      i++;
+      errno = 0;
+      o->seed = strtoull(v, &end, 10);
+      if (errno || !end || *end || *v == '-') return bad_value(f, v);
+    } else {
+      int r = ex_arg(a, argc, argv, &i);
+      if (r < 0) return -1;
+      if (r == 0) {
+        fprintf(stderr, "llama: unknown flag '%s'\n%s", f, usage);
+        return -1;
+      }
+    }
+  }
+  if (ex_args_done(a) != 0) return -1;
+  if (a->server) {
+    fprintf(stderr,
+            "llama: --server: remote generation is not built yet; this "
+            "example runs in-process\n");
+    return -1;
+  }
+  return 0;
+}
+
+/* --prompt-ids' list: ids separated by commas (spaces allowed), each
+ * below vocab. */
+static int parse_ids(const char *s, int vocab, int32_t **ids, size_t *n) {
+  size_t cap = 16;
+  *ids = malloc(cap * sizeof **ids);
+  *n = 0;
+  while (*ids && *s) {
+    while (*s == ' ' || *s == ',') s++;
+    if (!*s) break;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || v < 0 || v >= vocab) return -1;
+    if (*n == cap) {
+      int32_t *g = realloc(*ids, 2 * cap * sizeof **ids);
+      if (!g) return -1;
+      *ids = g;
+      cap *= 2;
+    }
+    (*ids)[(*n)++] = (int32_t)v;
+    s = end;
+  }
+  return *ids ? 0 : -1;
+}
+
+/* The k-th largest of v[0..n) (1 <= k <= n) by quickselect on a copy;
+ * -INFINITY when out of memory (nothing is cut). */
+static float kth_largest(const float *v, int n, int64_t k) {
+  float *tmp = malloc(sizeof(float) * (size_t)n);
+  if (!tmp) return -INFINITY;
+  memcpy(tmp, v, sizeof(float) * (size_t)n);
+  int64_t lo = 0, hi = n - 1;
+  while (lo < hi) { /* the (k-1)-th of descending order */
+    float pivot = tmp[(lo + hi) / 2];
+    int64_t i = lo, j = hi;
+    while (i <= j) {
+      while (tmp[i] > pivot) i++;
+      while (tmp[j] < pivot) j--;
+      if (i <= j) {
+        float t = tmp[i];
+        tmp[i++] = tmp[j];
+        tmp[j--] = t;
+      }
+    }
+    if (k - 1 <= j)
+      hi = j;
+    else if (k - 1 >= i)
+      lo = i;
+    else
+      break;
+  }
+  float cut = tmp[k - 1];
+  free(tmp);
+  return cut;
+}
+
+/* The next token: greedy, or drawn at the temperature over the top k. */
+static int32_t next_token(float *logits, int V, const opts *o, uint64_t *rng) {
+  if (o->top_k > 0 && o->top_k < V && o->temperature > 0) {
+    float cut = kth_largest(logits, V, o->top_k);
+    for (int i = 0; i < V; i++)
+      if (logits[i] < cut) logits[i] = -INFINITY;
+  }
+  return (int32_t)ex_sample_logits(logits, V, o->temperature, rng);
+}
+
+/* Prints ids as they come: their text through GPT-2's BPE when there is
+ * one (a token may end mid-character: the bytes go out as they are), else
+ * the ids themselves. */
+static void print_tokens(const ex_bpe *bpe, const int32_t *ids, size_t n) {
+  if (!bpe) {
+    for (size_t i = 0; i < n; i++) printf(" %d", ids[i]);
+  } else {
+    char *text = NULL;
+    size_t len = 0;
+    topos_error err = {0};
+    if (ex_bpe_decode(bpe, ids, n, &text, &len, &err) == 0)
+      fwrite(text, 1, len, stdout);
+    free(text);
+  }
+  fflush(stdout);
+}
+
+/* The weights: loaded, or initialised from the seed (and said so). */
+static int weights(const ex_args *a, const opts *o, ex_llama_weights *w) {
+  topos_error err = {0};
+  double t0 = ex_now_s();
+  if (o->weights) {
+    if (ex_llama_load(w, &o->config, o->weights, &err) != 0)
+      return ex_fail(a, "weights", &err);
+    fprintf(stderr, "llama: weights from %s (%.1f s)\n", o->weights,
+            ex_now_s() - t0);
+    return 0;
+  }
+  if (ex_llama_init(w, &o->config, o->seed, &err) != 0)
+    return ex_fail(a, "init", &err);
+  fprintf(stderr,
+          "llama: no --weights: random weights from seed %llu with Hugging "
+          "Face's initialisation (%.1f s); the text will be noise\n",
+          (unsigned long long)o->seed, ex_now_s() - t0);
+  return 0;
+}
+
+/* The prompt's ids: --prompt-ids, GPT-2's BPE on --prompt, or <s>. */
+static int prompt_ids(const ex_args *a, const opts *o, const ex_bpe *bpe,
+                      int32_t **ids, size_t *n) {
+  topos_error err = {0};
+  if (o->prompt_ids) {
+    if (parse_ids(o->prompt_ids, o->config.vocab, ids, n) != 0 || *n == 0) {
+      fprintf(stderr,
+              "llama: --prompt-ids: '%s' is not a list of ids below %d\n",
+              o->prompt_ids, o->config.vocab);
+      return 2;
+    }
+    return 0;
+  }
+  if (!bpe) {
+    fprintf(stderr,
+            "llama: the vocabulary (%d) is not GPT-2's and no Llama "
+            "tokenizer ships here: the prompt is token 1 (<s>); give "
+            "--prompt-ids\n",
+            o->config.vocab);
+    *ids = malloc(sizeof **ids);
+    if (!*ids) return 1;
+    (*ids)[0] = 1;
+    *n = 1;
+    return 0;
+  }
+  fprintf(stderr,
+          "llama: no Llama tokenizer ships here: the prompt is tokenized "
+          "with GPT-2's BPE (the vocabulary is GPT-2's 50257)\n");
+  if (ex_bpe_encode(bpe, o->prompt, strlen(o->prompt), ids, n, &err) != 0)
+    return ex_fail(a, "prompt", &err);
+  return 0;
+}
+
+static int generate(const ex_args *a, const opts *o, const ex_bpe *bpe) {
+  topos_error err = {0};
+  const ex_llama_config *c = &o->config;
+  fprintf(stderr,
+          "llama: config %s: vocab %d, width %d, %d heads over %d kv heads "
+          "of %d, ffn %d, %d layers, context %d%s\n",
+          o->config_name, c->vocab, c->width, c->heads, c->kv_heads,
+          ex_llama_head_dim(c), c->ffn, c->layers, c->context,
+          c->tie ? ", tied head" : "");
+  ex_llama_weights w;
+  if (weights(a, o, &w) != 0) return 1;
+  int32_t *ids = NULL;
+  size_t n = 0;
+  int rc = prompt_ids(a, o, bpe, &ids, &n);
+  if (rc == 0 && (n == 0 || (int64_t)n + o->tokens > c->context)) {
+    fprintf(stderr,
+            "llama: the prompt (%zu tokens) plus %lld new ones must fit the "
+            "context of %d\n",
+            n, (long long)o->tokens, c->context);
+    rc = 1;
+  }
+  if (rc != 0) {
+    free(ids);
+    ex_llama_weights_free(&w);
+    return rc;
+  }
+  const int V = c->vocab;
+  float *logits = malloc(sizeof(float) * (size_t)V);
+  ex_llama_cache cache;
+  rc = logits && ex_llama_cache_init(&cache, c->layers, &err) == 0 ? 0 : 1;
+  print_tokens(bpe, ids, n);
+  uint64_t rng = o->seed;
+  double tp = ex_now_s(), prefill = 0;
+  int64_t made = 0;
+  for (int64_t pos = 0; rc == 0 && made < o->tokens;) {
+    /* The prompt in one run, then one token per run. */
+    int64_t T = pos == 0 ? (int64_t)n : 1;
+    ex_llama_net net;
+    if (ex_llama_record(&net, &w, T, pos, &err) != 0 ||
+        ex_llama_run(&net, pos == 0 ? ids : &ids[pos], &cache, &a->exec, logits,
+                     NULL, &err) != 0) {
+      rc = ex_fail(a, "step", &err);
+      ex_llama_net_free(&net);
+      break;
+    }
+    ex_llama_net_free(&net);
+    if (pos == 0) prefill = ex_now_s() - tp;
+    pos += T;
+    int32_t next = next_token(logits, V, o, &rng);
+    int32_t *g = realloc(ids, sizeof *ids * (size_t)(pos + 1));
+    if (!g) {
+      rc = 1;
+      break;
+    }
+    ids = g;
+    ids[pos] = next;
+    made++;
+    print_tokens(bpe, &ids[pos], 1);
+  }
+  double total = ex_now_s() - tp;
+  printf("\n");
+  if (rc == 0)
+    fprintf(stderr,
+            "llama: %lld tokens in %.2f s (prefill of %zu tokens %.1f ms, "
+            "then %.1f ms/token, %.1f tokens/s)\n",
+            (long long)made, total, n, prefill * 1e3,
+            made > 1 ? (total - prefill) / (double)(made - 1) * 1e3 : 0.0,
+            made / total);
+  if (logits) ex_llama_cache_free(&cache);
+  free(logits);
+  free(ids);
+  ex_llama_weights_free(&w);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  ex_args a = {.prog = "llama"};
+  opts o;
+  if (parse(argc, argv, &a, &o) != 0) return 2;
+  topos_backends_register_defaults();
+  ex_bpe *bpe = NULL;
+  if (o.config.vocab == GPT2_VOCAB) {
+    char dir[4096];
+    if (ex_find_data(a.data, "data/gpt2", dir, sizeof dir) != 0) {
+      fprintf(stderr, "llama: no GPT-2 tokenizer files at %s (--data DIR)\n",
+              dir);
+      return 1;
+    }
+    topos_error err = {0};
+    bpe = ex_bpe_load(dir, &err);
+    if (!bpe) return ex_fail(&a, "tokenizer", &err);
+  }
+  int rc = generate(&a, &o, bpe);
+  ex_bpe_free(bpe);
+  return rc;
+}

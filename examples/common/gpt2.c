@@ -8,8 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "topos_client.h"
-
 static int fail(topos_error *err, int code, const char *fmt, const char *a,
                 long long b) {
   err->code = code;
@@ -179,16 +177,7 @@ void ex_gpt2_weights_free(ex_gpt2_weights *w) {
 
 /* ------------------------------------------------------------ networks */
 
-void ex_gpt2_net_free(ex_gpt2_net *n) {
-  topos_network_release(n->net);
-  free(n->k_in);
-  free(n->v_in);
-  free(n->k_out);
-  free(n->v_out);
-  memset(n, 0, sizeof *n);
-}
-
-int ex_gpt2_record(ex_gpt2_net *n, const ex_gpt2_weights *w, int64_t T,
+int ex_gpt2_record(ex_kv_net *n, const ex_gpt2_weights *w, int64_t T,
                    int64_t past, topos_error *err) {
   memset(n, 0, sizeof *n);
   const ex_gpt2_config *c = &w->c;
@@ -199,20 +188,13 @@ int ex_gpt2_record(ex_gpt2_net *n, const ex_gpt2_weights *w, int64_t T,
                 "", (long long)T);
   const int L = c->layers;
   const int64_t D = c->width;
-  n->w = w;
-  n->layers = L;
-  n->T = T;
-  n->past = past;
-  n->k_in = calloc((size_t)(L ? L : 1), sizeof *n->k_in);
-  n->v_in = calloc((size_t)(L ? L : 1), sizeof *n->v_in);
-  n->k_out = calloc((size_t)(L ? L : 1), sizeof *n->k_out);
-  n->v_out = calloc((size_t)(L ? L : 1), sizeof *n->v_out);
+  if (ex_kv_net_begin(n, L, T, past, w->params, w->n, err) != 0) return -1;
   topos_value *p = calloc((size_t)w->n, sizeof *p);
   int32_t *pos = calloc((size_t)T, sizeof *pos);
-  if (!n->k_in || !n->v_in || !n->k_out || !n->v_out || !p || !pos) {
+  if (!p || !pos) {
     free(p);
     free(pos);
-    ex_gpt2_net_free(n);
+    ex_kv_net_free(n);
     return fail(err, TOPOS_ERR_MEMORY, "gpt2: out of memory%s%lld", "", 0);
   }
   for (int64_t i = 0; i < T; i++) pos[i] = (int32_t)(past + i);
@@ -227,20 +209,8 @@ int ex_gpt2_record(ex_gpt2_net *n, const ex_gpt2_weights *w, int64_t T,
   topos_tape *tape =
       x0 && pt && zero && (past == 0 || zc) ? topos_tape_new(TOPOS_F32) : NULL;
   if (tape) {
-    /* Zeros of each weight's shape: a splat in the encoding. */
-    for (int i = 0; i < w->n && tape; i++) {
-      topos_tensor *z = topos_tensor_broadcast(
-          zero, topos_tensor_rank(w->t[i]), topos_tensor_shape(w->t[i]), err);
-      if (!z) {
-        topos_tape_free(tape);
-        tape = NULL;
-        break;
-      }
-      p[i] = topos_name(tape, topos_parameter(tape, z), w->names[i]);
-      topos_tensor_release(z);
-    }
-  }
-  if (tape) {
+    for (int i = 0; i < w->n; i++)
+      p[i] = ex_kv_parameter(tape, w->t[i], w->names[i]);
     n->x = topos_name(tape, topos_input(tape, x0), "x");
     int64_t rows[2] = {T, D}, btd[3] = {1, T, D};
     topos_value tok =
@@ -250,22 +220,13 @@ int ex_gpt2_record(ex_gpt2_net *n, const ex_gpt2_weights *w, int64_t T,
     topos_attention_opts ao = {.heads = c->heads, .causal = true, .past = past};
     for (int l = 0; l < L; l++) {
       const topos_value *b = p + 2 + l * EX_GPT2_PER_LAYER;
-      char name[32];
-      topos_value kc = TOPOS_NONE, vc = TOPOS_NONE;
-      if (past > 0) {
-        snprintf(name, sizeof name, "k_cache.%d", l);
-        kc = n->k_in[l] = topos_name(tape, topos_input(tape, zc), name);
-        snprintf(name, sizeof name, "v_cache.%d", l);
-        vc = n->v_in[l] = topos_name(tape, topos_input(tape, zc), name);
-      }
+      topos_value kc, vc;
+      ex_kv_cache_inputs(n, tape, l, zc, &kc, &vc);
       topos_value a = topos_layer_norm(tape, h, b[0], b[1], 1e-5);
       topos_value att = topos_self_attention(
           tape, topos_reshape(tape, a, 3, btd), b[2], b[3], b[4], b[5], &ao, kc,
           vc, &n->k_out[l], &n->v_out[l]);
-      snprintf(name, sizeof name, "k_all.%d", l);
-      n->k_out[l] = topos_name(tape, n->k_out[l], name);
-      snprintf(name, sizeof name, "v_all.%d", l);
-      n->v_out[l] = topos_name(tape, n->v_out[l], name);
+      ex_kv_name_outputs(n, tape, l);
       h = topos_add(tape, h, topos_reshape(tape, att, 2, rows));
       topos_value f = topos_layer_norm(tape, h, b[6], b[7], 1e-5);
       f = topos_gelu(tape, topos_linear(tape, f, b[8], b[9]));
@@ -285,173 +246,10 @@ int ex_gpt2_record(ex_gpt2_net *n, const ex_gpt2_weights *w, int64_t T,
   free(p);
   free(pos);
   if (!n->net) {
-    ex_gpt2_net_free(n);
+    ex_kv_net_free(n);
     return -1;
   }
   return 0;
 }
 
 /* -------------------------------------------------------------- running */
-
-int ex_gpt2_cache_init(ex_gpt2_cache *c, int layers, topos_error *err) {
-  memset(c, 0, sizeof *c);
-  c->layers = layers;
-  c->k = calloc((size_t)(layers ? layers : 1), sizeof *c->k);
-  c->v = calloc((size_t)(layers ? layers : 1), sizeof *c->v);
-  if (!c->k || !c->v) {
-    ex_gpt2_cache_free(c);
-    return fail(err, TOPOS_ERR_MEMORY, "gpt2: out of memory%s%lld", "", 0);
-  }
-  return 0;
-}
-
-void ex_gpt2_cache_free(ex_gpt2_cache *c) {
-  for (int l = 0; l < c->layers && c->k && c->v; l++) {
-    topos_tensor_release(c->k[l]);
-    topos_tensor_release(c->v[l]);
-  }
-  free(c->k);
-  free(c->v);
-  memset(c, 0, sizeof *c);
-}
-
-int ex_gpt2_run(const ex_gpt2_net *n, const int32_t *tokens,
-                ex_gpt2_cache *cache, const topos_exec *ctx, float *logits_last,
-                topos_tensor **all, topos_error *err) {
-  if (cache->len != n->past || cache->layers != n->layers)
-    return fail(err, TOPOS_ERR_ARGUMENT,
-                "gpt2: the cache holds %s%lld positions, not the network's", "",
-                (long long)cache->len);
-  const int L = n->layers;
-  int64_t xs[2] = {1, n->T};
-  topos_tensor *xt = topos_tensor_from(TOPOS_I32, 2, xs, tokens, err);
-  int nfeeds = 1 + (n->past > 0 ? 2 * L : 0);
-  topos_feed *feeds = calloc((size_t)nfeeds, sizeof *feeds);
-  topos_value *targets = calloc((size_t)(1 + 2 * L), sizeof *targets);
-  if (!xt || !feeds || !targets) {
-    topos_tensor_release(xt);
-    free(feeds);
-    free(targets);
-    return xt ? fail(err, TOPOS_ERR_MEMORY, "gpt2: out of memory%s%lld", "", 0)
-              : -1;
-  }
-  feeds[0] = (topos_feed){n->x, xt};
-  for (int l = 0; n->past > 0 && l < L; l++) {
-    feeds[1 + 2 * l] = (topos_feed){n->k_in[l], cache->k[l]};
-    feeds[2 + 2 * l] = (topos_feed){n->v_in[l], cache->v[l]};
-  }
-  targets[0] = n->logits;
-  for (int l = 0; l < L; l++) {
-    targets[1 + 2 * l] = n->k_out[l];
-    targets[2 + 2 * l] = n->v_out[l];
-  }
-  topos_run *run = topos_forward_for(n->net, n->w->params, feeds, nfeeds,
-                                     targets, 1 + 2 * L, ctx, err);
-  int rc = run ? 0 : -1;
-  const topos_tensor *lg = run ? topos_run_of(run, n->logits, err) : NULL;
-  if (run && !lg) rc = -1;
-  if (rc == 0 && logits_last) {
-    topos_tensor *row = topos_tensor_narrow(lg, 0, n->T - 1, 1, err);
-    int64_t V = topos_tensor_shape(lg)[1];
-    rc = row && topos_tensor_read(row, logits_last, (size_t)V * sizeof(float),
-                                  err) == TOPOS_OK
-             ? 0
-             : -1;
-    topos_tensor_release(row);
-  }
-  /* The new cache, all of it or nothing. */
-  for (int l = 0; rc == 0 && l < L; l++) {
-    const topos_tensor *k = topos_run_of(run, n->k_out[l], err);
-    const topos_tensor *v = topos_run_of(run, n->v_out[l], err);
-    if (!k || !v) rc = -1;
-  }
-  for (int l = 0; rc == 0 && l < L; l++) {
-    topos_tensor_release(cache->k[l]);
-    topos_tensor_release(cache->v[l]);
-    cache->k[l] = topos_tensor_retain(topos_run_of(run, n->k_out[l], err));
-    cache->v[l] = topos_tensor_retain(topos_run_of(run, n->v_out[l], err));
-  }
-  if (rc == 0) cache->len = n->past + n->T;
-  if (rc == 0 && all) *all = topos_tensor_retain(lg);
-  topos_run_free(run);
-  topos_tensor_release(xt);
-  free(feeds);
-  free(targets);
-  return rc;
-}
-
-int ex_gpt2_run_remote(const ex_gpt2_net *n, topos_client *c,
-                       const char *weights_blob, const int32_t *tokens,
-                       ex_gpt2_cache *cache, const topos_exec *ctx,
-                       float *logits_last, topos_tensor **all,
-                       topos_error *err) {
-  if (cache->len != n->past || cache->layers != n->layers)
-    return fail(err, TOPOS_ERR_ARGUMENT,
-                "gpt2: the cache holds %s%lld positions, not the network's", "",
-                (long long)cache->len);
-  const int L = n->layers;
-  char id[65];
-  if (topos_client_record(c, n->net, id, err) != TOPOS_OK) return -1;
-  int64_t xs[2] = {1, n->T};
-  topos_tensor *xt = topos_tensor_from(TOPOS_I32, 2, xs, tokens, err);
-  int nfeeds = 1 + (n->past > 0 ? 2 * L : 0);
-  topos_feed *feeds = calloc((size_t)nfeeds, sizeof *feeds);
-  topos_value *roots = calloc((size_t)(1 + 2 * L), sizeof *roots);
-  if (!xt || !feeds || !roots) {
-    topos_tensor_release(xt);
-    free(feeds);
-    free(roots);
-    return xt ? fail(err, TOPOS_ERR_MEMORY, "gpt2: out of memory%s%lld", "", 0)
-              : -1;
-  }
-  feeds[0] = (topos_feed){n->x, xt};
-  for (int l = 0; n->past > 0 && l < L; l++) {
-    feeds[1 + 2 * l] = (topos_feed){n->k_in[l], cache->k[l]};
-    feeds[2 + 2 * l] = (topos_feed){n->v_in[l], cache->v[l]};
-  }
-  roots[0] = n->logits;
-  for (int l = 0; l < L; l++) {
-    roots[1 + 2 * l] = n->k_out[l];
-    roots[2 + 2 * l] = n->v_out[l];
-  }
-  topos_entry e = {roots,
-                   1 + 2 * L,
-                   NULL,
-                   0,
-                   TOPOS_POSTURE_FORWARD,
-                   ctx ? ctx->numerics : TOPOS_NUMERICS_EXACT};
-  topos_client_args args = {.params_blob = weights_blob,
-                            .nparams_blob = n->w->n,
-                            .feeds = feeds,
-                            .nfeeds = nfeeds,
-                            .exec = ctx};
-  topos_tensor **out = NULL;
-  int rc =
-      topos_client_forward_with(c, id, &e, &args, &out, NULL, err) == TOPOS_OK
-          ? 0
-          : -1;
-  if (rc == 0 && logits_last) {
-    topos_tensor *row = topos_tensor_narrow(out[0], 0, n->T - 1, 1, err);
-    int64_t V = topos_tensor_shape(out[0])[1];
-    rc = row && topos_tensor_read(row, logits_last, (size_t)V * sizeof(float),
-                                  err) == TOPOS_OK
-             ? 0
-             : -1;
-    topos_tensor_release(row);
-  }
-  if (rc == 0) {
-    for (int l = 0; l < L; l++) {
-      topos_tensor_release(cache->k[l]);
-      topos_tensor_release(cache->v[l]);
-      cache->k[l] = topos_tensor_retain(out[1 + 2 * l]);
-      cache->v[l] = topos_tensor_retain(out[2 + 2 * l]);
-    }
-    cache->len = n->past + n->T;
-    if (all) *all = topos_tensor_retain(out[0]);
-  }
-  if (out) topos_client_tensors_free(out, 1 + 2 * L);
-  topos_tensor_release(xt);
-  free(feeds);
-  free(roots);
-  return rc;
-}

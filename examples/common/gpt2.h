@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "decoder.h"
 #include "topos.h"
 
 typedef struct ex_gpt2_config {
@@ -67,56 +68,10 @@ int ex_gpt2_load(ex_gpt2_weights *w, const ex_gpt2_config *c, const char *path,
 int ex_gpt2_save(const ex_gpt2_weights *w, const char *path, topos_error *err);
 void ex_gpt2_weights_free(ex_gpt2_weights *w);
 
-/* A network's parameters are recorded as zeros (the encoding's splat form:
- * a spec of kilobytes whatever the model's size); the weights go with
- * each run, in-process as a parameter set, remotely as one blob. */
-typedef struct ex_gpt2_net {
-  topos_network *net;
-  const ex_gpt2_weights *w;
-  int layers;
-  int64_t T, past;
-  topos_value x;              /* i32 [1, T] tokens */
-  topos_value logits;         /* [T, vocab] */
-  topos_value *k_in, *v_in;   /* per layer [1, past, width] (past > 0) */
-  topos_value *k_out, *v_out; /* per layer [1, past + T, width] */
-} ex_gpt2_net;
-
-/* Records the network for T >= 1 tokens after `past` cached positions
- * (past + T <= context), its parameters the weights (retained, not
- * copied).  0, or -1 with err. */
-int ex_gpt2_record(ex_gpt2_net *n, const ex_gpt2_weights *w, int64_t T,
+/* Records GPT-2's step network (decoder.h) for T >= 1 tokens after
+ * `past` cached positions (past + T <= context); it runs on w->params.
+ * 0, or -1 with err. */
+int ex_gpt2_record(ex_kv_net *n, const ex_gpt2_weights *w, int64_t T,
                    int64_t past, topos_error *err);
-void ex_gpt2_net_free(ex_gpt2_net *n);
-
-/* The caller's cache: per layer the keys and values of `len` positions
- * (tensors retained; NULL when len is 0). */
-typedef struct ex_gpt2_cache {
-  int layers;
-  int64_t len;
-  topos_tensor **k, **v;
-} ex_gpt2_cache;
-
-int ex_gpt2_cache_init(ex_gpt2_cache *c, int layers, topos_error *err);
-void ex_gpt2_cache_free(ex_gpt2_cache *c);
-
-/* Runs n (recorded with past == cache->len) on T tokens: writes the last
- * row of the logits to logits_last (vocab floats; NULL: skipped), the
- * whole logits to *all (retained; NULL: not asked), and replaces the
- * cache's tensors with the run's keys and values.  0, or -1 with err
- * (the cache unchanged). */
-int ex_gpt2_run(const ex_gpt2_net *n, const int32_t *tokens,
-                ex_gpt2_cache *cache, const topos_exec *ctx, float *logits_last,
-                topos_tensor **all, topos_error *err);
-
-typedef struct topos_client topos_client;
-/* The same on a daemon: the network is recorded there (a small spec),
- * the weights are the blob `weights_blob` (topos_client_put_blob of
- * w->params, uploaded once), the tokens and the cache travel as feeds and
- * the new cache comes back as roots.  Bits equal ex_gpt2_run's. */
-int ex_gpt2_run_remote(const ex_gpt2_net *n, topos_client *c,
-                       const char *weights_blob, const int32_t *tokens,
-                       ex_gpt2_cache *cache, const topos_exec *ctx,
-                       float *logits_last, topos_tensor **all,
-                       topos_error *err);
 
 #endif /* TOPOS_EX_GPT2_H */

@@ -151,6 +151,10 @@ int ex_llama_init(ex_llama_weights *w, const ex_llama_config *c, uint64_t seed,
     }
   }
   free(s);
+  if (!(w->params = topos_params_new(w->n, w->t, err))) {
+    ex_llama_weights_free(w);
+    return -1;
+  }
   return 0;
 }
 
@@ -195,6 +199,7 @@ int ex_llama_load(ex_llama_weights *w, const ex_llama_config *c,
   }
   topos_safetensors_free(st);
   free(s);
+  if (rc == 0 && !(w->params = topos_params_new(w->n, w->t, err))) rc = -1;
   if (rc != 0) ex_llama_weights_free(w);
   return rc;
 }
@@ -210,6 +215,7 @@ int ex_llama_save(const ex_llama_weights *w, const char *path,
 }
 
 void ex_llama_weights_free(ex_llama_weights *w) {
+  topos_params_free(w->params);
   for (int i = 0; w->t && i < w->n; i++) topos_tensor_release(w->t[i]);
   free(w->t);
   free(w->names);
@@ -272,45 +278,27 @@ static topos_value mlp_block(topos_tape *tape, const topos_value *b,
   return proj(tape, topos_mul(tape, g, proj(tape, f, b[7])), b[8]);
 }
 
-void ex_llama_net_free(ex_llama_net *n) {
-  topos_network_release(n->net);
-  free(n->k_in);
-  free(n->v_in);
-  free(n->k_out);
-  free(n->v_out);
-  memset(n, 0, sizeof *n);
-}
-
 /* Records the whole network on tape; p has room for the parameters, zc
  * is the cache inputs' default. */
-static void record(ex_llama_net *n, topos_tape *tape, const ex_llama_weights *w,
+static void record(ex_kv_net *n, topos_tape *tape, const ex_llama_weights *w,
                    topos_value *p, const topos_tensor *x0,
                    const topos_tensor *zc) {
   const ex_llama_config *c = &w->c;
   const int64_t T = n->T, past = n->past, D = c->width;
   for (int i = 0; i < w->n; i++)
-    p[i] = topos_name(tape, topos_parameter(tape, w->t[i]), w->names[i]);
+    p[i] = ex_kv_parameter(tape, w->t[i], w->names[i]);
   n->x = topos_name(tape, topos_input(tape, x0), "x");
   int64_t rows[2] = {T, D};
   topos_value h =
       topos_reshape(tape, topos_embedding(tape, p[0], n->x), 2, rows);
   for (int l = 0; l < n->layers; l++) {
     const topos_value *b = p + 1 + l * EX_LLAMA_PER_LAYER;
-    char name[32];
-    topos_value kc = TOPOS_NONE, vc = TOPOS_NONE;
-    if (past > 0) {
-      snprintf(name, sizeof name, "k_cache.%d", l);
-      kc = n->k_in[l] = topos_name(tape, topos_input(tape, zc), name);
-      snprintf(name, sizeof name, "v_cache.%d", l);
-      vc = n->v_in[l] = topos_name(tape, topos_input(tape, zc), name);
-    }
+    topos_value kc, vc;
+    ex_kv_cache_inputs(n, tape, l, zc, &kc, &vc);
     topos_value a = topos_rms_norm(tape, h, b[0], c->rms_eps);
     topos_value att = attention_block(tape, c, b, a, T, past, kc, vc,
                                       &n->k_out[l], &n->v_out[l]);
-    snprintf(name, sizeof name, "k_all.%d", l);
-    n->k_out[l] = topos_name(tape, n->k_out[l], name);
-    snprintf(name, sizeof name, "v_all.%d", l);
-    n->v_out[l] = topos_name(tape, n->v_out[l], name);
+    ex_kv_name_outputs(n, tape, l);
     h = topos_add(tape, h, att);
     topos_value f = topos_rms_norm(tape, h, b[5], c->rms_eps);
     h = topos_add(tape, h, mlp_block(tape, b, f));
@@ -322,7 +310,7 @@ static void record(ex_llama_net *n, topos_tape *tape, const ex_llama_weights *w,
       topos_name(tape, proj(tape, h, c->tie ? p[0] : tail[1]), "logits");
 }
 
-int ex_llama_record(ex_llama_net *n, const ex_llama_weights *w, int64_t T,
+int ex_llama_record(ex_kv_net *n, const ex_llama_weights *w, int64_t T,
                     int64_t past, topos_error *err) {
   memset(n, 0, sizeof *n);
   const ex_llama_config *c = &w->c;
@@ -331,18 +319,11 @@ int ex_llama_record(ex_llama_net *n, const ex_llama_weights *w, int64_t T,
                 "llama: %lld tokens after %lld cached ones do not fit the "
                 "context of %d",
                 (long long)T, (long long)past, c->context);
-  const int L = c->layers;
-  n->layers = L;
-  n->T = T;
-  n->past = past;
-  n->k_in = calloc((size_t)(L ? L : 1), sizeof *n->k_in);
-  n->v_in = calloc((size_t)(L ? L : 1), sizeof *n->v_in);
-  n->k_out = calloc((size_t)(L ? L : 1), sizeof *n->k_out);
-  n->v_out = calloc((size_t)(L ? L : 1), sizeof *n->v_out);
+  if (ex_kv_net_begin(n, c->layers, T, past, w->params, w->n, err) != 0)
+    return -1;
   topos_value *p = calloc((size_t)w->n, sizeof *p);
-  if (!n->k_in || !n->v_in || !n->k_out || !n->v_out || !p) {
-    free(p);
-    ex_llama_net_free(n);
+  if (!p) {
+    ex_kv_net_free(n);
     return out_of_memory(err);
   }
   int64_t xs[2] = {1, T};
@@ -366,7 +347,7 @@ int ex_llama_record(ex_llama_net *n, const ex_llama_weights *w, int64_t T,
   topos_tensor_release(zc);
   free(p);
   if (!n->net) {
-    ex_llama_net_free(n);
+    ex_kv_net_free(n);
     return -1;
   }
   return 0;
@@ -374,92 +355,4 @@ int ex_llama_record(ex_llama_net *n, const ex_llama_weights *w, int64_t T,
 
 /* -------------------------------------------------------------- running */
 
-int ex_llama_cache_init(ex_llama_cache *c, int layers, topos_error *err) {
-  memset(c, 0, sizeof *c);
-  c->layers = layers;
-  c->k = calloc((size_t)(layers ? layers : 1), sizeof *c->k);
-  c->v = calloc((size_t)(layers ? layers : 1), sizeof *c->v);
-  if (!c->k || !c->v) {
-    ex_llama_cache_free(c);
-    return out_of_memory(err);
-  }
-  return 0;
-}
-
-void ex_llama_cache_free(ex_llama_cache *c) {
-  for (int l = 0; l < c->layers && c->k && c->v; l++) {
-    topos_tensor_release(c->k[l]);
-    topos_tensor_release(c->v[l]);
-  }
-  free(c->k);
-  free(c->v);
-  memset(c, 0, sizeof *c);
-}
-
 /* logits_last: the last row of lg [T, V]. */
-static int read_last_row(const topos_tensor *lg, float *out, topos_error *err) {
-  int64_t T = topos_tensor_shape(lg)[0], V = topos_tensor_shape(lg)[1];
-  topos_tensor *row = topos_tensor_narrow(lg, 0, T - 1, 1, err);
-  int rc = row && topos_tensor_read(row, out, (size_t)V * sizeof(float), err) ==
-                       TOPOS_OK
-               ? 0
-               : -1;
-  topos_tensor_release(row);
-  return rc;
-}
-
-int ex_llama_run(const ex_llama_net *n, const int32_t *tokens,
-                 ex_llama_cache *cache, const topos_exec *ctx,
-                 float *logits_last, topos_tensor **all, topos_error *err) {
-  if (cache->len != n->past || cache->layers != n->layers)
-    return fail(err, TOPOS_ERR_ARGUMENT,
-                "llama: the cache holds %lld positions of %d layers, not the "
-                "network's %lld of %d",
-                (long long)cache->len, cache->layers, (long long)n->past,
-                n->layers);
-  const int L = n->layers;
-  int64_t xs[2] = {1, n->T};
-  topos_tensor *xt = topos_tensor_from(TOPOS_I32, 2, xs, tokens, err);
-  int nfeeds = 1 + (n->past > 0 ? 2 * L : 0);
-  topos_feed *feeds = calloc((size_t)nfeeds, sizeof *feeds);
-  topos_value *targets = calloc((size_t)(1 + 2 * L), sizeof *targets);
-  if (!xt || !feeds || !targets) {
-    topos_tensor_release(xt);
-    free(feeds);
-    free(targets);
-    return xt ? out_of_memory(err) : -1;
-  }
-  feeds[0] = (topos_feed){n->x, xt};
-  for (int l = 0; n->past > 0 && l < L; l++) {
-    feeds[1 + 2 * l] = (topos_feed){n->k_in[l], cache->k[l]};
-    feeds[2 + 2 * l] = (topos_feed){n->v_in[l], cache->v[l]};
-  }
-  targets[0] = n->logits;
-  for (int l = 0; l < L; l++) {
-    targets[1 + 2 * l] = n->k_out[l];
-    targets[2 + 2 * l] = n->v_out[l];
-  }
-  topos_run *run = topos_forward_for(n->net, NULL, feeds, nfeeds, targets,
-                                     1 + 2 * L, ctx, err);
-  const topos_tensor *lg = run ? topos_run_of(run, n->logits, err) : NULL;
-  int rc = lg ? 0 : -1;
-  if (rc == 0 && logits_last) rc = read_last_row(lg, logits_last, err);
-  /* The new cache, all of it or nothing. */
-  for (int l = 0; rc == 0 && l < L; l++)
-    if (!topos_run_of(run, n->k_out[l], err) ||
-        !topos_run_of(run, n->v_out[l], err))
-      rc = -1;
-  for (int l = 0; rc == 0 && l < L; l++) {
-    topos_tensor_release(cache->k[l]);
-    topos_tensor_release(cache->v[l]);
-    cache->k[l] = topos_tensor_retain(topos_run_of(run, n->k_out[l], err));
-    cache->v[l] = topos_tensor_retain(topos_run_of(run, n->v_out[l], err));
-  }
-  if (rc == 0) cache->len = n->past + n->T;
-  if (rc == 0 && all) *all = topos_tensor_retain(lg);
-  topos_run_free(run);
-  topos_tensor_release(xt);
-  free(feeds);
-  free(targets);
-  return rc;
-}

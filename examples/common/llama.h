@@ -30,6 +30,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "decoder.h"
 #include "topos.h"
 
 typedef struct ex_llama_config {
@@ -79,6 +80,7 @@ typedef struct ex_llama_weights {
   int n;
   char (*names)[64];
   topos_tensor **t;
+  topos_params *params; /* the tensors as a parameter set (retained) */
 } ex_llama_weights;
 
 /* Checks a config: positive sizes, KV dividing H, an even head size (D / H
@@ -99,41 +101,11 @@ int ex_llama_save(const ex_llama_weights *w, const char *path,
                   topos_error *err);
 void ex_llama_weights_free(ex_llama_weights *w);
 
-typedef struct ex_llama_net {
-  topos_network *net;
-  int layers;
-  int64_t T, past;
-  topos_value x;              /* i32 [1, T] tokens */
-  topos_value logits;         /* [T, vocab] */
-  topos_value *k_in, *v_in;   /* per layer [1, past, KV·Dh] (past > 0) */
-  topos_value *k_out, *v_out; /* per layer [1, past + T, KV·Dh] */
-} ex_llama_net;
-
-/* Records the network for T >= 1 tokens after `past` cached positions
- * (past + T <= context), its parameters the weights (retained, not
- * copied).  0, or -1 with err. */
-int ex_llama_record(ex_llama_net *n, const ex_llama_weights *w, int64_t T,
+/* Records Llama's step network (decoder.h: its parameters recorded as
+ * zeros, run on w->params; the cache is KV heads wide, the keys stored
+ * after rotation) for T >= 1 tokens after `past` cached positions (past +
+ * T <= context).  0, or -1 with err. */
+int ex_llama_record(ex_kv_net *n, const ex_llama_weights *w, int64_t T,
                     int64_t past, topos_error *err);
-void ex_llama_net_free(ex_llama_net *n);
-
-/* The caller's cache: per layer the rotated keys and the values of `len`
- * positions, KV heads wide (tensors retained; NULL when len is 0). */
-typedef struct ex_llama_cache {
-  int layers;
-  int64_t len;
-  topos_tensor **k, **v;
-} ex_llama_cache;
-
-int ex_llama_cache_init(ex_llama_cache *c, int layers, topos_error *err);
-void ex_llama_cache_free(ex_llama_cache *c);
-
-/* Runs n (recorded with past == cache->len) on T tokens: writes the last
- * row of the logits to logits_last (vocab floats; NULL: skipped), the
- * whole logits to *all (retained; NULL: not asked), and replaces the
- * cache's tensors with the run's keys and values.  0, or -1 with err
- * (the cache unchanged). */
-int ex_llama_run(const ex_llama_net *n, const int32_t *tokens,
-                 ex_llama_cache *cache, const topos_exec *ctx,
-                 float *logits_last, topos_tensor **all, topos_error *err);
 
 #endif /* TOPOS_EX_LLAMA_H */

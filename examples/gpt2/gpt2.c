@@ -32,7 +32,6 @@
 #include "bpe.h"
 #include "ex.h"
 #include "gpt2.h"
-#include "topos_client.h"
 
 static const char usage[] =
     "usage: gpt2 [--weights FILE] [--config 124m|tiny] [--prompt TEXT]\n"
@@ -108,66 +107,6 @@ static int parse(int argc, char **argv, ex_args *a, opts *o) {
   return 0;
 }
 
-/* --decode's list: ids separated by commas (spaces allowed). */
-static int parse_ids(const char *s, int32_t **ids, size_t *n) {
-  size_t cap = 16;
-  *ids = malloc(cap * sizeof **ids);
-  *n = 0;
-  while (*ids && *s) {
-    while (*s == ' ' || *s == ',') s++;
-    if (!*s) break;
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || v < 0 || v > INT32_MAX) return -1;
-    if (*n == cap) {
-      int32_t *g = realloc(*ids, 2 * cap * sizeof **ids);
-      if (!g) return -1;
-      *ids = g;
-      cap *= 2;
-    }
-    (*ids)[(*n)++] = (int32_t)v;
-    s = end;
-  }
-  return *ids ? 0 : -1;
-}
-
-/* The next token: greedy, or drawn at the temperature over the top k. */
-static int32_t next_token(float *logits, int V, const opts *o, uint64_t *rng) {
-  if (o->top_k > 0 && o->top_k < V && o->temperature > 0) {
-    /* Keep the k largest: the k-th largest value by selection. */
-    float *tmp = malloc(sizeof(float) * (size_t)V);
-    if (tmp) {
-      memcpy(tmp, logits, sizeof(float) * (size_t)V);
-      int64_t k = o->top_k, lo = 0, hi = V - 1;
-      while (lo < hi) { /* quickselect for the (k-1)-th of descending */
-        float pivot = tmp[(lo + hi) / 2];
-        int64_t i = lo, j = hi;
-        while (i <= j) {
-          while (tmp[i] > pivot) i++;
-          while (tmp[j] < pivot) j--;
-          if (i <= j) {
-            float t = tmp[i];
-            tmp[i++] = tmp[j];
-            tmp[j--] = t;
-          }
-        }
-        if (k - 1 <= j)
-          hi = j;
-        else if (k - 1 >= i)
-          lo = i;
-        else
-          break;
-      }
-      float cut = tmp[k - 1];
-      free(tmp);
-      for (int i = 0; i < V; i++)
-        if (logits[i] < cut) logits[i] = -INFINITY;
-    }
-  }
-  return (int32_t)ex_sample_logits(logits, V, o->temperature, rng);
-}
-
 /* Prints ids' text as it comes (a token may end mid-character: the bytes
  * go out as they are, and the terminal joins them). */
 static void print_tokens(const ex_bpe *bpe, const int32_t *ids, size_t n) {
@@ -178,6 +117,15 @@ static void print_tokens(const ex_bpe *bpe, const int32_t *ids, size_t n) {
     fwrite(text, 1, len, stdout);
   free(text);
   fflush(stdout);
+}
+
+static void show(const int32_t *ids, size_t n, void *bpe) {
+  print_tokens(bpe, ids, n);
+}
+
+static int record(ex_kv_net *n, const void *w, int64_t T, int64_t past,
+                  topos_error *err) {
+  return ex_gpt2_record(n, w, T, past, err);
 }
 
 static int generate(const ex_args *a, const opts *o, const ex_bpe *bpe) {
@@ -199,85 +147,27 @@ static int generate(const ex_args *a, const opts *o, const ex_bpe *bpe) {
   }
   int32_t *ids = NULL;
   size_t n = 0;
-  if (ex_bpe_encode(bpe, o->prompt, strlen(o->prompt), &ids, &n, &err) != 0)
-    return ex_fail(a, "prompt", &err);
-  if (n == 0 || (int64_t)n + o->tokens > o->config.context) {
-    fprintf(stderr,
-            "gpt2: the prompt (%zu tokens) plus %lld new ones must fit the "
-            "context of %d\n",
-            n, (long long)o->tokens, o->config.context);
-    free(ids);
-    ex_gpt2_weights_free(&w);
-    return 1;
+  int rc = 0;
+  if (ex_bpe_encode(bpe, o->prompt, strlen(o->prompt), &ids, &n, &err) != 0) {
+    rc = ex_fail(a, "prompt", &err);
+  } else {
+    ex_kv_generation g = {.prog = "gpt2",
+                          .server = a->server,
+                          .exec = &a->exec,
+                          .record = record,
+                          .model = &w,
+                          .params = w.params,
+                          .layers = o->config.layers,
+                          .vocab = o->config.vocab,
+                          .context = o->config.context,
+                          .tokens = o->tokens,
+                          .temperature = o->temperature,
+                          .top_k = o->top_k,
+                          .seed = o->seed,
+                          .print = show,
+                          .print_ctx = (void *)bpe};
+    rc = ex_kv_generate(&g, &ids, &n);
   }
-  /* Remote: the weights go up once as a blob; each step sends its small
-   * spec, the tokens and the cache, and gets the logits and the new cache
-   * back.  The cache stays here, the caller's. */
-  topos_client *client = NULL;
-  char blob[65] = "";
-  if (a->server) {
-    double tb = ex_now_s();
-    int64_t bytes = 0;
-    client = topos_client_connect(a->server, &err);
-    if (!client ||
-        topos_client_put_blob(client, w.params, blob, &bytes, &err) != 0) {
-      topos_client_close(client);
-      free(ids);
-      ex_gpt2_weights_free(&w);
-      return ex_fail(a, a->server, &err);
-    }
-    fprintf(stderr, "gpt2: weights on %s as blob %.12s (%.1f MB, %.1f s)\n",
-            a->server, blob, bytes / 1e6, ex_now_s() - tb);
-  }
-  const int V = o->config.vocab;
-  float *logits = malloc(sizeof(float) * (size_t)V);
-  ex_gpt2_cache cache;
-  int rc =
-      logits && ex_gpt2_cache_init(&cache, o->config.layers, &err) == 0 ? 0 : 1;
-  print_tokens(bpe, ids, n);
-  uint64_t rng = o->seed;
-  double tp = ex_now_s(), prefill = 0;
-  int64_t made = 0;
-  for (int64_t pos = 0; rc == 0 && made < o->tokens;) {
-    /* The prompt in one run, then one token per run. */
-    int64_t T = pos == 0 ? (int64_t)n : 1;
-    ex_gpt2_net net;
-    const int32_t *in = pos == 0 ? ids : &ids[pos];
-    if (ex_gpt2_record(&net, &w, T, pos, &err) != 0 ||
-        (client ? ex_gpt2_run_remote(&net, client, blob, in, &cache, &a->exec,
-                                     logits, NULL, &err)
-                : ex_gpt2_run(&net, in, &cache, &a->exec, logits, NULL,
-                              &err)) != 0) {
-      rc = ex_fail(a, "step", &err);
-      ex_gpt2_net_free(&net);
-      break;
-    }
-    ex_gpt2_net_free(&net);
-    if (pos == 0) prefill = ex_now_s() - tp;
-    pos += T;
-    int32_t next = next_token(logits, V, o, &rng);
-    int32_t *g = realloc(ids, sizeof *ids * (size_t)(pos + 1));
-    if (!g) {
-      rc = 1;
-      break;
-    }
-    ids = g;
-    ids[pos] = next;
-    made++;
-    print_tokens(bpe, &ids[pos], 1);
-  }
-  double total = ex_now_s() - tp;
-  printf("\n");
-  if (rc == 0)
-    fprintf(stderr,
-            "gpt2: %lld tokens in %.2f s (prefill of %zu tokens %.1f ms, then "
-            "%.1f ms/token, %.1f tokens/s)\n",
-            (long long)made, total, n, prefill * 1e3,
-            made > 1 ? (total - prefill) / (double)(made - 1) * 1e3 : 0.0,
-            made / total);
-  if (logits) ex_gpt2_cache_free(&cache);
-  topos_client_close(client);
-  free(logits);
   free(ids);
   ex_gpt2_weights_free(&w);
   return rc;
@@ -313,7 +203,7 @@ int main(int argc, char **argv) {
     size_t n = 0;
     char *text = NULL;
     size_t len = 0;
-    if (parse_ids(o.decode, &ids, &n) != 0) {
+    if (ex_parse_ids(o.decode, ex_bpe_vocab_size(bpe), &ids, &n) != 0) {
       fprintf(stderr, "gpt2: --decode: '%s' is not a list of ids\n", o.decode);
       rc = 2;
     } else if (ex_bpe_decode(bpe, ids, n, &text, &len, &err) != 0) {

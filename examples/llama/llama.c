@@ -105,79 +105,7 @@ static int parse(int argc, char **argv, ex_args *a, opts *o) {
     }
   }
   if (ex_args_done(a) != 0) return -1;
-  if (a->server) {
-    fprintf(stderr,
-            "llama: --server: remote generation is not built yet; this "
-            "example runs in-process\n");
-    return -1;
-  }
   return 0;
-}
-
-/* --prompt-ids' list: ids separated by commas (spaces allowed), each
- * below vocab. */
-static int parse_ids(const char *s, int vocab, int32_t **ids, size_t *n) {
-  size_t cap = 16;
-  *ids = malloc(cap * sizeof **ids);
-  *n = 0;
-  while (*ids && *s) {
-    while (*s == ' ' || *s == ',') s++;
-    if (!*s) break;
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || v < 0 || v >= vocab) return -1;
-    if (*n == cap) {
-      int32_t *g = realloc(*ids, 2 * cap * sizeof **ids);
-      if (!g) return -1;
-      *ids = g;
-      cap *= 2;
-    }
-    (*ids)[(*n)++] = (int32_t)v;
-    s = end;
-  }
-  return *ids ? 0 : -1;
-}
-
-/* The k-th largest of v[0..n) (1 <= k <= n) by quickselect on a copy;
- * -INFINITY when out of memory (nothing is cut). */
-static float kth_largest(const float *v, int n, int64_t k) {
-  float *tmp = malloc(sizeof(float) * (size_t)n);
-  if (!tmp) return -INFINITY;
-  memcpy(tmp, v, sizeof(float) * (size_t)n);
-  int64_t lo = 0, hi = n - 1;
-  while (lo < hi) { /* the (k-1)-th of descending order */
-    float pivot = tmp[(lo + hi) / 2];
-    int64_t i = lo, j = hi;
-    while (i <= j) {
-      while (tmp[i] > pivot) i++;
-      while (tmp[j] < pivot) j--;
-      if (i <= j) {
-        float t = tmp[i];
-        tmp[i++] = tmp[j];
-        tmp[j--] = t;
-      }
-    }
-    if (k - 1 <= j)
-      hi = j;
-    else if (k - 1 >= i)
-      lo = i;
-    else
-      break;
-  }
-  float cut = tmp[k - 1];
-  free(tmp);
-  return cut;
-}
-
-/* The next token: greedy, or drawn at the temperature over the top k. */
-static int32_t next_token(float *logits, int V, const opts *o, uint64_t *rng) {
-  if (o->top_k > 0 && o->top_k < V && o->temperature > 0) {
-    float cut = kth_largest(logits, V, o->top_k);
-    for (int i = 0; i < V; i++)
-      if (logits[i] < cut) logits[i] = -INFINITY;
-  }
-  return (int32_t)ex_sample_logits(logits, V, o->temperature, rng);
 }
 
 /* Prints ids as they come: their text through GPT-2's BPE when there is
@@ -222,7 +150,7 @@ static int prompt_ids(const ex_args *a, const opts *o, const ex_bpe *bpe,
                       int32_t **ids, size_t *n) {
   topos_error err = {0};
   if (o->prompt_ids) {
-    if (parse_ids(o->prompt_ids, o->config.vocab, ids, n) != 0 || *n == 0) {
+    if (ex_parse_ids(o->prompt_ids, o->config.vocab, ids, n) != 0 || *n == 0) {
       fprintf(stderr,
               "llama: --prompt-ids: '%s' is not a list of ids below %d\n",
               o->prompt_ids, o->config.vocab);
@@ -250,8 +178,16 @@ static int prompt_ids(const ex_args *a, const opts *o, const ex_bpe *bpe,
   return 0;
 }
 
+static void show(const int32_t *ids, size_t n, void *bpe) {
+  print_tokens(bpe, ids, n);
+}
+
+static int record(ex_kv_net *n, const void *w, int64_t T, int64_t past,
+                  topos_error *err) {
+  return ex_llama_record(n, w, T, past, err);
+}
+
 static int generate(const ex_args *a, const opts *o, const ex_bpe *bpe) {
-  topos_error err = {0};
   const ex_llama_config *c = &o->config;
   fprintf(stderr,
           "llama: config %s: vocab %d, width %d, %d heads over %d kv heads "
@@ -264,62 +200,27 @@ static int generate(const ex_args *a, const opts *o, const ex_bpe *bpe) {
   int32_t *ids = NULL;
   size_t n = 0;
   int rc = prompt_ids(a, o, bpe, &ids, &n);
-  if (rc == 0 && (n == 0 || (int64_t)n + o->tokens > c->context)) {
-    fprintf(stderr,
-            "llama: the prompt (%zu tokens) plus %lld new ones must fit the "
-            "context of %d\n",
-            n, (long long)o->tokens, c->context);
-    rc = 1;
-  }
   if (rc != 0) {
     free(ids);
     ex_llama_weights_free(&w);
     return rc;
   }
-  const int V = c->vocab;
-  float *logits = malloc(sizeof(float) * (size_t)V);
-  ex_llama_cache cache;
-  rc = logits && ex_llama_cache_init(&cache, c->layers, &err) == 0 ? 0 : 1;
-  print_tokens(bpe, ids, n);
-  uint64_t rng = o->seed;
-  double tp = ex_now_s(), prefill = 0;
-  int64_t made = 0;
-  for (int64_t pos = 0; rc == 0 && made < o->tokens;) {
-    /* The prompt in one run, then one token per run. */
-    int64_t T = pos == 0 ? (int64_t)n : 1;
-    ex_llama_net net;
-    if (ex_llama_record(&net, &w, T, pos, &err) != 0 ||
-        ex_llama_run(&net, pos == 0 ? ids : &ids[pos], &cache, &a->exec, logits,
-                     NULL, &err) != 0) {
-      rc = ex_fail(a, "step", &err);
-      ex_llama_net_free(&net);
-      break;
-    }
-    ex_llama_net_free(&net);
-    if (pos == 0) prefill = ex_now_s() - tp;
-    pos += T;
-    int32_t next = next_token(logits, V, o, &rng);
-    int32_t *g = realloc(ids, sizeof *ids * (size_t)(pos + 1));
-    if (!g) {
-      rc = 1;
-      break;
-    }
-    ids = g;
-    ids[pos] = next;
-    made++;
-    print_tokens(bpe, &ids[pos], 1);
-  }
-  double total = ex_now_s() - tp;
-  printf("\n");
-  if (rc == 0)
-    fprintf(stderr,
-            "llama: %lld tokens in %.2f s (prefill of %zu tokens %.1f ms, "
-            "then %.1f ms/token, %.1f tokens/s)\n",
-            (long long)made, total, n, prefill * 1e3,
-            made > 1 ? (total - prefill) / (double)(made - 1) * 1e3 : 0.0,
-            made / total);
-  if (logits) ex_llama_cache_free(&cache);
-  free(logits);
+  ex_kv_generation g = {.prog = "llama",
+                        .server = a->server,
+                        .exec = &a->exec,
+                        .record = record,
+                        .model = &w,
+                        .params = w.params,
+                        .layers = c->layers,
+                        .vocab = c->vocab,
+                        .context = c->context,
+                        .tokens = o->tokens,
+                        .temperature = o->temperature,
+                        .top_k = o->top_k,
+                        .seed = o->seed,
+                        .print = show,
+                        .print_ctx = (void *)bpe};
+  rc = ex_kv_generate(&g, &ids, &n);
   free(ids);
   ex_llama_weights_free(&w);
   return rc;

@@ -1236,22 +1236,24 @@ END_TEST
  * spec, the cache as feeds and roots) prints the tokens the in-process
  * run prints, greedy and sampled. */
 START_TEST(test_gpt2_remote) {
-  const char *modes[2] = {"", "--temperature 0.9 --top-k 50 --seed 5"};
-  for (int m = 0; m < 2; m++) {
+  const char *modes[3] = {"", "--temperature 0.9 --top-k 50 --seed 5", ""};
+  for (int m = 0; m < 3; m++) {
+    /* The third run is Llama's (GQA, rotary, SwiGLU) on the same path. */
+    const char *prog = m == 2 ? "llama" : "gpt2";
     char cmd[1400];
     int st = -1;
     char *err = NULL;
     snprintf(cmd, sizeof cmd,
-             "env -u TOPOS_SERVER '%s/examples/gpt2' --config tiny --prompt "
+             "env -u TOPOS_SERVER '%s/examples/%s' --config tiny --prompt "
              "'The cache is the callers' --tokens 12 %s",
-             build_dir(), modes[m]);
+             build_dir(), prog, modes[m]);
     char *local = run_cmd(cmd, &st, &err);
     ck_assert_msg(st == 0, "%s exited %d: %s", cmd, st, err);
     free(err);
     snprintf(cmd, sizeof cmd,
-             "'%s/examples/gpt2' --config tiny --prompt 'The cache is the "
+             "'%s/examples/%s' --config tiny --prompt 'The cache is the "
              "callers' --tokens 12 %s --server %s",
-             build_dir(), modes[m], daemon_.address);
+             build_dir(), prog, modes[m], daemon_.address);
     char *remote = run_cmd(cmd, &st, &err);
     ck_assert_msg(st == 0, "%s exited %d: %s", cmd, st, err);
     ck_assert_msg(strstr(err, "as blob"), "no blob upload said: %s", err);

@@ -24,16 +24,16 @@ static void weights(ex_gpt2_weights *w) {
 static topos_tensor *full_logits(const ex_gpt2_weights *w, const int32_t *tok,
                                  int64_t n) {
   topos_error err = {0};
-  ex_gpt2_net net;
+  ex_kv_net net;
   ck_assert_msg(ex_gpt2_record(&net, w, n, 0, &err) == 0, "%s", err.message);
-  ex_gpt2_cache c;
-  ck_assert_int_eq(ex_gpt2_cache_init(&c, tiny.layers, &err), 0);
+  ex_kv_cache c;
+  ck_assert_int_eq(ex_kv_cache_init(&c, tiny.layers, &err), 0);
   topos_tensor *all = NULL;
-  ck_assert_msg(ex_gpt2_run(&net, tok, &c, NULL, NULL, &all, &err) == 0, "%s",
+  ck_assert_msg(ex_kv_run(&net, tok, &c, NULL, NULL, &all, &err) == 0, "%s",
                 err.message);
   ck_assert_int_eq(c.len, n);
-  ex_gpt2_cache_free(&c);
-  ex_gpt2_net_free(&net);
+  ex_kv_cache_free(&c);
+  ex_kv_net_free(&net);
   return all;
 }
 
@@ -56,31 +56,31 @@ START_TEST(decode_equals_full_forward) {
   int32_t tok[12] = {15496, 11, 995, 0, 464, 28846, 318, 262, 1, 50256, 7, 9};
   topos_tensor *full = full_logits(&w, tok, 12);
   /* Prefill 5, then one token at a time. */
-  ex_gpt2_cache c;
-  ck_assert_int_eq(ex_gpt2_cache_init(&c, tiny.layers, &err), 0);
-  ex_gpt2_net pre;
+  ex_kv_cache c;
+  ck_assert_int_eq(ex_kv_cache_init(&c, tiny.layers, &err), 0);
+  ex_kv_net pre;
   ck_assert_int_eq(ex_gpt2_record(&pre, &w, 5, 0, &err), 0);
   topos_tensor *pl = NULL;
   float last[50257];
-  ck_assert_int_eq(ex_gpt2_run(&pre, tok, &c, NULL, last, &pl, &err), 0);
+  ck_assert_int_eq(ex_kv_run(&pre, tok, &c, NULL, last, &pl, &err), 0);
   for (int64_t r = 0; r < 5; r++) same_row(full, r, pl, r, "prefill");
   /* logits_last is the last row's values. */
   int64_t idx[2] = {4, 123};
   ck_assert(last[123] == (float)topos_tensor_get(pl, idx, &err));
   topos_tensor_release(pl);
-  ex_gpt2_net_free(&pre);
+  ex_kv_net_free(&pre);
   for (int64_t p = 5; p < 12; p++) {
-    ex_gpt2_net step;
+    ex_kv_net step;
     ck_assert_int_eq(ex_gpt2_record(&step, &w, 1, p, &err), 0);
     topos_tensor *sl = NULL;
-    ck_assert_msg(ex_gpt2_run(&step, &tok[p], &c, NULL, NULL, &sl, &err) == 0,
+    ck_assert_msg(ex_kv_run(&step, &tok[p], &c, NULL, NULL, &sl, &err) == 0,
                   "%s", err.message);
     ck_assert_int_eq(c.len, p + 1);
     same_row(full, p, sl, 0, "decode");
     topos_tensor_release(sl);
-    ex_gpt2_net_free(&step);
+    ex_kv_net_free(&step);
   }
-  ex_gpt2_cache_free(&c);
+  ex_kv_cache_free(&c);
   topos_tensor_release(full);
   ex_gpt2_weights_free(&w);
 }
@@ -93,29 +93,29 @@ START_TEST(cache_is_the_callers) {
   weights(&w);
   topos_error err = {0};
   int32_t tok[3] = {1, 2, 3};
-  ex_gpt2_cache c;
-  ck_assert_int_eq(ex_gpt2_cache_init(&c, tiny.layers, &err), 0);
-  ex_gpt2_net pre, step;
+  ex_kv_cache c;
+  ck_assert_int_eq(ex_kv_cache_init(&c, tiny.layers, &err), 0);
+  ex_kv_net pre, step;
   ck_assert_int_eq(ex_gpt2_record(&pre, &w, 3, 0, &err), 0);
-  ck_assert_int_eq(ex_gpt2_run(&pre, tok, &c, NULL, NULL, NULL, &err), 0);
+  ck_assert_int_eq(ex_kv_run(&pre, tok, &c, NULL, NULL, NULL, &err), 0);
   topos_tensor *k0 = topos_tensor_retain(c.k[0]);
   /* A network for the wrong position: refused, the cache as it was. */
   ck_assert_int_eq(ex_gpt2_record(&step, &w, 1, 2, &err), 0);
-  ck_assert_int_eq(ex_gpt2_run(&step, tok, &c, NULL, NULL, NULL, &err), -1);
+  ck_assert_int_eq(ex_kv_run(&step, tok, &c, NULL, NULL, NULL, &err), -1);
   ck_assert_ptr_nonnull(strstr(err.message, "cache"));
   ck_assert_int_eq(c.len, 3);
   ck_assert_ptr_eq(c.k[0], k0);
-  ex_gpt2_net_free(&step);
+  ex_kv_net_free(&step);
   /* An out-of-vocabulary token: a run-time error, the cache unchanged. */
   ck_assert_int_eq(ex_gpt2_record(&step, &w, 1, 3, &err), 0);
   int32_t bad = 50257;
-  ck_assert_int_eq(ex_gpt2_run(&step, &bad, &c, NULL, NULL, NULL, &err), -1);
+  ck_assert_int_eq(ex_kv_run(&step, &bad, &c, NULL, NULL, NULL, &err), -1);
   ck_assert_int_eq(c.len, 3);
   ck_assert_ptr_eq(c.k[0], k0);
   /* Running the same step twice from the same cache gives the same bits:
    * the state is all in the cache the caller holds. */
-  ex_gpt2_cache c2;
-  ck_assert_int_eq(ex_gpt2_cache_init(&c2, tiny.layers, &err), 0);
+  ex_kv_cache c2;
+  ck_assert_int_eq(ex_kv_cache_init(&c2, tiny.layers, &err), 0);
   for (int l = 0; l < tiny.layers; l++) {
     c2.k[l] = topos_tensor_retain(c.k[l]);
     c2.v[l] = topos_tensor_retain(c.v[l]);
@@ -123,15 +123,15 @@ START_TEST(cache_is_the_callers) {
   c2.len = c.len;
   float a[50257], b[50257];
   int32_t nxt = 42;
-  ck_assert_int_eq(ex_gpt2_run(&step, &nxt, &c, NULL, a, NULL, &err), 0);
-  ck_assert_int_eq(ex_gpt2_run(&step, &nxt, &c2, NULL, b, NULL, &err), 0);
+  ck_assert_int_eq(ex_kv_run(&step, &nxt, &c, NULL, a, NULL, &err), 0);
+  ck_assert_int_eq(ex_kv_run(&step, &nxt, &c2, NULL, b, NULL, &err), 0);
   ck_assert(memcmp(a, b, sizeof a) == 0);
   ck_assert(topos_tensor_bitwise_equal(c.k[1], c2.k[1]));
   topos_tensor_release(k0);
-  ex_gpt2_cache_free(&c);
-  ex_gpt2_cache_free(&c2);
-  ex_gpt2_net_free(&pre);
-  ex_gpt2_net_free(&step);
+  ex_kv_cache_free(&c);
+  ex_kv_cache_free(&c2);
+  ex_kv_net_free(&pre);
+  ex_kv_net_free(&step);
   ex_gpt2_weights_free(&w);
 }
 END_TEST
@@ -140,7 +140,7 @@ START_TEST(record_errors) {
   ex_gpt2_weights w;
   weights(&w);
   topos_error err = {0};
-  ex_gpt2_net n;
+  ex_kv_net n;
   ck_assert_int_eq(ex_gpt2_record(&n, &w, 0, 0, &err), -1);
   ck_assert_int_eq(ex_gpt2_record(&n, &w, 10, tiny.context - 5, &err), -1);
   ck_assert_int_eq(err.code, TOPOS_ERR_ARGUMENT);
@@ -256,13 +256,13 @@ START_TEST(matches_independent_reference) {
   topos_error err = {0};
   ex_gpt2_weights w;
   ck_assert_msg(ex_gpt2_load(&w, &c, path, &err) == 0, "%s", err.message);
-  ex_gpt2_net net;
+  ex_kv_net net;
   ck_assert_int_eq(ex_gpt2_record(&net, &w, 9, 0, &err), 0);
-  ex_gpt2_cache cache;
-  ck_assert_int_eq(ex_gpt2_cache_init(&cache, c.layers, &err), 0);
+  ex_kv_cache cache;
+  ck_assert_int_eq(ex_kv_cache_init(&cache, c.layers, &err), 0);
   topos_tensor *all = NULL;
-  ck_assert_msg(ex_gpt2_run(&net, tok, &cache, NULL, NULL, &all, &err) == 0,
-                "%s", err.message);
+  ck_assert_msg(ex_kv_run(&net, tok, &cache, NULL, NULL, &all, &err) == 0, "%s",
+                err.message);
   size_t n = (size_t)9 * (size_t)c.vocab;
   float *got = malloc(n * sizeof *got);
   double *want = malloc(n * sizeof *want);
@@ -290,8 +290,8 @@ START_TEST(matches_independent_reference) {
   free(got);
   free(want);
   topos_tensor_release(all);
-  ex_gpt2_cache_free(&cache);
-  ex_gpt2_net_free(&net);
+  ex_kv_cache_free(&cache);
+  ex_kv_net_free(&net);
   ex_gpt2_weights_free(&w);
 }
 END_TEST

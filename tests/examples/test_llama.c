@@ -29,16 +29,16 @@ static void weights(ex_llama_weights *w, const ex_llama_config *c) {
 static topos_tensor *full_logits(const ex_llama_weights *w, const int32_t *tok,
                                  int64_t n) {
   topos_error err = {0};
-  ex_llama_net net;
+  ex_kv_net net;
   ck_assert_msg(ex_llama_record(&net, w, n, 0, &err) == 0, "%s", err.message);
-  ex_llama_cache c;
-  ck_assert_int_eq(ex_llama_cache_init(&c, w->c.layers, &err), 0);
+  ex_kv_cache c;
+  ck_assert_int_eq(ex_kv_cache_init(&c, w->c.layers, &err), 0);
   topos_tensor *all = NULL;
-  ck_assert_msg(ex_llama_run(&net, tok, &c, NULL, NULL, &all, &err) == 0, "%s",
+  ck_assert_msg(ex_kv_run(&net, tok, &c, NULL, NULL, &all, &err) == 0, "%s",
                 err.message);
   ck_assert_int_eq(c.len, n);
-  ex_llama_cache_free(&c);
-  ex_llama_net_free(&net);
+  ex_kv_cache_free(&c);
+  ex_kv_net_free(&net);
   return all;
 }
 
@@ -62,19 +62,19 @@ static void decode_matches(const ex_llama_config *cfg) {
   int32_t tok[12] = {15496, 11, 995, 0, 464, 28846, 318, 262, 1, 50256, 7, 9};
   for (int i = 0; i < 12; i++) tok[i] %= cfg->vocab;
   topos_tensor *full = full_logits(&w, tok, 12);
-  ex_llama_cache c;
-  ck_assert_int_eq(ex_llama_cache_init(&c, cfg->layers, &err), 0);
-  ex_llama_net pre;
+  ex_kv_cache c;
+  ck_assert_int_eq(ex_kv_cache_init(&c, cfg->layers, &err), 0);
+  ex_kv_net pre;
   ck_assert_int_eq(ex_llama_record(&pre, &w, 5, 0, &err), 0);
   topos_tensor *pl = NULL;
   float *last = malloc(sizeof(float) * (size_t)cfg->vocab);
-  ck_assert_int_eq(ex_llama_run(&pre, tok, &c, NULL, last, &pl, &err), 0);
+  ck_assert_int_eq(ex_kv_run(&pre, tok, &c, NULL, last, &pl, &err), 0);
   for (int64_t r = 0; r < 5; r++) same_row(full, r, pl, r, "prefill");
   /* logits_last is the last row's values. */
   int64_t idx[2] = {4, 123};
   ck_assert(last[123] == (float)topos_tensor_get(pl, idx, &err));
   topos_tensor_release(pl);
-  ex_llama_net_free(&pre);
+  ex_kv_net_free(&pre);
   /* The cache is KV heads wide, not H. */
   const int64_t kvw = (int64_t)cfg->kv_heads * ex_llama_head_dim(cfg);
   ck_assert_int_eq(topos_tensor_rank(c.k[0]), 3);
@@ -82,19 +82,19 @@ static void decode_matches(const ex_llama_config *cfg) {
   ck_assert_int_eq(topos_tensor_shape(c.k[0])[2], kvw);
   ck_assert_int_eq(topos_tensor_shape(c.v[cfg->layers - 1])[2], kvw);
   for (int64_t p = 5; p < 12; p++) {
-    ex_llama_net step;
+    ex_kv_net step;
     ck_assert_int_eq(ex_llama_record(&step, &w, 1, p, &err), 0);
     topos_tensor *sl = NULL;
-    ck_assert_msg(ex_llama_run(&step, &tok[p], &c, NULL, NULL, &sl, &err) == 0,
+    ck_assert_msg(ex_kv_run(&step, &tok[p], &c, NULL, NULL, &sl, &err) == 0,
                   "%s", err.message);
     ck_assert_int_eq(c.len, p + 1);
     same_row(full, p, sl, 0, "decode");
     topos_tensor_release(sl);
-    ex_llama_net_free(&step);
+    ex_kv_net_free(&step);
   }
   ck_assert_int_eq(topos_tensor_shape(c.v[0])[1], 12);
   free(last);
-  ex_llama_cache_free(&c);
+  ex_kv_cache_free(&c);
   topos_tensor_release(full);
   ex_llama_weights_free(&w);
 }
@@ -130,56 +130,56 @@ START_TEST(cache_is_the_callers) {
   weights(&w, &tiny);
   topos_error err = {0};
   int32_t tok[3] = {1, 2, 3};
-  ex_llama_cache c;
-  ck_assert_int_eq(ex_llama_cache_init(&c, tiny.layers, &err), 0);
-  ex_llama_net pre, step;
+  ex_kv_cache c;
+  ck_assert_int_eq(ex_kv_cache_init(&c, tiny.layers, &err), 0);
+  ex_kv_net pre, step;
   ck_assert_int_eq(ex_llama_record(&pre, &w, 3, 0, &err), 0);
-  ck_assert_int_eq(ex_llama_run(&pre, tok, &c, NULL, NULL, NULL, &err), 0);
+  ck_assert_int_eq(ex_kv_run(&pre, tok, &c, NULL, NULL, NULL, &err), 0);
   topos_tensor *k0 = topos_tensor_retain(c.k[0]);
   /* A network for the wrong position: refused, the cache as it was. */
   ck_assert_int_eq(ex_llama_record(&step, &w, 1, 2, &err), 0);
-  ck_assert_int_eq(ex_llama_run(&step, tok, &c, NULL, NULL, NULL, &err), -1);
+  ck_assert_int_eq(ex_kv_run(&step, tok, &c, NULL, NULL, NULL, &err), -1);
   ck_assert_ptr_nonnull(strstr(err.message, "cache"));
   ck_assert_int_eq(c.len, 3);
   ck_assert_ptr_eq(c.k[0], k0);
-  ex_llama_net_free(&step);
+  ex_kv_net_free(&step);
   /* An out-of-vocabulary token: a run-time error, the cache unchanged. */
   ck_assert_int_eq(ex_llama_record(&step, &w, 1, 3, &err), 0);
   int32_t bad = 50257;
   float *a = malloc(sizeof(float) * 50257), *b = malloc(sizeof(float) * 50257);
-  ck_assert_int_eq(ex_llama_run(&step, &bad, &c, NULL, a, NULL, &err), -1);
+  ck_assert_int_eq(ex_kv_run(&step, &bad, &c, NULL, a, NULL, &err), -1);
   ck_assert_int_eq(c.len, 3);
   ck_assert_ptr_eq(c.k[0], k0);
   /* Running the same step twice from the same cache gives the same bits:
    * the state is all in the cache the caller holds. */
-  ex_llama_cache c2;
-  ck_assert_int_eq(ex_llama_cache_init(&c2, tiny.layers, &err), 0);
+  ex_kv_cache c2;
+  ck_assert_int_eq(ex_kv_cache_init(&c2, tiny.layers, &err), 0);
   for (int l = 0; l < tiny.layers; l++) {
     c2.k[l] = topos_tensor_retain(c.k[l]);
     c2.v[l] = topos_tensor_retain(c.v[l]);
   }
   c2.len = c.len;
   int32_t nxt = 42;
-  ck_assert_int_eq(ex_llama_run(&step, &nxt, &c, NULL, a, NULL, &err), 0);
-  ck_assert_int_eq(ex_llama_run(&step, &nxt, &c2, NULL, b, NULL, &err), 0);
+  ck_assert_int_eq(ex_kv_run(&step, &nxt, &c, NULL, a, NULL, &err), 0);
+  ck_assert_int_eq(ex_kv_run(&step, &nxt, &c2, NULL, b, NULL, &err), 0);
   ck_assert(memcmp(a, b, sizeof(float) * 50257) == 0);
   ck_assert(topos_tensor_bitwise_equal(c.k[1], c2.k[1]));
   ck_assert(topos_tensor_bitwise_equal(c.v[1], c2.v[1]));
   /* A cache of the wrong layer count: refused. */
-  ex_llama_cache c3;
-  ck_assert_int_eq(ex_llama_cache_init(&c3, 1, &err), 0);
+  ex_kv_cache c3;
+  ck_assert_int_eq(ex_kv_cache_init(&c3, 1, &err), 0);
   c3.len = 3;
-  ck_assert_int_eq(ex_llama_run(&step, &nxt, &c3, NULL, a, NULL, &err), -1);
+  ck_assert_int_eq(ex_kv_run(&step, &nxt, &c3, NULL, a, NULL, &err), -1);
   ck_assert_int_eq(err.code, TOPOS_ERR_ARGUMENT);
   c3.len = 0;
-  ex_llama_cache_free(&c3);
+  ex_kv_cache_free(&c3);
   free(a);
   free(b);
   topos_tensor_release(k0);
-  ex_llama_cache_free(&c);
-  ex_llama_cache_free(&c2);
-  ex_llama_net_free(&pre);
-  ex_llama_net_free(&step);
+  ex_kv_cache_free(&c);
+  ex_kv_cache_free(&c2);
+  ex_kv_net_free(&pre);
+  ex_kv_net_free(&step);
   ex_llama_weights_free(&w);
 }
 END_TEST
@@ -198,7 +198,7 @@ START_TEST(record_errors) {
   ex_llama_weights w;
   weights(&w, &tiny);
   topos_error err = {0};
-  ex_llama_net n;
+  ex_kv_net n;
   ck_assert_int_eq(ex_llama_record(&n, &w, 0, 0, &err), -1);
   ck_assert_int_eq(ex_llama_record(&n, &w, 10, tiny.context - 5, &err), -1);
   ck_assert_int_eq(err.code, TOPOS_ERR_ARGUMENT);
@@ -207,7 +207,7 @@ START_TEST(record_errors) {
   ck_assert_ptr_null(n.net);
   /* Exactly the context fits. */
   ck_assert_int_eq(ex_llama_record(&n, &w, 4, tiny.context - 4, &err), 0);
-  ex_llama_net_free(&n);
+  ex_kv_net_free(&n);
   ex_llama_weights_free(&w);
   ex_llama_config bad = tiny;
   bad.kv_heads = 3; /* 4 heads over 3 kv heads */
@@ -386,13 +386,13 @@ static double against_reference(const char *python, const ex_llama_config *c,
   topos_error err = {0};
   ex_llama_weights w;
   ck_assert_msg(ex_llama_load(&w, c, path, &err) == 0, "%s", err.message);
-  ex_llama_net net;
+  ex_kv_net net;
   ck_assert_int_eq(ex_llama_record(&net, &w, n, 0, &err), 0);
-  ex_llama_cache cache;
-  ck_assert_int_eq(ex_llama_cache_init(&cache, c->layers, &err), 0);
+  ex_kv_cache cache;
+  ck_assert_int_eq(ex_kv_cache_init(&cache, c->layers, &err), 0);
   topos_tensor *all = NULL;
-  ck_assert_msg(ex_llama_run(&net, tok, &cache, NULL, NULL, &all, &err) == 0,
-                "%s", err.message);
+  ck_assert_msg(ex_kv_run(&net, tok, &cache, NULL, NULL, &all, &err) == 0, "%s",
+                err.message);
   size_t m = (size_t)n * (size_t)c->vocab;
   float *got = malloc(m * sizeof *got);
   double *want = malloc(m * sizeof *want);
@@ -413,8 +413,8 @@ static double against_reference(const char *python, const ex_llama_config *c,
   free(got);
   free(want);
   topos_tensor_release(all);
-  ex_llama_cache_free(&cache);
-  ex_llama_net_free(&net);
+  ex_kv_cache_free(&cache);
+  ex_kv_net_free(&net);
   ex_llama_weights_free(&w);
   return sqrt(num / den);
 }

@@ -317,6 +317,41 @@ int32_t ex_next_token(float *logits, int vocab, double temperature,
 
 /* ----------------------------------------------------------- generation */
 
+int ex_gen_flag(ex_gen_flags *g, const ex_args *a, int argc, char **argv,
+                int *i) {
+  const char *f = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+  char *end = NULL;
+  if (!v) return 0;
+  if (!strcmp(f, "--weights")) {
+    g->weights = v;
+  } else if (!strcmp(f, "--prompt")) {
+    g->prompt = v;
+  } else if (!strcmp(f, "--tokens")) {
+    if (ex_parse_count(a, f, v, 1 << 20, &g->tokens) != 0) return -1;
+  } else if (!strcmp(f, "--top-k")) {
+    if (ex_parse_count(a, f, v, 1 << 20, &g->top_k) != 0) return -1;
+  } else if (!strcmp(f, "--temperature")) {
+    errno = 0;
+    g->temperature = strtod(v, &end);
+    if (errno || !end || *end || !(g->temperature >= 0) ||
+        g->temperature > 1e6) {
+      fprintf(stderr, "%s: --temperature: '%s' is not in 0..1e6\n", a->prog, v);
+      return -1;
+    }
+  } else if (!strcmp(f, "--seed")) {
+    errno = 0;
+    g->seed = strtoull(v, &end, 10);
+    if (errno || !end || *end || *v == '-') {
+      fprintf(stderr, "%s: --seed: '%s' is not a whole number\n", a->prog, v);
+      return -1;
+    }
+  } else {
+    return 0;
+  }
+  (*i)++;
+  return 1;
+}
+
 /* Prints "<prog>: <what>: <message>" and returns 1. */
 static int gen_fail(const ex_kv_generation *g, const char *what,
                     const topos_error *err) {

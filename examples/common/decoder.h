@@ -89,6 +89,21 @@ int ex_parse_ids(const char *s, int vocab, int32_t **ids, size_t *n);
 int32_t ex_next_token(float *logits, int vocab, double temperature,
                       int64_t top_k, uint64_t *rng);
 
+/* The generation flags both decoder examples take. */
+typedef struct ex_gen_flags {
+  const char *weights; /* --weights FILE (safetensors) */
+  const char *prompt;  /* --prompt TEXT */
+  int64_t tokens;      /* --tokens N */
+  double temperature;  /* --temperature T (0: greedy) */
+  int64_t top_k;       /* --top-k K (0: all) */
+  uint64_t seed;       /* --seed S */
+} ex_gen_flags;
+struct ex_args;
+/* Reads argv[*i] when it is one of them (advancing *i past its value):
+ * 1, 0 when it is not, -1 when its value is malformed (printed). */
+int ex_gen_flag(ex_gen_flags *g, const struct ex_args *a, int argc, char **argv,
+                int *i);
+
 /* Generation: records a step network with record(n, model, T, past,
  * err) and runs it, the prompt in one step and then one token per step,
  * in-process or (server not NULL) on that daemon, where the weights go

@@ -39,11 +39,9 @@ static const char usage[] =
     "       gpt2 --encode TEXT | --decode ID,ID,...\n";
 
 typedef struct opts {
-  const char *weights, *prompt, *encode, *decode;
+  ex_gen_flags gen;
+  const char *encode, *decode;
   ex_gpt2_config config;
-  int64_t tokens, top_k;
-  double temperature;
-  uint64_t seed;
 } opts;
 
 static int bad_value(const char *flag, const char *v) {
@@ -52,18 +50,13 @@ static int bad_value(const char *flag, const char *v) {
 }
 
 static int parse(int argc, char **argv, ex_args *a, opts *o) {
-  *o = (opts){
-      .prompt = "Hello", .config = EX_GPT2_124M, .tokens = 20, .seed = 1};
+  *o = (opts){.gen = {.prompt = "Hello", .tokens = 20, .seed = 1},
+              .config = EX_GPT2_124M};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    char *end = NULL;
     if (!strcmp(f, "--help")) {
       printf("%s%s", usage, ex_args_usage);
       exit(0);
-    } else if (v && !strcmp(f, "--weights")) {
-      o->weights = argv[++i];
-    } else if (v && !strcmp(f, "--prompt")) {
-      o->prompt = argv[++i];
     } else if (v && !strcmp(f, "--encode")) {
       o->encode = argv[++i];
     } else if (v && !strcmp(f, "--decode")) {
@@ -76,26 +69,9 @@ static int parse(int argc, char **argv, ex_args *a, opts *o) {
         o->config = EX_GPT2_TINY;
       else
         return bad_value(f, v);
-    } else if (v && !strcmp(f, "--tokens")) {
-      i++;
-      if (ex_parse_count(a, f, v, 1 << 20, &o->tokens) != 0) return -1;
-    } else if (v && !strcmp(f, "--top-k")) {
-      i++;
-      if (ex_parse_count(a, f, v, 1 << 20, &o->top_k) != 0) return -1;
-    } else if (v && !strcmp(f, "--temperature")) {
-      i++;
-      errno = 0;
-      o->temperature = strtod(v, &end);
-      if (errno || !end || *end || !(o->temperature >= 0) ||
-          o->temperature > 1e6)
-        return bad_value(f, v);
-    } else if (v && !strcmp(f, "--seed")) {
-      i++;
-      errno = 0;
-      o->seed = strtoull(v, &end, 10);
-      if (errno || !end || *end || *v == '-') return bad_value(f, v);
     } else {
-      int r = ex_arg(a, argc, argv, &i);
+      int r = ex_gen_flag(&o->gen, a, argc, argv, &i);
+      if (r == 0) r = ex_arg(a, argc, argv, &i);
       if (r < 0) return -1;
       if (r == 0) {
         fprintf(stderr, "gpt2: unknown flag '%s'\n%s", f, usage);
@@ -132,23 +108,24 @@ static int generate(const ex_args *a, const opts *o, const ex_bpe *bpe) {
   topos_error err = {0};
   ex_gpt2_weights w;
   double t0 = ex_now_s();
-  if (o->weights) {
-    if (ex_gpt2_load(&w, &o->config, o->weights, &err) != 0)
+  if (o->gen.weights) {
+    if (ex_gpt2_load(&w, &o->config, o->gen.weights, &err) != 0)
       return ex_fail(a, "weights", &err);
-    fprintf(stderr, "gpt2: weights from %s (%.1f s)\n", o->weights,
+    fprintf(stderr, "gpt2: weights from %s (%.1f s)\n", o->gen.weights,
             ex_now_s() - t0);
   } else {
-    if (ex_gpt2_init(&w, &o->config, o->seed, &err) != 0)
+    if (ex_gpt2_init(&w, &o->config, o->gen.seed, &err) != 0)
       return ex_fail(a, "init", &err);
     fprintf(stderr,
             "gpt2: no --weights: random weights from seed %llu with GPT-2's "
             "initialisation (%.1f s); the text will be noise\n",
-            (unsigned long long)o->seed, ex_now_s() - t0);
+            (unsigned long long)o->gen.seed, ex_now_s() - t0);
   }
   int32_t *ids = NULL;
   size_t n = 0;
   int rc = 0;
-  if (ex_bpe_encode(bpe, o->prompt, strlen(o->prompt), &ids, &n, &err) != 0) {
+  if (ex_bpe_encode(bpe, o->gen.prompt, strlen(o->gen.prompt), &ids, &n,
+                    &err) != 0) {
     rc = ex_fail(a, "prompt", &err);
   } else {
     ex_kv_generation g = {.prog = "gpt2",
@@ -160,10 +137,10 @@ static int generate(const ex_args *a, const opts *o, const ex_bpe *bpe) {
                           .layers = o->config.layers,
                           .vocab = o->config.vocab,
                           .context = o->config.context,
-                          .tokens = o->tokens,
-                          .temperature = o->temperature,
-                          .top_k = o->top_k,
-                          .seed = o->seed,
+                          .tokens = o->gen.tokens,
+                          .temperature = o->gen.temperature,
+                          .top_k = o->gen.top_k,
+                          .seed = o->gen.seed,
                           .print = show,
                           .print_ctx = (void *)bpe};
     rc = ex_kv_generate(&g, &ids, &n);

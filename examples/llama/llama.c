@@ -43,11 +43,9 @@ static const char usage[] =
     "  configs: tiny (the default), smollm-135m, tinyllama-1.1b\n";
 
 typedef struct opts {
-  const char *weights, *prompt, *prompt_ids, *config_name;
+  ex_gen_flags gen;
+  const char *prompt_ids, *config_name;
   ex_llama_config config;
-  int64_t tokens, top_k;
-  double temperature;
-  uint64_t seed;
 } opts;
 
 static int bad_value(const char *flag, const char *v) {
@@ -56,47 +54,23 @@ static int bad_value(const char *flag, const char *v) {
 }
 
 static int parse(int argc, char **argv, ex_args *a, opts *o) {
-  *o = (opts){.prompt = "Hello",
+  *o = (opts){.gen = {.prompt = "Hello", .tokens = 20, .seed = 1},
               .config_name = "tiny",
-              .config = EX_LLAMA_TINY,
-              .tokens = 20,
-              .seed = 1};
+              .config = EX_LLAMA_TINY};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    char *end = NULL;
     if (!strcmp(f, "--help")) {
       printf("%s%s", usage, ex_args_usage);
       exit(0);
-    } else if (v && !strcmp(f, "--weights")) {
-      o->weights = argv[++i];
-    } else if (v && !strcmp(f, "--prompt")) {
-      o->prompt = argv[++i];
     } else if (v && !strcmp(f, "--prompt-ids")) {
       o->prompt_ids = argv[++i];
     } else if (v && !strcmp(f, "--config")) {
       i++;
       if (ex_llama_config_named(v, &o->config) != 0) return bad_value(f, v);
       o->config_name = v;
-    } else if (v && !strcmp(f, "--tokens")) {
-      i++;
-      if (ex_parse_count(a, f, v, 1 << 20, &o->tokens) != 0) return -1;
-    } else if (v && !strcmp(f, "--top-k")) {
-      i++;
-      if (ex_parse_count(a, f, v, 1 << 20, &o->top_k) != 0) return -1;
-    } else if (v && !strcmp(f, "--temperature")) {
-      i++;
-      errno = 0;
-      o->temperature = strtod(v, &end);
-      if (errno || !end || *end || !(o->temperature >= 0) ||
-          o->temperature > 1e6)
-        return bad_value(f, v);
-    } else if (v && !strcmp(f, "--seed")) {
-      i++;
-      errno = 0;
-      o->seed = strtoull(v, &end, 10);
-      if (errno || !end || *end || *v == '-') return bad_value(f, v);
     } else {
-      int r = ex_arg(a, argc, argv, &i);
+      int r = ex_gen_flag(&o->gen, a, argc, argv, &i);
+      if (r == 0) r = ex_arg(a, argc, argv, &i);
       if (r < 0) return -1;
       if (r == 0) {
         fprintf(stderr, "llama: unknown flag '%s'\n%s", f, usage);
@@ -129,19 +103,19 @@ static void print_tokens(const ex_bpe *bpe, const int32_t *ids, size_t n) {
 static int weights(const ex_args *a, const opts *o, ex_llama_weights *w) {
   topos_error err = {0};
   double t0 = ex_now_s();
-  if (o->weights) {
-    if (ex_llama_load(w, &o->config, o->weights, &err) != 0)
+  if (o->gen.weights) {
+    if (ex_llama_load(w, &o->config, o->gen.weights, &err) != 0)
       return ex_fail(a, "weights", &err);
-    fprintf(stderr, "llama: weights from %s (%.1f s)\n", o->weights,
+    fprintf(stderr, "llama: weights from %s (%.1f s)\n", o->gen.weights,
             ex_now_s() - t0);
     return 0;
   }
-  if (ex_llama_init(w, &o->config, o->seed, &err) != 0)
+  if (ex_llama_init(w, &o->config, o->gen.seed, &err) != 0)
     return ex_fail(a, "init", &err);
   fprintf(stderr,
           "llama: no --weights: random weights from seed %llu with Hugging "
           "Face's initialisation (%.1f s); the text will be noise\n",
-          (unsigned long long)o->seed, ex_now_s() - t0);
+          (unsigned long long)o->gen.seed, ex_now_s() - t0);
   return 0;
 }
 
@@ -173,7 +147,8 @@ static int prompt_ids(const ex_args *a, const opts *o, const ex_bpe *bpe,
   fprintf(stderr,
           "llama: no Llama tokenizer ships here: the prompt is tokenized "
           "with GPT-2's BPE (the vocabulary is GPT-2's 50257)\n");
-  if (ex_bpe_encode(bpe, o->prompt, strlen(o->prompt), ids, n, &err) != 0)
+  if (ex_bpe_encode(bpe, o->gen.prompt, strlen(o->gen.prompt), ids, n, &err) !=
+      0)
     return ex_fail(a, "prompt", &err);
   return 0;
 }
@@ -214,10 +189,10 @@ static int generate(const ex_args *a, const opts *o, const ex_bpe *bpe) {
                         .layers = c->layers,
                         .vocab = c->vocab,
                         .context = c->context,
-                        .tokens = o->tokens,
-                        .temperature = o->temperature,
-                        .top_k = o->top_k,
-                        .seed = o->seed,
+                        .tokens = o->gen.tokens,
+                        .temperature = o->gen.temperature,
+                        .top_k = o->gen.top_k,
+                        .seed = o->gen.seed,
                         .print = show,
                         .print_ctx = (void *)bpe};
   rc = ex_kv_generate(&g, &ids, &n);

@@ -689,8 +689,7 @@ static int cmd_backends_local(void) {
            dev[i].backend, dev[i].ordinal, dev[i].name, dev[i].cc_major,
            dev[i].cc_minor, dev[i].multiprocessors,
            dev[i].memory_total / 1073741824.0,
-           dev[i].memory_free / 1073741824.0,
-           (unsigned long long)dev[i].tasks);
+           dev[i].memory_free / 1073741824.0, (unsigned long long)dev[i].tasks);
   return 0;
 }
 

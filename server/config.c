@@ -166,8 +166,7 @@ static int parse_devices(toposd_config *cfg, const char *value, char *msg,
     if (*p == 0) return 0;
     if (*p++ != ',' || *p == 0)
       return config_error(msg, msglen,
-                          "devices: '%s' is not a comma-separated list",
-                          value);
+                          "devices: '%s' is not a comma-separated list", value);
   }
 }
 

@@ -6,8 +6,8 @@
 #ifndef TOPOSD_CONFIG_H
 #define TOPOSD_CONFIG_H
 
-#include <stddef.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum log_format { LOG_TEXT = 0, LOG_JSON = 1 } log_format;

@@ -177,8 +177,10 @@ void ex_gpt2_weights_free(ex_gpt2_weights *w) {
 
 /* ------------------------------------------------------------ networks */
 
-int ex_gpt2_record(ex_kv_net *n, const ex_gpt2_weights *w, int64_t T,
-                   int64_t past, topos_error *err) {
+/* The step network; the parameters' initials the weights themselves
+ * (embed) or zeros. */
+static int record(ex_kv_net *n, const ex_gpt2_weights *w, int64_t T,
+                  int64_t past, bool embed, topos_error *err) {
   memset(n, 0, sizeof *n);
   const ex_gpt2_config *c = &w->c;
   if (T < 1 || past < 0 || past + T > c->context)
@@ -210,7 +212,9 @@ int ex_gpt2_record(ex_kv_net *n, const ex_gpt2_weights *w, int64_t T,
       x0 && pt && zero && (past == 0 || zc) ? topos_tape_new(TOPOS_F32) : NULL;
   if (tape) {
     for (int i = 0; i < w->n; i++)
-      p[i] = ex_kv_parameter(tape, w->t[i], w->names[i]);
+      p[i] = embed
+                 ? topos_name(tape, topos_parameter(tape, w->t[i]), w->names[i])
+                 : ex_kv_parameter(tape, w->t[i], w->names[i]);
     n->x = topos_name(tape, topos_input(tape, x0), "x");
     int64_t rows[2] = {T, D}, btd[3] = {1, T, D};
     topos_value tok =
@@ -250,6 +254,16 @@ int ex_gpt2_record(ex_kv_net *n, const ex_gpt2_weights *w, int64_t T,
     return -1;
   }
   return 0;
+}
+
+int ex_gpt2_record(ex_kv_net *n, const ex_gpt2_weights *w, int64_t T,
+                   int64_t past, topos_error *err) {
+  return record(n, w, T, past, false, err);
+}
+
+int ex_gpt2_record_embedded(ex_kv_net *n, const ex_gpt2_weights *w, int64_t T,
+                            int64_t past, topos_error *err) {
+  return record(n, w, T, past, true, err);
 }
 
 /* -------------------------------------------------------------- running */

@@ -73,5 +73,9 @@ void ex_gpt2_weights_free(ex_gpt2_weights *w);
  * 0, or -1 with err. */
 int ex_gpt2_record(ex_kv_net *n, const ex_gpt2_weights *w, int64_t T,
                    int64_t past, topos_error *err);
+/* The same with the weights as the parameters' initials: a network that
+ * runs, lowers and emits on its own (its encoding carries the weights). */
+int ex_gpt2_record_embedded(ex_kv_net *n, const ex_gpt2_weights *w, int64_t T,
+                            int64_t past, topos_error *err);
 
 #endif /* TOPOS_EX_GPT2_H */

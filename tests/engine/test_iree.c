@@ -47,6 +47,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "gpt2.h"
 #include "sample_nets.h"
 #include "testutil.h"
 
@@ -897,6 +898,33 @@ static void check_sample(const char *name, sn_builder build, topos_dtype dt,
   topos_network_release(src);
 }
 
+/* GPT-2 at scale (issue 14): a small config's forward plan (fused
+ * attention chains, tied head) and a one-token decode step over a cache,
+ * with random weights as the parameters: the logits IREE computes from
+ * the emitted module hold the f32 envelope against the interpreter. */
+START_TEST(test_gpt2) {
+  if (!iree_present("gpt2")) return;
+  topos_error err = {0};
+  const ex_gpt2_config cfg = {500, 16, 32, 4, 2};
+  ex_gpt2_weights w;
+  ck_assert_msg(ex_gpt2_init(&w, &cfg, 3, &err) == 0, "%s", err.message);
+  const int64_t steps[2][2] = {{12, 0}, {1, 11}}; /* (T, past) */
+  for (int k = 0; k < 2; k++) {
+    ex_kv_net n;
+    ck_assert_msg(
+        ex_gpt2_record_embedded(&n, &w, steps[k][0], steps[k][1], &err) == 0,
+        "%s", err.message);
+    char label[64];
+    snprintf(label, sizeof label, "gpt2_T%lld_past%lld", (long long)steps[k][0],
+             (long long)steps[k][1]);
+    iree_case c = {label, n.net, {&n.logits, 1}, -1, 0};
+    iree_check(&c);
+    ex_kv_net_free(&n);
+  }
+  ex_gpt2_weights_free(&w);
+}
+END_TEST
+
 /* The seed's (w·x − y)², recorded with w = x = y = 0: given w, x, y
  * here, so that the loss and its gradient are not zeros. */
 static const double gd_scalars[3] = {1.25, 0.75, 3.0};
@@ -1086,6 +1114,7 @@ Suite *iree_suite(void) {
   tcase_add_test(tc, test_gradient_descent);
   tcase_add_test(tc, test_mlp);
   tcase_add_test(tc, test_cnn);
+  tcase_add_test(tc, test_gpt2);
   tcase_add_test(tc, test_conv_pool_geometry);
   tcase_add_test(tc, test_mutations);
   suite_add_tcase(s, tc);

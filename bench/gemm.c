@@ -89,12 +89,20 @@ static void run_cpu(bench_case *bc) {
 static const topos_backend *named;
 static void run_named(bench_case *bc) {
   topos_task t = {.kind = TOPOS_TASK_GEMM, .threads = bc->threads};
-  t.u.gemm = (topos_gemm_task){.dtype = bc->dtype, .batch = 1, .m = bc->n,
-                               .n = bc->n, .k = bc->n,
-                               .a = tensor_data(bc->a), .a_row = bc->n,
-                               .a_col = 1, .b = tensor_data(bc->b),
-                               .b_row = bc->n, .b_col = 1, .c = bc->c,
-                               .c_row = bc->n, .c_col = 1};
+  t.u.gemm = (topos_gemm_task){.dtype = bc->dtype,
+                               .batch = 1,
+                               .m = bc->n,
+                               .n = bc->n,
+                               .k = bc->n,
+                               .a = tensor_data(bc->a),
+                               .a_row = bc->n,
+                               .a_col = 1,
+                               .b = tensor_data(bc->b),
+                               .b_row = bc->n,
+                               .b_col = 1,
+                               .c = bc->c,
+                               .c_row = bc->n,
+                               .c_col = 1};
   topos_error err = {0};
   if (named->run(named, &t, &err) != TOPOS_OK) {
     fprintf(stderr, "gemm: %s failed: %s\n", named->name, err.message);

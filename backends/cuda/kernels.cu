@@ -49,8 +49,7 @@ __device__ __forceinline__ float fma_t<float>(float a, float b, float c) {
   return fmaf(a, b, c);
 }
 template <>
-__device__ __forceinline__ double fma_t<double>(double a, double b,
-                                                double c) {
+__device__ __forceinline__ double fma_t<double>(double a, double b, double c) {
   return fma(a, b, c);
 }
 
@@ -138,8 +137,8 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
       int e = tid + i * tile::NT;
       int cc = b_nc ? e % BN : e / BK, kk = b_nc ? e / BN : e % BK;
       int64_t gc = col0 + cc, gk = k0 + kk;
-      rb[i] = gc < n && gk < k ? B.p[b * B.batch + gk * B.row + gc * B.col]
-                               : (T)0;
+      rb[i] =
+          gc < n && gk < k ? B.p[b * B.batch + gk * B.row + gc * B.col] : (T)0;
     }
   };
   auto stash = [&](int s) {
@@ -271,17 +270,16 @@ extern "C" int cuda_gemm_exact(const cuda_gemm_args *g, unsigned *nan_flag,
 template <typename T>
 static int window_t(const cuda_window_args *w, unsigned *flag,
                     cudaStream_t st) {
-  WinA<T> A = {(const T *)w->x, w->c,        w->h,        w->w,
-               w->kh,           w->kw,       w->stride_h, w->stride_w,
-               w->dil_h,        w->dil_w,    w->pad_top,  w->pad_left,
-               w->oh,           w->ow};
+  WinA<T> A = {(const T *)w->x, w->c,        w->h,        w->w,     w->kh,
+               w->kw,           w->stride_h, w->stride_w, w->dil_h, w->dil_w,
+               w->pad_top,      w->pad_left, w->oh,       w->ow};
   MatB<T> B = {(const T *)w->weight, w->w_row, w->w_col, 0};
   return launch_product<T>(A, B, (T *)w->out, 1, w->n * w->oh * w->ow, w->o,
                            w->c * w->kh * w->kw, flag, st);
 }
 
-extern "C" int cuda_window_exact(const cuda_window_args *w,
-                                 unsigned *nan_flag, void *stream) {
+extern "C" int cuda_window_exact(const cuda_window_args *w, unsigned *nan_flag,
+                                 void *stream) {
   cudaStream_t st = (cudaStream_t)stream;
   return w->f64 ? window_t<double>(w, nan_flag, st)
                 : window_t<float>(w, nan_flag, st);
@@ -335,8 +333,8 @@ __global__ void reduce_kernel(const T *x, T *y, int64_t outer, int64_t L,
  * lane l (the same order, each lane's chain on its own thread), thread 0
  * combining the lanes in the fixed tree. */
 template <typename T>
-__global__ void reduce_lanes_kernel(const T *x, T *y, int64_t outer,
-                                    int64_t L, unsigned *nan_flag) {
+__global__ void reduce_lanes_kernel(const T *x, T *y, int64_t outer, int64_t L,
+                                    unsigned *nan_flag) {
   __shared__ T part[256];
   const int l = threadIdx.x % 16, slot = threadIdx.x / 16;
   const int64_t o = (int64_t)blockIdx.x * 16 + slot;
@@ -409,12 +407,11 @@ __global__ void __launch_bounds__(ATT_THREADS)
   const float *q = (const float *)a.q + b * a.q_batch + i * a.q_row;
   const float *k = (const float *)a.k + b * a.k_batch;
   const float *v = (const float *)a.v + b * a.v_batch;
-  const float *sc = a.scale ? (const float *)a.scale + b * a.scale_batch +
-                                  i * a.scale_row
-                            : NULL;
-  const float *mk = a.mask ? (const float *)a.mask + b * a.mask_batch +
-                                 i * a.mask_row
-                           : NULL;
+  const float *sc =
+      a.scale ? (const float *)a.scale + b * a.scale_batch + i * a.scale_row
+              : NULL;
+  const float *mk =
+      a.mask ? (const float *)a.mask + b * a.mask_batch + i * a.mask_row : NULL;
   float *buf = (float *)a.rows + row * S;
   const int64_t at = row * S;
   bool nan = false;
@@ -508,8 +505,19 @@ extern "C" int cuda_attention_exact(const cuda_attention_args *a,
 /* backend.h's topos_map_op, by number (kept in step by plugin.c's
  * static assertions). */
 enum {
-  M_NEG = 0, M_EXP, M_LOG, M_SQRT, M_TANH, M_POW, M_RELU,
-  M_ADD, M_SUB, M_MUL, M_DIV, M_MAXIMUM, M_STEP
+  M_NEG = 0,
+  M_EXP,
+  M_LOG,
+  M_SQRT,
+  M_TANH,
+  M_POW,
+  M_RELU,
+  M_ADD,
+  M_SUB,
+  M_MUL,
+  M_DIV,
+  M_MAXIMUM,
+  M_STEP
 };
 
 __device__ __forceinline__ float neg_bits(float v) {
@@ -519,8 +527,12 @@ __device__ __forceinline__ double neg_bits(double v) {
   return __longlong_as_double(__double_as_longlong(v) ^
                               (long long)0x8000000000000000ull);
 }
-__device__ __forceinline__ float f_sqrt(float v) { return __fsqrt_rn(v); }
-__device__ __forceinline__ double f_sqrt(double v) { return __dsqrt_rn(v); }
+__device__ __forceinline__ float f_sqrt(float v) {
+  return __fsqrt_rn(v);
+}
+__device__ __forceinline__ double f_sqrt(double v) {
+  return __dsqrt_rn(v);
+}
 __device__ __forceinline__ float f_add(float a, float b) {
   return __fadd_rn(a, b);
 }
@@ -546,12 +558,24 @@ __device__ __forceinline__ double f_div(double a, double b) {
   return __ddiv_rn(a, b);
 }
 /* exp, log and tanh in f32 only (cuda_map_supported). */
-__device__ __forceinline__ float f_exp(float v) { return tp_expf(v); }
-__device__ __forceinline__ float f_log(float v) { return tp_logf(v); }
-__device__ __forceinline__ float f_tanh(float v) { return tp_tanhf(v); }
-__device__ __forceinline__ double f_exp(double v) { return v; }
-__device__ __forceinline__ double f_log(double v) { return v; }
-__device__ __forceinline__ double f_tanh(double v) { return v; }
+__device__ __forceinline__ float f_exp(float v) {
+  return tp_expf(v);
+}
+__device__ __forceinline__ float f_log(float v) {
+  return tp_logf(v);
+}
+__device__ __forceinline__ float f_tanh(float v) {
+  return tp_tanhf(v);
+}
+__device__ __forceinline__ double f_exp(double v) {
+  return v;
+}
+__device__ __forceinline__ double f_log(double v) {
+  return v;
+}
+__device__ __forceinline__ double f_tanh(double v) {
+  return v;
+}
 
 /* The reference's element (kernels_real.h), op by op. */
 template <typename T>
@@ -611,8 +635,8 @@ static int map_t(int op, const void *a, const void *b, void *y, int64_t n,
   T *py = (T *)y;
   int grid = grid_for(n, 256, 1 << 15);
   switch (op) {
-#define MAP_CASE(K)                                                  \
-  case K:                                                            \
+#define MAP_CASE(K)                                                 \
+  case K:                                                           \
     LAUNCH(grid, 256, st, (map_kernel<T, K>), pa, pb, py, n, flag); \
     break;
     MAP_CASE(M_NEG)
@@ -664,9 +688,8 @@ __global__ void scan_kernel(const T *x, int64_t count, unsigned *bad,
   atomicMax(max_bits, (unsigned long long)best);
 }
 
-extern "C" int cuda_scan(bool f64, const void *x, int64_t count,
-                         unsigned *bad, unsigned long long *max_bits,
-                         void *stream) {
+extern "C" int cuda_scan(bool f64, const void *x, int64_t count, unsigned *bad,
+                         unsigned long long *max_bits, void *stream) {
   if (count == 0) return 0;
   cudaStream_t st = (cudaStream_t)stream;
   int grid = grid_for(count, 256, 1024);

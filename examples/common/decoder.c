@@ -109,69 +109,100 @@ void ex_kv_cache_free(ex_kv_cache *c) {
   memset(c, 0, sizeof *c);
 }
 
-int ex_kv_run(const ex_kv_net *n, const int32_t *tokens, ex_kv_cache *cache,
-              const topos_exec *ctx, float *logits_last, topos_tensor **all,
-              topos_error *err) {
+/* One step's inputs and outputs: the tokens and the cache as feeds, the
+ * logits and every layer's keys and values as targets (interleaved:
+ * logits, k0, v0, k1, v1, ...). */
+typedef struct step_io {
+  topos_tensor *x;
+  topos_feed *feeds;
+  int nfeeds;
+  topos_value *targets;
+  int ntargets;
+} step_io;
+
+static void io_free(step_io *io) {
+  topos_tensor_release(io->x);
+  free(io->feeds);
+  free(io->targets);
+}
+
+static int io_begin(const ex_kv_net *n, const int32_t *tokens,
+                    const ex_kv_cache *cache, step_io *io, topos_error *err) {
+  memset(io, 0, sizeof *io);
   if (cache->len != n->past || cache->layers != n->layers)
     return fail(err, TOPOS_ERR_ARGUMENT,
                 "decoder: the cache holds %s%lld positions, not the network's",
                 "", (long long)cache->len);
   const int L = n->layers;
   int64_t xs[2] = {1, n->T};
-  topos_tensor *xt = topos_tensor_from(TOPOS_I32, 2, xs, tokens, err);
-  int nfeeds = 1 + (n->past > 0 ? 2 * L : 0);
-  topos_feed *feeds = calloc((size_t)nfeeds, sizeof *feeds);
-  topos_value *targets = calloc((size_t)(1 + 2 * L), sizeof *targets);
-  if (!xt || !feeds || !targets) {
-    topos_tensor_release(xt);
-    free(feeds);
-    free(targets);
-    return xt ? fail(err, TOPOS_ERR_MEMORY, "decoder: out of memory%s%lld", "",
-                     0)
-              : -1;
+  io->x = topos_tensor_from(TOPOS_I32, 2, xs, tokens, err);
+  if (!io->x) return -1;
+  io->nfeeds = 1 + (n->past > 0 ? 2 * L : 0);
+  io->ntargets = 1 + 2 * L;
+  io->feeds = calloc((size_t)io->nfeeds, sizeof *io->feeds);
+  io->targets = calloc((size_t)io->ntargets, sizeof *io->targets);
+  if (!io->feeds || !io->targets) {
+    io_free(io);
+    return fail(err, TOPOS_ERR_MEMORY, "decoder: out of memory%s%lld", "", 0);
   }
-  feeds[0] = (topos_feed){n->x, xt};
+  io->feeds[0] = (topos_feed){n->x, io->x};
   for (int l = 0; n->past > 0 && l < L; l++) {
-    feeds[1 + 2 * l] = (topos_feed){n->k_in[l], cache->k[l]};
-    feeds[2 + 2 * l] = (topos_feed){n->v_in[l], cache->v[l]};
+    io->feeds[1 + 2 * l] = (topos_feed){n->k_in[l], cache->k[l]};
+    io->feeds[2 + 2 * l] = (topos_feed){n->v_in[l], cache->v[l]};
   }
-  targets[0] = n->logits;
+  io->targets[0] = n->logits;
   for (int l = 0; l < L; l++) {
-    targets[1 + 2 * l] = n->k_out[l];
-    targets[2 + 2 * l] = n->v_out[l];
+    io->targets[1 + 2 * l] = n->k_out[l];
+    io->targets[2 + 2 * l] = n->v_out[l];
   }
-  topos_run *run = topos_forward_for(n->net, n->params, feeds, nfeeds, targets,
-                                     1 + 2 * L, ctx, err);
-  int rc = run ? 0 : -1;
-  const topos_tensor *lg = run ? topos_run_of(run, n->logits, err) : NULL;
-  if (run && !lg) rc = -1;
-  if (rc == 0 && logits_last) {
-    topos_tensor *row = topos_tensor_narrow(lg, 0, n->T - 1, 1, err);
-    int64_t V = topos_tensor_shape(lg)[1];
-    rc = row && topos_tensor_read(row, logits_last, (size_t)V * sizeof(float),
-                                  err) == TOPOS_OK
-             ? 0
-             : -1;
+  return 0;
+}
+
+/* Takes a step's results, out[] in the targets' order: the last logits
+ * row into logits_last, the logits into *all, and the keys and values as
+ * the new cache - all of it or nothing. */
+static int adopt(const ex_kv_net *n, const topos_tensor *const *out,
+                 ex_kv_cache *cache, float *logits_last, topos_tensor **all,
+                 topos_error *err) {
+  for (int i = 0; i < 1 + 2 * n->layers; i++)
+    if (!out[i]) return -1;
+  if (logits_last) {
+    topos_tensor *row = topos_tensor_narrow(out[0], 0, n->T - 1, 1, err);
+    int64_t V = topos_tensor_shape(out[0])[1];
+    int ok =
+        row && topos_tensor_read(row, logits_last, (size_t)V * sizeof(float),
+                                 err) == TOPOS_OK;
     topos_tensor_release(row);
+    if (!ok) return -1;
   }
-  /* The new cache, all of it or nothing. */
-  for (int l = 0; rc == 0 && l < L; l++) {
-    const topos_tensor *k = topos_run_of(run, n->k_out[l], err);
-    const topos_tensor *v = topos_run_of(run, n->v_out[l], err);
-    if (!k || !v) rc = -1;
-  }
-  for (int l = 0; rc == 0 && l < L; l++) {
+  for (int l = 0; l < n->layers; l++) {
     topos_tensor_release(cache->k[l]);
     topos_tensor_release(cache->v[l]);
-    cache->k[l] = topos_tensor_retain(topos_run_of(run, n->k_out[l], err));
-    cache->v[l] = topos_tensor_retain(topos_run_of(run, n->v_out[l], err));
+    cache->k[l] = topos_tensor_retain(out[1 + 2 * l]);
+    cache->v[l] = topos_tensor_retain(out[2 + 2 * l]);
   }
-  if (rc == 0) cache->len = n->past + n->T;
-  if (rc == 0 && all) *all = topos_tensor_retain(lg);
+  cache->len = n->past + n->T;
+  if (all) *all = topos_tensor_retain(out[0]);
+  return 0;
+}
+
+int ex_kv_run(const ex_kv_net *n, const int32_t *tokens, ex_kv_cache *cache,
+              const topos_exec *ctx, float *logits_last, topos_tensor **all,
+              topos_error *err) {
+  step_io io;
+  if (io_begin(n, tokens, cache, &io, err) != 0) return -1;
+  topos_run *run = topos_forward_for(n->net, n->params, io.feeds, io.nfeeds,
+                                     io.targets, io.ntargets, ctx, err);
+  const topos_tensor **out = calloc((size_t)io.ntargets, sizeof *out);
+  int rc = -1;
+  if (run && out) {
+    for (int i = 0; i < io.ntargets; i++)
+      out[i] = topos_run_of(run, io.targets[i], err);
+    rc = adopt(n, out, cache, logits_last, all, err);
+  }
+  free(out);
   topos_run_free(run);
-  topos_tensor_release(xt);
-  free(feeds);
-  free(targets);
+  io_free(&io);
   return rc;
 }
 
@@ -179,75 +210,30 @@ int ex_kv_run_remote(const ex_kv_net *n, topos_client *c,
                      const char *weights_blob, const int32_t *tokens,
                      ex_kv_cache *cache, const topos_exec *ctx,
                      float *logits_last, topos_tensor **all, topos_error *err) {
-  if (cache->len != n->past || cache->layers != n->layers)
-    return fail(err, TOPOS_ERR_ARGUMENT,
-                "decoder: the cache holds %s%lld positions, not the network's",
-                "", (long long)cache->len);
-  const int L = n->layers;
+  step_io io;
+  if (io_begin(n, tokens, cache, &io, err) != 0) return -1;
   char id[65];
-  if (topos_client_record(c, n->net, id, err) != TOPOS_OK) return -1;
-  int64_t xs[2] = {1, n->T};
-  topos_tensor *xt = topos_tensor_from(TOPOS_I32, 2, xs, tokens, err);
-  int nfeeds = 1 + (n->past > 0 ? 2 * L : 0);
-  topos_feed *feeds = calloc((size_t)nfeeds, sizeof *feeds);
-  topos_value *roots = calloc((size_t)(1 + 2 * L), sizeof *roots);
-  if (!xt || !feeds || !roots) {
-    topos_tensor_release(xt);
-    free(feeds);
-    free(roots);
-    return xt ? fail(err, TOPOS_ERR_MEMORY, "decoder: out of memory%s%lld", "",
-                     0)
-              : -1;
-  }
-  feeds[0] = (topos_feed){n->x, xt};
-  for (int l = 0; n->past > 0 && l < L; l++) {
-    feeds[1 + 2 * l] = (topos_feed){n->k_in[l], cache->k[l]};
-    feeds[2 + 2 * l] = (topos_feed){n->v_in[l], cache->v[l]};
-  }
-  roots[0] = n->logits;
-  for (int l = 0; l < L; l++) {
-    roots[1 + 2 * l] = n->k_out[l];
-    roots[2 + 2 * l] = n->v_out[l];
-  }
-  topos_entry e = {roots,
-                   1 + 2 * L,
-                   NULL,
-                   0,
-                   TOPOS_POSTURE_FORWARD,
-                   ctx ? ctx->numerics : TOPOS_NUMERICS_EXACT};
-  topos_client_args args = {.params_blob = weights_blob,
-                            .nparams_blob = n->nparams,
-                            .feeds = feeds,
-                            .nfeeds = nfeeds,
-                            .exec = ctx};
   topos_tensor **out = NULL;
-  int rc =
-      topos_client_forward_with(c, id, &e, &args, &out, NULL, err) == TOPOS_OK
-          ? 0
-          : -1;
-  if (rc == 0 && logits_last) {
-    topos_tensor *row = topos_tensor_narrow(out[0], 0, n->T - 1, 1, err);
-    int64_t V = topos_tensor_shape(out[0])[1];
-    rc = row && topos_tensor_read(row, logits_last, (size_t)V * sizeof(float),
-                                  err) == TOPOS_OK
-             ? 0
-             : -1;
-    topos_tensor_release(row);
+  int rc = -1;
+  if (topos_client_record(c, n->net, id, err) == TOPOS_OK) {
+    topos_entry e = {io.targets,
+                     io.ntargets,
+                     NULL,
+                     0,
+                     TOPOS_POSTURE_FORWARD,
+                     ctx ? ctx->numerics : TOPOS_NUMERICS_EXACT};
+    topos_client_args args = {.params_blob = weights_blob,
+                              .nparams_blob = n->nparams,
+                              .feeds = io.feeds,
+                              .nfeeds = io.nfeeds,
+                              .exec = ctx};
+    if (topos_client_forward_with(c, id, &e, &args, &out, NULL, err) ==
+        TOPOS_OK)
+      rc = adopt(n, (const topos_tensor *const *)out, cache, logits_last, all,
+                 err);
   }
-  if (rc == 0) {
-    for (int l = 0; l < L; l++) {
-      topos_tensor_release(cache->k[l]);
-      topos_tensor_release(cache->v[l]);
-      cache->k[l] = topos_tensor_retain(out[1 + 2 * l]);
-      cache->v[l] = topos_tensor_retain(out[2 + 2 * l]);
-    }
-    cache->len = n->past + n->T;
-    if (all) *all = topos_tensor_retain(out[0]);
-  }
-  if (out) topos_client_tensors_free(out, 1 + 2 * L);
-  topos_tensor_release(xt);
-  free(feeds);
-  free(roots);
+  if (out) topos_client_tensors_free(out, io.ntargets);
+  io_free(&io);
   return rc;
 }
 

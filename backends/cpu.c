@@ -38,6 +38,7 @@
 #include "backend.h"
 #include "backends.h"
 #include "cpu_attention.h"
+#include "cpu_gemv.h"
 #include "cpu_reduce.h"
 #include "cpu_window.h"
 
@@ -910,6 +911,13 @@ static int cpu_run(const topos_backend *self, const topos_task *task,
             ((float *)g->c)[at] = 0.0f;
         }
     return TOPOS_OK;
+  }
+  if (cpu_gemv_applies(g)) {
+    int vrc = cpu_gemv_run(g, task->threads > 0 ? task->threads : 1,
+                           (int)current_isa());
+    if (vrc == TOPOS_OK)
+      atomic_fetch_add_explicit(&tasks_run, 1, memory_order_relaxed);
+    return vrc;
   }
   const gemm_impl *im = impl_for_n(g->dtype, g->n);
   gemm_job job = {.g = g, .im = im};

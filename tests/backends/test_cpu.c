@@ -466,6 +466,93 @@ START_TEST(every_isa) {
 }
 END_TEST
 
+/* One-row products (cpu_gemv.c): B row-major or transposed, read in
+ * place, on every ISA this CPU has; sizes around the 16-wide tiles, the
+ * four-row k steps and the 2048-column blocks. */
+START_TEST(gemv_one_row) {
+  const int64_t ns[] = {1, 7, 16, 17, 33, 257, 2100};
+  const int64_t ks[] = {1, 3, 4, 5, 16, 17, 63, 300};
+  const layout lbs[] = {L_ROW, L_TRANS, L_NARROW, L_NARROW_T, L_STRIDED};
+  const layout las[] = {L_ROW, L_TRANS, L_STRIDED};
+  const char *isas[] = {"avx512", "avx2", "c"};
+  int c = 0, ran = 0;
+  for (int is = 0; is < 3; is++) {
+    if (topos_cpu_force_isa(isas[is]) != 0) continue;
+    ran++;
+    for (int d = 0; d < 2; d++)
+      for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+        for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++, c++) {
+          topos_dtype dt = d ? TOPOS_F64 : TOPOS_F32;
+          check_shape(dt, 1 + c % 3 / 2 * 2, 1, ns[ni], ks[ki], las[c % 3],
+                      lbs[c % 5], c % 3, c % 4 == 0, 1 + c % 4, (uint64_t)c,
+                      isas[is]);
+        }
+  }
+  ck_assert_int_ge(ran, 1);
+  restore();
+  /* a tied GPT-2 head's shape: [1, 768] x wte^T, 50257 outputs */
+  check_shape(TOPOS_F32, 1, 1, 50257, 768, L_ROW, L_TRANS, 0, false, 2, 77,
+              "gemv head");
+  check_shape(TOPOS_F32, 1, 1, 3072, 768, L_ROW, L_ROW, 0, false, 2, 78,
+              "gemv mlp");
+}
+END_TEST
+
+/* NaN payloads, ±Inf, ±0, overflow and subnormals through the one-row
+ * kernels: which NaN comes out is the reference's (A's, else B's, else
+ * the accumulator's). */
+START_TEST(gemv_special_values) {
+  const double specials[] = {NAN,  INFINITY, -INFINITY, -0.0,    0.0,
+                             1e38, -1e38,    1e-40,     -1e-310, 1e308};
+  const char *isas[] = {"avx512", "avx2", "c"};
+  for (int is = 0; is < 3; is++) {
+    if (topos_cpu_force_isa(isas[is]) != 0) continue;
+    for (int d = 0; d < 2; d++)
+      for (int lb = 0; lb < 2; lb++)
+        for (int rate = 0; rate < 3; rate++) {
+          topos_dtype dt = d ? TOPOS_F64 : TOPOS_F32;
+          int64_t n = 70, k = 45;
+          mat A = mat_new(dt, L_ROW, 1, false, 1, k, 3 + rate);
+          mat B = mat_new(dt, lb ? L_TRANS : L_ROW, 1, false, k, n, 4 + rate);
+          uint64_t s = 99 + rate;
+          int every = rate == 0 ? 17 : rate == 1 ? 5 : 2;
+          for (int side = 0; side < 2; side++) {
+            mat *M = side ? &B : &A;
+            int64_t cnt = side ? k * n : k;
+            for (int64_t i = 0; i < cnt; i++) {
+              if (rng_next(&s) % (uint64_t)every != 0) continue;
+              double v = specials[rng_next(&s) % 10];
+              /* NaNs with payloads, so that which one survives shows */
+              if (isnan(v)) {
+                if (dt == TOPOS_F64) {
+                  uint64_t bits =
+                      0x7FF8000000000000ull | (uint64_t)(i + 1 + side * 7);
+                  memcpy((double *)M->buf + i, &bits, 8);
+                } else {
+                  uint32_t bits = 0x7FC00000u | (uint32_t)(i + 1 + side * 7);
+                  memcpy((float *)M->buf + i, &bits, 4);
+                }
+                continue;
+              }
+              if (dt == TOPOS_F64)
+                ((double *)M->buf)[i] = v;
+              else
+                ((float *)M->buf)[i] = (float)v;
+            }
+          }
+          mat C = out_new(dt, lb, 1, 1, n);
+          topos_gemm_task g = task_of(dt, 1, 1, n, k, &A, &B, &C);
+          for (int th = 1; th <= 2; th++)
+            expect_exact(g, &C, th, "gemv specials");
+          free(A.buf);
+          free(B.buf);
+          free(C.buf);
+        }
+  }
+  restore();
+}
+END_TEST
+
 /* ------------------------------------------------------ through the engine */
 
 static topos_value input_of(topos_tape *t, topos_dtype d, int rank,
@@ -802,6 +889,8 @@ Suite *cpu_suite(void) {
   tcase_add_test(g, batched);
   tcase_add_test(g, special_values);
   tcase_add_test(g, every_isa);
+  tcase_add_test(g, gemv_one_row);
+  tcase_add_test(g, gemv_special_values);
   suite_add_tcase(s, g);
   TCase *e = tcase_create("engine");
   tcase_set_timeout(e, 120);

@@ -1,0 +1,367 @@
+/*
+ * cpu_gemv.c - the `cpu` backend's one-row products: C[0, j] = fma chain
+ * over k of A[0, k]·B[k, j], k in order from +0.0 (numerics.md), for
+ * every j, without packing B.
+ *
+ * A one-token decoding step multiplies one row by every weight matrix of
+ * the model once: the product is a read of B and nothing else.  The
+ * packed GEMM (cpu.c) would copy all of B into panels before reading
+ * them, twice B's traffic through the caches and most of the time.  Two
+ * layouts read B where it lies:
+ *
+ *  - B row-major (b_col == 1, a weight stored [in, out]): the output row
+ *    is kept in a block of at most GEMV_BLOCK accumulators (L1-resident:
+ *    C itself when C is contiguous) and k advances over B's rows four at
+ *    a time, each step streaming four row segments: per output the same
+ *    chain acc = fma(a[k], b[k, j], acc), k = 0, 1, 2, ...;
+ *  - B transposed (b_row == 1, a weight stored [out, in], or a tied
+ *    embedding read as its transpose): output j's chain reads one
+ *    contiguous row of B's storage.  On AVX-512 sixteen such rows are
+ *    loaded sixteen k at a time, transposed in registers, and each column
+ *    of the tile is one vector fma into sixteen outputs' chains - k still
+ *    in order, one chain per lane; elsewhere scalar chains run four rows
+ *    side by side.
+ *
+ * Threads split the outputs (column ranges, whole multiples of 16),
+ * never one output's k range.  Every vector fma is vfmadd231 with the
+ * broadcast A element first, the form fma_pinned.h pins: where several
+ * operands are NaN the result is A's NaN, else B's, else acc's, as the
+ * reference's.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu_gemv.h"
+#include "cpu_window.h"
+#include "fma_pinned.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define GEMV_X86 1
+#include <immintrin.h>
+#else
+#define GEMV_X86 0
+#endif
+
+/* Accumulators per column block (8 KiB of f32: stays in L1). */
+#define GEMV_BLOCK 2048
+
+/* The smallest product (n·k per matrix) worth a second thread. */
+#define GEMV_MIN_PARALLEL ((int64_t)1 << 20)
+
+/* --------------------------------------------------- portable kernels */
+
+/* acc[0..nb) = chains over k of a[k·acs]·b[k·ldb + j]. */
+#define DEFINE_ROWS_C(T, FMA, SUF)                                               \
+  static void rows_c_##SUF(int64_t K, const T *a, int64_t acs, const T *b,       \
+                           int64_t ldb, T *acc, int64_t nb) {                    \
+    for (int64_t j = 0; j < nb; j++) acc[j] = (T)0;                              \
+    for (int64_t k = 0; k < K; k++) {                                            \
+      T ak = a[k * acs];                                                         \
+      const T *bk = b + k * ldb;                                                 \
+      for (int64_t j = 0; j < nb; j++) acc[j] = FMA(ak, bk[j], acc[j]);          \
+    }                                                                            \
+  }                                                                              \
+  /* c[r·ccs] = chain over k of a[k·acs]·bt[r·ldb + k], for r in [0, nr). */ \
+  static void trans_c_##SUF(int64_t K, const T *a, int64_t acs, const T *bt,     \
+                            int64_t ldb, T *c, int64_t ccs, int64_t nr) {        \
+    for (int64_t r = 0; r < nr; r++) {                                           \
+      const T *row = bt + r * ldb;                                               \
+      T acc = (T)0;                                                              \
+      for (int64_t k = 0; k < K; k++) acc = FMA(a[k * acs], row[k], acc);        \
+      c[r * ccs] = acc;                                                          \
+    }                                                                            \
+  }
+DEFINE_ROWS_C(float, fmaf, f32)
+DEFINE_ROWS_C(double, fma, f64)
+
+#if GEMV_X86
+
+/* ------------------------------------------------------ SIMD kernels */
+
+/* vfmadd231 with a first: acc = a·b + acc, rounded once (fma_pinned.h). */
+__attribute__((target("avx512f"))) static inline __m512 fma512_ps(__m512 a,
+                                                                  __m512 b,
+                                                                  __m512 acc) {
+  __asm__("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+__attribute__((target("avx512f"))) static inline __m512d fma512_pd(
+    __m512d a, __m512d b, __m512d acc) {
+  __asm__("vfmadd231pd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+__attribute__((target("avx2,fma"))) static inline __m256 fma256_ps(__m256 a,
+                                                                   __m256 b,
+                                                                   __m256 acc) {
+  __asm__("vfmadd231ps %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+  return acc;
+}
+__attribute__((target("avx2,fma"))) static inline __m256d fma256_pd(
+    __m256d a, __m256d b, __m256d acc) {
+  __asm__("vfmadd231pd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+  return acc;
+}
+
+/*
+ * The row-major kernel per ISA and dtype: four rows of B per pass over
+ * the block (each output's four fmas in k order), whole vectors, then the
+ * columns past the last whole vector with the pinned scalar fma.
+ */
+#define DEFINE_ROWS_SIMD(NAME, TARGET, T, V, W, ZERO, LD, ST, SET1, FMAV,  \
+                         FMAS)                                             \
+  __attribute__((target(TARGET))) static void NAME(                        \
+      int64_t K, const T *a, int64_t acs, const T *b, int64_t ldb, T *acc, \
+      int64_t nb) {                                                        \
+    int64_t nv = nb / W * W;                                               \
+    for (int64_t j = 0; j < nv; j += W) ST(acc + j, ZERO());               \
+    for (int64_t j = nv; j < nb; j++) acc[j] = (T)0;                       \
+    int64_t k = 0;                                                         \
+    for (; k + 4 <= K; k += 4) {                                           \
+      const T *b0 = b + k * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb,           \
+              *b3 = b2 + ldb;                                              \
+      T s0 = a[k * acs], s1 = a[(k + 1) * acs], s2 = a[(k + 2) * acs],     \
+        s3 = a[(k + 3) * acs];                                             \
+      V a0 = SET1(s0), a1 = SET1(s1), a2 = SET1(s2), a3 = SET1(s3);        \
+      for (int64_t j = 0; j < nv; j += W) {                                \
+        V v = LD(acc + j);                                                 \
+        v = FMAV(a0, LD(b0 + j), v);                                       \
+        v = FMAV(a1, LD(b1 + j), v);                                       \
+        v = FMAV(a2, LD(b2 + j), v);                                       \
+        v = FMAV(a3, LD(b3 + j), v);                                       \
+        ST(acc + j, v);                                                    \
+      }                                                                    \
+      for (int64_t j = nv; j < nb; j++) {                                  \
+        T v = acc[j];                                                      \
+        v = FMAS(s0, b0[j], v);                                            \
+        v = FMAS(s1, b1[j], v);                                            \
+        v = FMAS(s2, b2[j], v);                                            \
+        v = FMAS(s3, b3[j], v);                                            \
+        acc[j] = v;                                                        \
+      }                                                                    \
+    }                                                                      \
+    for (; k < K; k++) {                                                   \
+      const T *b0 = b + k * ldb;                                           \
+      T s0 = a[k * acs];                                                   \
+      V a0 = SET1(s0);                                                     \
+      for (int64_t j = 0; j < nv; j += W)                                  \
+        ST(acc + j, FMAV(a0, LD(b0 + j), LD(acc + j)));                    \
+      for (int64_t j = nv; j < nb; j++) acc[j] = FMAS(s0, b0[j], acc[j]);  \
+    }                                                                      \
+  }
+
+DEFINE_ROWS_SIMD(rows_512_f32, "avx512f,fma", float, __m512, 16,
+                 _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps,
+                 _mm512_set1_ps, fma512_ps, fma231_f32)
+DEFINE_ROWS_SIMD(rows_512_f64, "avx512f,fma", double, __m512d, 8,
+                 _mm512_setzero_pd, _mm512_loadu_pd, _mm512_storeu_pd,
+                 _mm512_set1_pd, fma512_pd, fma231_f64)
+DEFINE_ROWS_SIMD(rows_256_f32, "avx2,fma", float, __m256, 8, _mm256_setzero_ps,
+                 _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, fma256_ps,
+                 fma231_f32)
+DEFINE_ROWS_SIMD(rows_256_f64, "avx2,fma", double, __m256d, 4,
+                 _mm256_setzero_pd, _mm256_loadu_pd, _mm256_storeu_pd,
+                 _mm256_set1_pd, fma256_pd, fma231_f64)
+
+/* Transposed B without the 16x16 tile: four outputs' scalar chains side
+ * by side (four row streams), then one at a time. */
+#define DEFINE_TRANS_SCALAR(NAME, TARGET, T, FMAS)                        \
+  __attribute__((target(TARGET))) static void NAME(                       \
+      int64_t K, const T *a, int64_t acs, const T *bt, int64_t ldb, T *c, \
+      int64_t ccs, int64_t nr) {                                          \
+    int64_t r = 0;                                                        \
+    for (; r + 4 <= nr; r += 4) {                                         \
+      const T *p0 = bt + r * ldb, *p1 = p0 + ldb, *p2 = p1 + ldb,         \
+              *p3 = p2 + ldb;                                             \
+      T c0 = (T)0, c1 = (T)0, c2 = (T)0, c3 = (T)0;                       \
+      for (int64_t k = 0; k < K; k++) {                                   \
+        T ak = a[k * acs];                                                \
+        c0 = FMAS(ak, p0[k], c0);                                         \
+        c1 = FMAS(ak, p1[k], c1);                                         \
+        c2 = FMAS(ak, p2[k], c2);                                         \
+        c3 = FMAS(ak, p3[k], c3);                                         \
+      }                                                                   \
+      c[r * ccs] = c0;                                                    \
+      c[(r + 1) * ccs] = c1;                                              \
+      c[(r + 2) * ccs] = c2;                                              \
+      c[(r + 3) * ccs] = c3;                                              \
+    }                                                                     \
+    for (; r < nr; r++) {                                                 \
+      const T *p0 = bt + r * ldb;                                         \
+      T c0 = (T)0;                                                        \
+      for (int64_t k = 0; k < K; k++) c0 = FMAS(a[k * acs], p0[k], c0);   \
+      c[r * ccs] = c0;                                                    \
+    }                                                                     \
+  }
+DEFINE_TRANS_SCALAR(trans_fma_f32, "fma", float, fma231_f32)
+DEFINE_TRANS_SCALAR(trans_fma_f64, "fma", double, fma231_f64)
+
+/* r[0..16) rows -> r[t] = column t (a 16x16 f32 transpose in registers:
+ * four stages of sixteen shuffles, every loop unrolled so that the tile
+ * never leaves the registers). */
+__attribute__((target("avx512f"), always_inline)) static inline void
+transpose16(__m512 *r) {
+  __m512 t[16], u[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  /* u[4q + c]: rows 4q..4q+3 of columns 4L + c in 128-bit lane L */
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; q++) {
+    __m512d x0 = _mm512_castps_pd(t[4 * q]),
+            x1 = _mm512_castps_pd(t[4 * q + 1]);
+    __m512d x2 = _mm512_castps_pd(t[4 * q + 2]),
+            x3 = _mm512_castps_pd(t[4 * q + 3]);
+    u[4 * q] = _mm512_castpd_ps(_mm512_unpacklo_pd(x0, x2));
+    u[4 * q + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x0, x2));
+    u[4 * q + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(x1, x3));
+    u[4 * q + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(x1, x3));
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; c++) {
+    __m512 va = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
+    __m512 vb = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
+    __m512 vc = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+    __m512 vd = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
+    r[c] = _mm512_shuffle_f32x4(va, vc, 0x88);
+    r[c + 8] = _mm512_shuffle_f32x4(va, vc, 0xdd);
+    r[c + 4] = _mm512_shuffle_f32x4(vb, vd, 0x88);
+    r[c + 12] = _mm512_shuffle_f32x4(vb, vd, 0xdd);
+  }
+}
+
+/* Transposed B, f32, AVX-512: sixteen outputs per tile, sixteen k per
+ * step; rows past nr and k past K load as zeros (their lanes are thrown
+ * away or never reach an fma).  Whole tiles take the unrolled path. */
+__attribute__((target("avx512f,fma"))) static void trans_512_f32(
+    int64_t K, const float *a, int64_t acs, const float *bt, int64_t ldb,
+    float *c, int64_t ccs, int64_t nr) {
+  int64_t kfull = K / 16 * 16;
+  for (int64_t r0 = 0; r0 < nr; r0 += 16) {
+    int rows = nr - r0 < 16 ? (int)(nr - r0) : 16;
+    const float *base = bt + r0 * ldb;
+    __m512 acc = _mm512_setzero_ps();
+    __m512 r[16];
+    int64_t k0 = 0;
+    if (rows == 16)
+      for (; k0 < kfull; k0 += 16) {
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++)
+          r[i] = _mm512_loadu_ps(base + i * ldb + k0);
+        transpose16(r);
+#pragma GCC unroll 16
+        for (int t = 0; t < 16; t++)
+          acc = fma512_ps(_mm512_set1_ps(a[(k0 + t) * acs]), r[t], acc);
+      }
+    for (; k0 < K; k0 += 16) {
+      int kt = K - k0 < 16 ? (int)(K - k0) : 16;
+      __mmask16 km = (__mmask16)(kt == 16 ? 0xFFFFu : (1u << kt) - 1u);
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; i++)
+        r[i] = _mm512_maskz_loadu_ps(i < rows ? km : 0, base + i * ldb + k0);
+      transpose16(r);
+      for (int t = 0; t < kt; t++)
+        acc = fma512_ps(_mm512_set1_ps(a[(k0 + t) * acs]), r[t], acc);
+    }
+    float out[16];
+    _mm512_storeu_ps(out, acc);
+    for (int i = 0; i < rows; i++) c[(r0 + i) * ccs] = out[i];
+  }
+}
+
+#endif /* GEMV_X86 */
+
+/* ------------------------------------------------------------- driver */
+
+typedef void (*rows_fn)(int64_t K, const void *a, int64_t acs, const void *b,
+                        int64_t ldb, void *acc, int64_t nb);
+typedef void (*trans_fn)(int64_t K, const void *a, int64_t acs, const void *bt,
+                         int64_t ldb, void *c, int64_t ccs, int64_t nr);
+
+typedef struct gemv_job {
+  const topos_gemm_task *g;
+  size_t es;
+  rows_fn rows;   /* b_col == 1 */
+  trans_fn trans; /* otherwise (b_row == 1) */
+} gemv_job;
+
+/* Thread tid's share of n outputs: whole multiples of 16. */
+static void share(int64_t n, int tid, int T, int64_t *j0, int64_t *j1) {
+  int64_t units = (n + 15) / 16;
+  int64_t u0 = units * tid / T, u1 = units * (tid + 1) / T;
+  *j0 = u0 * 16 < n ? u0 * 16 : n;
+  *j1 = u1 * 16 < n ? u1 * 16 : n;
+}
+
+static void gemv_work(void *arg, int tid, int T) {
+  const gemv_job *j = arg;
+  const topos_gemm_task *g = j->g;
+  const size_t es = j->es;
+  int64_t j0, j1;
+  share(g->n, tid, T, &j0, &j1);
+  if (j0 >= j1) return;
+  /* C's block when C is strided: 16 KiB covers GEMV_BLOCK of either
+   * dtype. */
+  double tmp[GEMV_BLOCK];
+  for (int64_t bi = 0; bi < g->batch; bi++) {
+    const char *A = (const char *)g->a + (size_t)(bi * g->a_batch) * es;
+    const char *B = (const char *)g->b + (size_t)(bi * g->b_batch) * es;
+    char *C = (char *)g->c + (size_t)(bi * g->c_batch) * es;
+    if (!j->rows) {
+      j->trans(g->k, A, g->a_col, B + (size_t)(j0 * g->b_col) * es, g->b_col,
+               C + (size_t)(j0 * g->c_col) * es, g->c_col, j1 - j0);
+      continue;
+    }
+    for (int64_t x0 = j0; x0 < j1; x0 += GEMV_BLOCK) {
+      int64_t nb = j1 - x0 < GEMV_BLOCK ? j1 - x0 : GEMV_BLOCK;
+      char *cx = C + (size_t)(x0 * g->c_col) * es;
+      void *acc = g->c_col == 1 ? (void *)cx : (void *)tmp;
+      j->rows(g->k, A, g->a_col, B + (size_t)x0 * es, g->b_row, acc, nb);
+      if (g->c_col != 1)
+        for (int64_t x = 0; x < nb; x++)
+          memcpy(cx + (size_t)(x * g->c_col) * es, (char *)tmp + (size_t)x * es,
+                 es);
+    }
+  }
+}
+
+bool cpu_gemv_applies(const topos_gemm_task *g) {
+  return g->m == 1 && g->k >= 1 && g->n >= 1 &&
+         (g->dtype == TOPOS_F32 || g->dtype == TOPOS_F64) &&
+         (g->b_col == 1 || g->b_row == 1);
+}
+
+int cpu_gemv_run(const topos_gemm_task *g, int threads, int isa) {
+  bool f64 = g->dtype == TOPOS_F64;
+  gemv_job job = {.g = g, .es = f64 ? sizeof(double) : sizeof(float)};
+  bool by_rows = g->b_col == 1;
+  if (f64) {
+    job.rows = (rows_fn)rows_c_f64;
+    job.trans = (trans_fn)trans_c_f64;
+  } else {
+    job.rows = (rows_fn)rows_c_f32;
+    job.trans = (trans_fn)trans_c_f32;
+  }
+#if GEMV_X86
+  if (isa >= CPU_GEMV_AVX2 && fma_pinned_available()) {
+    job.trans = f64 ? (trans_fn)trans_fma_f64 : (trans_fn)trans_fma_f32;
+    job.rows = f64 ? (rows_fn)rows_256_f64 : (rows_fn)rows_256_f32;
+  }
+  if (isa >= CPU_GEMV_AVX512 && fma_pinned_available()) {
+    job.rows = f64 ? (rows_fn)rows_512_f64 : (rows_fn)rows_512_f32;
+    if (!f64) job.trans = (trans_fn)trans_512_f32;
+  }
+#else
+  (void)isa;
+#endif
+  if (!by_rows) job.rows = NULL;
+  double work = (double)g->n * (double)g->k * (double)g->batch;
+  if (work < (double)GEMV_MIN_PARALLEL) threads = 1;
+  if (threads > 1 && g->n > 16)
+    cpu_parallel(threads, gemv_work, &job);
+  else
+    gemv_work(&job, 0, 1);
+  return TOPOS_OK;
+}

@@ -2,7 +2,9 @@
  * test_gpt2.c - GPT-2 with a caller-owned KV cache (examples/common/
  * gpt2.c): decoding with the cache gives the full forward's bits, row by
  * row; the cache is the caller's and a failed run leaves it as it was;
- * weights round-trip through safetensors under Hugging Face's names.
+ * weights round-trip through safetensors under Hugging Face's names; and
+ * the logits match PyTorch's GPT2LMHeadModel (tests/python/gpt2_torch.py)
+ * run in float32 and in float64.
  */
 #include <check.h>
 #include <math.h>
@@ -213,31 +215,53 @@ START_TEST(safetensors_round_trip) {
 }
 END_TEST
 
-/* ---------------------------------------- against an independent model */
+/* ------------------------------------------------ against PyTorch */
 
-/* The IREE venv's python (numpy and safetensors), or NULL. */
-static const char *venv_python(void) {
-  static char path[4096];
-  const char *bin = getenv("TOPOS_IREE_BIN");
-  snprintf(path, sizeof path, "%s/python",
-           bin && *bin ? bin : ".iree-venv/bin");
-  char cmd[4200];
-  snprintf(cmd, sizeof cmd,
-           "'%s' -c 'import numpy, safetensors' >/dev/null 2>&1", path);
-  return access(path, X_OK) == 0 && system(cmd) == 0 ? path : NULL;
+/* Debian's python3 when it imports torch (python3-torch, `make deps`),
+ * or NULL. */
+static const char *torch_python(void) {
+  static const char path[] = "/usr/bin/python3";
+  if (access(path, X_OK) != 0) return NULL;
+  return system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0
+             ? path
+             : NULL;
 }
 
-/* tests/python/gpt2_ref.py writes random weights with Hugging Face's
- * names (GPT2LMHeadModel's layout: the "transformer." prefix, the tied
- * head beside) and its own float64 logits; topos loads the file and its
- * f32 logits hold numerics.md's f32 envelope against them: relative L2
- * error at most 1e-5. */
-START_TEST(matches_independent_reference) {
-  const char *python = venv_python();
+/* The relative L2 error of got[n] against DIR/NAME: n raw little-endian
+ * floats (f64 false) or doubles (f64 true). */
+static double rel_l2(const float *got, const char *dir, const char *name,
+                     size_t n, bool f64) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  size_t size = f64 ? sizeof(double) : sizeof(float);
+  unsigned char *want = malloc(n * size);
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "%s missing", path);
+  ck_assert_uint_eq(fread(want, size, n, f), n);
+  fclose(f);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    double w = f64 ? ((const double *)(const void *)want)[i]
+                   : (double)((const float *)(const void *)want)[i];
+    num += ((double)got[i] - w) * ((double)got[i] - w);
+    den += w * w;
+  }
+  free(want);
+  return sqrt(num / den);
+}
+
+/* tests/python/gpt2_torch.py is GPT2LMHeadModel in PyTorch: it writes its
+ * random weights with Hugging Face's names (the "transformer." prefix, the
+ * tied head beside) and its logits, run in float32 and again after
+ * .double() in float64.  topos loads the file and its f32 logits hold
+ * numerics.md's f32 envelope against both: relative L2 error at most
+ * 1e-5. */
+START_TEST(matches_pytorch_reference) {
+  const char *python = torch_python();
   if (!python) {
     printf(
-        "gpt2: no .iree-venv python with numpy and safetensors (run `make "
-        "deps`): reference comparison skipped\n");
+        "gpt2: /usr/bin/python3 cannot import torch (run `make deps` for "
+        "python3-torch): PyTorch comparison skipped\n");
     return;
   }
   char dir[] = "/tmp/topos-gpt2ref-XXXXXX";
@@ -246,7 +270,7 @@ START_TEST(matches_independent_reference) {
   const int32_t tok[9] = {0, 17, 999, 512, 3, 3, 250, 1, 42};
   char cmd[8192];
   int len = snprintf(
-      cmd, sizeof cmd, "'%s' tests/python/gpt2_ref.py '%s' %d %d %d %d %d 5",
+      cmd, sizeof cmd, "'%s' tests/python/gpt2_torch.py '%s' %d %d %d %d %d 5",
       python, dir, c.vocab, c.context, c.width, c.heads, c.layers);
   for (int i = 0; i < 9; i++)
     len += snprintf(cmd + len, sizeof cmd - (size_t)len, " %d", tok[i]);
@@ -265,30 +289,22 @@ START_TEST(matches_independent_reference) {
                 err.message);
   size_t n = (size_t)9 * (size_t)c.vocab;
   float *got = malloc(n * sizeof *got);
-  double *want = malloc(n * sizeof *want);
   ck_assert_int_eq(topos_tensor_read(all, got, n * sizeof *got, &err),
                    TOPOS_OK);
-  snprintf(path, sizeof path, "%s/logits.f64", dir);
-  FILE *f = fopen(path, "rb");
-  ck_assert_ptr_nonnull(f);
-  ck_assert_uint_eq(fread(want, sizeof *want, n, f), n);
-  fclose(f);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; i++) {
-    num += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  double rel = sqrt(num / den);
+  double rel64 = rel_l2(got, dir, "logits.f64", n, true);
+  double rel32 = rel_l2(got, dir, "logits.f32", n, false);
   printf(
-      "gpt2: logits against the numpy float64 reference: relative L2 "
-      "%.3g\n",
-      rel);
-  ck_assert_msg(rel <= 1e-5, "relative L2 error %g over 1e-5", rel);
-  ck_assert_msg(rel > 0, "bit-equal to a float64 model: not a real check");
+      "gpt2: logits against PyTorch's: relative L2 %.3g (float64), %.3g "
+      "(float32)\n",
+      rel64, rel32);
+  ck_assert_msg(rel64 <= 1e-5, "relative L2 error %g over 1e-5 (float64)",
+                rel64);
+  ck_assert_msg(rel32 <= 1e-5, "relative L2 error %g over 1e-5 (float32)",
+                rel32);
+  ck_assert_msg(rel64 > 0, "bit-equal to a float64 model: not a real check");
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ck_assert_int_eq(system(cmd), 0);
   free(got);
-  free(want);
   topos_tensor_release(all);
   ex_kv_cache_free(&cache);
   ex_kv_net_free(&net);
@@ -304,7 +320,7 @@ Suite *gpt2_suite(void) {
   tcase_add_test(tc, cache_is_the_callers);
   tcase_add_test(tc, record_errors);
   tcase_add_test(tc, safetensors_round_trip);
-  tcase_add_test(tc, matches_independent_reference);
+  tcase_add_test(tc, matches_pytorch_reference);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -4,8 +4,8 @@
  * row, with grouped-query attention; the cache holds the KV heads only, is
  * the caller's, and a failed run leaves it as it was; configs that are no
  * Llama are refused; weights round-trip through safetensors under Hugging
- * Face's names; and the logits match an independent numpy float64
- * LlamaForCausalLM (tests/python/llama_ref.py).
+ * Face's names; and the logits match PyTorch's LlamaForCausalLM
+ * (tests/python/llama_torch.py) run in float32 and in float64.
  */
 #include <check.h>
 #include <math.h>
@@ -351,30 +351,52 @@ START_TEST(safetensors_round_trip) {
 }
 END_TEST
 
-/* ---------------------------------------- against an independent model */
+/* ------------------------------------------------ against PyTorch */
 
-/* The IREE venv's python (numpy and safetensors), or NULL. */
-static const char *venv_python(void) {
-  static char path[4096];
-  const char *bin = getenv("TOPOS_IREE_BIN");
-  snprintf(path, sizeof path, "%s/python",
-           bin && *bin ? bin : ".iree-venv/bin");
-  char cmd[4200];
-  snprintf(cmd, sizeof cmd,
-           "'%s' -c 'import numpy, safetensors' >/dev/null 2>&1", path);
-  return access(path, X_OK) == 0 && system(cmd) == 0 ? path : NULL;
+/* Debian's python3 when it imports torch (python3-torch, `make deps`),
+ * or NULL. */
+static const char *torch_python(void) {
+  static const char path[] = "/usr/bin/python3";
+  if (access(path, X_OK) != 0) return NULL;
+  return system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0
+             ? path
+             : NULL;
 }
 
-/* Runs tests/python/llama_ref.py for config c on tok[n] and returns the
- * relative L2 error of topos's f32 logits against its float64 ones. */
-static double against_reference(const char *python, const ex_llama_config *c,
-                                const int32_t *tok, int n) {
+/* The relative L2 error of got[n] against DIR/NAME: n raw little-endian
+ * floats (f64 false) or doubles (f64 true). */
+static double rel_l2(const float *got, const char *dir, const char *name,
+                     size_t n, bool f64) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  size_t size = f64 ? sizeof(double) : sizeof(float);
+  unsigned char *want = malloc(n * size);
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "%s missing", path);
+  ck_assert_uint_eq(fread(want, size, n, f), n);
+  fclose(f);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    double w = f64 ? ((const double *)(const void *)want)[i]
+                   : (double)((const float *)(const void *)want)[i];
+    num += ((double)got[i] - w) * ((double)got[i] - w);
+    den += w * w;
+  }
+  free(want);
+  return sqrt(num / den);
+}
+
+/* Runs tests/python/llama_torch.py for config c on tok[n]; rel[0] and
+ * rel[1] are the relative L2 errors of topos's f32 logits against
+ * PyTorch's float64 and float32 ones. */
+static void against_pytorch(const char *python, const ex_llama_config *c,
+                            const int32_t *tok, int n, double rel[2]) {
   char dir[] = "/tmp/topos-llamaref-XXXXXX";
   ck_assert_ptr_nonnull(mkdtemp(dir));
   char cmd[8192];
   int len = snprintf(cmd, sizeof cmd,
-                     "'%s' tests/python/llama_ref.py '%s' %d %d %d %d %d %d %d "
-                     "%.17g %.17g %d 5",
+                     "'%s' tests/python/llama_torch.py '%s' %d %d %d %d %d %d "
+                     "%d %.17g %.17g %d 5",
                      python, dir, c->vocab, c->width, c->heads, c->kv_heads,
                      ex_llama_head_dim(c), c->ffn, c->layers, c->rms_eps,
                      c->rope_theta, c->tie ? 1 : 0);
@@ -395,42 +417,32 @@ static double against_reference(const char *python, const ex_llama_config *c,
                 err.message);
   size_t m = (size_t)n * (size_t)c->vocab;
   float *got = malloc(m * sizeof *got);
-  double *want = malloc(m * sizeof *want);
   ck_assert_int_eq(topos_tensor_read(all, got, m * sizeof *got, &err),
                    TOPOS_OK);
-  snprintf(path, sizeof path, "%s/logits.f64", dir);
-  FILE *f = fopen(path, "rb");
-  ck_assert_ptr_nonnull(f);
-  ck_assert_uint_eq(fread(want, sizeof *want, m, f), m);
-  fclose(f);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < m; i++) {
-    num += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
-    den += want[i] * want[i];
-  }
+  rel[0] = rel_l2(got, dir, "logits.f64", m, true);
+  rel[1] = rel_l2(got, dir, "logits.f32", m, false);
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ck_assert_int_eq(system(cmd), 0);
   free(got);
-  free(want);
   topos_tensor_release(all);
   ex_kv_cache_free(&cache);
   ex_kv_net_free(&net);
   ex_llama_weights_free(&w);
-  return sqrt(num / den);
 }
 
-/* tests/python/llama_ref.py writes random weights with Hugging Face's
- * names and its own float64 logits; topos loads the file and its f32
- * logits hold numerics.md's f32 envelope against them: relative L2 error
- * at most 1e-5.  Two shapes: GQA (H 4, KV 2) untied, and a head size
- * other than D / H (H 6, KV 3, Dh 16 over D 48) tied, with Llama 3's
+/* tests/python/llama_torch.py is LlamaForCausalLM in PyTorch: it writes
+ * its random weights with Hugging Face's names and its logits, run in
+ * float32 and again after .double() in float64.  topos loads the file and
+ * its f32 logits hold numerics.md's f32 envelope against both: relative
+ * L2 error at most 1e-5.  Two shapes: GQA (H 4, KV 2) untied, and a head
+ * size other than D / H (H 6, KV 3, Dh 16 over D 48) tied, with Llama 3's
  * theta and eps. */
-START_TEST(matches_independent_reference) {
-  const char *python = venv_python();
+START_TEST(matches_pytorch_reference) {
+  const char *python = torch_python();
   if (!python) {
     printf(
-        "llama: no .iree-venv python with numpy and safetensors (run `make "
-        "deps`): reference comparison skipped\n");
+        "llama: /usr/bin/python3 cannot import torch (run `make deps` for "
+        "python3-torch): PyTorch comparison skipped\n");
     return;
   }
   const int32_t tok[9] = {0, 17, 999, 512, 3, 3, 250, 1, 42};
@@ -438,14 +450,18 @@ START_TEST(matches_independent_reference) {
       {1000, 32, 48, 4, 2, 0, 128, 3, 1e-6, 10000.0, false},
       {1000, 32, 48, 6, 3, 16, 96, 2, 1e-5, 500000.0, true}};
   for (int i = 0; i < 2; i++) {
-    double rel = against_reference(python, &cs[i], tok, 9);
+    double rel[2];
+    against_pytorch(python, &cs[i], tok, 9, rel);
     printf(
-        "llama: logits against the numpy float64 reference (H %d, KV %d, Dh "
-        "%d%s): relative L2 %.3g\n",
+        "llama: logits against PyTorch's (H %d, KV %d, Dh %d%s): relative L2 "
+        "%.3g (float64), %.3g (float32)\n",
         cs[i].heads, cs[i].kv_heads, ex_llama_head_dim(&cs[i]),
-        cs[i].tie ? ", tied" : "", rel);
-    ck_assert_msg(rel <= 1e-5, "relative L2 error %g over 1e-5", rel);
-    ck_assert_msg(rel > 0, "bit-equal to a float64 model: not a real check");
+        cs[i].tie ? ", tied" : "", rel[0], rel[1]);
+    ck_assert_msg(rel[0] <= 1e-5, "relative L2 error %g over 1e-5 (float64)",
+                  rel[0]);
+    ck_assert_msg(rel[1] <= 1e-5, "relative L2 error %g over 1e-5 (float32)",
+                  rel[1]);
+    ck_assert_msg(rel[0] > 0, "bit-equal to a float64 model: not a real check");
   }
 }
 END_TEST
@@ -459,7 +475,7 @@ Suite *llama_suite(void) {
   tcase_add_test(tc, cache_is_the_callers);
   tcase_add_test(tc, record_errors);
   tcase_add_test(tc, safetensors_round_trip);
-  tcase_add_test(tc, matches_independent_reference);
+  tcase_add_test(tc, matches_pytorch_reference);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -21,7 +21,8 @@
  *
  * Microkernels: AVX-512 (MR 14, NR 32 f32 / 16 f64), AVX2+FMA (MR 6,
  * NR 16 f32 / 8 f64), chosen once by __builtin_cpu_supports, and a
- * portable C one (fma()/fmaf()).  Threads come from a persistent pool
+ * portable C one (cpu_fmaf: the pinned fma where the CPU has one, else
+ * fmaf).  Threads come from a persistent pool
  * created on first use; the caller's thread works too.
  */
 #include <errno.h>
@@ -103,8 +104,8 @@ typedef struct gemm_impl {
     for (int i = 0; i < mr; i++)                                         \
       for (int j = 0; j < C_NR; j++) c[i * ldc + j] = acc[i][j];         \
   }
-DEFINE_C_KERNEL(float, fmaf, f32)
-DEFINE_C_KERNEL(double, fma, f64)
+DEFINE_C_KERNEL(float, cpu_fmaf, f32)
+DEFINE_C_KERNEL(double, cpu_fma, f64)
 
 #define C_WRAP(SUF, T, MRV)                                              \
   static void kc_##SUF##_##MRV(int64_t kc, const void *a, const void *b, \
@@ -438,6 +439,37 @@ static const gemm_impl *impl_for_n(topos_dtype dtype, int64_t n) {
 DEFINE_PACK(float, f32)
 DEFINE_PACK(double, f64)
 
+/* The same panels from bf16 operands, widened exactly to f32 on the way
+ * (backend.h's bf16 products): the kernels then run the f32 chain. */
+static void pack_a_bf16(const uint16_t *src, int64_t rs, int64_t cs, int64_t mr,
+                        int64_t kc, int MR, float *dst) {
+  for (int64_t k = 0; k < kc; k++) {
+    float *d = dst + k * MR;
+    int64_t i = 0;
+    for (; i < mr; i++) d[i] = cpu_bf16_widen(src[i * rs + k * cs]);
+    for (; i < MR; i++) d[i] = 0.0f;
+  }
+}
+static void pack_b_bf16(const uint16_t *src, int64_t rs, int64_t cs, int64_t kc,
+                        int64_t nc, int NR, float *dst) {
+  for (int64_t j0 = 0; j0 < nc; j0 += NR) {
+    int64_t nr = nc - j0 < NR ? nc - j0 : NR;
+    float *d = dst + j0 * kc;
+    const uint16_t *s = src + j0 * cs;
+    if (rs == 1 && cs != 1) {
+      for (int64_t j = 0; j < nr; j++)
+        for (int64_t k = 0; k < kc; k++)
+          d[k * NR + j] = cpu_bf16_widen(s[j * cs + k]);
+    } else {
+      for (int64_t k = 0; k < kc; k++)
+        for (int64_t j = 0; j < nr; j++)
+          d[k * NR + j] = cpu_bf16_widen(s[k * rs + j * cs]);
+    }
+    for (int64_t j = nr; j < NR; j++)
+      for (int64_t k = 0; k < kc; k++) d[k * NR + j] = 0.0f;
+  }
+}
+
 /* --------------------------------------------------- per-thread scratch */
 
 typedef struct scratch {
@@ -497,7 +529,8 @@ static void *scratch_get(size_t bytes) {
 typedef struct gemm_job {
   const topos_gemm_task *g;
   const gemm_impl *im;
-  size_t es;
+  size_t es;       /* bytes per C element and packed element (compute type) */
+  size_t ies;      /* bytes per A and B element (2 for bf16 operands) */
   int T;           /* threads taking part */
   int64_t nc;      /* columns per block (a multiple of nr) */
   int64_t nblocks; /* column blocks per matrix */
@@ -560,6 +593,9 @@ static void pack_a(const gemm_job *j, const char *src, int64_t mr, int64_t kc,
   if (g->dtype == TOPOS_F64)
     pack_a_f64((const double *)src, g->a_row, g->a_col, mr, kc, j->im->mr,
                (double *)dst);
+  else if (g->dtype == TOPOS_BF16)
+    pack_a_bf16((const uint16_t *)src, g->a_row, g->a_col, mr, kc, j->im->mr,
+                (float *)dst);
   else
     pack_a_f32((const float *)src, g->a_row, g->a_col, mr, kc, j->im->mr,
                (float *)dst);
@@ -571,6 +607,9 @@ static void pack_b(const gemm_job *j, const char *src, int64_t kc, int64_t nc,
   if (g->dtype == TOPOS_F64)
     pack_b_f64((const double *)src, g->b_row, g->b_col, kc, nc, j->im->nr,
                (double *)dst);
+  else if (g->dtype == TOPOS_BF16)
+    pack_b_bf16((const uint16_t *)src, g->b_row, g->b_col, kc, nc, j->im->nr,
+                (float *)dst);
   else
     pack_b_f32((const float *)src, g->b_row, g->b_col, kc, nc, j->im->nr,
                (float *)dst);
@@ -603,7 +642,7 @@ static void job_work(gemm_job *j, int tid) {
   }
   const topos_gemm_task *g = j->g;
   const gemm_impl *im = j->im;
-  const size_t es = j->es;
+  const size_t es = j->es, ies = j->ies;
   const int MR = im->mr, NR = im->nr, T = j->T;
   const int64_t KC = im->kc;
   char *apack = j->abufs + (size_t)tid * j->abytes;
@@ -616,8 +655,8 @@ static void job_work(gemm_job *j, int tid) {
    * reuse the panel buffer and extend C's chains). */
   int64_t pbase = 0, ubase = 0, t;
   for (int64_t bi = 0; bi < g->batch; bi++) {
-    const char *A = (const char *)g->a + (size_t)(bi * g->a_batch) * es;
-    const char *B = (const char *)g->b + (size_t)(bi * g->b_batch) * es;
+    const char *A = (const char *)g->a + (size_t)(bi * g->a_batch) * ies;
+    const char *B = (const char *)g->b + (size_t)(bi * g->b_batch) * ies;
     char *C = (char *)g->c + (size_t)(bi * g->c_batch) * es;
     for (int64_t jb = 0; jb < j->nblocks; jb++) {
       int64_t j0 = jb * j->nc;
@@ -636,7 +675,7 @@ static void job_work(gemm_job *j, int tid) {
           int64_t q = t - pbase;
           int64_t c0 = j0 + q * NR;
           int64_t c1 = c0 + NR < j1 ? c0 + NR : j1;
-          pack_b(j, B + (size_t)(p0 * g->b_row + c0 * g->b_col) * es, kc,
+          pack_b(j, B + (size_t)(p0 * g->b_row + c0 * g->b_col) * ies, kc,
                  c1 - c0, j->bpack + (size_t)(q * kc * NR) * es);
           finish(&j->pack_done);
         }
@@ -647,7 +686,7 @@ static void job_work(gemm_job *j, int tid) {
           int64_t rp = u / groups, cg = u % groups;
           int64_t ir = rp * MR;
           int64_t mr = g->m - ir < MR ? g->m - ir : MR;
-          const char *asrc = A + (size_t)(ir * g->a_row + p0 * g->a_col) * es;
+          const char *asrc = A + (size_t)(ir * g->a_row + p0 * g->a_col) * ies;
           kern_fn kern = im->kern[mr];
           kern_s_fn kern_s = j->direct_a ? im->kern_s[mr] : NULL;
           if (!kern_s) pack_a(j, asrc, mr, kc, apack);
@@ -870,7 +909,8 @@ static bool cpu_supports(const topos_backend *self, const topos_task *task) {
     return cpu_attention_supports(&task->u.attention);
   if (!task || task->kind != TOPOS_TASK_GEMM) return false;
   const topos_gemm_task *g = &task->u.gemm;
-  if (g->dtype != TOPOS_F32 && g->dtype != TOPOS_F64) return false;
+  if (g->dtype != TOPOS_F32 && g->dtype != TOPOS_F64 && g->dtype != TOPOS_BF16)
+    return false;
   if (g->batch < 1 || g->m < 1 || g->n < 1 || g->k < 1) return false;
   int64_t mn;
   if (__builtin_mul_overflow(g->m, g->n, &mn)) return true;
@@ -898,7 +938,8 @@ static int cpu_run(const topos_backend *self, const topos_task *task,
     return wrc;
   }
   const topos_gemm_task *g = &task->u.gemm;
-  if (g->dtype != TOPOS_F32 && g->dtype != TOPOS_F64) return TOPOS_ERR_DTYPE;
+  if (g->dtype != TOPOS_F32 && g->dtype != TOPOS_F64 && g->dtype != TOPOS_BF16)
+    return TOPOS_ERR_DTYPE;
   if (g->batch < 1 || g->m < 1 || g->n < 1) return TOPOS_OK;
   if (g->k < 1) { /* every chain is empty: +0.0 */
     for (int64_t b = 0; b < g->batch; b++)
@@ -922,6 +963,7 @@ static int cpu_run(const topos_backend *self, const topos_task *task,
   const gemm_impl *im = impl_for_n(g->dtype, g->n);
   gemm_job job = {.g = g, .im = im};
   job.es = g->dtype == TOPOS_F64 ? sizeof(double) : sizeof(float);
+  job.ies = g->dtype == TOPOS_BF16 ? sizeof(uint16_t) : job.es;
   int threads = task->threads > 0 ? task->threads : 1;
   double work = (double)g->m * (double)g->n * (double)g->k * (double)g->batch;
   if (work < (double)CPU_MIN_PARALLEL_WORK) threads = 1;
@@ -933,7 +975,8 @@ static int cpu_run(const topos_backend *self, const topos_task *task,
   job.nblocks = (g->n + nc - 1) / nc;
   /* Packing A pays for itself across a row's column panels; with a few of
    * them the kernel reads A in place (the same fmas in the same order). */
-  job.direct_a = job.nblocks == 1 && nc / im->nr <= CPU_DIRECT_A_PANELS;
+  job.direct_a = job.nblocks == 1 && nc / im->nr <= CPU_DIRECT_A_PANELS &&
+                 g->dtype != TOPOS_BF16;
   atomic_init(&job.pack_next, 0);
   atomic_init(&job.pack_done, 0);
   atomic_init(&job.unit_next, 0);

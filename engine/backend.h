@@ -39,9 +39,13 @@ typedef enum topos_task_kind {
 /*
  * C[b] = A[b]·B[b] for b < batch: A is m×k, B is k×n, C is m×n, each
  * addressed by element strides (row, column; batch), so transposed and
- * narrowed views arrive as they are.  dtype is f32 or f64; the exact
- * contract per output is the fma chain over k in order from +0.0.  C is
- * written, never read.
+ * narrowed views arrive as they are.  dtype is f32, f64 or bf16; the
+ * exact contract per output is the fma chain over k in order from +0.0.
+ * C is written, never read.  bf16: A and B hold bf16 bit patterns
+ * (uint16_t elements, the strides in those), C is float - each operand
+ * widened exactly to f32, the chain in f32, and the engine rounds C once
+ * to bf16 (numerics.md).  A backend that does not know this form must
+ * decline bf16 products.
  */
 typedef struct topos_gemm_task {
   topos_dtype dtype;

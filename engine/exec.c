@@ -95,13 +95,15 @@ static bool is_real(topos_dtype d) {
 
 /* The kind of task node `op` can become with these operands, or -1 when
  * only the reference computes it.  The rules follow the kernels: bf16
- * maps and sums travel as their f32 compute arrays, bf16 products stay
- * on the reference (its f32 scratch is the exact computation), and a
+ * maps and sums travel as their f32 compute arrays, bf16 products as
+ * their bf16 operands in place with an f32 output (backend.h), and a
  * binary op over strided f32/f64 views runs the reference's in-place
  * view kernel rather than copying its operands for a map. */
 static int task_kind_of(op_code op, int nin, topos_tensor *const *in,
                         const tensor_meta *out) {
-  if (op == OP_MATMUL) return is_real(out->dtype) ? TOPOS_TASK_GEMM : -1;
+  if (op == OP_MATMUL)
+    return is_real(out->dtype) || out->dtype == TOPOS_BF16 ? TOPOS_TASK_GEMM
+                                                           : -1;
   if (op == OP_SUM || op == OP_SUM_ALONG)
     return dtype_is_float(in[0]->dtype) ? TOPOS_TASK_REDUCE : -1;
   if (map_op_of(op) < 0 || !dtype_is_float(out->dtype)) return -1;
@@ -123,6 +125,20 @@ static void strides3(const topos_tensor *t, int64_t s[3]) {
  * prepared), 0 when op_eval must compute it, -1 with err when memory ran
  * out. */
 
+/* A later block of a bf16 product that a backend declined: the
+ * reference loop on the widened operands (made once, on first need). */
+static int gemm_block_reference(const exec_env *env, const topos_tensor *a,
+                                const topos_tensor *b, compute_view *va,
+                                compute_view *vb, int64_t bi, int64_t i,
+                                int64_t mr, int64_t m, int64_t k, int64_t n,
+                                float *c, topos_error *err) {
+  if (!va->data && compute_view_of(a, va, err)) return -1;
+  if (!vb->data && compute_view_of(b, vb, err)) return -1;
+  const float *A = (const float *)va->data + (bi * m + i) * k;
+  const float *B = (const float *)vb->data + (b->rank == 3 ? bi * k * n : 0);
+  return kernel_matmul(env, TOPOS_F32, A, k, 1, B, n, 1, c, mr, k, n, err);
+}
+
 static int offer_gemm(const exec_env *env, topos_tensor *const *in,
                       const tensor_meta *out, topos_tensor **res,
                       topos_error *err) {
@@ -130,12 +146,17 @@ static int offer_gemm(const exec_env *env, topos_tensor *const *in,
   int r = a->rank;
   int64_t m = a->shape[r - 2], k = a->shape[r - 1], n = b->shape[r - 1];
   int64_t batch = r == 3 ? a->shape[0] : 1;
-  topos_tensor *c = tensor_new_meta(out, err);
-  if (!c) return -1;
+  /* bf16: the operands go in place (2-byte elements), the output is the
+   * f32 scratch out_end rounds once. */
+  bool bf16 = out->dtype == TOPOS_BF16;
+  out_buf ob;
+  if (out_begin(&ob, out, err)) return -1;
   int64_t sa[3], sb[3];
   strides3(a, sa);
   strides3(b, sb);
-  size_t es = compute_size(out->dtype);
+  size_t es = bf16 ? sizeof(uint16_t) : compute_size(out->dtype);
+  size_t ces = compute_size(out->dtype);
+  compute_view va = {0}, vb = {0};
   /* Rows per block: the whole task when it is small. */
   int64_t per_row = mul_sat(k, n);
   int64_t rows = m;
@@ -147,17 +168,18 @@ static int offer_gemm(const exec_env *env, topos_tensor *const *in,
   }
   bool whole = rows == m;
   const char *A = tensor_data(a), *B = tensor_data(b);
-  char *C = tensor_data(c);
+  char *C = ob.data;
   bool first = true;
+  int rc = 1;
   /* A small batch goes as one task; a large one matrix by matrix. */
   int64_t nb =
       whole && mul_sat(mul_sat(batch, m), per_row) <= block ? batch : 1;
-  for (int64_t bi = 0; bi < batch; bi += nb)
+  for (int64_t bi = 0; bi < batch && rc == 1; bi += nb)
     for (int64_t i = 0; i < m; i += rows) {
       int64_t mr = m - i < rows ? m - i : rows;
       if (!first && kernel_stop(env, err)) {
-        topos_tensor_release(c);
-        return -1;
+        rc = -1;
+        break;
       }
       topos_task task = {.kind = TOPOS_TASK_GEMM};
       task.u.gemm = (topos_gemm_task){
@@ -174,7 +196,7 @@ static int offer_gemm(const exec_env *env, topos_tensor *const *in,
           .b_row = sb[1],
           .b_col = sb[2],
           .b_batch = sb[0],
-          .c = C + (bi * m * n + i * n) * (int64_t)es,
+          .c = C + (bi * m * n + i * n) * (int64_t)ces,
           .c_row = n,
           .c_col = 1,
           .c_batch = m * n,
@@ -184,19 +206,27 @@ static int offer_gemm(const exec_env *env, topos_tensor *const *in,
         continue;
       }
       if (first) { /* declined: the reference computes the whole node */
-        topos_tensor_release(c);
-        return 0;
+        rc = 0;
+        break;
       }
       /* A later block declined: the reference loop on this block. */
-      if (kernel_matmul(env, out->dtype, task.u.gemm.a, sa[1], sa[2],
-                        task.u.gemm.b, sb[1], sb[2], task.u.gemm.c, mr, k, n,
-                        err)) {
-        topos_tensor_release(c);
-        return -1;
+      int brc = bf16 ? gemm_block_reference(env, a, b, &va, &vb, bi, i, mr, m,
+                                            k, n, task.u.gemm.c, err)
+                     : kernel_matmul(env, out->dtype, task.u.gemm.a, sa[1],
+                                     sa[2], task.u.gemm.b, sb[1], sb[2],
+                                     task.u.gemm.c, mr, k, n, err);
+      if (brc) {
+        rc = -1;
+        break;
       }
     }
-  *res = c;
-  return 1;
+  compute_view_done(&va);
+  compute_view_done(&vb);
+  if (rc == 1)
+    *res = out_end(&ob);
+  else
+    out_abort(&ob);
+  return rc;
 }
 
 static int offer_map(const exec_env *env, op_code op, const node_attrs *at,

@@ -144,6 +144,10 @@ static int sim_run(const topos_backend *self, const topos_task *t,
 
 static bool sim_supports(const topos_backend *self, const topos_task *t) {
   (void)self;
+  /* f32/f64 products only, as the plugin (bf16 ones carry 2-byte
+   * operands and an f32 output: backend.h) */
+  if (t->kind == TOPOS_TASK_GEMM)
+    return t->u.gemm.dtype == TOPOS_F32 || t->u.gemm.dtype == TOPOS_F64;
   if (t->kind != TOPOS_TASK_MAP) return true;
   return cuda_map_supported(t->u.map.dtype == TOPOS_F64, (int)t->u.map.op);
 }

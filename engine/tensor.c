@@ -930,6 +930,43 @@ topos_tensor *topos_tensor_contiguous(const topos_tensor *t, topos_error *err) {
   return c;
 }
 
+topos_tensor *topos_tensor_convert(const topos_tensor *t, topos_dtype to,
+                                   topos_error *err) {
+  const char *what = "topos_tensor_convert";
+  if (!check_tensor(what, t, err)) return NULL;
+  if (!dtype_is_float(t->dtype) || !dtype_is_float(to)) {
+    error_set(err, TOPOS_ERR_DTYPE,
+              "%s: converts among f32, f64 and bf16, not %s to %s", what,
+              topos_dtype_name(t->dtype), topos_dtype_name(to));
+    return NULL;
+  }
+  if (t->dtype == to) return topos_tensor_retain(t);
+  int64_t count = shape_count(t->rank, t->shape);
+  if (count > TENSOR_MAX_BYTES / (int64_t)topos_dtype_size(to)) {
+    char text[SHAPE_TEXT];
+    error_set(err, TOPOS_ERR_MEMORY,
+              "%s: %s%s is larger than the 2^40-byte limit", what,
+              topos_dtype_name(to), shape_text(text, t->rank, t->shape));
+    return NULL;
+  }
+  topos_tensor *c = tensor_alloc(what, to, t->rank, t->shape, count, err);
+  if (c == NULL || count == 0) return c;
+  void *dst = c->buf->data;
+  if (t->dtype == TOPOS_F32 && to == TOPOS_BF16 &&
+      topos_tensor_is_contiguous(t)) {
+    /* The common case (a checkpoint's weights): one pass, rounded once. */
+    bf16_round_array(tensor_data(t), dst, count);
+    return c;
+  }
+  /* Every float dtype widens to double exactly; store_rounded rounds once
+   * (bf16 straight from double, f32 by the C conversion, nearest even). */
+  walker w;
+  walker_init(&w, t);
+  for (int64_t i = 0; i < count; i++)
+    store_rounded(dst, to, i, element_as_double(t, walker_next(&w)));
+  return c;
+}
+
 /* --------------------------------------------------------- compute views */
 
 int compute_view_of(const topos_tensor *t, compute_view *v, topos_error *err) {

@@ -146,6 +146,14 @@ topos_tensor *topos_tensor_unfold(const topos_tensor *t, int axis, int64_t size,
                                   topos_error *err);
 /* A contiguous tensor with the same elements (retains t if it already is). */
 topos_tensor *topos_tensor_contiguous(const topos_tensor *t, topos_error *err);
+/* The same elements in dtype `to`, among f32, f64 and bf16: a new
+ * contiguous tensor (t itself, retained, when it is already `to`).
+ * Widening (bf16 -> f32 -> f64) is exact; narrowing rounds once to
+ * nearest even (f64 -> bf16 directly, never through f32); a NaN stays a
+ * quiet NaN with its sign, and a finite value past the target's range
+ * becomes an infinity.  i32, in or out, is TOPOS_ERR_DTYPE. */
+topos_tensor *topos_tensor_convert(const topos_tensor *t, topos_dtype to,
+                                   topos_error *err);
 
 /* -------------------------------------------------------- tape and network */
 

@@ -50,6 +50,14 @@ void ex_kv_net_free(ex_kv_net *n) {
   memset(n, 0, sizeof *n);
 }
 
+topos_tensor *ex_weight_as(topos_tensor *t, topos_dtype dtype,
+                           topos_error *err) {
+  if (!t) return NULL;
+  topos_tensor *c = topos_tensor_convert(t, dtype, err);
+  topos_tensor_release(t);
+  return c;
+}
+
 topos_value ex_kv_parameter(topos_tape *tape, const topos_tensor *like,
                             const char *name) {
   topos_error err = {0};
@@ -167,7 +175,9 @@ static int adopt(const ex_kv_net *n, const topos_tensor *const *out,
   for (int i = 0; i < 1 + 2 * n->layers; i++)
     if (!out[i]) return -1;
   if (logits_last) {
-    topos_tensor *row = topos_tensor_narrow(out[0], 0, n->T - 1, 1, err);
+    /* A bf16 network's logits widen to float exactly. */
+    topos_tensor *row = ex_weight_as(
+        topos_tensor_narrow(out[0], 0, n->T - 1, 1, err), TOPOS_F32, err);
     int64_t V = topos_tensor_shape(out[0])[1];
     int ok =
         row && topos_tensor_read(row, logits_last, (size_t)V * sizeof(float),
@@ -322,6 +332,15 @@ int ex_gen_flag(ex_gen_flags *g, const ex_args *a, int argc, char **argv,
     if (errno || !end || *end || !(g->temperature >= 0) ||
         g->temperature > 1e6) {
       fprintf(stderr, "%s: --temperature: '%s' is not in 0..1e6\n", a->prog, v);
+      return -1;
+    }
+  } else if (!strcmp(f, "--dtype")) {
+    if (!strcmp(v, "f32")) {
+      g->dtype = TOPOS_F32;
+    } else if (!strcmp(v, "bf16")) {
+      g->dtype = TOPOS_BF16;
+    } else {
+      fprintf(stderr, "%s: --dtype: '%s' is not f32 or bf16\n", a->prog, v);
       return -1;
     }
   } else if (!strcmp(f, "--seed")) {

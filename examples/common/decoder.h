@@ -12,6 +12,10 @@
  * parameter set, remotely as one blob uploaded once.  The cache is the
  * caller's state, passed in and handed back by every run; networks never
  * change.
+ *
+ * A network has the dtype of its weights (one dtype per tape): with bf16
+ * weights its logits and its keys and values are bf16 too, so the cache
+ * is bf16, and the logits are widened exactly to float for sampling.
  */
 #ifndef TOPOS_EX_DECODER_H
 #define TOPOS_EX_DECODER_H
@@ -41,6 +45,12 @@ int ex_kv_net_begin(ex_kv_net *n, int layers, int64_t T, int64_t past,
                     const topos_params *params, int nparams, topos_error *err);
 void ex_kv_net_free(ex_kv_net *n);
 
+/* t converted to dtype (t consumed: released, even on failure; NULL
+ * stays NULL): weights on loading and initialisation, f32 <-> bf16, and
+ * bf16 logits widened for sampling. */
+topos_tensor *ex_weight_as(topos_tensor *t, topos_dtype dtype,
+                           topos_error *err);
+
 /* A parameter recorded as zeros of like's shape and dtype, named. */
 topos_value ex_kv_parameter(topos_tape *tape, const topos_tensor *like,
                             const char *name);
@@ -64,7 +74,8 @@ int ex_kv_cache_init(ex_kv_cache *c, int layers, topos_error *err);
 void ex_kv_cache_free(ex_kv_cache *c);
 
 /* Runs n (recorded with past == cache->len) on its T tokens: writes the
- * last row of the logits to logits_last (vocab floats; NULL: skipped),
+ * last row of the logits to logits_last (vocab floats, widened exactly
+ * from a bf16 network's logits; NULL: skipped),
  * the whole logits to *all (retained; NULL: not asked), and replaces the
  * cache's tensors with the run's keys and values.  0, or -1 with err
  * (the cache unchanged). */
@@ -97,6 +108,7 @@ typedef struct ex_gen_flags {
   double temperature;  /* --temperature T (0: greedy) */
   int64_t top_k;       /* --top-k K (0: all) */
   uint64_t seed;       /* --seed S */
+  topos_dtype dtype;   /* --dtype f32|bf16: the weights' and the network's */
 } ex_gen_flags;
 struct ex_args;
 /* Reads argv[*i] when it is one of them (advancing *i past its value):

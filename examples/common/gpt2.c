@@ -27,6 +27,13 @@ int ex_gpt2_check(const ex_gpt2_config *c, topos_error *err) {
              c->vocab, c->context, c->width, c->heads, c->layers);
     return -1;
   }
+  if (c->dtype != TOPOS_F32 && c->dtype != TOPOS_BF16) {
+    err->code = TOPOS_ERR_DTYPE;
+    snprintf(err->message, sizeof err->message,
+             "gpt2: dtype %s: the weights are f32 or bf16",
+             topos_dtype_name(c->dtype));
+    return -1;
+  }
   return 0;
 }
 
@@ -97,11 +104,14 @@ int ex_gpt2_init(ex_gpt2_weights *w, const ex_gpt2_config *c, uint64_t seed,
   for (int i = 0; i < w->n; i++) {
     const wspec *p = &s[i];
     double sd = p->kind == 3 ? 0.02 / sqrt(2.0 * c->layers) : 0.02;
-    w->t[i] =
+    /* Drawn in f32 whatever the dtype: bf16 weights are the f32 ones
+     * rounded. */
+    w->t[i] = ex_weight_as(
         p->kind == 1   ? topos_tensor_zeros(TOPOS_F32, p->rank, p->shape, err)
         : p->kind == 2 ? topos_tensor_ones(TOPOS_F32, p->rank, p->shape, err)
                        : topos_init_normal(TOPOS_F32, p->rank, p->shape, 0.0,
-                                           sd, seed * 1000 + (uint64_t)i, err);
+                                           sd, seed * 1000 + (uint64_t)i, err),
+        c->dtype, err);
     if (!w->t[i]) {
       free(s);
       ex_gpt2_weights_free(w);
@@ -136,19 +146,25 @@ int ex_gpt2_load(ex_gpt2_weights *w, const ex_gpt2_config *c, const char *path,
                 s[i].name, 0);
       break;
     }
-    bool shape_ok =
-        topos_tensor_dtype(t) == TOPOS_F32 && topos_tensor_rank(t) == s[i].rank;
+    topos_dtype dt = topos_tensor_dtype(t);
+    bool shape_ok = (dt == TOPOS_F32 || dt == TOPOS_BF16) &&
+                    topos_tensor_rank(t) == s[i].rank;
     for (int d = 0; shape_ok && d < s[i].rank; d++)
       shape_ok = topos_tensor_shape(t)[d] == s[i].shape[d];
     if (!shape_ok) {
       topos_tensor_release(t);
       rc = fail(err, TOPOS_ERR_SHAPE,
-                "gpt2: %s: expected f32 with this config's shape (first "
-                "extent %lld)",
+                "gpt2: %s: expected f32 or bf16 with this config's shape "
+                "(first extent %lld)",
                 s[i].name, (long long)s[i].shape[0]);
       break;
     }
-    w->t[i] = t;
+    /* The file's dtype to the config's: bf16 widens exactly, f32 rounds
+     * once. */
+    if (!(w->t[i] = ex_weight_as(t, c->dtype, err))) {
+      rc = -1;
+      break;
+    }
   }
   topos_safetensors_free(st);
   free(s);
@@ -205,11 +221,13 @@ static int record(ex_kv_net *n, const ex_gpt2_weights *w, int64_t T,
   topos_tensor *pt = topos_tensor_from(TOPOS_I32, 1, ts, pos, err);
   /* The cache inputs' defaults: a broadcast zero, no memory of its own
    * (every run feeds the caller's cache). */
-  topos_tensor *zero = topos_tensor_scalar(TOPOS_F32, 0.0, err);
+  topos_tensor *zero = topos_tensor_scalar(c->dtype, 0.0, err);
   topos_tensor *zc =
       zero && past > 0 ? topos_tensor_broadcast(zero, 3, cs, err) : NULL;
+  /* One dtype for the whole network, the weights': with bf16 every
+   * activation, the logits and the cache are bf16 too. */
   topos_tape *tape =
-      x0 && pt && zero && (past == 0 || zc) ? topos_tape_new(TOPOS_F32) : NULL;
+      x0 && pt && zero && (past == 0 || zc) ? topos_tape_new(c->dtype) : NULL;
   if (tape) {
     for (int i = 0; i < w->n; i++)
       p[i] = embed

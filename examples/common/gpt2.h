@@ -17,6 +17,13 @@
  * change.  Decoding position P with the cache gives the bits of the full
  * forward's row P (the attention over [cache ‖ new] is the last rows of
  * full causal attention, and every other op works row by row).
+ *
+ * The config's dtype is the weights' storage and the network's tape
+ * dtype: f32 (the default), or bf16, where the whole network is recorded
+ * on a bf16 tape - weights, activations, logits and the caller's cache
+ * are bf16, and every op converts its operands to f32 exactly, computes
+ * in f32 (accumulating sums and products in f32 across the whole chain)
+ * and rounds its result once to bf16 (docs/numerics.md).
  */
 #ifndef TOPOS_EX_GPT2_H
 #define TOPOS_EX_GPT2_H
@@ -29,6 +36,9 @@
 
 typedef struct ex_gpt2_config {
   int vocab, context, width, heads, layers; /* MLP hidden: 4 x width */
+  /* The weights' and the networks' dtype: TOPOS_F32 (0, so a config
+   * that leaves it out is f32) or TOPOS_BF16. */
+  topos_dtype dtype;
 } ex_gpt2_config;
 
 #define EX_GPT2_124M ((ex_gpt2_config){50257, 1024, 768, 12, 12})
@@ -37,8 +47,8 @@ typedef struct ex_gpt2_config {
 
 enum { EX_GPT2_PER_LAYER = 12 };
 
-/* The weights, f32, in Hugging Face's order and with its names:
- * wte.weight, wpe.weight, then per layer h.L.ln_1.weight, .ln_1.bias,
+/* The weights, in the config's dtype, in Hugging Face's order and with its
+ * names: wte.weight, wpe.weight, then per layer h.L.ln_1.weight, .ln_1.bias,
  * .attn.c_attn.weight, .attn.c_attn.bias, .attn.c_proj.weight,
  * .attn.c_proj.bias, .ln_2.weight, .ln_2.bias, .mlp.c_fc.weight,
  * .mlp.c_fc.bias, .mlp.c_proj.weight, .mlp.c_proj.bias, and ln_f.weight,
@@ -52,25 +62,30 @@ typedef struct ex_gpt2_weights {
 } ex_gpt2_weights;
 
 /* Checks a config (positive sizes, heads dividing the width, at most 64
- * layers); 0, or -1 with err. */
+ * layers, dtype f32 or bf16); 0, or -1 with err. */
 int ex_gpt2_check(const ex_gpt2_config *c, topos_error *err);
 /* GPT-2's initialisation from a seed: normal(0, 0.02), the residual
- * projections scaled by 1/sqrt(2·layers), biases 0, LayerNorm gains 1. */
+ * projections scaled by 1/sqrt(2·layers), biases 0, LayerNorm gains 1.
+ * Drawn in f32; bf16 weights are those rounded once to nearest even, so
+ * one seed gives the f32 model and its bf16 rounding. */
 int ex_gpt2_init(ex_gpt2_weights *w, const ex_gpt2_config *c, uint64_t seed,
                  topos_error *err);
 /* Loads a Hugging Face GPT-2 model.safetensors (names with or without
  * the "transformer." prefix; the attention-mask buffers and lm_head, tied
- * to wte, are ignored).  Every weight must be there with its shape, f32.
- * 0, or -1 with err naming the first fault. */
+ * to wte, are ignored).  Every weight must be there with its shape, F32
+ * or BF16, and is converted to the config's dtype (BF16 widens to f32
+ * exactly; F32 rounds once to bf16, nearest even).  0, or -1 with err
+ * naming the first fault. */
 int ex_gpt2_load(ex_gpt2_weights *w, const ex_gpt2_config *c, const char *path,
                  topos_error *err);
-/* Writes the weights as safetensors with their names. */
+/* Writes the weights as safetensors with their names (F32 or BF16, the
+ * weights' dtype). */
 int ex_gpt2_save(const ex_gpt2_weights *w, const char *path, topos_error *err);
 void ex_gpt2_weights_free(ex_gpt2_weights *w);
 
-/* Records GPT-2's step network (decoder.h) for T >= 1 tokens after
- * `past` cached positions (past + T <= context); it runs on w->params.
- * 0, or -1 with err. */
+/* Records GPT-2's step network (decoder.h) on a tape of the weights'
+ * dtype for T >= 1 tokens after `past` cached positions (past + T <=
+ * context); it runs on w->params.  0, or -1 with err. */
 int ex_gpt2_record(ex_kv_net *n, const ex_gpt2_weights *w, int64_t T,
                    int64_t past, topos_error *err);
 /* The same with the weights as the parameters' initials: a network that

@@ -63,6 +63,10 @@ int ex_llama_check(const ex_llama_config *c, topos_error *err) {
   bool head_dim = dh >= 2 && dh % 2 == 0 && (int64_t)c->heads * dh <= INT32_MAX;
   bool numbers = c->rms_eps > 0 && isfinite(c->rms_eps) && c->rope_theta > 0 &&
                  isfinite(c->rope_theta);
+  if (c->dtype != TOPOS_F32 && c->dtype != TOPOS_BF16)
+    return fail(err, TOPOS_ERR_DTYPE,
+                "llama: dtype %s: the weights are f32 or bf16",
+                topos_dtype_name(c->dtype));
   if (sizes && heads && head_dim && numbers) return 0;
   return fail(err, TOPOS_ERR_ARGUMENT,
               "llama: vocab %d, context %d, width %d, %d heads, %d kv heads, "
@@ -141,9 +145,13 @@ int ex_llama_init(ex_llama_weights *w, const ex_llama_config *c, uint64_t seed,
   if (weights_alloc(w, c, &s, err) != 0) return -1;
   for (int i = 0; i < w->n; i++) {
     const wspec *p = &s[i];
-    w->t[i] = p->ones ? topos_tensor_ones(TOPOS_F32, p->rank, p->shape, err)
-                      : topos_init_normal(TOPOS_F32, p->rank, p->shape, 0.0,
-                                          0.02, seed * 1000 + (uint64_t)i, err);
+    /* Drawn in f32 whatever the dtype: bf16 weights are the f32 ones
+     * rounded. */
+    w->t[i] = ex_weight_as(
+        p->ones ? topos_tensor_ones(TOPOS_F32, p->rank, p->shape, err)
+                : topos_init_normal(TOPOS_F32, p->rank, p->shape, 0.0, 0.02,
+                                    seed * 1000 + (uint64_t)i, err),
+        c->dtype, err);
     if (!w->t[i]) {
       free(s);
       ex_llama_weights_free(w);
@@ -158,9 +166,10 @@ int ex_llama_init(ex_llama_weights *w, const ex_llama_config *c, uint64_t seed,
   return 0;
 }
 
-/* Whether t is f32 with spec p's shape. */
+/* Whether t is f32 or bf16 with spec p's shape. */
 static bool fits(const topos_tensor *t, const wspec *p) {
-  if (topos_tensor_dtype(t) != TOPOS_F32 || topos_tensor_rank(t) != p->rank)
+  topos_dtype dt = topos_tensor_dtype(t);
+  if ((dt != TOPOS_F32 && dt != TOPOS_BF16) || topos_tensor_rank(t) != p->rank)
     return false;
   for (int d = 0; d < p->rank; d++)
     if (topos_tensor_shape(t)[d] != p->shape[d]) return false;
@@ -186,15 +195,18 @@ int ex_llama_load(ex_llama_weights *w, const ex_llama_config *c,
       topos_tensor_release(t);
       if (s[i].rank == 1)
         rc = fail(err, TOPOS_ERR_SHAPE,
-                  "llama: %s: expected f32 [%lld] for this config", s[i].name,
-                  (long long)s[i].shape[0]);
+                  "llama: %s: expected f32 or bf16 [%lld] for this config",
+                  s[i].name, (long long)s[i].shape[0]);
       else
         rc =
             fail(err, TOPOS_ERR_SHAPE,
-                 "llama: %s: expected f32 [%lld, %lld] for this config",
+                 "llama: %s: expected f32 or bf16 [%lld, %lld] for this "
+                 "config",
                  s[i].name, (long long)s[i].shape[0], (long long)s[i].shape[1]);
-    } else {
-      w->t[i] = t;
+    } else if (!(w->t[i] = ex_weight_as(t, c->dtype, err))) {
+      /* The file's dtype to the config's: bf16 widens exactly, f32
+       * rounds once. */
+      rc = -1;
     }
   }
   topos_safetensors_free(st);
@@ -331,11 +343,13 @@ int ex_llama_record(ex_kv_net *n, const ex_llama_weights *w, int64_t T,
   topos_tensor *x0 = topos_tensor_zeros(TOPOS_I32, 2, xs, err);
   /* The cache inputs' defaults: a broadcast zero, no memory of its own
    * (every run feeds the caller's cache). */
-  topos_tensor *zero = topos_tensor_scalar(TOPOS_F32, 0.0, err);
+  topos_tensor *zero = topos_tensor_scalar(c->dtype, 0.0, err);
   topos_tensor *zc =
       zero && past > 0 ? topos_tensor_broadcast(zero, 3, cs, err) : NULL;
+  /* One dtype for the whole network, the weights': with bf16 every
+   * activation, the rotary tables, the logits and the cache are bf16. */
   topos_tape *tape =
-      x0 && zero && (past == 0 || zc) ? topos_tape_new(TOPOS_F32) : NULL;
+      x0 && zero && (past == 0 || zc) ? topos_tape_new(c->dtype) : NULL;
   if (tape) {
     record(n, tape, w, p, x0, zc);
     n->net = topos_tape_seal(tape, err);

@@ -23,6 +23,11 @@
  * position depends on that position alone, attention over [cache ‖ new]
  * is the last rows of full causal attention, and every other op works row
  * by row.
+ *
+ * The config's dtype is the weights' storage and the network's tape
+ * dtype, f32 or bf16, as in gpt2.h: a bf16 network computes every op in
+ * f32 from exactly widened operands and rounds once to bf16
+ * (docs/numerics.md); its cache and logits are bf16.
  */
 #ifndef TOPOS_EX_LLAMA_H
 #define TOPOS_EX_LLAMA_H
@@ -44,6 +49,9 @@ typedef struct ex_llama_config {
   double rms_eps;    /* rms_norm_eps (Hugging Face's default 1e-6) */
   double rope_theta; /* RoPE base (default 10000) */
   bool tie;          /* lm_head is embed_tokens (tie_word_embeddings) */
+  /* The weights' and the networks' dtype: TOPOS_F32 (0, so a config
+   * that leaves it out is f32) or TOPOS_BF16. */
+  topos_dtype dtype;
 } ex_llama_config;
 
 /* The tests' and the quick demo's: GPT-2's vocabulary (so its BPE can
@@ -68,10 +76,10 @@ extern const char ex_llama_config_names[];
 /* Dh: head_dim, or D / H when it is 0. */
 int ex_llama_head_dim(const ex_llama_config *c);
 
-/* The weights, f32, with Hugging Face's names: model.embed_tokens.weight
- * [V, D]; per layer model.layers.L. input_layernorm.weight [D],
- * self_attn.q_proj.weight [H·Dh, D], .k_proj.weight [KV·Dh, D],
- * .v_proj.weight [KV·Dh, D], .o_proj.weight [D, H·Dh],
+/* The weights, in the config's dtype, with Hugging Face's names:
+ * model.embed_tokens.weight [V, D]; per layer model.layers.L.
+ * input_layernorm.weight [D], self_attn.q_proj.weight [H·Dh, D], .k_proj.weight
+ * [KV·Dh, D], .v_proj.weight [KV·Dh, D], .o_proj.weight [D, H·Dh],
  * post_attention_layernorm.weight [D], mlp.gate_proj.weight [F, D],
  * .up_proj.weight [F, D], .down_proj.weight [D, F]; model.norm.weight
  * [D]; and lm_head.weight [V, D] unless tied. */
@@ -85,26 +93,29 @@ typedef struct ex_llama_weights {
 
 /* Checks a config: positive sizes, KV dividing H, an even head size (D / H
  * whole when head_dim is 0), at most 128 layers, eps and theta positive
- * and finite.  0, or -1 with err. */
+ * and finite, dtype f32 or bf16.  0, or -1 with err. */
 int ex_llama_check(const ex_llama_config *c, topos_error *err);
 /* Hugging Face's initialisation from a seed: every projection and the
- * embedding normal(0, 0.02) (initializer_range), the norms' gains 1. */
+ * embedding normal(0, 0.02) (initializer_range), the norms' gains 1.
+ * Drawn in f32; bf16 weights are those rounded once to nearest even. */
 int ex_llama_init(ex_llama_weights *w, const ex_llama_config *c, uint64_t seed,
                   topos_error *err);
 /* Loads a Hugging Face LlamaForCausalLM model.safetensors.  Every weight
- * must be there with its shape, f32 (other entries, and lm_head.weight
- * when tied, are ignored).  0, or -1 with err naming the first fault. */
+ * must be there with its shape, F32 or BF16 (other entries, and
+ * lm_head.weight when tied, are ignored), and is converted to the
+ * config's dtype (BF16 widens to f32 exactly, F32 rounds once to bf16).
+ * 0, or -1 with err naming the first fault. */
 int ex_llama_load(ex_llama_weights *w, const ex_llama_config *c,
                   const char *path, topos_error *err);
-/* Writes the weights as safetensors with their names. */
+/* Writes the weights as safetensors with their names, in their dtype. */
 int ex_llama_save(const ex_llama_weights *w, const char *path,
                   topos_error *err);
 void ex_llama_weights_free(ex_llama_weights *w);
 
 /* Records Llama's step network (decoder.h: its parameters recorded as
  * zeros, run on w->params; the cache is KV heads wide, the keys stored
- * after rotation) for T >= 1 tokens after `past` cached positions (past +
- * T <= context).  0, or -1 with err. */
+ * after rotation) on a tape of the weights' dtype for T >= 1 tokens after
+ * `past` cached positions (past + T <= context).  0, or -1 with err. */
 int ex_llama_record(ex_kv_net *n, const ex_llama_weights *w, int64_t T,
                     int64_t past, topos_error *err);
 

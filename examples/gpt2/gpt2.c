@@ -6,13 +6,18 @@
  * Usage:
  *   gpt2 [--weights model.safetensors] [--config 124m|tiny] [--prompt TEXT]
  *        [--tokens N] [--temperature T] [--top-k K] [--seed S]
- *        [--data DIR] [--backend NAME] [--threads N] [--fast]
+ *        [--dtype f32|bf16] [--data DIR] [--backend NAME] [--threads N]
+ *        [--fast]
  *   gpt2 --encode TEXT       the ids, one JSON array on one line
  *   gpt2 --decode ID,ID,...  the text
  *
  * Without --weights the 124M model is initialised with GPT-2's scheme from
  * the seed (no weights can be downloaded here), and the example says so:
  * the text is then noise, but every step is the real computation.
+ * --dtype bf16 keeps the weights, the activations and the cache in bf16
+ * (an F32 file is rounded once on loading, a BF16 one loads as it is;
+ * each op computes in f32 and rounds once, docs/numerics.md); the
+ * default f32 widens a BF16 file exactly.
  * --temperature 0 (the default) is greedy; otherwise the next token is
  * drawn from softmax(logits / T), over the K largest with --top-k K.
  * Prints the prompt, the tokens as they come, then the speed.  With
@@ -36,11 +41,12 @@
 static const char usage[] =
     "usage: gpt2 [--weights FILE] [--config 124m|tiny] [--prompt TEXT]\n"
     "            [--tokens N] [--temperature T] [--top-k K] [--seed S]\n"
+    "            [--dtype f32|bf16]\n"
     "       gpt2 --encode TEXT | --decode ID,ID,...\n";
 
 typedef struct opts {
   ex_gen_flags gen;
-  const char *encode, *decode;
+  const char *encode, *decode, *config_name;
   ex_gpt2_config config;
 } opts;
 
@@ -51,6 +57,7 @@ static int bad_value(const char *flag, const char *v) {
 
 static int parse(int argc, char **argv, ex_args *a, opts *o) {
   *o = (opts){.gen = {.prompt = "Hello", .tokens = 20, .seed = 1},
+              .config_name = "124m",
               .config = EX_GPT2_124M};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -69,6 +76,7 @@ static int parse(int argc, char **argv, ex_args *a, opts *o) {
         o->config = EX_GPT2_TINY;
       else
         return bad_value(f, v);
+      o->config_name = v;
     } else {
       int r = ex_gen_flag(&o->gen, a, argc, argv, &i);
       if (r == 0) r = ex_arg(a, argc, argv, &i);
@@ -80,6 +88,7 @@ static int parse(int argc, char **argv, ex_args *a, opts *o) {
     }
   }
   if (ex_args_done(a) != 0) return -1;
+  o->config.dtype = o->gen.dtype;
   return 0;
 }
 
@@ -106,6 +115,12 @@ static int record(ex_kv_net *n, const void *w, int64_t T, int64_t past,
 
 static int generate(const ex_args *a, const opts *o, const ex_bpe *bpe) {
   topos_error err = {0};
+  const ex_gpt2_config *c = &o->config;
+  fprintf(stderr,
+          "gpt2: config %s: vocab %d, width %d, %d heads, %d layers, "
+          "context %d; dtype %s\n",
+          o->config_name, c->vocab, c->width, c->heads, c->layers, c->context,
+          topos_dtype_name(c->dtype));
   ex_gpt2_weights w;
   double t0 = ex_now_s();
   if (o->gen.weights) {

@@ -6,8 +6,8 @@
  * Usage:
  *   llama [--weights model.safetensors] [--config NAME] [--prompt TEXT]
  *         [--prompt-ids ID,ID,...] [--tokens N] [--temperature T]
- *         [--top-k K] [--seed S] [--data DIR] [--backend NAME]
- *         [--threads N] [--fast]
+ *         [--top-k K] [--seed S] [--dtype f32|bf16] [--data DIR]
+ *         [--backend NAME] [--threads N] [--fast]
  *
  * No Llama tokenizer ships here (SentencePiece or tiktoken files are not
  * in data/).  When the config's vocabulary is GPT-2's (50257, the default
@@ -19,6 +19,10 @@
  * Without --weights the model is initialised with Hugging Face's scheme
  * from the seed (no weights can be downloaded here), and the example says
  * so: the text is then noise, but every step is the real computation.
+ * --dtype bf16 keeps the weights, the activations and the cache in bf16
+ * (an F32 file is rounded once on loading, a BF16 one - Hugging Face's
+ * usual - loads as it is; each op computes in f32 and rounds once,
+ * docs/numerics.md); the default f32 widens a BF16 file exactly.
  * --temperature 0 (the default) is greedy; otherwise the next token is
  * drawn from softmax(logits / T), over the K largest with --top-k K.
  * Prints the prompt, the tokens as they come, then the speed.
@@ -39,7 +43,7 @@ enum { GPT2_VOCAB = 50257 };
 static const char usage[] =
     "usage: llama [--weights FILE] [--config NAME] [--prompt TEXT]\n"
     "             [--prompt-ids ID,ID,...] [--tokens N] [--temperature T]\n"
-    "             [--top-k K] [--seed S]\n"
+    "             [--top-k K] [--seed S] [--dtype f32|bf16]\n"
     "  configs: tiny (the default), smollm-135m, tinyllama-1.1b\n";
 
 typedef struct opts {
@@ -79,6 +83,7 @@ static int parse(int argc, char **argv, ex_args *a, opts *o) {
     }
   }
   if (ex_args_done(a) != 0) return -1;
+  o->config.dtype = o->gen.dtype;
   return 0;
 }
 
@@ -166,10 +171,10 @@ static int generate(const ex_args *a, const opts *o, const ex_bpe *bpe) {
   const ex_llama_config *c = &o->config;
   fprintf(stderr,
           "llama: config %s: vocab %d, width %d, %d heads over %d kv heads "
-          "of %d, ffn %d, %d layers, context %d%s\n",
+          "of %d, ffn %d, %d layers, context %d%s; dtype %s\n",
           o->config_name, c->vocab, c->width, c->heads, c->kv_heads,
           ex_llama_head_dim(c), c->ffn, c->layers, c->context,
-          c->tie ? ", tied head" : "");
+          c->tie ? ", tied head" : "", topos_dtype_name(c->dtype));
   ex_llama_weights w;
   if (weights(a, o, &w) != 0) return 1;
   int32_t *ids = NULL;

@@ -290,8 +290,10 @@ export SCHEMATHESIS_VENV ?= $(CURDIR)/.schemathesis-venv
 deps:
 	@sh tools/deps.sh
 
-# PyTorch, the peer of bench/train (run with /usr/bin/python3): Debian's
-# python3-torch, large, so kept out of `make deps`.  Idempotent like
+# PyTorch (Debian's python3-torch, run with /usr/bin/python3): the peer
+# of bench/train and the GPT-2 and Llama suites' reference models.
+# `make deps` installs it now (tools/deps.sh), so after it this target is
+# a no-op; kept for those who want PyTorch alone.  Idempotent like
 # tools/deps.sh: nothing happens when the package is present.
 bench-deps:
 	@dpkg -s python3-torch >/dev/null 2>&1 || { \
@@ -313,6 +315,11 @@ $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(LIB_A) $(LIB_STORE) $(if $(B
 $(BUILD)/bench/train: bench/train.c $(wildcard bench/*.h examples/common/*.h) $(LIB_A) $(LIB_STORE) $(LIB_EX) $(if $(BACKEND_SRC),$(LIB_BACKENDS))
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Iexamples/common $< -o $@ $(LIB_EX) $(LIB_STORE) $(ENGINE_LINK) $(STORE_LIBS) $(EXLIB_LIBS) $(LDLIBS)
+# The GPT-2 bench runs the examples' GPT-2 (examples/common/gpt2.c and its
+# decoder.c, which also links the client for remote steps).
+$(BUILD)/bench/gpt2: bench/gpt2.c $(wildcard bench/*.h examples/common/*.h) $(LIB_A) $(LIB_EX) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(if $(BACKEND_SRC),$(LIB_BACKENDS))
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Iexamples/common $< -o $@ $(LIB_EX) $(EXAMPLE_LIBS) $(EXLIB_LIBS)
 # The daemon bench talks gRPC and starts its own toposd.
 # Its in-process side registers the backends toposd registers.
 $(BUILD)/bench/daemon: bench/daemon.c $(LIB_CLIENT) $(LIB_A) $(TOPOSD) $(if $(BACKEND_SRC),$(LIB_BACKENDS))

@@ -604,6 +604,19 @@ static void pack_a(const gemm_job *j, const char *src, int64_t mr, int64_t kc,
 static void pack_b(const gemm_job *j, const char *src, int64_t kc, int64_t nc,
                    char *dst) {
   const topos_gemm_task *g = j->g;
+#if CPU_X86
+  /* A transposed B on AVX-512: through register transposes. */
+  if (g->b_row == 1 && g->b_col != 1 && j->im->nr % 16 == 0 &&
+      current_isa() == ISA_AVX512 && g->dtype != TOPOS_F64) {
+    if (g->dtype == TOPOS_BF16)
+      cpu_pack_bt_512_bf16((const uint16_t *)src, g->b_col, kc, nc, j->im->nr,
+                           (float *)dst);
+    else
+      cpu_pack_bt_512_f32((const float *)src, g->b_col, kc, nc, j->im->nr,
+                          (float *)dst);
+    return;
+  }
+#endif
   if (g->dtype == TOPOS_F64)
     pack_b_f64((const double *)src, g->b_row, g->b_col, kc, nc, j->im->nr,
                (double *)dst);

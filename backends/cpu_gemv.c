@@ -321,6 +321,45 @@ DEFINE_TRANS_512(trans_512_f32, float, _mm512_loadu_ps, part_f32, f32_id)
 DEFINE_TRANS_512(trans_512_bf16, uint16_t, ld512_bf16, part_bf16,
                  cpu_bf16_widen)
 
+/* Packing a transposed B (each column contiguous in k) into the packed
+ * GEMM's NR-wide panels, dst[(p·kc + k)·NR + j] (cpu.c): sixteen columns
+ * by sixteen k through one register transpose instead of sixteen scalar
+ * stores a cache line apart.  Columns past nc are zero; a copy, so no
+ * bits change. */
+#define DEFINE_PACK_BT_512(NAME, TI, LDB, PART)                                \
+  __attribute__((target("avx512f"))) void NAME(                                \
+      const TI *src, int64_t cs, int64_t kc, int64_t nc, int NR, float *dst) { \
+    int64_t kfull = kc / 16 * 16;                                              \
+    for (int64_t j0 = 0; j0 < nc; j0 += NR) {                                  \
+      float *d = dst + j0 * kc;                                                \
+      for (int jj = 0; jj < NR; jj += 16) {                                    \
+        int64_t left = nc - j0 - jj;                                           \
+        int rows = left <= 0 ? 0 : left < 16 ? (int)left : 16;                 \
+        const TI *s = src + (j0 + jj) * cs;                                    \
+        __m512 r[16];                                                          \
+        int64_t k0 = 0;                                                        \
+        if (rows == 16)                                                        \
+          for (; k0 < kfull; k0 += 16) {                                       \
+            _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) r[i] =       \
+                LDB(s + i * cs + k0);                                          \
+            transpose16(r);                                                    \
+            _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++)              \
+                _mm512_storeu_ps(d + (k0 + t) * NR + jj, r[t]);                \
+          }                                                                    \
+        for (; k0 < kc; k0 += 16) {                                            \
+          int kt = kc - k0 < 16 ? (int)(kc - k0) : 16;                         \
+          for (int i = 0; i < 16; i++)                                         \
+            r[i] = i < rows ? PART(s + i * cs + k0, kt) : _mm512_setzero_ps(); \
+          transpose16(r);                                                      \
+          for (int t = 0; t < kt; t++)                                         \
+            _mm512_storeu_ps(d + (k0 + t) * NR + jj, r[t]);                    \
+        }                                                                      \
+      }                                                                        \
+    }                                                                          \
+  }
+DEFINE_PACK_BT_512(cpu_pack_bt_512_f32, float, _mm512_loadu_ps, part_f32)
+DEFINE_PACK_BT_512(cpu_pack_bt_512_bf16, uint16_t, ld512_bf16, part_bf16)
+
 #endif /* GEMV_X86 */
 
 /* ------------------------------------------------------------- driver */

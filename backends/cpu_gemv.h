@@ -49,4 +49,14 @@ bool cpu_gemv_applies(const topos_gemm_task *g);
  * of ISA level `isa`: the reference's bits. */
 int cpu_gemv_run(const topos_gemm_task *g, int threads, int isa);
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* AVX-512 only: packs columns [0, nc) x k [0, kc) of a transposed B
+ * (column j at src + j·cs, contiguous in k) into NR-wide panels
+ * dst[(p·kc + k)·NR + j], NR a multiple of 16, columns past nc zero. */
+void cpu_pack_bt_512_f32(const float *src, int64_t cs, int64_t kc, int64_t nc,
+                         int NR, float *dst);
+void cpu_pack_bt_512_bf16(const uint16_t *src, int64_t cs, int64_t kc,
+                          int64_t nc, int NR, float *dst);
+#endif
+
 #endif /* TOPOS_CPU_GEMV_H */

@@ -201,8 +201,19 @@ int ex_kv_run(const ex_kv_net *n, const int32_t *tokens, ex_kv_cache *cache,
               topos_error *err) {
   step_io io;
   if (io_begin(n, tokens, cache, &io, err) != 0) return -1;
-  topos_run *run = topos_forward_for(n->net, n->params, io.feeds, io.nfeeds,
-                                     io.targets, io.ntargets, ctx, err);
+  /* A forward plan, not the interpreter: every intermediate dies at its
+   * last use (the interpreter keeps all of them until the run is freed)
+   * and the attention chain runs fused; the bits are the interpreter's. */
+  topos_entry entry = {.roots = io.targets,
+                       .nroots = io.ntargets,
+                       .posture = TOPOS_POSTURE_FORWARD,
+                       .numerics = ctx ? ctx->numerics : TOPOS_NUMERICS_EXACT,
+                       .threads = ctx ? ctx->threads : 0};
+  topos_plan *plan = topos_network_lower(n->net, &entry, err);
+  topos_run *run =
+      plan ? topos_plan_forward(plan, n->params, io.feeds, io.nfeeds, ctx, err)
+           : NULL;
+  topos_plan_free(plan);
   const topos_tensor **out = calloc((size_t)io.ntargets, sizeof *out);
   int rc = -1;
   if (run && out) {

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../engine/mlir_opt.h"
 #include "gpt2.h"
 
 static const ex_gpt2_config tiny = {50257, 64, 32, 4, 2};
@@ -312,6 +313,54 @@ START_TEST(matches_pytorch_reference) {
 }
 END_TEST
 
+/* Emission at scale: GPT-2 124M's forward plan (256 tokens) and a
+ * one-token decode step at position 128, emitted as StableHLO with the
+ * weights as function arguments, are accepted by mlir-opt.  (IREE runs
+ * a small config's emitted module against the interpreter: test_iree.c's
+ * test_gpt2.) */
+START_TEST(emits_at_scale) {
+  topos_error err = {0};
+  ex_gpt2_weights w;
+  ck_assert_msg(ex_gpt2_init(&w, &EX_GPT2_124M, 1, &err) == 0, "%s",
+                err.message);
+  const int64_t steps[2][2] = {{256, 0}, {1, 128}}; /* (T, past) */
+  for (int k = 0; k < 2; k++) {
+    ex_kv_net n;
+    ck_assert_msg(ex_gpt2_record(&n, &w, steps[k][0], steps[k][1], &err) == 0,
+                  "%s", err.message);
+    topos_value roots[1 + 2 * 12];
+    roots[0] = n.logits;
+    for (int l = 0; l < 12; l++) {
+      roots[1 + 2 * l] = n.k_out[l];
+      roots[2 + 2 * l] = n.v_out[l];
+    }
+    topos_entry e = {
+        .roots = roots, .nroots = 1 + 2 * 12, .posture = TOPOS_POSTURE_FORWARD};
+    topos_plan *plan = topos_network_lower(n.net, &e, &err);
+    ck_assert_msg(plan != NULL, "%s", err.message);
+    char *text = topos_plan_emit_stablehlo(plan, TOPOS_EMIT_GENERIC, &err);
+    ck_assert_msg(text != NULL, "emit: %s", err.message);
+    /* the weights are arguments, not constants (they would be 500 MB) */
+    ck_assert_msg(strlen(text) < (size_t)64 << 20, "module of %zu bytes",
+                  strlen(text));
+    ck_assert_ptr_nonnull(strstr(text, "tensor<50257x768xf32>"));
+    char diag[512];
+    int status = run_mlir_opt(text, diag, sizeof diag);
+    ck_assert_msg(status == 0,
+                  "mlir-opt rejected GPT-2 124M (T %lld, past %lld): %s",
+                  (long long)steps[k][0], (long long)steps[k][1], diag);
+    printf(
+        "gpt2: 124M T=%lld past=%lld emits %zu bytes of StableHLO, "
+        "accepted by mlir-opt\n",
+        (long long)steps[k][0], (long long)steps[k][1], strlen(text));
+    topos_free(text);
+    topos_plan_free(plan);
+    ex_kv_net_free(&n);
+  }
+  ex_gpt2_weights_free(&w);
+}
+END_TEST
+
 Suite *gpt2_suite(void) {
   Suite *s = suite_create("gpt2");
   TCase *tc = tcase_create("model");
@@ -321,6 +370,7 @@ Suite *gpt2_suite(void) {
   tcase_add_test(tc, record_errors);
   tcase_add_test(tc, safetensors_round_trip);
   tcase_add_test(tc, matches_pytorch_reference);
+  tcase_add_test(tc, emits_at_scale);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -16,9 +16,10 @@
  *     loads the file with ex_gpt2_load and runs the examples' decoder path
  *     (examples/gpt2/gpt2.c's): ex_gpt2_record records a step network for
  *     T tokens after `past` cached ones, ex_kv_run runs it
- *     (topos_forward_for on the weights, the default backends registered,
- *     numerics exact, the threads in its topos_exec) and hands back the
- *     new cache;
+ *     (a forward plan of the step network - topos_network_lower,
+ *     topos_plan_forward - on the weights, the default backends
+ *     registered, numerics exact, the threads in its topos_exec) and
+ *     hands back the new cache;
  *   - PyTorch: /usr/bin/python3 bench/gpt2_torch.py FILE DIR, a GPT-2
  *     module of HF's arithmetic (Conv1D, GELU tanh, tied head, a KV cache
  *     of concatenated past keys and values) under torch.inference_mode().

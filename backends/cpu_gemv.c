@@ -284,6 +284,10 @@ __attribute__((target("avx512f"))) static inline __m512 part_bf16(
  * rows past nr load as zeros (their lanes are thrown away) and so do k
  * past K (they never reach an fma).  Whole tiles take the unrolled
  * path. */
+/* How far ahead (elements) each row of a transposed tile is prefetched:
+ * sixteen rows stream at once, more than the hardware prefetchers
+ * follow. */
+#define GEMV_PF 256
 #define DEFINE_TRANS_512(NAME, TI, LDB, PART, SA)                             \
   __attribute__((target("avx512f,fma"))) static void NAME(                    \
       int64_t K, const TI *a, int64_t acs, const TI *bt, int64_t ldb,         \
@@ -297,8 +301,11 @@ __attribute__((target("avx512f"))) static inline __m512 part_bf16(
       int64_t k0 = 0;                                                         \
       if (rows == 16)                                                         \
         for (; k0 < kfull; k0 += 16) {                                        \
-          _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) r[i] =        \
-              LDB(base + i * ldb + k0);                                       \
+          _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) {             \
+            _mm_prefetch((const char *)(base + i * ldb + k0 + GEMV_PF),       \
+                         _MM_HINT_T0);                                        \
+            r[i] = LDB(base + i * ldb + k0);                                  \
+          }                                                                   \
           transpose16(r);                                                     \
           _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++) acc =         \
               fma512_ps(_mm512_set1_ps(SA(a[(k0 + t) * acs])), r[t], acc);    \

@@ -15,12 +15,18 @@
  * dtype, shape and offsets are checked, and the entries must tile the
  * data buffer exactly (no gap, no overlap, nothing left over), so a file
  * that loads is one this writer could have written, up to order and
- * padding.  Saving writes a temporary file next to the target and renames
+ * padding.  Loading reads only the header: the file stays open and each
+ * topos_safetensors_get reads its tensor's bytes (pread) straight into
+ * the new tensor, so the data is never in memory twice (a 500 MB model
+ * peaks at one copy, not two).  A file cut or rewritten after loading is
+ * an error from get (a short read, or a size or mtime that moved), never
+ * garbage.  Saving writes a temporary file next to the target and renames
  * it over the target only once every byte is written and synced, so a
  * crash leaves either the old file or the new one, never half of one.
  */
 #include <cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -44,10 +50,22 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 #define EXACT_INT_MAX 9007199254740992.0
 #define METADATA_KEY "__metadata__"
 
+/* One tensor of a loaded file: where its bytes are and what they hold. */
+typedef struct stored {
+  char *name;
+  topos_dtype dtype;
+  int rank;
+  int64_t shape[TOPOS_MAX_RANK];
+  uint64_t offset; /* from the start of the file */
+  uint64_t bytes;
+} stored;
+
 struct topos_safetensors {
+  int fd;              /* open until topos_safetensors_free */
+  char *path;          /* for messages */
+  struct stat at_load; /* size and mtime, to notice a file that changed */
   int count;
-  char **names;           /* in header order */
-  topos_tensor **tensors; /* parallel to names */
+  stored *items; /* in header order */
 };
 
 static const struct {
@@ -399,95 +417,76 @@ static int check_metadata(const cJSON *item, const char *path,
   return TOPOS_OK;
 }
 
-/* Reads the whole file (caller frees) or NULL with err. */
-static uint8_t *read_file(const char *path, uint64_t *len, topos_error *err) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    error_set(err, errno == ENOENT ? TOPOS_ERR_NOT_FOUND : TOPOS_ERR_IO,
-              "topos_safetensors_load: %s: %s", path, strerror(errno));
-    return NULL;
+/* Reads n bytes at offset, retrying short reads and EINTR: n, fewer at
+ * the end of the file, or -1 with errno. */
+static int64_t read_at(int fd, void *buf, uint64_t n, uint64_t offset) {
+  uint64_t done = 0;
+  while (done < n) {
+    uint64_t want = n - done;
+    if (want > (1u << 30)) want = 1u << 30; /* pread's limit is SSIZE_MAX */
+    ssize_t got =
+        pread(fd, (uint8_t *)buf + done, (size_t)want, (off_t)(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return -1;
+    if (got == 0) break;
+    done += (uint64_t)got;
   }
-  struct stat st;
-  uint8_t *buf = NULL;
-  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-    error_set(err, TOPOS_ERR_IO, "topos_safetensors_load: %s: not a file",
-              path);
-  } else if (!(buf = malloc((size_t)st.st_size + 1))) {
-    error_set(err, TOPOS_ERR_MEMORY,
-              "topos_safetensors_load: %s: no memory for %lld bytes", path,
-              (long long)st.st_size);
-  } else if (fread(buf, 1, (size_t)st.st_size, f) != (size_t)st.st_size) {
-    error_set(err, TOPOS_ERR_IO, "topos_safetensors_load: %s: short read",
-              path);
-    free(buf);
-    buf = NULL;
-  }
-  fclose(f);
-  *len = buf ? (uint64_t)st.st_size : 0;
-  return buf;
+  return (int64_t)done;
 }
 
 void topos_safetensors_free(topos_safetensors *st) {
   if (!st) return;
-  for (int i = 0; i < st->count; i++) {
-    free(st->names[i]);
-    topos_tensor_release(st->tensors[i]);
-  }
-  free(st->names);
-  free(st->tensors);
+  for (int i = 0; i < st->count; i++) free(st->items[i].name);
+  free(st->items);
+  if (st->fd >= 0) close(st->fd);
+  free(st->path);
   free(st);
 }
 
-/* Builds the loaded set from checked entries over the data bytes. */
+/* The set over checked entries, taking over fd (closed on failure);
+ * data_start is the data buffer's offset in the file. */
 static topos_safetensors *build_set(int n, const entry *entries,
-                                    const uint8_t *data, topos_error *err) {
+                                    uint64_t data_start, int fd,
+                                    const struct stat *at_load,
+                                    const char *path, topos_error *err) {
   topos_safetensors *st = calloc(1, sizeof *st);
-  if (st) {
-    st->names = calloc((size_t)(n ? n : 1), sizeof *st->names);
-    st->tensors = calloc((size_t)(n ? n : 1), sizeof *st->tensors);
+  if (!st) {
+    close(fd);
+    error_set(err, TOPOS_ERR_MEMORY, "topos_safetensors_load: no memory");
+    return NULL;
   }
-  if (!st || !st->names || !st->tensors) {
+  st->fd = fd;
+  st->at_load = *at_load;
+  st->path = strdup(path);
+  st->items = calloc((size_t)(n ? n : 1), sizeof *st->items);
+  if (!st->path || !st->items) {
     topos_safetensors_free(st);
     error_set(err, TOPOS_ERR_MEMORY, "topos_safetensors_load: no memory");
     return NULL;
   }
   for (int i = 0; i < n; i++) {
     const entry *e = &entries[i];
-    st->names[i] = strdup(e->name);
-    st->tensors[i] = topos_tensor_from(
-        e->dtype, e->rank, e->rank ? e->shape : NULL, data + e->begin, err);
+    stored *s = &st->items[i];
     st->count = i + 1;
-    if (!st->names[i] || !st->tensors[i]) {
-      if (!st->names[i])
-        error_set(err, TOPOS_ERR_MEMORY, "topos_safetensors_load: no memory");
+    if (!(s->name = strdup(e->name))) {
       topos_safetensors_free(st);
+      error_set(err, TOPOS_ERR_MEMORY, "topos_safetensors_load: no memory");
       return NULL;
     }
+    s->dtype = e->dtype;
+    s->rank = e->rank;
+    memcpy(s->shape, e->shape, sizeof s->shape);
+    s->offset = data_start + e->begin;
+    s->bytes = e->end - e->begin;
   }
   return st;
 }
 
-static topos_safetensors *parse(const uint8_t *buf, uint64_t len,
-                                const char *path, topos_error *err) {
-  if (len < 8) {
-    corrupt(err, path, "truncated: %" PRIu64 " bytes, no header length", len);
-    return NULL;
-  }
-  uint64_t header_len = 0;
-  for (int i = 0; i < 8; i++) header_len |= (uint64_t)buf[i] << (8 * i);
-  if (header_len > HEADER_CAP) {
-    corrupt(err, path, "header length %" PRIu64 " is over the cap of %u",
-            header_len, HEADER_CAP);
-    return NULL;
-  }
-  if (header_len > len - 8) {
-    corrupt(err, path,
-            "truncated: header length %" PRIu64 " is beyond the file's %" PRIu64
-            " bytes",
-            header_len, len - 8);
-    return NULL;
-  }
-  const char *json = (const char *)buf + 8;
+/* Checks the header's JSON (header_len bytes at json) against the file's
+ * size and builds the set over fd (closed on failure). */
+static topos_safetensors *parse(const char *json, uint64_t header_len, int fd,
+                                const struct stat *at_load, const char *path,
+                                topos_error *err) {
   const char *end = NULL;
   cJSON *root = cJSON_ParseWithLengthOpts(json, (size_t)header_len, &end, 0);
   /* After the object, only the spaces the format allows as padding. */
@@ -496,10 +495,11 @@ static topos_safetensors *parse(const uint8_t *buf, uint64_t len,
     trailing_ok = *p == ' ';
   if (!trailing_ok || !cJSON_IsObject(root)) {
     cJSON_Delete(root);
+    close(fd);
     corrupt(err, path, "the header is not a JSON object");
     return NULL;
   }
-  uint64_t data_len = len - 8 - header_len;
+  uint64_t data_len = (uint64_t)at_load->st_size - 8 - header_len;
   int n = 0;
   for (const cJSON *x = root->child; x; x = x->next) n++;
   entry *entries = malloc((size_t)(n ? n : 1) * sizeof *entries);
@@ -529,11 +529,74 @@ static topos_safetensors *parse(const uint8_t *buf, uint64_t len,
   else if (dup)
     rc = corrupt(err, path, "duplicate tensor name \"%s\"", dup);
   if (rc == TOPOS_OK) rc = check_tiling(count, entries, data_len, path, err);
-  if (rc == TOPOS_OK) st = build_set(count, entries, buf + 8 + header_len, err);
+  if (rc == TOPOS_OK)
+    st = build_set(count, entries, 8 + header_len, fd, at_load, path, err);
+  else
+    close(fd);
   free(names);
   free(entries);
   cJSON_Delete(root);
   return st;
+}
+
+/* Opens the file, checks the header length against its size and reads
+ * the header: the JSON bytes (caller frees), or NULL with err. */
+static char *read_header(const char *path, int *fd_out, struct stat *sb,
+                         uint64_t *header_len, topos_error *err) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    error_set(err, errno == ENOENT ? TOPOS_ERR_NOT_FOUND : TOPOS_ERR_IO,
+              "topos_safetensors_load: %s: %s", path, strerror(errno));
+    return NULL;
+  }
+  uint8_t prefix[8];
+  char *json = NULL;
+  uint64_t len = 0, hl = 0;
+  if (fstat(fd, sb) != 0 || !S_ISREG(sb->st_mode)) {
+    error_set(err, TOPOS_ERR_IO, "topos_safetensors_load: %s: not a file",
+              path);
+    goto fail;
+  }
+  len = (uint64_t)sb->st_size;
+  if (len < 8) {
+    corrupt(err, path, "truncated: %" PRIu64 " bytes, no header length", len);
+    goto fail;
+  }
+  errno = 0;
+  if (read_at(fd, prefix, 8, 0) != 8) goto short_read;
+  for (int i = 0; i < 8; i++) hl |= (uint64_t)prefix[i] << (8 * i);
+  if (hl > HEADER_CAP) {
+    corrupt(err, path, "header length %" PRIu64 " is over the cap of %u", hl,
+            HEADER_CAP);
+    goto fail;
+  }
+  if (hl > len - 8) {
+    corrupt(err, path,
+            "truncated: header length %" PRIu64 " is beyond the file's %" PRIu64
+            " bytes",
+            hl, len - 8);
+    goto fail;
+  }
+  if (!(json = malloc((size_t)hl + 1))) {
+    error_set(err, TOPOS_ERR_MEMORY,
+              "topos_safetensors_load: %s: no memory for a %" PRIu64
+              "-byte header",
+              path, hl);
+    goto fail;
+  }
+  errno = 0;
+  if (read_at(fd, json, hl, 8) != (int64_t)hl) goto short_read;
+  json[hl] = '\0';
+  *fd_out = fd;
+  *header_len = hl;
+  return json;
+short_read:
+  error_set(err, TOPOS_ERR_IO, "topos_safetensors_load: %s: short read%s%s",
+            path, errno ? ": " : "", errno ? strerror(errno) : "");
+fail:
+  free(json);
+  close(fd);
+  return NULL;
 }
 
 topos_safetensors *topos_safetensors_load(const char *path, topos_error *err) {
@@ -541,11 +604,13 @@ topos_safetensors *topos_safetensors_load(const char *path, topos_error *err) {
     error_set(err, TOPOS_ERR_ARGUMENT, "topos_safetensors_load: path is NULL");
     return NULL;
   }
-  uint64_t len = 0;
-  uint8_t *buf = read_file(path, &len, err);
-  if (!buf) return NULL;
-  topos_safetensors *st = parse(buf, len, path, err);
-  free(buf);
+  int fd = -1;
+  struct stat at_load;
+  uint64_t header_len = 0;
+  char *json = read_header(path, &fd, &at_load, &header_len, err);
+  if (!json) return NULL;
+  topos_safetensors *st = parse(json, header_len, fd, &at_load, path, err);
+  free(json);
   return st;
 }
 
@@ -554,7 +619,50 @@ int topos_safetensors_count(const topos_safetensors *st) {
 }
 
 const char *topos_safetensors_name(const topos_safetensors *st, int i) {
-  return st && i >= 0 && i < st->count ? st->names[i] : NULL;
+  return st && i >= 0 && i < st->count ? st->items[i].name : NULL;
+}
+
+/* Whether the file was modified or resized since it was loaded. */
+static bool changed_since_load(const topos_safetensors *st, struct stat *now) {
+  if (fstat(st->fd, now) != 0) {
+    now->st_size = -1;
+    return true;
+  }
+  return now->st_size != st->at_load.st_size ||
+         now->st_mtim.tv_sec != st->at_load.st_mtim.tv_sec ||
+         now->st_mtim.tv_nsec != st->at_load.st_mtim.tv_nsec;
+}
+
+/* A new tensor holding item s's bytes, read from the file, or NULL. */
+static topos_tensor *read_tensor(const topos_safetensors *st, const stored *s,
+                                 topos_error *err) {
+  topos_tensor *t =
+      tensor_new(s->dtype, s->rank, s->rank ? s->shape : NULL, err);
+  if (!t || s->bytes == 0) return t;
+  errno = 0;
+  int64_t got = read_at(st->fd, tensor_data(t), s->bytes, s->offset);
+  int read_errno = errno;
+  struct stat now = {0};
+  if (got >= 0 && (uint64_t)got == s->bytes && !changed_since_load(st, &now))
+    return t;
+  topos_tensor_release(t);
+  if (got < 0) {
+    error_set(err, TOPOS_ERR_IO, "topos_safetensors_get: %s: \"%s\": read: %s",
+              st->path, s->name, strerror(read_errno));
+  } else if ((uint64_t)got != s->bytes) {
+    error_set(err, TOPOS_ERR_IO,
+              "topos_safetensors_get: %s: \"%s\": short read, %" PRId64
+              " of %" PRIu64 " bytes at offset %" PRIu64
+              ": the file changed since it was loaded",
+              st->path, s->name, got, s->bytes, s->offset);
+  } else {
+    error_set(err, TOPOS_ERR_IO,
+              "topos_safetensors_get: %s: \"%s\": the file changed since it "
+              "was loaded (%lld bytes then, %lld now, or modified)",
+              st->path, s->name, (long long)st->at_load.st_size,
+              (long long)now.st_size);
+  }
+  return NULL;
 }
 
 topos_tensor *topos_safetensors_get(const topos_safetensors *st,
@@ -565,8 +673,8 @@ topos_tensor *topos_safetensors_get(const topos_safetensors *st,
     return NULL;
   }
   for (int i = 0; i < st->count; i++)
-    if (strcmp(st->names[i], name) == 0)
-      return topos_tensor_retain(st->tensors[i]);
+    if (strcmp(st->items[i].name, name) == 0)
+      return read_tensor(st, &st->items[i], err);
   error_set(err, TOPOS_ERR_NOT_FOUND, "topos_safetensors_get: no tensor \"%s\"",
             name);
   return NULL;

@@ -1100,22 +1100,29 @@ int topos_safetensors_save(const char *path, int n, const char *const *names,
 typedef struct topos_safetensors topos_safetensors;
 
 /*
- * Loads every tensor of the file at path (caller frees the set with
- * topos_safetensors_free), or NULL with err: TOPOS_ERR_CORRUPT, naming
- * the fault, for a file that is not valid safetensors (truncated, a
- * header length beyond the file or over 100 MB, a header that is not a
- * JSON object, an unknown dtype, a bad shape or rank, data_offsets out
- * of range, overlapping or leaving bytes uncovered, a byte count that
- * disagrees with dtype and shape, a duplicate name); TOPOS_ERR_NOT_FOUND
- * when there is no file, TOPOS_ERR_IO when it cannot be read.
+ * Opens the file at path and checks its header against the file's size
+ * (caller frees the set with topos_safetensors_free), or NULL with err:
+ * TOPOS_ERR_CORRUPT, naming the fault, for a file that is not valid
+ * safetensors (truncated, a header length beyond the file or over
+ * 100 MB, a header that is not a JSON object, an unknown dtype, a bad
+ * shape or rank, data_offsets out of range, overlapping or leaving bytes
+ * uncovered, a byte count that disagrees with dtype and shape, a
+ * duplicate name); TOPOS_ERR_NOT_FOUND when there is no file,
+ * TOPOS_ERR_IO when it cannot be read.  Only the header is read: the
+ * file stays open until topos_safetensors_free, and each tensor's bytes
+ * are read by topos_safetensors_get, so the data is in memory once.
  */
 topos_safetensors *topos_safetensors_load(const char *path, topos_error *err);
 /* Tensors in the set (-1 for NULL); names in header order, borrowed
  * (NULL when i is out of range). */
 int topos_safetensors_count(const topos_safetensors *st);
 const char *topos_safetensors_name(const topos_safetensors *st, int i);
-/* The tensor named `name` (a new reference: caller releases), or NULL
- * with TOPOS_ERR_NOT_FOUND. */
+/* The tensor named `name`, read from the open file (a new tensor each
+ * call: caller releases), or NULL with TOPOS_ERR_NOT_FOUND for an
+ * unknown name, TOPOS_ERR_IO when the read fails or the file was cut or
+ * modified since it was loaded (removing it or renaming another file
+ * over its path changes nothing: the set reads the file it opened),
+ * TOPOS_ERR_MEMORY.  Safe to call from several threads at once. */
 topos_tensor *topos_safetensors_get(const topos_safetensors *st,
                                     const char *name, topos_error *err);
 void topos_safetensors_free(topos_safetensors *st);

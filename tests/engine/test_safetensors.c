@@ -4,15 +4,20 @@
  * views and scalars; hostile files written byte by byte from
  * docs/checkpoints.md, each of which must be refused with
  * TOPOS_ERR_CORRUPT and a message naming the fault; a refused save that
- * leaves the old file as it was; and interop with the Python safetensors
- * package (from .iree-venv, `make deps`) in both directions.
+ * leaves the old file as it was; a file cut or rewritten after loading
+ * (get fails cleanly) and one removed or replaced (get still reads what
+ * was loaded); the peak memory of loading a 64 MB file (one copy of the
+ * data, not two); and interop with the Python safetensors package (from
+ * .iree-venv, `make deps`) in both directions.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -398,6 +403,211 @@ START_TEST(test_refused_save_changes_nothing) {
 }
 END_TEST
 
+/* ------------------------------------------------- after loading */
+
+/* Every tensor of the sample file read back equal to the sample set. */
+static void expect_sample(const topos_safetensors *st) {
+  topos_tensor *t[N_SAMPLE];
+  sample_set(t);
+  for (int i = 0; i < N_SAMPLE; i++) {
+    topos_error err = {0};
+    topos_tensor *got = topos_safetensors_get(st, SAMPLE_NAMES[i], &err);
+    ck_assert_msg(got != NULL, "get %s: %s", SAMPLE_NAMES[i], err.message);
+    ck_assert_msg(topos_tensor_bitwise_equal(got, t[i]), "%s differs",
+                  SAMPLE_NAMES[i]);
+    topos_tensor_release(got);
+  }
+  release_all(N_SAMPLE, t);
+}
+
+/* get must fail for every tensor with TOPOS_ERR_IO naming the change. */
+static void expect_get_fails(const topos_safetensors *st) {
+  for (int i = 0; i < N_SAMPLE; i++) {
+    topos_error err = {0};
+    topos_tensor *got = topos_safetensors_get(st, SAMPLE_NAMES[i], &err);
+    ck_assert_msg(got == NULL, "got %s from a changed file", SAMPLE_NAMES[i]);
+    ck_assert_msg(err.code == TOPOS_ERR_IO, "%s: code %d: %s", SAMPLE_NAMES[i],
+                  err.code, err.message);
+    ck_assert_msg(strstr(err.message, "changed since it was loaded") &&
+                      strstr(err.message, SAMPLE_NAMES[i]),
+                  "%s", err.message);
+  }
+}
+
+/* Loading reads the header only; the data is read by get from the file,
+ * which stays open.  A file cut or rewritten in place after loading makes
+ * get fail cleanly, never hand back other bytes. */
+START_TEST(test_file_changed_after_load) {
+  make_work();
+  const char *path = in_work("ok.safetensors");
+  save_sample(path);
+  size_t n = 0;
+  uint8_t *bytes = read_bytes(path, &n);
+  /* An old mtime, so a rewrite below moves it whatever the clock's
+   * granularity. */
+  const struct timespec old[2] = {{1000000000, 0}, {1000000000, 0}};
+  ck_assert_int_eq(utimensat(AT_FDCWD, path, old, 0), 0);
+  topos_error err = {0};
+  topos_safetensors *st = topos_safetensors_load(path, &err);
+  ck_assert_msg(st != NULL, "load: %s", err.message);
+  expect_sample(st);
+  expect_sample(st); /* again: each get reads a new tensor */
+  /* Cut: the last tensors' bytes are gone, and the size moved. */
+  ck_assert_int_eq(truncate(path, (off_t)n - 8), 0);
+  expect_get_fails(st);
+  /* The names stay listed. */
+  ck_assert_int_eq(topos_safetensors_count(st), N_SAMPLE);
+  ck_assert_str_eq(topos_safetensors_name(st, 0), SAMPLE_NAMES[0]);
+  topos_safetensors_free(st);
+
+  /* Rewritten in place at the same size: refused too. */
+  write_bytes(path, bytes, n);
+  ck_assert_int_eq(utimensat(AT_FDCWD, path, old, 0), 0);
+  st = topos_safetensors_load(path, &err);
+  ck_assert_msg(st != NULL, "load: %s", err.message);
+  FILE *f = fopen(path, "r+b");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_int_eq(fseek(f, (long)n - 4, SEEK_SET), 0);
+  ck_assert_int_eq(fputc(0x55, f), 0x55);
+  ck_assert_int_eq(fclose(f), 0);
+  expect_get_fails(st);
+  topos_safetensors_free(st);
+
+  /* Removed, or replaced by a save (a rename over the path): the open
+   * file is the one loaded, and its tensors read back as they were. */
+  write_bytes(path, bytes, n);
+  st = topos_safetensors_load(path, &err);
+  ck_assert_msg(st != NULL, "load: %s", err.message);
+  ck_assert_int_eq(unlink(path), 0);
+  expect_sample(st);
+  topos_safetensors_free(st);
+  write_bytes(path, bytes, n);
+  st = topos_safetensors_load(path, &err);
+  ck_assert_msg(st != NULL, "load: %s", err.message);
+  topos_tensor *other = topos_tensor_scalar(TOPOS_F32, 1.0, &err);
+  const char *one[1] = {"other"};
+  ck_assert_int_eq(topos_safetensors_save(path, 1, one, &other, &err),
+                   TOPOS_OK);
+  topos_tensor_release(other);
+  expect_sample(st);
+  topos_safetensors_free(st);
+  free(bytes);
+  remove_work();
+}
+END_TEST
+
+/* A field of /proc/self/status in bytes ("VmHWM:", "VmRSS:"), or -1. */
+static int64_t status_bytes(const char *field) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  int64_t kb = -1;
+  while (fgets(line, sizeof line, f))
+    if (strncmp(line, field, strlen(field)) == 0)
+      kb = strtoll(line + strlen(field), NULL, 10);
+  fclose(f);
+  return kb < 0 ? -1 : kb * 1024;
+}
+
+#define PEAK_TENSORS 4
+#define PEAK_ELEMS (4 << 20) /* f32: 16 MiB a tensor, 64 MiB in all */
+
+/* The child of test_load_peak_memory: loads the file and gets every
+ * tensor, holding them all, and writes the growth of its peak resident
+ * set (bytes) to fd.  Exit 0; 2 when the peak cannot be reset here. */
+static int peak_child(const char *path, int fd) {
+  FILE *f = fopen("/proc/self/clear_refs", "w");
+  /* "5" resets the peak resident set (VmHWM) to the current one. */
+  if (!f || fputs("5", f) < 0 || fclose(f) != 0) return 2;
+  int64_t before = status_bytes("VmRSS:");
+  topos_error err = {0};
+  topos_safetensors *st = topos_safetensors_load(path, &err);
+  if (!st) return 1;
+  topos_tensor *t[PEAK_TENSORS] = {0};
+  for (int i = 0; i < PEAK_TENSORS; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "t%d", i);
+    t[i] = topos_safetensors_get(st, name, &err);
+    if (!t[i] || topos_tensor_count(t[i]) != PEAK_ELEMS) return 1;
+    int64_t last = PEAK_ELEMS - 1;
+    if (topos_tensor_get(t[i], &last, &err) != (double)(i * 1000 + 7)) return 1;
+  }
+  topos_safetensors_free(st);
+  int64_t growth = status_bytes("VmHWM:") - before;
+  for (int i = 0; i < PEAK_TENSORS; i++) topos_tensor_release(t[i]);
+  return write(fd, &growth, sizeof growth) == sizeof growth ? 0 : 1;
+}
+
+/* Loading a 64 MiB file and getting every tensor grows the peak resident
+ * set by about the data once (the tensors), not twice (a copy of the
+ * file as well, as the loader once did). */
+START_TEST(test_load_peak_memory) {
+#ifdef __SANITIZE_ADDRESS__
+  printf("safetensors: peak memory not measured under ASan\n");
+  return;
+#endif
+  make_work();
+  const char *path = in_work("big.safetensors");
+  char header[1024] = "{";
+  size_t tensor_bytes = (size_t)PEAK_ELEMS * 4;
+  for (int i = 0; i < PEAK_TENSORS; i++) {
+    size_t len = strlen(header);
+    snprintf(header + len, sizeof header - len,
+             "%s\"t%d\":{\"dtype\":\"F32\",\"shape\":[%d],"
+             "\"data_offsets\":[%zu,%zu]}",
+             i ? "," : "", i, PEAK_ELEMS, i * tensor_bytes,
+             (i + 1) * tensor_bytes);
+  }
+  strcat(header, "}");
+  FILE *f = fopen(path, "wb");
+  ck_assert_ptr_nonnull(f);
+  uint64_t hl = strlen(header);
+  uint8_t prefix[8];
+  for (int i = 0; i < 8; i++) prefix[i] = (uint8_t)(hl >> (8 * i));
+  ck_assert_uint_eq(fwrite(prefix, 1, 8, f), 8);
+  ck_assert_uint_eq(fwrite(header, 1, hl, f), hl);
+  enum { CHUNK = 1 << 18 };
+  static float chunk[CHUNK];
+  for (int i = 0; i < PEAK_TENSORS; i++)
+    for (int c = 0; c < PEAK_ELEMS / CHUNK; c++) {
+      for (int k = 0; k < CHUNK; k++) chunk[k] = (float)(i * 1000 + k % 8);
+      ck_assert_uint_eq(fwrite(chunk, sizeof *chunk, CHUNK, f), CHUNK);
+    }
+  ck_assert_int_eq(fclose(f), 0);
+  int fds[2];
+  ck_assert_int_eq(pipe(fds), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    _exit(peak_child(path, fds[1]));
+  }
+  close(fds[1]);
+  int64_t growth = -1;
+  ssize_t got = read(fds[0], &growth, sizeof growth);
+  close(fds[0]);
+  int status = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 2) {
+    printf("safetensors: cannot reset the peak RSS here; not measured\n");
+    remove_work();
+    return;
+  }
+  ck_assert_msg(WEXITSTATUS(status) == 0 && got == sizeof growth,
+                "the child failed to load or check the file");
+  int64_t data = (int64_t)PEAK_TENSORS * (int64_t)tensor_bytes;
+  printf("safetensors: loading %.1f MiB grew the peak RSS by %.1f MiB\n",
+         data / 1048576.0, growth / 1048576.0);
+  ck_assert_msg(growth <= data + data / 2,
+                "peak RSS grew by %lld bytes loading %lld bytes of data "
+                "(more than 1.5x)",
+                (long long)growth, (long long)data);
+  remove_work();
+}
+END_TEST
+
 /* ---------------------------------------------------- Python interop */
 
 /* The venv's python with safetensors importable, or NULL. */
@@ -526,6 +736,8 @@ Suite *safetensors_suite(void) {
   tcase_add_test(tc, test_bad_header);
   tcase_add_test(tc, test_bad_entries);
   tcase_add_test(tc, test_refused_save_changes_nothing);
+  tcase_add_test(tc, test_file_changed_after_load);
+  tcase_add_test(tc, test_load_peak_memory);
   suite_add_tcase(s, tc);
   TCase *py = tcase_create("python");
   tcase_set_timeout(py, 60);

@@ -440,6 +440,11 @@ static int load_set(const topos_safetensors *st, const char *path,
     snprintf(name, sizeof name, "%s%s", prefix, base);
     topos_error miss = {0};
     ts[s] = topos_safetensors_get(st, name, &miss);
+    if (ts[s] == NULL && miss.code != TOPOS_ERR_NOT_FOUND) {
+      *err = miss; /* not a missing name: the file changed, or I/O */
+      rc = miss.code;
+      break;
+    }
     if (ts[s] == NULL) {
       if (first_missing[0] == '\0')
         snprintf(first_missing, sizeof first_missing, "%s", name);

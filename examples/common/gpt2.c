@@ -138,7 +138,13 @@ int ex_gpt2_load(ex_gpt2_weights *w, const ex_gpt2_config *c, const char *path,
     snprintf(prefixed, sizeof prefixed, "transformer.%s", s[i].name);
     topos_error e2 = {0};
     topos_tensor *t = topos_safetensors_get(st, s[i].name, &e2);
-    if (!t) t = topos_safetensors_get(st, prefixed, &e2);
+    if (!t && e2.code == TOPOS_ERR_NOT_FOUND)
+      t = topos_safetensors_get(st, prefixed, &e2);
+    if (!t && e2.code != TOPOS_ERR_NOT_FOUND) { /* the file changed, I/O */
+      *err = e2;
+      rc = -1;
+      break;
+    }
     if (!t) {
       rc = fail(err, TOPOS_ERR_NOT_FOUND,
                 "gpt2: %s: no weight of that name (with or without "

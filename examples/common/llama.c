@@ -185,7 +185,10 @@ int ex_llama_load(ex_llama_weights *w, const ex_llama_config *c,
   for (int i = 0; rc == 0 && i < w->n; i++) {
     topos_error e2 = {0};
     topos_tensor *t = topos_safetensors_get(st, s[i].name, &e2);
-    if (!t) {
+    if (!t && e2.code != TOPOS_ERR_NOT_FOUND) { /* the file changed, I/O */
+      *err = e2;
+      rc = -1;
+    } else if (!t) {
       rc = fail(err, TOPOS_ERR_NOT_FOUND, "llama: %s: no weight of that name%s",
                 s[i].name,
                 !strcmp(s[i].name, "lm_head.weight")

@@ -127,7 +127,7 @@ all: $(LIB_A) $(LIB_SO) $(LIB_STORE) $(LIB_CLIENT) $(if $(BACKEND_SRC),$(LIB_BAC
 
 examples: $(EXAMPLES)
 
-$(BUILD)/obj/%.o: %.c $(wildcard engine/*.h backends/*.h backends/cuda/*.h bench/*.h store/*.h proto/*.h client/*.h server/*.h examples/common/*.h tests/engine/*.h tests/daemon/*.h tests/cuda/*.h) $(GEN_H)
+$(BUILD)/obj/%.o: %.c $(wildcard engine/*.h backends/*.h backends/cuda/*.h bench/*.h store/*.h proto/*.h client/*.h server/*.h examples/common/*.h tests/engine/*.h tests/daemon/*.h tests/examples/*.h tests/cuda/*.h) $(GEN_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(LAYER_INC) -c $< -o $@
 

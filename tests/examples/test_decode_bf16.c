@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "../daemon/harness.h"
+#include "decoder_check.h"
 #include "gpt2.h"
 #include "llama.h"
 #include "topos_client.h"
@@ -88,25 +89,7 @@ static topos_tensor *full_logits(const model *m, const int32_t *tok,
   topos_error err = {0};
   ex_kv_net net;
   ck_assert_msg(m->record(&net, m->w, n, 0, &err) == 0, "%s", err.message);
-  ex_kv_cache c;
-  ck_assert_int_eq(ex_kv_cache_init(&c, m->layers, &err), 0);
-  topos_tensor *all = NULL;
-  ck_assert_msg(ex_kv_run(&net, tok, &c, NULL, NULL, &all, &err) == 0, "%s",
-                err.message);
-  ex_kv_cache_free(&c);
-  ex_kv_net_free(&net);
-  return all;
-}
-
-static void same_row(const topos_tensor *a, int64_t r, const topos_tensor *b,
-                     int64_t q, const char *what) {
-  topos_error err = {0};
-  topos_tensor *x = topos_tensor_narrow(a, 0, r, 1, &err);
-  topos_tensor *y = topos_tensor_narrow(b, 0, q, 1, &err);
-  ck_assert_msg(topos_tensor_bitwise_equal(x, y), "%s: row %lld differs", what,
-                (long long)r);
-  topos_tensor_release(x);
-  topos_tensor_release(y);
+  return run_prefix(&net, m->layers, tok, n);
 }
 
 /* Prefill 5 tokens, then one at a time (remote on client c with the

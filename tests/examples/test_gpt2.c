@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "../engine/mlir_opt.h"
+#include "decoder_check.h"
 #include "gpt2.h"
 
 static const ex_gpt2_config tiny = {50257, 64, 32, 4, 2};
@@ -29,27 +30,7 @@ static topos_tensor *full_logits(const ex_gpt2_weights *w, const int32_t *tok,
   topos_error err = {0};
   ex_kv_net net;
   ck_assert_msg(ex_gpt2_record(&net, w, n, 0, &err) == 0, "%s", err.message);
-  ex_kv_cache c;
-  ck_assert_int_eq(ex_kv_cache_init(&c, tiny.layers, &err), 0);
-  topos_tensor *all = NULL;
-  ck_assert_msg(ex_kv_run(&net, tok, &c, NULL, NULL, &all, &err) == 0, "%s",
-                err.message);
-  ck_assert_int_eq(c.len, n);
-  ex_kv_cache_free(&c);
-  ex_kv_net_free(&net);
-  return all;
-}
-
-/* Row r of logits [n, V] against a [1, V] or [k, V] tensor's row q. */
-static void same_row(const topos_tensor *a, int64_t r, const topos_tensor *b,
-                     int64_t q, const char *what) {
-  topos_error err = {0};
-  topos_tensor *x = topos_tensor_narrow(a, 0, r, 1, &err);
-  topos_tensor *y = topos_tensor_narrow(b, 0, q, 1, &err);
-  ck_assert_msg(topos_tensor_bitwise_equal(x, y), "%s: row %lld differs", what,
-                (long long)r);
-  topos_tensor_release(x);
-  topos_tensor_release(y);
+  return run_prefix(&net, w->c.layers, tok, n);
 }
 
 START_TEST(decode_equals_full_forward) {
@@ -218,39 +199,6 @@ END_TEST
 
 /* ------------------------------------------------ against PyTorch */
 
-/* Debian's python3 when it imports torch (python3-torch, `make deps`),
- * or NULL. */
-static const char *torch_python(void) {
-  static const char path[] = "/usr/bin/python3";
-  if (access(path, X_OK) != 0) return NULL;
-  return system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0
-             ? path
-             : NULL;
-}
-
-/* The relative L2 error of got[n] against DIR/NAME: n raw little-endian
- * floats (f64 false) or doubles (f64 true). */
-static double rel_l2(const float *got, const char *dir, const char *name,
-                     size_t n, bool f64) {
-  char path[512];
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  size_t size = f64 ? sizeof(double) : sizeof(float);
-  unsigned char *want = malloc(n * size);
-  FILE *f = fopen(path, "rb");
-  ck_assert_msg(f != NULL, "%s missing", path);
-  ck_assert_uint_eq(fread(want, size, n, f), n);
-  fclose(f);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; i++) {
-    double w = f64 ? ((const double *)(const void *)want)[i]
-                   : (double)((const float *)(const void *)want)[i];
-    num += ((double)got[i] - w) * ((double)got[i] - w);
-    den += w * w;
-  }
-  free(want);
-  return sqrt(num / den);
-}
-
 /* tests/python/gpt2_torch.py is GPT2LMHeadModel in PyTorch: it writes its
  * random weights with Hugging Face's names (the "transformer." prefix, the
  * tied head beside) and its logits, run in float32 and again after
@@ -292,8 +240,8 @@ START_TEST(matches_pytorch_reference) {
   float *got = malloc(n * sizeof *got);
   ck_assert_int_eq(topos_tensor_read(all, got, n * sizeof *got, &err),
                    TOPOS_OK);
-  double rel64 = rel_l2(got, dir, "logits.f64", n, true);
-  double rel32 = rel_l2(got, dir, "logits.f32", n, false);
+  double rel64 = rel_l2_file(got, dir, "logits.f64", n, true);
+  double rel32 = rel_l2_file(got, dir, "logits.f32", n, false);
   printf(
       "gpt2: logits against PyTorch's: relative L2 %.3g (float64), %.3g "
       "(float32)\n",

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "decoder_check.h"
 #include "llama.h"
 
 /* GPT-2's vocabulary, 4 query heads over 2 kv heads of 8 lanes. */
@@ -31,27 +32,7 @@ static topos_tensor *full_logits(const ex_llama_weights *w, const int32_t *tok,
   topos_error err = {0};
   ex_kv_net net;
   ck_assert_msg(ex_llama_record(&net, w, n, 0, &err) == 0, "%s", err.message);
-  ex_kv_cache c;
-  ck_assert_int_eq(ex_kv_cache_init(&c, w->c.layers, &err), 0);
-  topos_tensor *all = NULL;
-  ck_assert_msg(ex_kv_run(&net, tok, &c, NULL, NULL, &all, &err) == 0, "%s",
-                err.message);
-  ck_assert_int_eq(c.len, n);
-  ex_kv_cache_free(&c);
-  ex_kv_net_free(&net);
-  return all;
-}
-
-/* Row r of logits [n, V] against a [k, V] tensor's row q. */
-static void same_row(const topos_tensor *a, int64_t r, const topos_tensor *b,
-                     int64_t q, const char *what) {
-  topos_error err = {0};
-  topos_tensor *x = topos_tensor_narrow(a, 0, r, 1, &err);
-  topos_tensor *y = topos_tensor_narrow(b, 0, q, 1, &err);
-  ck_assert_msg(topos_tensor_bitwise_equal(x, y), "%s: row %lld differs", what,
-                (long long)r);
-  topos_tensor_release(x);
-  topos_tensor_release(y);
+  return run_prefix(&net, w->c.layers, tok, n);
 }
 
 /* Prefill 5, then one token at a time: every row the full forward's. */
@@ -353,39 +334,6 @@ END_TEST
 
 /* ------------------------------------------------ against PyTorch */
 
-/* Debian's python3 when it imports torch (python3-torch, `make deps`),
- * or NULL. */
-static const char *torch_python(void) {
-  static const char path[] = "/usr/bin/python3";
-  if (access(path, X_OK) != 0) return NULL;
-  return system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0
-             ? path
-             : NULL;
-}
-
-/* The relative L2 error of got[n] against DIR/NAME: n raw little-endian
- * floats (f64 false) or doubles (f64 true). */
-static double rel_l2(const float *got, const char *dir, const char *name,
-                     size_t n, bool f64) {
-  char path[512];
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  size_t size = f64 ? sizeof(double) : sizeof(float);
-  unsigned char *want = malloc(n * size);
-  FILE *f = fopen(path, "rb");
-  ck_assert_msg(f != NULL, "%s missing", path);
-  ck_assert_uint_eq(fread(want, size, n, f), n);
-  fclose(f);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; i++) {
-    double w = f64 ? ((const double *)(const void *)want)[i]
-                   : (double)((const float *)(const void *)want)[i];
-    num += ((double)got[i] - w) * ((double)got[i] - w);
-    den += w * w;
-  }
-  free(want);
-  return sqrt(num / den);
-}
-
 /* Runs tests/python/llama_torch.py for config c on tok[n]; rel[0] and
  * rel[1] are the relative L2 errors of topos's f32 logits against
  * PyTorch's float64 and float32 ones. */
@@ -419,8 +367,8 @@ static void against_pytorch(const char *python, const ex_llama_config *c,
   float *got = malloc(m * sizeof *got);
   ck_assert_int_eq(topos_tensor_read(all, got, m * sizeof *got, &err),
                    TOPOS_OK);
-  rel[0] = rel_l2(got, dir, "logits.f64", m, true);
-  rel[1] = rel_l2(got, dir, "logits.f32", m, false);
+  rel[0] = rel_l2_file(got, dir, "logits.f64", m, true);
+  rel[1] = rel_l2_file(got, dir, "logits.f32", m, false);
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ck_assert_int_eq(system(cmd), 0);
   free(got);

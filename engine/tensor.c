@@ -533,6 +533,10 @@ bool tensor_is_uniform(const topos_tensor *t) {
   }
 }
 
+bool topos_tensor_is_uniform(const topos_tensor *t) {
+  return t != NULL && tensor_is_uniform(t);
+}
+
 int64_t topos_tensor_count(const topos_tensor *t) {
   if (t == NULL) return -1;
   return shape_count(t->rank, t->shape);

@@ -144,6 +144,10 @@ topos_tensor *topos_tensor_broadcast(const topos_tensor *t, int rank,
 topos_tensor *topos_tensor_unfold(const topos_tensor *t, int axis, int64_t size,
                                   int64_t step, int64_t dilation,
                                   topos_error *err);
+/* Whether t has two or more elements, all with the same bit pattern (a
+ * broadcast of one element, or equal elements stored apart): the tensors
+ * the encoding and the wire write as one element (docs/encoding.md). */
+bool topos_tensor_is_uniform(const topos_tensor *t);
 /* A contiguous tensor with the same elements (retains t if it already is). */
 topos_tensor *topos_tensor_contiguous(const topos_tensor *t, topos_error *err);
 /* The same elements in dtype `to`, among f32, f64 and bf16: a new

@@ -420,13 +420,29 @@ bool wire_id_valid(const char *s) {
 
 /* ------------------------------------------------------------ tensors */
 
-int wire_tensor_to_proto(const topos_tensor *t, Topos__V1__Tensor *out,
-                         topos_error *err) {
+/* t into *out; `splat`: an all-equal tensor as one element (the splat
+ * form, Tensor.splat). */
+static int tensor_to_proto(const topos_tensor *t, Topos__V1__Tensor *out,
+                           bool splat, topos_error *err) {
   if (!out) return fail(err, TOPOS_ERR_ARGUMENT, "tensor: out is NULL");
   if (!t) return fail(err, TOPOS_ERR_ARGUMENT, "tensor is NULL");
   topos_dtype dtype = topos_tensor_dtype(t);
   int rank = topos_tensor_rank(t);
   int64_t count = topos_tensor_count(t);
+  const int64_t *full_shape = topos_tensor_shape(t);
+  topos_tensor *one = NULL;
+  if (splat && topos_tensor_is_uniform(t)) {
+    /* element 0 alone: a narrow of every axis to extent 1 */
+    one = topos_tensor_retain(t);
+    for (int a = 0; one && a < rank; a++) {
+      topos_tensor *n = topos_tensor_narrow(one, a, 0, 1, err);
+      topos_tensor_release(one);
+      one = n;
+    }
+    if (!one) return err ? err->code : TOPOS_ERR_MEMORY;
+    t = one;
+    count = 1;
+  }
   size_t es = topos_dtype_size(dtype);
   size_t bytes = (size_t)count * es;
   int64_t *shape = rank ? malloc(sizeof(int64_t) * (size_t)rank) : NULL;
@@ -437,12 +453,13 @@ int wire_tensor_to_proto(const topos_tensor *t, Topos__V1__Tensor *out,
     return fail(err, TOPOS_ERR_MEMORY, "tensor: out of memory for %zu bytes",
                 bytes);
   }
-  if (rank) memcpy(shape, topos_tensor_shape(t), sizeof(int64_t) * rank);
+  if (rank) memcpy(shape, full_shape, sizeof(int64_t) * rank);
   if (bytes) {
     int rc = topos_tensor_read(t, data, bytes, err);
     if (rc != TOPOS_OK) {
       free(shape);
       free(data);
+      topos_tensor_release(one);
       return rc;
     }
     if (!host_is_little_endian()) swap_elements(data, (size_t)count, es);
@@ -452,21 +469,38 @@ int wire_tensor_to_proto(const topos_tensor *t, Topos__V1__Tensor *out,
   out->shape = shape;
   out->data.data = data;
   out->data.len = bytes;
+  out->splat = one != NULL;
+  topos_tensor_release(one);
   return TOPOS_OK;
 }
 
-Topos__V1__Tensor *wire_tensor_new(const topos_tensor *t, topos_error *err) {
+int wire_tensor_to_proto(const topos_tensor *t, Topos__V1__Tensor *out,
+                         topos_error *err) {
+  return tensor_to_proto(t, out, false, err);
+}
+
+static Topos__V1__Tensor *tensor_new(const topos_tensor *t, bool splat,
+                                     topos_error *err) {
   Topos__V1__Tensor *m = malloc(sizeof *m);
   if (!m) {
     fail(err, TOPOS_ERR_MEMORY, "tensor: out of memory");
     return NULL;
   }
   topos__v1__tensor__init(m);
-  if (wire_tensor_to_proto(t, m, err) != TOPOS_OK) {
+  if (tensor_to_proto(t, m, splat, err) != TOPOS_OK) {
     free(m);
     return NULL;
   }
   return m;
+}
+
+Topos__V1__Tensor *wire_tensor_new(const topos_tensor *t, topos_error *err) {
+  return tensor_new(t, false, err);
+}
+
+Topos__V1__Tensor *wire_tensor_new_splat(const topos_tensor *t,
+                                         topos_error *err) {
+  return tensor_new(t, true, err);
 }
 
 Topos__V1__Tensor *wire_tensor_new_ref(const char *blob_id, int index,
@@ -610,11 +644,22 @@ topos_tensor *wire_tensor_from_proto(const Topos__V1__Tensor *m,
          st);
     return NULL;
   }
-  size_t bytes = (size_t)count * es;
+  if (m->splat && count < 2) {
+    fail(err, TOPOS_ERR_ARGUMENT,
+         "%s: a splat of %s (%" PRId64
+         " elements; the form is for two or more)",
+         what, st, count);
+    return NULL;
+  }
+  /* A splat's data is its one element. */
+  int64_t stored = m->splat ? 1 : count;
+  size_t bytes = (size_t)stored * es;
   if (m->data.len != bytes) {
     fail(err, TOPOS_ERR_ARGUMENT,
-         "%s: data holds %zu bytes, %s needs %zu (%" PRId64 " elements of %zu)",
-         what, m->data.len, st, bytes, count, es);
+         "%s: data holds %zu bytes, %s%s needs %zu (%" PRId64
+         " elements of %zu)",
+         what, m->data.len, m->splat ? "a splat of " : "", st, bytes, stored,
+         es);
     return NULL;
   }
   if (bytes && !m->data.data) {
@@ -632,12 +677,18 @@ topos_tensor *wire_tensor_from_proto(const Topos__V1__Tensor *m,
       return NULL;
     }
     memcpy(swapped, data, bytes);
-    swap_elements(swapped, (size_t)count, es);
+    swap_elements(swapped, (size_t)stored, es);
     data = swapped;
   }
   topos_error terr = {0};
-  topos_tensor *t =
-      topos_tensor_from(dtype, rank, rank ? m->shape : NULL, data, &terr);
+  topos_tensor *t = NULL;
+  if (m->splat) { /* one element, broadcast: a view, never count copies */
+    topos_tensor *e = topos_tensor_from(dtype, 0, NULL, data, &terr);
+    t = e ? topos_tensor_broadcast(e, rank, m->shape, &terr) : NULL;
+    topos_tensor_release(e);
+  } else {
+    t = topos_tensor_from(dtype, rank, rank ? m->shape : NULL, data, &terr);
+  }
   free(swapped);
   if (!t) fail(err, terr.code, "%s: %s", what, terr.message);
   return t;
@@ -830,7 +881,7 @@ static int node_to_proto(const topos_node_info *ni, int index,
     m->n_shape = (size_t)ni->target_rank;
   }
   if (at & ATTR_TENSOR) {
-    m->tensor = wire_tensor_new(ni->tensor, err);
+    m->tensor = wire_tensor_new_splat(ni->tensor, err);
     if (!m->tensor) {
       char prefix[64];
       snprintf(prefix, sizeof prefix, "spec: node %d (%s)", index, ni->op_name);

@@ -191,6 +191,10 @@ int wire_tensor_to_proto(const topos_tensor *t, Topos__V1__Tensor *out,
                          topos_error *err);
 /* The same into a new heap message (wire_message_free / free_unpacked). */
 Topos__V1__Tensor *wire_tensor_new(const topos_tensor *t, topos_error *err);
+/* The same, an all-equal tensor of two or more elements written as one
+ * element with Tensor.splat set (specs' leaf tensors). */
+Topos__V1__Tensor *wire_tensor_new_splat(const topos_tensor *t,
+                                         topos_error *err);
 /* A new heap message holding only a blob reference {id, index}. */
 Topos__V1__Tensor *wire_tensor_new_ref(const char *blob_id, int index,
                                        topos_error *err);

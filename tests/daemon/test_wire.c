@@ -310,6 +310,90 @@ START_TEST(test_spec_roundtrip_samples) {
 }
 END_TEST
 
+/* The splat form (Tensor.splat): a spec's all-equal leaf tensors go as
+ * one element - a model's parameters recorded as zeros make a spec of
+ * bytes, not the model's size - and come back as the same network (the
+ * same id); data of any other length, or a splat of fewer than two
+ * elements, is refused; a splat of many elements decodes to a view of
+ * one, never count copies. */
+START_TEST(test_spec_splat) {
+  topos_error err = {0};
+  const int64_t shape[2] = {1000, 1000};
+  topos_tensor *zero = topos_tensor_zeros(TOPOS_F32, 2, shape, &err);
+  topos_tensor *ramp =
+      topos_init_normal(TOPOS_F32, 2, shape, 0.0, 1.0, 7, &err);
+  ck_assert_ptr_nonnull(zero);
+  ck_assert_ptr_nonnull(ramp);
+  ck_assert(topos_tensor_is_uniform(zero));
+  ck_assert(!topos_tensor_is_uniform(ramp));
+  topos_tape *tape = topos_tape_new(TOPOS_F32);
+  topos_value w = topos_parameter(tape, zero);
+  topos_value x = topos_parameter(tape, ramp);
+  topos_value y = topos_sum(tape, topos_add(tape, w, x));
+  (void)y;
+  topos_network *net = topos_tape_seal(tape, &err);
+  ck_assert_msg(net != NULL, "%s", err.message);
+  Topos__V1__Spec spec = TOPOS__V1__SPEC__INIT;
+  ck_assert_int_eq(wire_spec_from_network(net, &spec, &err), TOPOS_OK);
+  ck_assert(spec.nodes[0]->tensor->splat);
+  ck_assert_uint_eq(spec.nodes[0]->tensor->data.len, 4);
+  ck_assert(!spec.nodes[1]->tensor->splat);
+  ck_assert_uint_eq(spec.nodes[1]->tensor->data.len, 4000000);
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  ck_assert_int_eq(wire_pack(&spec.base, &bytes, &len, &err), TOPOS_OK);
+  ck_assert_uint_lt(len, 4000000 + 1000); /* the zeros are 4 bytes */
+  free(bytes);
+  wire_message_clear(&spec.base);
+  topos_network *back = spec_roundtrip(net);
+  char a[65], b[65];
+  ck_assert_int_eq(topos_network_id(net, a, NULL), TOPOS_OK);
+  ck_assert_int_eq(topos_network_id(back, b, NULL), TOPOS_OK);
+  ck_assert_str_eq(a, b);
+  topos_network_release(back);
+  topos_network_release(net);
+  topos_tensor_release(zero);
+  topos_tensor_release(ramp);
+
+  /* hostile splats */
+  float one = 2.5f;
+  int64_t s2[2] = {2, 3};
+  Topos__V1__Tensor m = TOPOS__V1__TENSOR__INIT;
+  m.dtype = TOPOS__V1__DTYPE__F32;
+  m.shape = s2;
+  m.n_shape = 2;
+  m.splat = true;
+  m.data.data = (uint8_t *)&one;
+  m.data.len = 3;
+  expect_tensor_error(&m, NULL, TOPOS_ERR_ARGUMENT, "a splat of");
+  m.data.len = 24;
+  expect_tensor_error(&m, NULL, TOPOS_ERR_ARGUMENT, "holds 24 bytes");
+  int64_t s1[1] = {1};
+  m.shape = s1;
+  m.n_shape = 1;
+  m.data.len = 4;
+  expect_tensor_error(&m, NULL, TOPOS_ERR_ARGUMENT, "two or more");
+  m.n_shape = 0;
+  expect_tensor_error(&m, NULL, TOPOS_ERR_ARGUMENT, "two or more");
+  int64_t big[2] = {(int64_t)1 << 26, (int64_t)1 << 10}; /* 2^36 elements */
+  m.shape = big;
+  m.n_shape = 2;
+  topos_tensor *v = wire_tensor_from_proto(&m, NULL, NULL, &err);
+  ck_assert_msg(v != NULL, "%s", err.message);
+  ck_assert_int_eq(topos_tensor_count(v), (int64_t)1 << 36);
+  ck_assert(topos_tensor_is_uniform(v)); /* a view of one element */
+  topos_tensor_release(v);
+  big[0] = (int64_t)1 << 30; /* 2^42 bytes: over the engine's tensor limit */
+  expect_tensor_error(&m, NULL, TOPOS_ERR_MEMORY, "2^40-byte limit");
+  m.shape = s2; /* the decoded value */
+  v = wire_tensor_from_proto(&m, NULL, NULL, &err);
+  float got[6];
+  ck_assert_int_eq(topos_tensor_read(v, got, sizeof got, &err), TOPOS_OK);
+  for (int i = 0; i < 6; i++) ck_assert(got[i] == 2.5f);
+  topos_tensor_release(v);
+}
+END_TEST
+
 START_TEST(test_spec_only_read_attributes) {
   /* An add with stray attributes replays as the same network as a clean
    * one: attributes an op does not read are dropped. */
@@ -1430,6 +1514,7 @@ Suite *wire_suite(void) {
   suite_add_tcase(s, t);
   TCase *sp = tcase_create("specs");
   tcase_add_test(sp, test_spec_roundtrip_samples);
+  tcase_add_test(sp, test_spec_splat);
   tcase_add_test(sp, test_spec_only_read_attributes);
   tcase_add_test(sp, test_spec_hostile);
   tcase_add_test(sp, test_spec_random_bytes);

@@ -139,8 +139,9 @@ $(BUILD)/obj/store/%.o:    LAYER_INC = $(INC_STORE)
 $(BUILD)/obj/proto/%.o:    LAYER_INC = $(INC_PROTO)
 $(BUILD)/obj/client/%.o:   LAYER_INC = $(INC_CLIENT)
 $(BUILD)/obj/server/%.o:   LAYER_INC = $(INC_SERVER)
-# The CLI is a program, not the library: it lists the backends too.
-$(BUILD)/obj/client/cli.o: LAYER_INC = $(INC_CLIENT) -Ibackends
+# The CLI is a program, not the library: it lists the backends too, and
+# administers tenants and tokens in the store.
+$(BUILD)/obj/client/cli.o: LAYER_INC = $(INC_CLIENT) -Ibackends -Istore
 # Tests reach into every layer, and share tests/engine's helpers.
 $(BUILD)/obj/tests/%.o:    LAYER_INC = $(INC_ALL) -Itests/engine -Iexamples/common -Itests/cuda
 # The examples' library is a program-side layer: it sees everything.
@@ -171,9 +172,10 @@ $(TOPOSD): $(SERVER_OBJ) $(LIB_CLIENT) $(LIB_STORE) $(LIB_A) $(if $(BACKEND_SRC)
 $(BUILD)/obj/server/gateway.o: server/openapi.json
 
 # The CLI links the backends too: `topos backends --local` lists them.
-$(TOPOS_CLI): $(BUILD)/obj/client/cli.o $(LIB_CLIENT) $(LIB_A) $(if $(BACKEND_SRC),$(LIB_BACKENDS))
+# The CLI's tenant and token commands work on the store file (store/).
+$(TOPOS_CLI): $(BUILD)/obj/client/cli.o $(LIB_CLIENT) $(LIB_STORE) $(LIB_A) $(if $(BACKEND_SRC),$(LIB_BACKENDS))
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< -o $@ $(LIB_CLIENT) $(ENGINE_LINK) $(GRPC_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $< -o $@ $(LIB_CLIENT) $(LIB_STORE) $(ENGINE_LINK) $(GRPC_LIBS) $(STORE_LIBS) $(LDLIBS)
 
 # `make run`: the daemon in the foreground on loopback, store under ./var.
 run: $(TOPOSD)

@@ -1,7 +1,8 @@
 /*
  * cli.c - `topos`, the command-line client of toposd.
  *
- *   topos [--server ADDRESS] [--deadline SECONDS] COMMAND [ARGS]
+ *   topos [--server ADDRESS] [--deadline SECONDS] [--token TOKEN] COMMAND
+ *         [ARGS]
  *
  *   record FILE          store a spec; prints its id.  FILE holds a
  *                        network's canonical encoding (topos_network_encode,
@@ -26,6 +27,15 @@
  *          describe).  --threads N (0..1024, 0 = the daemon's default) is
  *          the most threads each backend task of the entry's runs may use.
  *
+ *   tenant add NAME [--admin] | tenant list | tenant remove NAME
+ *   token create TENANT | token list TENANT | token revoke TOKEN_ID
+ *                        administration on the store file itself
+ *                        (--store PATH, default $TOPOS_STORE, then
+ *                        ./var/topos.db); each change prints an audit line
+ *                        on stderr; token create prints the secret on
+ *                        stdout, once
+ *
+ * --token (default $TOPOS_TOKEN) is sent as "authorization: Bearer TOKEN".
  * --server defaults to $TOPOS_SERVER, then 127.0.0.1:50051.  Every command
  * takes --help.  Results go to stdout, errors to stderr; the exit status
  * is 0 on success, 1 on a failed call or mismatch, 2 on a usage error.
@@ -38,14 +48,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "backends.h"
+#include "store.h"
 #include "topos.h"
 #include "topos_client.h"
 #include "wire.h"
 
 typedef struct options {
   const char *server;
+  const char *token; /* --token, else $TOPOS_TOKEN (the library reads it) */
   double deadline;
   int threads; /* --threads; -1 when not given */
   const char *command;
@@ -76,7 +91,13 @@ static const char *const usage_text =
     "       default roots are the spec's outputs; N (0..1024) caps each\n"
     "       task's threads, 0 = the daemon's default.\n"
     "--server defaults to $TOPOS_SERVER, then " TOPOS_CLIENT_DEFAULT_ADDRESS
-    ".\n";
+    ".\n"
+    "--token TOKEN (default $TOPOS_TOKEN) is sent with every call.\n"
+    "\n"
+    "administration (on the store file, docs/operations.md):\n"
+    "  tenant add NAME [--admin] | tenant list | tenant remove NAME\n"
+    "  token create TENANT | token list TENANT | token revoke TOKEN_ID\n"
+    "  --store PATH defaults to $TOPOS_STORE, then ./var/topos.db.\n";
 
 static const struct {
   const char *name, *usage;
@@ -171,6 +192,8 @@ static int parse(int argc, char **argv, options *o) {
       o->help = true;
     } else if (strcmp(a, "--server") == 0) {
       VALUE(server);
+    } else if (strcmp(a, "--token") == 0) {
+      VALUE(token);
     } else if (strcmp(a, "--deadline") == 0) {
       if (!more) return usage_error("--deadline needs a value");
       char *end = NULL;
@@ -727,7 +750,210 @@ static int cmd_stats(topos_client *c, const options *o) {
   return 0;
 }
 
+/* ------------------------------------------------------- administration */
+
+static const char *const admin_usage =
+    "usage: topos [--store PATH] tenant add NAME [--admin]\n"
+    "       topos [--store PATH] tenant list\n"
+    "       topos [--store PATH] tenant remove NAME\n"
+    "       topos [--store PATH] token create TENANT\n"
+    "       topos [--store PATH] token list TENANT\n"
+    "       topos [--store PATH] token revoke TOKEN_ID\n"
+    "\n"
+    "Works on the daemon's store file directly; safe while toposd runs\n"
+    "(SQLite locks the file, and the daemon reads tokens on every call, so a\n"
+    "revoked token is refused from the next call on).  --store defaults to\n"
+    "$TOPOS_STORE, then ./var/topos.db.  token create prints the secret on\n"
+    "stdout once; only its SHA-256 is stored.  Tenant names are 1..64 of\n"
+    "a-z, 0-9, '_' and '-'.\n";
+
+static void format_ms(int64_t ms, char *out, size_t len) {
+  time_t t = (time_t)(ms / 1000);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  strftime(out, len, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+/* One line per change, on stderr: what, on which store, by whom.  Never a
+ * secret. */
+static void audit(const char *store, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void audit(const char *store, const char *fmt, ...) {
+  char what[512], when[32];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  format_ms((int64_t)ts.tv_sec * 1000, when, sizeof when);
+  const char *user = getenv("USER");
+  fprintf(stderr, "topos: audit ts=%s %s store=%s uid=%u user=%s\n", when, what,
+          store, (unsigned)getuid(), user && *user ? user : "-");
+}
+
+static int admin_main(int argc, char **argv) {
+  const char *env = getenv("TOPOS_STORE");
+  const char *store_path = env && env[0] ? env : "./var/topos.db";
+  const char *pos[4] = {NULL};
+  int npos = 0;
+  bool admin = false;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--store") == 0) {
+      if (i + 1 >= argc) return usage_error("--store needs a value");
+      store_path = argv[++i];
+    } else if (strcmp(a, "--admin") == 0) {
+      admin = true;
+    } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(admin_usage, stdout);
+      return 0;
+    } else if (strcmp(a, "--server") == 0 || strcmp(a, "--token") == 0 ||
+               strcmp(a, "--deadline") == 0) {
+      return usage_error(
+          "%s does not apply to tenant and token (they work "
+          "on the store file: --store PATH)",
+          a);
+    } else if (a[0] == '-' && a[1] != '\0') {
+      return usage_error("unknown option %s", a);
+    } else if (npos < 4) {
+      pos[npos++] = a;
+    } else {
+      return usage_error("unexpected argument %s", a);
+    }
+  }
+  bool tenant = strcmp(pos[0], "tenant") == 0;
+  const char *sub = pos[1] ? pos[1] : "";
+  int want = -1; /* positional arguments after the subcommand */
+  if (tenant && strcmp(sub, "add") == 0) want = 1;
+  if (tenant && strcmp(sub, "list") == 0) want = 0;
+  if (tenant && strcmp(sub, "remove") == 0) want = 1;
+  if (!tenant && strcmp(sub, "create") == 0) want = 1;
+  if (!tenant && strcmp(sub, "list") == 0) want = 1;
+  if (!tenant && strcmp(sub, "revoke") == 0) want = 1;
+  if (want < 0 || npos != 2 + want) {
+    fputs(admin_usage, stderr);
+    return 2;
+  }
+  if (admin && !(tenant && strcmp(sub, "add") == 0))
+    return usage_error("--admin applies to tenant add only");
+  const char *arg = pos[2];
+  if ((tenant || strcmp(sub, "revoke") != 0) && arg &&
+      !store_tenant_name_valid(arg))
+    return usage_error(
+        "\"%s\" is not a tenant name (1..%d of a-z, 0-9, '_', "
+        "'-')",
+        arg, STORE_TENANT_NAME_MAX);
+  /* Only tenant add may create the store: anything else on a missing
+   * file is a wrong --store, not an empty store. */
+  struct stat sb;
+  if (!(tenant && strcmp(sub, "add") == 0) && stat(store_path, &sb) != 0) {
+    fprintf(stderr,
+            "topos: no store at %s (the daemon's --store; pass --store PATH "
+            "or set TOPOS_STORE)\n",
+            store_path);
+    return 1;
+  }
+  topos_error err = {0};
+  topos_store *st = store_open(store_path, &err);
+  if (st == NULL) {
+    fprintf(stderr, "topos: %s\n", err.message);
+    return 1;
+  }
+  int rc = 0;
+  if (tenant && strcmp(sub, "add") == 0) {
+    if (store_tenant_add(st, arg, admin, &err) == TOPOS_OK) {
+      printf("tenant %s added%s\n", arg, admin ? " (admin)" : "");
+      audit(store_path, "action=tenant.add tenant=%s admin=%d", arg,
+            admin ? 1 : 0);
+    } else {
+      rc = 1;
+    }
+  } else if (tenant && strcmp(sub, "remove") == 0) {
+    if (store_tenant_remove(st, arg, &err) == TOPOS_OK) {
+      printf("tenant %s removed, with its tokens\n", arg);
+      audit(store_path, "action=tenant.remove tenant=%s", arg);
+    } else {
+      rc = 1;
+    }
+  } else if (tenant) {
+    store_tenant_info *rows = NULL;
+    int n = 0;
+    if (store_tenant_list(st, &rows, &n, &err) == TOPOS_OK) {
+      printf("%-24s %-5s %-6s %s\n", "TENANT", "ADMIN", "TOKENS", "CREATED");
+      for (int i = 0; i < n; i++) {
+        char when[32];
+        format_ms(rows[i].created_ms, when, sizeof when);
+        printf("%-24s %-5s %-6lld %s\n", rows[i].name,
+               rows[i].admin ? "yes" : "no", (long long)rows[i].live_tokens,
+               when);
+      }
+      free(rows);
+    } else {
+      rc = 1;
+    }
+  } else if (strcmp(sub, "create") == 0) {
+    char id[STORE_TOKEN_ID_LEN + 1], secret[STORE_TOKEN_SECRET_LEN + 1];
+    if (store_token_create(st, arg, id, secret, &err) == TOPOS_OK) {
+      printf("%s\n", secret);
+      fflush(stdout);
+      memset(secret, 0, sizeof secret);
+      fprintf(stderr,
+              "topos: token %s created for tenant %s; the secret above is "
+              "shown only now (the store keeps its SHA-256): give it to the "
+              "client as TOPOS_TOKEN\n",
+              id, arg);
+      audit(store_path, "action=token.create tenant=%s token=%s", arg, id);
+    } else {
+      rc = 1;
+    }
+  } else if (strcmp(sub, "list") == 0) {
+    store_token_info *rows = NULL;
+    int n = 0;
+    if (store_token_list(st, arg, &rows, &n, &err) == TOPOS_OK) {
+      printf("%-16s %-20s %s\n", "TOKEN_ID", "CREATED", "STATE");
+      for (int i = 0; i < n; i++) {
+        char made[32], gone[32];
+        format_ms(rows[i].created_ms, made, sizeof made);
+        if (rows[i].revoked_ms)
+          format_ms(rows[i].revoked_ms, gone, sizeof gone);
+        printf("%-16s %-20s %s%s\n", rows[i].id, made,
+               rows[i].revoked_ms ? "revoked " : "live",
+               rows[i].revoked_ms ? gone : "");
+      }
+      free(rows);
+    } else {
+      rc = 1;
+    }
+  } else {
+    if (store_token_revoke(st, arg, &err) == TOPOS_OK) {
+      printf("token %s revoked\n", arg);
+      audit(store_path, "action=token.revoke token=%s", arg);
+    } else {
+      rc = 1;
+    }
+  }
+  if (rc != 0) fprintf(stderr, "topos: %s\n", err.message);
+  store_close(st);
+  fflush(stdout);
+  return rc;
+}
+
 int main(int argc, char **argv) {
+  /* tenant and token work on the store file itself, not the daemon. */
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--server") == 0 || strcmp(a, "--deadline") == 0 ||
+        strcmp(a, "--token") == 0 || strcmp(a, "--store") == 0) {
+      i++;
+      continue;
+    }
+    if (a[0] == '-') continue;
+    if (strcmp(a, "tenant") == 0 || strcmp(a, "token") == 0)
+      return admin_main(argc, argv);
+    break;
+  }
   options o;
   memset(&o, 0, sizeof o);
   int rc = parse(argc, argv, &o);
@@ -780,6 +1006,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (o.deadline > 0) topos_client_set_deadline(c, o.deadline);
+  if (o.token && topos_client_set_token(c, o.token, &err) != TOPOS_OK) {
+    topos_client_close(c);
+    return usage_error("--token: %s", err.message);
+  }
   switch (k) {
     case 0:
       rc = cmd_record(c, &o);

@@ -20,6 +20,7 @@
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -54,10 +55,17 @@ static const char *const method_names[M_COUNT] = {
     "Health",   "Stats",    "Backends",
 };
 
+/* The longest token accepted (the daemon's are 68 characters). */
+#define TOKEN_MAX 256
+
 struct topos_client {
   grpc_channel *channel;
   void *methods[M_COUNT]; /* registered-call handles */
   _Atomic int64_t deadline_ms;
+  /* "Bearer TOKEN", sent as "authorization" metadata on every call; ""
+   * for none.  Under token_lock: a call copies it as it starts. */
+  pthread_mutex_t token_lock;
+  char authorization[TOKEN_MAX + 8];
 };
 
 static int fail(topos_error *err, int code, const char *fmt, ...)
@@ -118,12 +126,44 @@ topos_client *topos_client_connect(const char *address, topos_error *err) {
     c->methods[m] = grpc_channel_register_call(c->channel, path, NULL, NULL);
   }
   atomic_init(&c->deadline_ms, 60000);
+  pthread_mutex_init(&c->token_lock, NULL);
+  /* A shared daemon wants a token (docs/operations.md): programs that
+   * never call topos_client_set_token still send $TOPOS_TOKEN.  A value
+   * that is not a token is ignored here; the daemon then says what it
+   * wants. */
+  const char *env = getenv("TOPOS_TOKEN");
+  if (env != NULL && env[0] != '\0') topos_client_set_token(c, env, NULL);
   return c;
+}
+
+int topos_client_set_token(topos_client *c, const char *token,
+                           topos_error *err) {
+  if (!c) return fail(err, TOPOS_ERR_ARGUMENT, "set_token: the client is NULL");
+  size_t n = token ? strlen(token) : 0;
+  if (n > TOKEN_MAX)
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "set_token: the token is %zu characters, more than %d", n,
+                TOKEN_MAX);
+  for (size_t i = 0; i < n; i++)
+    if (token[i] <= ' ' || token[i] > '~')
+      return fail(err, TOPOS_ERR_ARGUMENT,
+                  "set_token: character %zu of the token is not printable "
+                  "ASCII (a space or newline copied with it?)",
+                  i);
+  pthread_mutex_lock(&c->token_lock);
+  if (n == 0)
+    c->authorization[0] = '\0';
+  else
+    snprintf(c->authorization, sizeof c->authorization, "Bearer %s", token);
+  pthread_mutex_unlock(&c->token_lock);
+  return TOPOS_OK;
 }
 
 void topos_client_close(topos_client *c) {
   if (!c) return;
   grpc_channel_destroy(c->channel);
+  pthread_mutex_destroy(&c->token_lock);
+  memset(c->authorization, 0, sizeof c->authorization);
   free(c);
   grpc_shutdown();
 }
@@ -198,8 +238,18 @@ static int invoke(topos_client *c, int method, const char *path,
   const char *error_string = NULL;
   grpc_op ops[6];
   memset(ops, 0, sizeof ops);
+  /* The token, if any, as "authorization" metadata (gRPC copies it). */
+  grpc_metadata auth_md;
+  memset(&auth_md, 0, sizeof auth_md);
+  auth_md.key = grpc_slice_from_static_string("authorization");
+  pthread_mutex_lock(&c->token_lock);
+  bool with_token = c->authorization[0] != '\0';
+  auth_md.value = with_token ? grpc_slice_from_copied_string(c->authorization)
+                             : grpc_empty_slice();
+  pthread_mutex_unlock(&c->token_lock);
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-  ops[0].data.send_initial_metadata.count = 0;
+  ops[0].data.send_initial_metadata.count = with_token ? 1 : 0;
+  ops[0].data.send_initial_metadata.metadata = with_token ? &auth_md : NULL;
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = send;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;

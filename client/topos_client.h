@@ -65,6 +65,15 @@ topos_client *topos_client_connect(const char *address, topos_error *err);
 void topos_client_close(topos_client *c);
 /* The default deadline of later calls, in seconds (> 0; default 60). */
 void topos_client_set_deadline(topos_client *c, double seconds);
+/* The bearer token sent with every later call as the gRPC metadata
+ * "authorization: Bearer TOKEN" (docs/protocol.md, docs/operations.md);
+ * NULL or "" sends none.  topos_client_connect sets $TOPOS_TOKEN when it
+ * is set, so programs that never call this still authenticate.  A token
+ * longer than 256 characters, or with a character that is not printable
+ * ASCII, is TOPOS_ERR_ARGUMENT and changes nothing.  Safe while other
+ * threads call. */
+int topos_client_set_token(topos_client *c, const char *token,
+                           topos_error *err);
 
 /* The gRPC status (grpc_status_code) an error code stands for: 0 for
  * TOPOS_OK, code - TOPOS_CLIENT_GRPC_BASE for client codes, and the

@@ -21,6 +21,9 @@ typedef struct daemon_state {
   cache *cache;
   blob_writer *blobs;        /* uploaded blobs on their way into the store */
   struct listener *listener; /* the front's connections (Stats reads) */
+  /* Bearer tokens against the store's tenants (auth.h); every transport
+   * checks each call but the health probes with it. */
+  struct auth *auth;
   /* Set once SIGTERM/SIGINT arrived: Health says "draining". */
   _Atomic int draining;
   /* Set when the grace period ran out: workers abandon their jobs at the

@@ -31,10 +31,12 @@
 #include <string.h>
 #include <strings.h>
 
+#include "auth.h"
 #include "handlers.h"
 #include "health.pb-c.h"
 #include "http.h"
 #include "listener.h"
+#include "log.h"
 #include "page.h"
 #include "pbjson.h"
 #include "topos.pb-c.h"
@@ -927,6 +929,35 @@ static bool route(gateway *g, http_exchange *x, char **seg, int nseg,
   return true;
 }
 
+/* The bearer check of auth.h, for every path but the probes and the API
+ * description: true when the call may go on (x->call carries the
+ * tenant), false with a 401 (or 503 when the store failed) in x->resp. */
+static bool authenticate(gateway *g, http_exchange *x, const char *path) {
+  if (g->d->auth == NULL || strcmp(path, "/healthz") == 0 ||
+      strcmp(path, "/readyz") == 0 || strcmp(path, "/openapi.json") == 0)
+    return true;
+  auth_result r;
+  auth_check(g->d->auth, path,
+             x->req.has_authorization ? x->req.authorization : NULL,
+             x->req.authorization_len, &r);
+  if (r.status == WIRE_GRPC_OK) {
+    snprintf(x->call.tenant, sizeof x->call.tenant, "%s", r.tenant);
+    x->call.admin = r.admin;
+    return true;
+  }
+  log_event("auth", "refused %.200s from %s (http): %s%s%s", path,
+            x->req.peer ? x->req.peer : "", r.reason,
+            r.token_id[0] ? " token " : "", r.token_id);
+  if (r.status == 16) { /* UNAUTHENTICATED */
+    gateway_http_error(&x->resp, 401, "UNAUTHENTICATED", "%s", r.message);
+    snprintf(x->resp.headers, sizeof x->resp.headers,
+             "WWW-Authenticate: Bearer realm=\"toposd\"\r\n");
+  } else {
+    gateway_error(&x->resp, r.status, "%s", r.message);
+  }
+  return false;
+}
+
 bool gateway_route(gateway *g, http_exchange *x) {
   const char *target = x->req.target;
   struct http_parser_url u;
@@ -938,6 +969,10 @@ bool gateway_route(gateway *g, http_exchange *x) {
       strndup(target + u.field_data[UF_PATH].off, u.field_data[UF_PATH].len);
   if (path == NULL) {
     gateway_error(&x->resp, 8, "out of memory");
+    return true;
+  }
+  if (!authenticate(g, x, path)) {
+    free(path);
     return true;
   }
   query q = {0};

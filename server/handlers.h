@@ -31,6 +31,11 @@ typedef struct call_ctx {
   const _Atomic int *cancelled; /* set when the client cancels the call */
   ProtobufCAllocator *alloc;    /* request-lifetime memory for unpacking */
   uint64_t request_id;
+  /* Who is calling (auth.h): the token's tenant, "" when auth is off or
+   * for a probe; admin is the tenant's flag.  Isolation and quotas (later
+   * slices of issue 15) key on these. */
+  const char *tenant;
+  bool admin;
   /* What the call's engine runs ran: every context a handler builds
    * (call_exec_of) reports here, and replies name the backends. */
   topos_exec_report report;

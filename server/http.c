@@ -85,6 +85,11 @@ struct conn {
   size_t ctype_len;
   char expect[24];
   size_t expect_len;
+  /* Authorization: kept whole up to the buffer, counted past it (auth.c
+   * reads no value longer than 256 bytes). */
+  char authz[300];
+  size_t authz_len;
+  bool has_authz;
   uint8_t *body;
   size_t body_len, body_cap;
   int error_status; /* a limit a callback hit: 413, 414, 431 */
@@ -347,6 +352,10 @@ static void dispatch(conn *c) {
   c->target = (text_buf){0};
   memcpy(x->req.content_type, c->ctype, c->ctype_len);
   x->req.content_type[c->ctype_len] = '\0';
+  x->req.has_authorization = c->has_authz;
+  x->req.authorization_len = c->authz_len;
+  memcpy(x->req.authorization, c->authz,
+         c->authz_len < sizeof c->authz ? c->authz_len : sizeof c->authz);
   x->req.body = c->body;
   x->req.body_len = c->body_len;
   c->body = NULL;
@@ -376,7 +385,8 @@ static void reset_request(conn *c) {
   c->header_bytes = 0;
   c->nheaders = 0;
   c->header_state = 0;
-  c->field_len = c->ctype_len = c->expect_len = 0;
+  c->field_len = c->ctype_len = c->expect_len = c->authz_len = 0;
+  c->has_authz = false;
   free(c->body);
   c->body = NULL;
   c->body_len = c->body_cap = 0;
@@ -452,6 +462,11 @@ static int on_header_value(http_parser *p, const char *at, size_t len) {
     if (first) c->ctype_len = 0;
     for (size_t i = 0; i < len && c->ctype_len < sizeof c->ctype - 1; i++)
       c->ctype[c->ctype_len++] = at[i];
+  } else if (strcasecmp(c->field, "authorization") == 0) {
+    if (first) c->authz_len = 0;
+    c->has_authz = true;
+    for (size_t i = 0; i < len; i++, c->authz_len++)
+      if (c->authz_len < sizeof c->authz) c->authz[c->authz_len] = at[i];
   } else if (strcasecmp(c->field, "expect") == 0) {
     if (first) c->expect_len = 0;
     for (size_t i = 0; i < len && c->expect_len < sizeof c->expect - 1; i++)

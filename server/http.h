@@ -34,6 +34,11 @@ typedef struct http_request {
   size_t body_len;
   const char *peer; /* "http:127.0.0.1:5555" */
   int64_t arrival_ns;
+  /* The Authorization header: its first sizeof bytes, and its whole
+   * length (which may be more). */
+  bool has_authorization;
+  char authorization[300];
+  size_t authorization_len;
 } http_request;
 
 /* What goes back.  The gateway fills it; the transport adds the status

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "backends.h"
 #include "cache.h"
 #include "config.h"
@@ -68,6 +69,18 @@ static int make_parent_dirs(const char *path, char *msg, size_t msglen) {
     return -1;
   }
   return 0;
+}
+
+/* Whether a --listen or --http address (HOST:PORT, checked by the
+ * configuration) names a loopback host. */
+static bool listen_is_loopback(const char *address) {
+  char host[300];
+  int port = 0;
+  char msg[256];
+  if (config_split_listen(address, host, sizeof host, &port, msg, sizeof msg) !=
+      0)
+    return false;
+  return auth_host_is_loopback(host);
 }
 
 int main(int argc, char **argv) {
@@ -133,9 +146,47 @@ int main(int argc, char **argv) {
     store_close(store);
     return 1;
   }
+  /* Safe defaults (docs/operations.md): without tenants the daemon takes
+   * every call, so it serves loopback addresses only.  A non-loopback
+   * address turns auth on for good, even if the last tenant goes later. */
+  const char *exposed = NULL;
+  if (!listen_is_loopback(cfg.listen))
+    exposed = cfg.listen;
+  else if (cfg.http[0] != '\0' && !listen_is_loopback(cfg.http))
+    exposed = cfg.http;
+  int64_t tenants = 0;
+  if (store_tenant_count(store, &tenants, &err) != TOPOS_OK) {
+    fprintf(stderr, "toposd: store %s: %s\n", cfg.store, err.message);
+    store_close(store);
+    return 1;
+  }
+  if (exposed != NULL && tenants == 0) {
+    fprintf(stderr,
+            "toposd: refusing to serve %s: it is not a loopback address and "
+            "the store %s has no tenants, so anyone who can reach it could "
+            "use this daemon.  Create a tenant and a token first ('topos "
+            "tenant add NAME --store %s', then 'topos token create NAME "
+            "--store %s') and give clients the token (TOPOS_TOKEN), or listen "
+            "on 127.0.0.1 (docs/operations.md)\n",
+            exposed, cfg.store, cfg.store, cfg.store);
+    store_close(store);
+    return 1;
+  }
+  auth *authn = auth_open(cfg.store, exposed != NULL, &err);
+  if (authn == NULL) {
+    fprintf(stderr, "toposd: store %s: %s\n", cfg.store, err.message);
+    store_close(store);
+    return 1;
+  }
+  log_event("start", "auth: %lld tenant%s%s", (long long)tenants,
+            tenants == 1 ? "" : "s",
+            exposed != NULL ? "; a token is required on every call"
+            : tenants > 0   ? "; a token is required on every call"
+                            : "; no token required (loopback only)");
   cache *c = cache_new(cfg.cache_entries, cfg.cache_bytes);
   if (c == NULL) {
     fprintf(stderr, "toposd: out of memory\n");
+    auth_close(authn);
     store_close(store);
     return 1;
   }
@@ -143,6 +194,7 @@ int main(int argc, char **argv) {
       TOPOS_OK) {
     fprintf(stderr, "toposd: spec budget: %s\n", err.message);
     cache_free(c);
+    auth_close(authn);
     store_close(store);
     return 1;
   }
@@ -151,6 +203,7 @@ int main(int argc, char **argv) {
   if (blobs == NULL) {
     fprintf(stderr, "toposd: store %s: %s\n", cfg.store, err.message);
     cache_free(c);
+    auth_close(authn);
     store_close(store);
     return 1;
   }
@@ -160,6 +213,7 @@ int main(int argc, char **argv) {
   d.store = store;
   d.cache = c;
   d.blobs = blobs;
+  d.auth = authn;
 
   grpc_init();
   char bound[300];
@@ -170,6 +224,7 @@ int main(int argc, char **argv) {
     grpc_shutdown();
     blob_writer_stop(blobs);
     cache_free(c);
+    auth_close(authn);
     store_close(store);
     return 1;
   }
@@ -186,6 +241,7 @@ int main(int argc, char **argv) {
       grpc_shutdown();
       blob_writer_stop(blobs);
       cache_free(c);
+      auth_close(authn);
       store_close(store);
       return 1;
     }
@@ -218,6 +274,7 @@ int main(int argc, char **argv) {
   grpc_shutdown();
   blob_writer_stop(blobs); /* writes what is pending */
   cache_free(c);
+  auth_close(authn);
   store_close(store);
   log_event("stop", "drained; store closed");
   return 0;

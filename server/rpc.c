@@ -46,6 +46,7 @@
 #include <time.h>
 
 #include "arena.h"
+#include "auth.h"
 #include "backends.h"
 #include "handlers.h"
 #include "health.pb-c.h"
@@ -113,6 +114,8 @@ struct job {
   int64_t arrival_ns, deadline_ns;
   uint64_t conn; /* listener_call_begin's handle: pins the connection */
   char peer[64]; /* the client's address for the request log */
+  char tenant[STORE_TENANT_NAME_MAX + 1]; /* auth.h; "" when auth is off */
+  bool admin;
   _Atomic int cancelled;
   int close_cancelled; /* written by gRPC for the close batch */
   /* What the reply batch sends; lives until the batch completes. */
@@ -451,6 +454,8 @@ static void run_service_call(worker *w, service_call *c, int64_t picked_ns) {
   cx.has_message = c->has_message;
   cx.deadline_ns = c->deadline_ns;
   cx.cancelled = &c->cancelled;
+  cx.tenant = c->tenant;
+  cx.admin = c->admin;
   cx.status = GRPC_STATUS_OK;
   serve(w, c->method, &cx, TRANSPORT_HTTP, c->peer, c->arrival_ns, picked_ns,
         cpu_start_ns);
@@ -476,6 +481,8 @@ static void worker_run_job(worker *w, job *j) {
   memset(&cx, 0, sizeof cx);
   cx.deadline_ns = j->deadline_ns;
   cx.cancelled = &j->cancelled;
+  cx.tenant = j->tenant;
+  cx.admin = j->admin;
   cx.status = GRPC_STATUS_OK;
 
   grpc_slice hold = grpc_empty_slice();
@@ -748,6 +755,35 @@ static int64_t deadline_of(rpc_server *s, gpr_timespec deadline,
   return now_ns + left.tv_sec * 1000000000 + left.tv_nsec;
 }
 
+/* The value of j's "authorization" metadata, or NULL. */
+static const grpc_slice *authorization_of(const job *j) {
+  for (size_t i = 0; i < j->metadata.count; i++)
+    if (grpc_slice_str_cmp(j->metadata.metadata[i].key, "authorization") == 0)
+      return &j->metadata.metadata[i].value;
+  return NULL;
+}
+
+/* Checks j's bearer token (auth.h) once, before the job is queued: true
+ * with j->tenant set, or false with j answered.  A refusal is the audit
+ * line event=auth, with the peer and never the secret. */
+static bool authenticate(rpc_server *s, job *j, const char *method) {
+  if (s->d->auth == NULL) return true;
+  const grpc_slice *v = authorization_of(j);
+  auth_result r;
+  auth_check(s->d->auth, method,
+             v ? (const char *)GRPC_SLICE_START_PTR(*v) : NULL,
+             v ? GRPC_SLICE_LENGTH(*v) : 0, &r);
+  if (r.status == GRPC_STATUS_OK) {
+    snprintf(j->tenant, sizeof j->tenant, "%s", r.tenant);
+    j->admin = r.admin;
+    return true;
+  }
+  log_event("auth", "refused %s from %s (grpc): %s%s%s", method, j->peer,
+            r.reason, r.token_id[0] ? " token " : "", r.token_id);
+  reject(s, j, r.status, r.message, method, false);
+  return false;
+}
+
 static void on_request(rpc_server *s, request_slot *slot, bool ok) {
   slot->posted = false;
   if (!ok) {
@@ -814,8 +850,12 @@ static void on_request(rpc_server *s, request_slot *slot, bool ok) {
     atomic_store(&j->refs, 1);
   const method_def *m = &handler_methods[j->method];
   if (m->probe) {
-    /* Probes never wait behind work, and are answered while draining. */
+    /* Probes never wait behind work, and are answered while draining.
+     * They carry no token: load balancers and orchestrators ask them. */
     worker_run_job(&s->prober, j);
+  } else if (!authenticate(s, j, m->name)) {
+    /* Answered UNAUTHENTICATED (or UNAVAILABLE when the store failed);
+     * the call never reached the queue. */
   } else if (refusal(s) != NULL) {
     reject(s, j, GRPC_STATUS_UNAVAILABLE, refusal(s), m->name, false);
   } else if (!queue_push(&s->queue, j, &s->d->queue_depth)) {

@@ -44,6 +44,8 @@ struct service_call {
   char peer[64];                   /* "http:127.0.0.1:5555" */
   _Atomic int cancelled;           /* the caller sets it when its client goes */
   bool inline_call; /* run on the caller's thread, as a probe is */
+  char tenant[65];  /* the caller's tenant (auth.h); "" when auth is off */
+  bool admin;
   /* Out: valid in done.  On OK, out/out_len is the packed reply (malloc'd;
    * the caller frees it); otherwise out is NULL. */
   int status, topos_code;

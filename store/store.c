@@ -90,6 +90,7 @@ struct topos_store {
   pthread_mutex_t touch_lock;
   touch *touches; /* TOUCH_SLOTS slots, id[0] == '\0' when empty */
   int ntouches;
+  sqlite3_stmt *token_lookup; /* store_token_lookup's, prepared on first use */
 };
 
 /* --------------------------------------------------------------- errors */
@@ -1279,6 +1280,400 @@ int store_set_blob_cap(topos_store *st, int64_t bytes, topos_error *err) {
   return status;
 }
 
+/* ------------------------------------------------------- tenants, tokens */
+
+bool store_tenant_name_valid(const char *name) {
+  if (name == NULL) return false;
+  size_t n = 0;
+  for (; name[n] != '\0'; n++) {
+    char c = name[n];
+    if (n >= STORE_TENANT_NAME_MAX) return false;
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
+          c == '-'))
+      return false;
+  }
+  return n > 0;
+}
+
+static int check_tenant_name(const char *name, topos_error *err) {
+  if (store_tenant_name_valid(name)) return TOPOS_OK;
+  return fail(err, TOPOS_ERR_ARGUMENT,
+              "store: a tenant name is 1..%d characters of a-z, 0-9, '_' and "
+              "'-'; \"%.80s\" is not",
+              STORE_TENANT_NAME_MAX, name != NULL ? name : "(null)");
+}
+
+static int check_token_id(const char *id, topos_error *err) {
+  size_t n = id != NULL ? strnlen(id, STORE_TOKEN_ID_LEN + 1) : 0;
+  bool ok = n == STORE_TOKEN_ID_LEN;
+  for (size_t i = 0; ok && i < n; i++)
+    ok = (id[i] >= '0' && id[i] <= '9') || (id[i] >= 'a' && id[i] <= 'f');
+  if (ok) return TOPOS_OK;
+  return fail(err, TOPOS_ERR_ARGUMENT,
+              "store: a token id is %d lowercase hex digits (topos token "
+              "list shows them); \"%.40s\" is not",
+              STORE_TOKEN_ID_LEN, id != NULL ? id : "(null)");
+}
+
+/* n random bytes as lowercase hex into out (2n + 1 bytes), from the
+ * kernel's random source. */
+static int random_hex(size_t n, char *out, topos_error *err) {
+  uint8_t bytes[32];
+  assert(n <= sizeof bytes);
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  size_t got = 0;
+  while (fd >= 0 && got < n) {
+    ssize_t r = read(fd, bytes + got, n - got);
+    if (r <= 0 && errno != EINTR) break;
+    if (r > 0) got += (size_t)r;
+  }
+  if (fd >= 0) close(fd);
+  if (got < n)
+    return fail(err, TOPOS_ERR_IO, "store: cannot read /dev/urandom: %s",
+                strerror(errno));
+  static const char hex[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) {
+    out[2 * i] = hex[bytes[i] >> 4];
+    out[2 * i + 1] = hex[bytes[i] & 15];
+  }
+  out[2 * n] = '\0';
+  return TOPOS_OK;
+}
+
+/* Runs one statement with ?1 = text. */
+static int run_with_text(sqlite3 *db, const char *sql, const char *text,
+                         topos_error *err, const char *what) {
+  sqlite3_stmt *stmt;
+  int status = prepare(db, sql, &stmt, err);
+  if (status != TOPOS_OK) return status;
+  sqlite3_bind_text(stmt, 1, text, -1, SQLITE_STATIC);
+  status = step_done(db, stmt, err, what);
+  sqlite3_finalize(stmt);
+  return status;
+}
+
+/* Whether tenant `name` exists, inside the caller's transaction. */
+static int tenant_exists(sqlite3 *db, const char *name, bool *present,
+                         topos_error *err) {
+  sqlite3_stmt *stmt;
+  int status = prepare(db, "SELECT 1 FROM tenants WHERE name = ?1", &stmt, err);
+  if (status != TOPOS_OK) return status;
+  sqlite3_bind_text(stmt, 1, name, -1, SQLITE_STATIC);
+  int rc = sqlite3_step(stmt);
+  if (rc == SQLITE_ROW || rc == SQLITE_DONE)
+    *present = rc == SQLITE_ROW;
+  else
+    status = sql_fail(db, rc, err, "look a tenant up");
+  sqlite3_finalize(stmt);
+  return status;
+}
+
+int store_tenant_add(topos_store *st, const char *name, bool admin,
+                     topos_error *err) {
+  int status = check_store(st, err);
+  if (status == TOPOS_OK) status = check_tenant_name(name, err);
+  if (status != TOPOS_OK) return status;
+  pthread_mutex_lock(&st->lock);
+  sqlite3 *db = st->db;
+  status = begin(db, true, err);
+  bool present = false;
+  if (status == TOPOS_OK) status = tenant_exists(db, name, &present, err);
+  if (status == TOPOS_OK && present)
+    status =
+        fail(err, TOPOS_ERR_ARGUMENT, "store: tenant %s already exists", name);
+  sqlite3_stmt *stmt = NULL;
+  if (status == TOPOS_OK)
+    status = prepare(db,
+                     "INSERT INTO tenants (name, created_ms, admin) "
+                     "VALUES (?1, ?2, ?3)",
+                     &stmt, err);
+  if (status == TOPOS_OK) {
+    sqlite3_bind_text(stmt, 1, name, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(stmt, 2, now_ms());
+    sqlite3_bind_int(stmt, 3, admin ? 1 : 0);
+    status = step_done(db, stmt, err, "add a tenant");
+  }
+  sqlite3_finalize(stmt);
+  if (status == TOPOS_OK)
+    status = commit(db, err);
+  else
+    rollback(db);
+  pthread_mutex_unlock(&st->lock);
+  return status;
+}
+
+int store_tenant_remove(topos_store *st, const char *name, topos_error *err) {
+  int status = check_store(st, err);
+  if (status == TOPOS_OK) status = check_tenant_name(name, err);
+  if (status != TOPOS_OK) return status;
+  pthread_mutex_lock(&st->lock);
+  sqlite3 *db = st->db;
+  status = begin(db, true, err);
+  bool present = false;
+  if (status == TOPOS_OK) status = tenant_exists(db, name, &present, err);
+  if (status == TOPOS_OK && !present)
+    status = fail(err, TOPOS_ERR_NOT_FOUND, "store: no tenant %s", name);
+  if (status == TOPOS_OK)
+    status = run_with_text(db, "DELETE FROM tokens WHERE tenant = ?1", name,
+                           err, "delete a tenant's tokens");
+  if (status == TOPOS_OK)
+    status = run_with_text(db, "DELETE FROM tenants WHERE name = ?1", name, err,
+                           "remove a tenant");
+  if (status == TOPOS_OK)
+    status = commit(db, err);
+  else
+    rollback(db);
+  pthread_mutex_unlock(&st->lock);
+  return status;
+}
+
+int store_tenant_list(topos_store *st, store_tenant_info **out, int *n,
+                      topos_error *err) {
+  if (out != NULL) *out = NULL;
+  if (n != NULL) *n = 0;
+  int status = check_store(st, err);
+  if (status != TOPOS_OK) return status;
+  if (out == NULL || n == NULL)
+    return fail(err, TOPOS_ERR_ARGUMENT, "store: out or n is NULL");
+  store_tenant_info *rows = NULL;
+  int count = 0, capacity = 0;
+  pthread_mutex_lock(&st->lock);
+  sqlite3 *db = st->db;
+  sqlite3_stmt *stmt;
+  status = prepare(db,
+                   "SELECT name, created_ms, admin, (SELECT count(*) FROM "
+                   "tokens WHERE tenant = name AND revoked_ms = 0) "
+                   "FROM tenants ORDER BY name",
+                   &stmt, err);
+  if (status == TOPOS_OK) {
+    int rc;
+    while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+      if (count == capacity) {
+        int grown = capacity ? capacity * 2 : 16;
+        store_tenant_info *more = realloc(rows, (size_t)grown * sizeof *rows);
+        if (more == NULL) {
+          status = fail(err, TOPOS_ERR_MEMORY, "store: no memory to list");
+          break;
+        }
+        rows = more;
+        capacity = grown;
+      }
+      store_tenant_info *row = &rows[count++];
+      const unsigned char *name = sqlite3_column_text(stmt, 0);
+      snprintf(row->name, sizeof row->name, "%s",
+               name != NULL ? (const char *)name : "");
+      row->created_ms = sqlite3_column_int64(stmt, 1);
+      row->admin = sqlite3_column_int(stmt, 2) != 0;
+      row->live_tokens = sqlite3_column_int64(stmt, 3);
+    }
+    if (status == TOPOS_OK && rc != SQLITE_DONE)
+      status = sql_fail(db, rc, err, "list tenants");
+    sqlite3_finalize(stmt);
+  }
+  pthread_mutex_unlock(&st->lock);
+  if (status != TOPOS_OK || count == 0) {
+    free(rows);
+    return status;
+  }
+  *out = rows;
+  *n = count;
+  return TOPOS_OK;
+}
+
+int store_tenant_count(topos_store *st, int64_t *n, topos_error *err) {
+  int status = check_store(st, err);
+  if (status != TOPOS_OK) return status;
+  if (n == NULL) return fail(err, TOPOS_ERR_ARGUMENT, "store: n is NULL");
+  pthread_mutex_lock(&st->lock);
+  status = query_int64(st->db, "SELECT count(*) FROM tenants", n, err);
+  pthread_mutex_unlock(&st->lock);
+  return status;
+}
+
+int store_token_create(topos_store *st, const char *tenant,
+                       char id_out[STORE_TOKEN_ID_LEN + 1],
+                       char secret_out[STORE_TOKEN_SECRET_LEN + 1],
+                       topos_error *err) {
+  int status = check_store(st, err);
+  if (status == TOPOS_OK) status = check_tenant_name(tenant, err);
+  if (status != TOPOS_OK) return status;
+  if (id_out == NULL || secret_out == NULL)
+    return fail(err, TOPOS_ERR_ARGUMENT, "store: id_out or secret_out is NULL");
+  char id[STORE_TOKEN_ID_LEN + 1], secret[STORE_TOKEN_SECRET_LEN + 1];
+  char hash[65];
+  memcpy(secret, "tps_", 4);
+  status = random_hex(STORE_TOKEN_ID_LEN / 2, id, err);
+  if (status == TOPOS_OK) status = random_hex(32, secret + 4, err);
+  if (status != TOPOS_OK) return status;
+  topos_sha256_hex(secret, strlen(secret), hash);
+  pthread_mutex_lock(&st->lock);
+  sqlite3 *db = st->db;
+  status = begin(db, true, err);
+  bool present = false;
+  if (status == TOPOS_OK) status = tenant_exists(db, tenant, &present, err);
+  if (status == TOPOS_OK && !present)
+    status = fail(err, TOPOS_ERR_NOT_FOUND, "store: no tenant %s", tenant);
+  sqlite3_stmt *stmt = NULL;
+  if (status == TOPOS_OK)
+    status = prepare(db,
+                     "INSERT INTO tokens (id, tenant, hash, created_ms) "
+                     "VALUES (?1, ?2, ?3, ?4)",
+                     &stmt, err);
+  if (status == TOPOS_OK) {
+    sqlite3_bind_text(stmt, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(stmt, 2, tenant, -1, SQLITE_STATIC);
+    sqlite3_bind_text(stmt, 3, hash, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(stmt, 4, now_ms());
+    status = step_done(db, stmt, err, "create a token");
+  }
+  sqlite3_finalize(stmt);
+  if (status == TOPOS_OK)
+    status = commit(db, err);
+  else
+    rollback(db);
+  pthread_mutex_unlock(&st->lock);
+  if (status == TOPOS_OK) {
+    memcpy(id_out, id, sizeof id);
+    memcpy(secret_out, secret, sizeof secret);
+  }
+  /* The secret leaves this function only through secret_out. */
+  memset(secret, 0, sizeof secret);
+  return status;
+}
+
+static void token_row(sqlite3_stmt *stmt, store_token_info *row) {
+  const unsigned char *id = sqlite3_column_text(stmt, 0);
+  const unsigned char *tenant = sqlite3_column_text(stmt, 1);
+  snprintf(row->id, sizeof row->id, "%s", id ? (const char *)id : "");
+  snprintf(row->tenant, sizeof row->tenant, "%s",
+           tenant ? (const char *)tenant : "");
+  row->created_ms = sqlite3_column_int64(stmt, 2);
+  row->revoked_ms = sqlite3_column_int64(stmt, 3);
+  row->admin = sqlite3_column_int(stmt, 4) != 0;
+}
+
+int store_token_list(topos_store *st, const char *tenant,
+                     store_token_info **out, int *n, topos_error *err) {
+  if (out != NULL) *out = NULL;
+  if (n != NULL) *n = 0;
+  int status = check_store(st, err);
+  if (status == TOPOS_OK) status = check_tenant_name(tenant, err);
+  if (status != TOPOS_OK) return status;
+  if (out == NULL || n == NULL)
+    return fail(err, TOPOS_ERR_ARGUMENT, "store: out or n is NULL");
+  store_token_info *rows = NULL;
+  int count = 0, capacity = 0;
+  pthread_mutex_lock(&st->lock);
+  sqlite3 *db = st->db;
+  status = begin(db, false, err);
+  bool present = false;
+  if (status == TOPOS_OK) status = tenant_exists(db, tenant, &present, err);
+  if (status == TOPOS_OK && !present)
+    status = fail(err, TOPOS_ERR_NOT_FOUND, "store: no tenant %s", tenant);
+  sqlite3_stmt *stmt = NULL;
+  if (status == TOPOS_OK)
+    status = prepare(db,
+                     "SELECT t.id, t.tenant, t.created_ms, t.revoked_ms, "
+                     "n.admin FROM tokens t JOIN tenants n ON n.name = "
+                     "t.tenant WHERE t.tenant = ?1 "
+                     "ORDER BY t.created_ms DESC, t.id",
+                     &stmt, err);
+  if (status == TOPOS_OK) {
+    sqlite3_bind_text(stmt, 1, tenant, -1, SQLITE_STATIC);
+    int rc;
+    while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+      if (count == capacity) {
+        int grown = capacity ? capacity * 2 : 16;
+        store_token_info *more = realloc(rows, (size_t)grown * sizeof *rows);
+        if (more == NULL) {
+          status = fail(err, TOPOS_ERR_MEMORY, "store: no memory to list");
+          break;
+        }
+        rows = more;
+        capacity = grown;
+      }
+      token_row(stmt, &rows[count++]);
+    }
+    if (status == TOPOS_OK && rc != SQLITE_DONE)
+      status = sql_fail(db, rc, err, "list tokens");
+  }
+  sqlite3_finalize(stmt);
+  rollback(db); /* ends the read transaction */
+  pthread_mutex_unlock(&st->lock);
+  if (status != TOPOS_OK || count == 0) {
+    free(rows);
+    return status;
+  }
+  *out = rows;
+  *n = count;
+  return TOPOS_OK;
+}
+
+int store_token_revoke(topos_store *st, const char *id, topos_error *err) {
+  int status = check_store(st, err);
+  if (status == TOPOS_OK) status = check_token_id(id, err);
+  if (status != TOPOS_OK) return status;
+  pthread_mutex_lock(&st->lock);
+  sqlite3 *db = st->db;
+  status = begin(db, true, err);
+  sqlite3_stmt *stmt = NULL;
+  if (status == TOPOS_OK)
+    status = prepare(db,
+                     "UPDATE tokens SET revoked_ms = "
+                     "CASE WHEN revoked_ms = 0 THEN ?2 ELSE revoked_ms END "
+                     "WHERE id = ?1",
+                     &stmt, err);
+  if (status == TOPOS_OK) {
+    sqlite3_bind_text(stmt, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(stmt, 2, now_ms());
+    status = step_done(db, stmt, err, "revoke a token");
+    if (status == TOPOS_OK && sqlite3_changes(db) == 0)
+      status = fail(err, TOPOS_ERR_NOT_FOUND, "store: no token %s", id);
+  }
+  sqlite3_finalize(stmt);
+  if (status == TOPOS_OK)
+    status = commit(db, err);
+  else
+    rollback(db);
+  pthread_mutex_unlock(&st->lock);
+  return status;
+}
+
+int store_token_lookup(topos_store *st, const char *secret,
+                       store_token_info *out, topos_error *err) {
+  int status = check_store(st, err);
+  if (status != TOPOS_OK) return status;
+  if (secret == NULL || out == NULL)
+    return fail(err, TOPOS_ERR_ARGUMENT, "store: secret or out is NULL");
+  memset(out, 0, sizeof *out);
+  char hash[65];
+  topos_sha256_hex(secret, strlen(secret), hash);
+  pthread_mutex_lock(&st->lock);
+  sqlite3 *db = st->db;
+  /* Prepared once per handle: the daemon asks on every call. */
+  if (st->token_lookup == NULL)
+    status = prepare(db,
+                     "SELECT t.id, t.tenant, t.created_ms, t.revoked_ms, "
+                     "n.admin FROM tokens t JOIN tenants n ON n.name = "
+                     "t.tenant WHERE t.hash = ?1",
+                     &st->token_lookup, err);
+  if (status == TOPOS_OK) {
+    sqlite3_stmt *stmt = st->token_lookup;
+    sqlite3_bind_text(stmt, 1, hash, 64, SQLITE_STATIC);
+    int rc = sqlite3_step(stmt);
+    if (rc == SQLITE_ROW)
+      token_row(stmt, out);
+    else if (rc == SQLITE_DONE)
+      status = fail(err, TOPOS_ERR_NOT_FOUND, "store: unknown token");
+    else
+      status = sql_fail(db, rc, err, "look a token up");
+    sqlite3_reset(stmt);
+    sqlite3_clear_bindings(stmt);
+  }
+  pthread_mutex_unlock(&st->lock);
+  return status;
+}
+
 /* ------------------------------------------------- schema and migrations */
 
 /* A migration takes the schema from version v - 1 to v inside the open
@@ -1350,11 +1745,34 @@ static int migrate_to_v2(sqlite3 *db, topos_error *err) {
               err, "migrate to schema version 2");
 }
 
+/* Version 3: tenants and their tokens (docs/store.md, "Tenants and
+ * tokens").  A token row keeps the SHA-256 of its secret, never the
+ * secret; the unique index on the hash is the daemon's per-call lookup. */
+static int migrate_to_v3(sqlite3 *db, topos_error *err) {
+  return exec(db,
+              "CREATE TABLE tenants ("
+              "  name TEXT PRIMARY KEY NOT NULL"
+              "    CHECK (length(name) BETWEEN 1 AND 64),"
+              "  created_ms INTEGER NOT NULL,"
+              "  admin INTEGER NOT NULL DEFAULT 0 CHECK (admin IN (0, 1))"
+              ") WITHOUT ROWID;"
+              "CREATE TABLE tokens ("
+              "  id TEXT PRIMARY KEY NOT NULL CHECK (length(id) = 16),"
+              "  tenant TEXT NOT NULL REFERENCES tenants (name),"
+              "  hash TEXT NOT NULL UNIQUE CHECK (length(hash) = 64),"
+              "  created_ms INTEGER NOT NULL,"
+              "  revoked_ms INTEGER NOT NULL DEFAULT 0"
+              ") WITHOUT ROWID;"
+              "CREATE INDEX tokens_by_tenant ON tokens (tenant);",
+              err, "migrate to schema version 3");
+}
+
 /* MIGRATIONS[v] takes a store from version v - 1 to v. */
 static const migration MIGRATIONS[STORE_SCHEMA_VERSION + 1] = {
     NULL,
     migrate_to_v1,
     migrate_to_v2,
+    migrate_to_v3,
 };
 
 /* What a database holds, read in one transaction. */
@@ -1443,21 +1861,35 @@ static int check_file(const char *path, bool *exists, topos_error *err) {
     return fail(err, TOPOS_ERR_IO, "store: %s is not a regular file", path);
   }
   if (sb.st_size == 0) return TOPOS_OK;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return fail(err, TOPOS_ERR_IO, "store: cannot read %s: %s", path,
-                strerror(errno));
-  }
+  /* The header is read through SQLite's own file layer, never a
+   * descriptor of ours: closing any descriptor of a file drops every POSIX
+   * lock this process holds on it, so a plain open()/close() here, while
+   * another handle of this process (the daemon's blob writer, its token
+   * checker) has the store open, would let another process (the topos
+   * CLI) take the exclusive lock, checkpoint and delete the WAL under
+   * our connections.  SQLite's unix layer defers such closes.  Opening a
+   * connection reads nothing; xRead is a plain read of 16 bytes. */
   static const char magic[16] = "SQLite format 3";
   char header[16];
+  memset(header, 0, sizeof header);
   ssize_t got = 0;
-  while (got < (ssize_t)sizeof header) {
-    ssize_t r = pread(fd, header + got, sizeof header - (size_t)got, got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    got += r;
+  sqlite3 *probe_db = NULL;
+  int rc = sqlite3_open_v2(path, &probe_db,
+                           SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL);
+  sqlite3_file *file = NULL;
+  if (rc == SQLITE_OK)
+    rc = sqlite3_file_control(probe_db, "main", SQLITE_FCNTL_FILE_POINTER,
+                              &file);
+  if (rc == SQLITE_OK && file != NULL && file->pMethods != NULL) {
+    rc = file->pMethods->xRead(file, header, (int)sizeof header, 0);
+    if (rc == SQLITE_OK) got = (ssize_t)sizeof header;
+  } else if (rc != SQLITE_OK) {
+    int saved = errno;
+    sqlite3_close(probe_db);
+    return fail(err, TOPOS_ERR_IO, "store: cannot read %s: %s", path,
+                strerror(saved));
   }
-  close(fd);
+  sqlite3_close(probe_db);
   if (got < (ssize_t)sizeof header || memcmp(header, magic, sizeof magic)) {
     return fail(err, TOPOS_ERR_IO,
                 "store: %s is not a topos store: it is not an SQLite "
@@ -1667,6 +2099,7 @@ void store_close(topos_store *st) {
     flush_touches_locked(st, NULL); /* best effort, like every touch */
     pthread_mutex_unlock(&st->lock);
   }
+  sqlite3_finalize(st->token_lookup);
   sqlite3_close_v2(st->db);
   pthread_mutex_destroy(&st->touch_lock);
   pthread_mutex_destroy(&st->lock);

@@ -36,7 +36,7 @@ extern "C" {
 
 /* The schema version this code writes; store_open migrates older stores
  * forward and refuses newer ones. */
-#define STORE_SCHEMA_VERSION 2
+#define STORE_SCHEMA_VERSION 3
 /* SQLite's header application_id of a topos store ("Topo"). */
 #define STORE_APPLICATION_ID 0x546F706F
 /* The blob cap of a freshly opened handle: 1 GiB. */
@@ -160,6 +160,69 @@ int store_stat_blob(topos_store *st, const char *id, int64_t *size,
                     topos_error *err);
 /* Removes the blob; an unknown id is TOPOS_ERR_NOT_FOUND. */
 int store_delete_blob(topos_store *st, const char *id, topos_error *err);
+
+/* ------------------------------------------------------- tenants, tokens */
+
+/* Who may call a shared daemon (docs/store.md, docs/operations.md).  A
+ * tenant is a name (1..64 of [a-z0-9_-]) with an admin flag; a token
+ * belongs to one tenant.  The store keeps a token's SHA-256 (of the whole
+ * secret text), never the secret: store_token_create hands the secret out
+ * once.  A token id (16 hex digits, random, unrelated to the secret)
+ * names it for listing and revocation. */
+#define STORE_TENANT_NAME_MAX 64
+#define STORE_TOKEN_ID_LEN 16
+/* "tps_" and 64 hex digits (32 random bytes). */
+#define STORE_TOKEN_SECRET_LEN 68
+
+typedef struct store_tenant_info {
+  char name[STORE_TENANT_NAME_MAX + 1];
+  int64_t created_ms;
+  bool admin;
+  int64_t live_tokens; /* tokens not revoked */
+} store_tenant_info;
+
+typedef struct store_token_info {
+  char id[STORE_TOKEN_ID_LEN + 1];
+  char tenant[STORE_TENANT_NAME_MAX + 1];
+  int64_t created_ms;
+  int64_t revoked_ms; /* 0 while the token is live */
+  bool admin;         /* the tenant's flag (store_token_lookup) */
+} store_token_info;
+
+/* True when name is 1..64 characters of [a-z0-9_-]. */
+bool store_tenant_name_valid(const char *name);
+/* Adds a tenant.  A bad name is TOPOS_ERR_ARGUMENT, and so is a name that
+ * is taken (the message says which). */
+int store_tenant_add(topos_store *st, const char *name, bool admin,
+                     topos_error *err);
+/* Removes a tenant and deletes its tokens, in one transaction; unknown:
+ * TOPOS_ERR_NOT_FOUND. */
+int store_tenant_remove(topos_store *st, const char *name, topos_error *err);
+/* Every tenant, by name.  *out is new (free(); NULL when *n is 0). */
+int store_tenant_list(topos_store *st, store_tenant_info **out, int *n,
+                      topos_error *err);
+/* How many tenants there are. */
+int store_tenant_count(topos_store *st, int64_t *n, topos_error *err);
+/* A new token for tenant (unknown: TOPOS_ERR_NOT_FOUND): writes its id and
+ * its secret ("tps_" + 64 hex digits from the system's random source).
+ * Only the secret's SHA-256 is stored; the caller shows the secret once
+ * and forgets it. */
+int store_token_create(topos_store *st, const char *tenant,
+                       char id_out[STORE_TOKEN_ID_LEN + 1],
+                       char secret_out[STORE_TOKEN_SECRET_LEN + 1],
+                       topos_error *err);
+/* The tenant's tokens, newest first, revoked ones included.  Unknown
+ * tenant: TOPOS_ERR_NOT_FOUND.  *out is new (free(); NULL when *n is 0). */
+int store_token_list(topos_store *st, const char *tenant,
+                     store_token_info **out, int *n, topos_error *err);
+/* Revokes a token by id (idempotent: the first revocation's time stays).
+ * Unknown id: TOPOS_ERR_NOT_FOUND. */
+int store_token_revoke(topos_store *st, const char *id, topos_error *err);
+/* The token whose secret is `secret` (hashed here; one indexed read, no
+ * write, no transaction held), revoked or not: the caller decides.  An
+ * unknown secret is TOPOS_ERR_NOT_FOUND. */
+int store_token_lookup(topos_store *st, const char *secret,
+                       store_token_info *out, topos_error *err);
 
 #ifdef __cplusplus
 }

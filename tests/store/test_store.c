@@ -1500,8 +1500,12 @@ START_TEST(test_migrate_v1) {
   sqlite3_close(db);
 
   topos_store *st = open_ok(g_path);
-  ck_assert_int_eq(stats_ok(st).schema_version, 2);
+  /* Every step in one go: version 2 (last use), version 3 (tenants). */
+  ck_assert_int_eq(stats_ok(st).schema_version, STORE_SCHEMA_VERSION);
   ck_assert_int_eq(stats_ok(st).spec_count, 3);
+  int64_t tenants = -1;
+  ck_assert_int_eq(store_tenant_count(st, &tenants, NULL), TOPOS_OK);
+  ck_assert_int_eq(tenants, 0);
   /* Existing specs were last used when they were created. */
   store_spec_info *rows = NULL;
   int n = 0;
@@ -1521,11 +1525,17 @@ START_TEST(test_migrate_v1) {
   free(bytes);
   store_close(st);
   db = raw_open(g_path);
-  ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM schema_version"), 2);
+  /* One row per step: 1 (hand-made), 2, 3. */
+  ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM schema_version"),
+                   STORE_SCHEMA_VERSION);
   ck_assert_int_eq(raw_int(db,
                            "SELECT count(*) FROM sqlite_master WHERE name = "
                            "'specs_by_last_use'"),
                    1);
+  ck_assert_int_eq(raw_int(db,
+                           "SELECT count(*) FROM sqlite_master WHERE name IN "
+                           "('tenants', 'tokens', 'tokens_by_tenant')"),
+                   3);
   sqlite3_close(db);
 }
 END_TEST

@@ -36,6 +36,10 @@
  *                        stdout, once
  *
  * --token (default $TOPOS_TOKEN) is sent as "authorization: Bearer TOKEN".
+ * --tls-ca FILE (default $TOPOS_TLS_CA) turns TLS on and verifies the
+ * daemon's certificate with that CA bundle; --tls-cert FILE and --tls-key
+ * FILE (defaults $TOPOS_TLS_CERT, $TOPOS_TLS_KEY) are the client
+ * certificate a daemon with --tls-client-ca asks for.
  * --server defaults to $TOPOS_SERVER, then 127.0.0.1:50051.  Every command
  * takes --help.  Results go to stdout, errors to stderr; the exit status
  * is 0 on success, 1 on a failed call or mismatch, 2 on a usage error.
@@ -61,6 +65,8 @@
 typedef struct options {
   const char *server;
   const char *token; /* --token, else $TOPOS_TOKEN (the library reads it) */
+  /* --tls-ca, --tls-cert, --tls-key; each else its $TOPOS_TLS_... */
+  const char *tls_ca, *tls_cert, *tls_key;
   double deadline;
   int threads; /* --threads; -1 when not given */
   const char *command;
@@ -93,6 +99,9 @@ static const char *const usage_text =
     "--server defaults to $TOPOS_SERVER, then " TOPOS_CLIENT_DEFAULT_ADDRESS
     ".\n"
     "--token TOKEN (default $TOPOS_TOKEN) is sent with every call.\n"
+    "--tls-ca FILE (default $TOPOS_TLS_CA) connects over TLS, verifying the\n"
+    "daemon's certificate with that CA; --tls-cert FILE --tls-key FILE\n"
+    "(defaults $TOPOS_TLS_CERT, $TOPOS_TLS_KEY) send a client certificate.\n"
     "\n"
     "administration (on the store file, docs/operations.md):\n"
     "  tenant add NAME [--admin] | tenant list | tenant remove NAME\n"
@@ -194,6 +203,12 @@ static int parse(int argc, char **argv, options *o) {
       VALUE(server);
     } else if (strcmp(a, "--token") == 0) {
       VALUE(token);
+    } else if (strcmp(a, "--tls-ca") == 0) {
+      VALUE(tls_ca);
+    } else if (strcmp(a, "--tls-cert") == 0) {
+      VALUE(tls_cert);
+    } else if (strcmp(a, "--tls-key") == 0) {
+      VALUE(tls_key);
     } else if (strcmp(a, "--deadline") == 0) {
       if (!more) return usage_error("--deadline needs a value");
       char *end = NULL;
@@ -1000,7 +1015,16 @@ int main(int argc, char **argv) {
 
   if (k == 7 && o.local) return cmd_backends_local();
   topos_error err = {0};
-  topos_client *c = topos_client_connect(o.server, &err);
+  /* A flag overrides its environment variable, one by one. */
+  topos_client_tls tls = {o.tls_ca, o.tls_cert, o.tls_key};
+  const char *const env_names[3] = {"TOPOS_TLS_CA", "TOPOS_TLS_CERT",
+                                    "TOPOS_TLS_KEY"};
+  const char **fields[3] = {&tls.ca_file, &tls.cert_file, &tls.key_file};
+  for (int i = 0; i < 3; i++) {
+    const char *v = getenv(env_names[i]);
+    if (*fields[i] == NULL && v != NULL && v[0] != '\0') *fields[i] = v;
+  }
+  topos_client *c = topos_client_connect_tls(o.server, &tls, &err);
   if (!c) {
     call_error("connect", &err);
     return 2;

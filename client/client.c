@@ -13,6 +13,7 @@
  */
 #include "topos_client.h"
 
+#include <errno.h>
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
@@ -23,6 +24,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,7 +90,111 @@ static int err_code(const topos_error *err, int fallback) {
 
 /* ------------------------------------------------------------ channel */
 
+/* The largest PEM file read (a CA bundle of a system is ~200 KiB). */
+#define PEM_MAX ((size_t)4 << 20)
+
+/* The whole PEM file as a NUL-terminated string (free it), or NULL with
+ * err naming the file; `what` says which setting named it. */
+static char *read_pem(const char *what, const char *path, topos_error *err) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) {
+    fail(err, TOPOS_ERR_ARGUMENT, "connect: %s %.300s: cannot read it: %s",
+         what, path, strerror(errno));
+    return NULL;
+  }
+  char *text = malloc(PEM_MAX + 1);
+  size_t n = text ? fread(text, 1, PEM_MAX + 1, f) : 0;
+  bool failed = text == NULL || ferror(f);
+  fclose(f);
+  if (failed || n > PEM_MAX) {
+    fail(err, text ? TOPOS_ERR_ARGUMENT : TOPOS_ERR_MEMORY,
+         "connect: %s %.300s: %s", what, path,
+         text == NULL ? "out of memory"
+         : failed     ? "read error"
+                      : "larger than 4 MiB, not a PEM file");
+    free(text);
+    return NULL;
+  }
+  text[n] = '\0';
+  /* gRPC would only fail the handshake later, with less to say. */
+  if (strstr(text, "-----BEGIN ") == NULL) {
+    fail(err, TOPOS_ERR_ARGUMENT,
+         "connect: %s %.300s: not a PEM file (no '-----BEGIN' line)", what,
+         path);
+    free(text);
+    return NULL;
+  }
+  return text;
+}
+
+/* The channel credentials of tls (NULL: from the environment), or NULL
+ * with err.  Plain text when no CA is named. */
+static grpc_channel_credentials *channel_credentials(
+    const topos_client_tls *tls, topos_error *err) {
+  topos_client_tls env = {0};
+  const char *what_ca = "tls ca_file", *what_cert = "tls cert_file",
+             *what_key = "tls key_file";
+  if (tls == NULL) {
+    const char *v = getenv("TOPOS_TLS_CA");
+    env.ca_file = v && v[0] ? v : NULL;
+    v = getenv("TOPOS_TLS_CERT");
+    env.cert_file = v && v[0] ? v : NULL;
+    v = getenv("TOPOS_TLS_KEY");
+    env.key_file = v && v[0] ? v : NULL;
+    tls = &env;
+    what_ca = "TOPOS_TLS_CA";
+    what_cert = "TOPOS_TLS_CERT";
+    what_key = "TOPOS_TLS_KEY";
+  }
+  if ((tls->cert_file != NULL) != (tls->key_file != NULL)) {
+    fail(err, TOPOS_ERR_ARGUMENT,
+         "connect: a client certificate needs both %s and %s", what_cert,
+         what_key);
+    return NULL;
+  }
+  if (tls->ca_file == NULL) {
+    if (tls->cert_file != NULL) {
+      fail(err, TOPOS_ERR_ARGUMENT,
+           "connect: %s is set but %s is not: a client certificate is sent "
+           "only over TLS, which needs the CA of the daemon's certificate",
+           what_cert, what_ca);
+      return NULL;
+    }
+    return grpc_insecure_credentials_create();
+  }
+  char *ca = read_pem(what_ca, tls->ca_file, err);
+  if (ca == NULL) return NULL;
+  char *cert = NULL, *key = NULL;
+  if (tls->cert_file != NULL) {
+    cert = read_pem(what_cert, tls->cert_file, err);
+    key = cert ? read_pem(what_key, tls->key_file, err) : NULL;
+    if (key == NULL) {
+      free(cert);
+      free(ca);
+      return NULL;
+    }
+  }
+  grpc_ssl_pem_key_cert_pair pair = {key, cert};
+  /* gRPC copies the PEM text; the daemon's name is checked against its
+   * certificate (the address's host: an IP or DNS subjectAltName). */
+  grpc_channel_credentials *creds =
+      grpc_ssl_credentials_create(ca, cert ? &pair : NULL, NULL, NULL);
+  if (key != NULL) memset(key, 0, strlen(key));
+  free(key);
+  free(cert);
+  free(ca);
+  if (creds == NULL)
+    fail(err, TOPOS_ERR_ARGUMENT, "connect: gRPC refused the TLS settings");
+  return creds;
+}
+
 topos_client *topos_client_connect(const char *address, topos_error *err) {
+  return topos_client_connect_tls(address, NULL, err);
+}
+
+topos_client *topos_client_connect_tls(const char *address,
+                                       const topos_client_tls *tls,
+                                       topos_error *err) {
   if (!address || !address[0]) {
     fail(err, TOPOS_ERR_ARGUMENT, "connect: the address is empty");
     return NULL;
@@ -99,6 +205,12 @@ topos_client *topos_client_connect(const char *address, topos_error *err) {
     return NULL;
   }
   grpc_init();
+  grpc_channel_credentials *creds = channel_credentials(tls, err);
+  if (creds == NULL) {
+    grpc_shutdown();
+    free(c);
+    return NULL;
+  }
   /* The daemon enforces its own message limit; the client accepts any
    * size (the default is 4 MiB each way). */
   grpc_arg args[2];
@@ -110,7 +222,6 @@ topos_client *topos_client_connect(const char *address, topos_error *err) {
   args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
   args[1].value.integer = -1;
   grpc_channel_args chargs = {2, args};
-  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
   c->channel = grpc_channel_create(address, creds, &chargs);
   grpc_channel_credentials_release(creds);
   if (!c->channel) {

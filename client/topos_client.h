@@ -58,8 +58,34 @@ typedef struct topos_client topos_client;
  * unreachable daemon shows up as UNAVAILABLE on the first call (use
  * topos_client_health to check).  Messages of any size are allowed in
  * both directions (the daemon enforces its own limit).  NULL with err on
- * a bad address or out of memory.  Close with topos_client_close. */
+ * a bad address or out of memory.  Close with topos_client_close.
+ * $TOPOS_TOKEN and $TOPOS_TLS_CA/_CERT/_KEY apply (below). */
 topos_client *topos_client_connect(const char *address, topos_error *err);
+
+/* TLS settings of a connection (docs/operations.md "TLS"): PEM files,
+ * read at connect. */
+typedef struct topos_client_tls {
+  const char *ca_file;   /* CA bundle that signed the daemon's certificate;
+                          * NULL: plain text */
+  const char *cert_file; /* this client's certificate chain, for a daemon
+                          * that asks for one (mTLS); NULL: none */
+  const char *key_file;  /* its private key; with cert_file */
+} topos_client_tls;
+
+/* As topos_client_connect, with TLS when tls->ca_file is set: the daemon
+ * must present a certificate signed by a CA of ca_file that names the
+ * address's host (an IP or DNS subjectAltName); verification is never
+ * off.  tls NULL takes the settings from the environment, which is what
+ * topos_client_connect does: $TOPOS_TLS_CA (set: TLS on),
+ * $TOPOS_TLS_CERT and $TOPOS_TLS_KEY.  A file that cannot be read or
+ * holds no PEM, a certificate without its key, or a certificate without
+ * a CA is TOPOS_ERR_ARGUMENT naming the file or the setting.  A daemon
+ * that refuses the handshake (wrong CA, no or a refused client
+ * certificate, plain text against TLS) shows up as UNAVAILABLE on the
+ * first call, like an unreachable one. */
+topos_client *topos_client_connect_tls(const char *address,
+                                       const topos_client_tls *tls,
+                                       topos_error *err);
 /* Closes the channel and releases gRPC (balanced grpc_init/shutdown).
  * NULL is a no-op. */
 void topos_client_close(topos_client *c);

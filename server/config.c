@@ -89,6 +89,14 @@ const char config_usage[] =
     "                           keep (default: half the device)\n"
     "  --device-cache-bytes N   device memory for parameter blobs cached by\n"
     "                           content hash (default: a quarter)\n"
+    "  --tls-cert FILE          serve gRPC over TLS with this certificate\n"
+    "                           chain (PEM; needs --tls-key)\n"
+    "  --tls-key FILE           the certificate's private key (PEM)\n"
+    "  --tls-client-ca FILE     require client certificates signed by a CA\n"
+    "                           of this PEM bundle (mTLS; needs --tls-cert)\n"
+    "  --insecure               serve a non-loopback address without TLS\n"
+    "                           (tokens cross the network in clear); without\n"
+    "                           it such a daemon refuses to start\n"
     "  --test-backend NAME      also register a test backend: flip-test\n"
     "                           (claims exact, flips one GEMM bit; used\n"
     "                           only when named) for conformance tests\n"
@@ -417,6 +425,22 @@ static int apply(toposd_config *cfg, const char *key, const char *value,
       cfg->device_pool_bytes = v;
     else
       cfg->device_cache_bytes = v;
+  } else if (strcmp(name, "tls-cert") == 0 || strcmp(name, "tls-key") == 0 ||
+             strcmp(name, "tls-client-ca") == 0) {
+    char *field = strcmp(name, "tls-cert") == 0  ? cfg->tls_cert
+                  : strcmp(name, "tls-key") == 0 ? cfg->tls_key
+                                                 : cfg->tls_client_ca;
+    if (value[0] == '\0' || strlen(value) >= sizeof cfg->tls_cert)
+      return config_error(msg, msglen, "%s: bad path '%s'", name, value);
+    snprintf(field, sizeof cfg->tls_cert, "%s", value);
+  } else if (strcmp(name, "insecure") == 0) {
+    if (strcmp(value, "true") == 0 || strcmp(value, "1") == 0)
+      cfg->insecure = true;
+    else if (strcmp(value, "false") == 0 || strcmp(value, "0") == 0)
+      cfg->insecure = false;
+    else
+      return config_error(msg, msglen, "insecure: '%s' is not true or false",
+                          value);
   } else if (strcmp(name, "test-backend") == 0) {
     if (strcmp(value, "flip-test") != 0)
       return config_error(msg, msglen,
@@ -474,6 +498,8 @@ int config_load_json(toposd_config *cfg, const char *path, char *msg,
     char value[4096];
     if (cJSON_IsString(it)) {
       snprintf(value, sizeof value, "%s", it->valuestring);
+    } else if (cJSON_IsBool(it)) {
+      snprintf(value, sizeof value, "%s", cJSON_IsTrue(it) ? "true" : "false");
     } else if (cJSON_IsNumber(it)) {
       double d = it->valuedouble;
       if (!(d >= 0 && d <= 9.2e18) || d != (double)(int64_t)d) {
@@ -484,8 +510,9 @@ int config_load_json(toposd_config *cfg, const char *path, char *msg,
       snprintf(value, sizeof value, "%lld", (long long)d);
     } else {
       rc = config_error(msg, msglen,
-                        "config %s: %s must be a string or a number", path,
-                        it->string ? it->string : "?");
+                        "config %s: %s must be a string, a number or a "
+                        "boolean",
+                        path, it->string ? it->string : "?");
       break;
     }
     if (strcmp(it->string, "config") == 0) {
@@ -539,6 +566,8 @@ int config_parse(toposd_config *cfg, int argc, char **argv, char *msg,
       return config_error(msg, msglen, "unknown option '%s' (see --help)", arg);
     if (eq != NULL) {
       value = eq + 1;
+    } else if (strcmp(key, "insecure") == 0) {
+      value = "true"; /* a switch: --insecure alone, or --insecure=false */
     } else if (i + 1 < argc) {
       value = argv[++i];
     } else {
@@ -549,6 +578,16 @@ int config_parse(toposd_config *cfg, int argc, char **argv, char *msg,
     if (apply(cfg, key, value, inner, sizeof inner) != 0)
       return config_error(msg, msglen, "--%s", inner);
   }
+  if ((cfg->tls_cert[0] != '\0') != (cfg->tls_key[0] != '\0'))
+    return config_error(msg, msglen,
+                        "tls-cert and tls-key go together: %s is given "
+                        "without %s",
+                        cfg->tls_cert[0] ? "--tls-cert" : "--tls-key",
+                        cfg->tls_cert[0] ? "--tls-key" : "--tls-cert");
+  if (cfg->tls_client_ca[0] != '\0' && cfg->tls_cert[0] == '\0')
+    return config_error(msg, msglen,
+                        "tls-client-ca needs --tls-cert and --tls-key: client "
+                        "certificates are checked only over TLS");
   if (cfg->run_bytes == 0) cfg->run_bytes = cfg->memory_bytes / 4;
   if (cfg->run_bytes > cfg->memory_bytes)
     return config_error(

@@ -62,6 +62,15 @@ typedef struct toposd_config {
   int devices[16];
   int64_t device_pool_bytes;
   int64_t device_cache_bytes;
+  /* TLS on the gRPC port (listener.c, docs/operations.md "TLS"): the
+   * server's certificate chain and key (PEM, both or neither; "" = no
+   * TLS), and a CA bundle that client certificates must chain to ("" =
+   * no client certificate asked).  The files are read at start. */
+  char tls_cert[4096];
+  char tls_key[4096];
+  char tls_client_ca[4096];
+  /* Serve a non-loopback address in plain text anyway (main.c's rule). */
+  bool insecure;
 } toposd_config;
 
 /* Fills *cfg with the defaults. */

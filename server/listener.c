@@ -23,6 +23,10 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -67,6 +71,7 @@ typedef struct conn {
 struct listener {
   grpc_server *server;
   grpc_server_credentials *creds;
+  bool tls;    /* gRPC listens itself (listener.h): no socket, no thread */
   int fd;      /* the listening socket */
   int reserve; /* /dev/null, spent when descriptors run out */
   int wake[2]; /* listener_stop writes here */
@@ -377,14 +382,234 @@ static int connection_cap(int configured) {
   return room < configured ? (int)room : configured;
 }
 
-listener *listener_start(grpc_server *server, const toposd_config *cfg,
-                         char *bound, size_t boundlen, char *msg,
-                         size_t msglen) {
-  char host[256];
-  int port = 0;
-  if (config_split_listen(cfg->listen, host, sizeof host, &port, msg, msglen) !=
-      0)
+/* ------------------------------------------------------------------ TLS */
+
+/* Largest PEM file read: a chain or a CA bundle is a few KiB; the system's
+ * whole bundle is about 200 KiB. */
+#define TLS_FILE_MAX ((size_t)4 << 20)
+
+/* The whole file as a NUL-terminated string, or NULL with msg. */
+static char *read_tls_file(const char *what, const char *path, char *msg,
+                           size_t msglen) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) {
+    snprintf(msg, msglen, "%s %s: cannot read it: %s", what, path,
+             strerror(errno));
     return NULL;
+  }
+  char *text = malloc(TLS_FILE_MAX + 1);
+  size_t n = text ? fread(text, 1, TLS_FILE_MAX + 1, f) : 0;
+  bool failed = text == NULL || ferror(f);
+  fclose(f);
+  if (failed || n > TLS_FILE_MAX) {
+    snprintf(msg, msglen, "%s %s: %s", what, path,
+             text == NULL ? "out of memory"
+             : failed     ? "read error"
+                          : "larger than 4 MiB, not a PEM file");
+    free(text);
+    return NULL;
+  }
+  text[n] = '\0';
+  return text;
+}
+
+/* OpenSSL's reason for the last error, for a message. */
+static const char *ssl_reason(void) {
+  unsigned long e = ERR_peek_last_error();
+  const char *r = e ? ERR_reason_error_string(e) : NULL;
+  return r ? r : "no PEM data";
+}
+
+/* The certificates of a PEM text: how many (0 with msg when none or one
+ * is damaged); *first gets the first one when asked (X509_free it). */
+static int parse_certs(const char *what, const char *path, const char *pem,
+                       X509 **first, char *msg, size_t msglen) {
+  ERR_clear_error();
+  BIO *bio = BIO_new_mem_buf(pem, -1);
+  if (bio == NULL) {
+    snprintf(msg, msglen, "%s %s: out of memory", what, path);
+    return 0;
+  }
+  int n = 0;
+  for (X509 *x; (x = PEM_read_bio_X509(bio, NULL, NULL, NULL)) != NULL;) {
+    if (n == 0 && first != NULL)
+      *first = x;
+    else
+      X509_free(x);
+    n++;
+  }
+  /* The loop ends on "no start line" after the last certificate; any
+   * other error means a damaged block. */
+  unsigned long e = ERR_peek_last_error();
+  bool clean =
+      ERR_GET_LIB(e) == ERR_LIB_PEM && ERR_GET_REASON(e) == PEM_R_NO_START_LINE;
+  if (n == 0 || !clean) {
+    snprintf(msg, msglen,
+             "%s %s: %s (%s); expected PEM ('-----BEGIN CERTIFICATE-----')",
+             what, path,
+             n == 0 ? "no certificate in it" : "a damaged certificate in it",
+             ssl_reason());
+    if (n > 0 && first != NULL) {
+      X509_free(*first);
+      *first = NULL;
+    }
+    n = 0;
+  }
+  BIO_free(bio);
+  ERR_clear_error();
+  return n;
+}
+
+/* OpenSSL asks for a passphrase for an encrypted key: there is none. */
+static int no_passphrase(char *buf, int size, int rwflag, void *u) {
+  (void)buf;
+  (void)size;
+  (void)rwflag;
+  (void)u;
+  return -1;
+}
+
+/* When the certificate is not valid now, a message saying so. */
+static bool cert_time_ok(X509 *cert, const char *path, char *msg,
+                         size_t msglen) {
+  const ASN1_TIME *before = X509_get0_notBefore(cert);
+  const ASN1_TIME *after = X509_get0_notAfter(cert);
+  bool early = X509_cmp_current_time(before) > 0;
+  bool late = X509_cmp_current_time(after) < 0;
+  if (!early && !late) return true;
+  char when[64] = "?";
+  BIO *b = BIO_new(BIO_s_mem());
+  if (b != NULL) {
+    ASN1_TIME_print(b, early ? before : after);
+    int n = BIO_read(b, when, (int)sizeof when - 1);
+    when[n > 0 ? n : 0] = '\0';
+    BIO_free(b);
+  }
+  snprintf(msg, msglen,
+           "tls-cert %s: the certificate %s %s; every handshake would fail",
+           path, early ? "is not valid before" : "expired on", when);
+  return false;
+}
+
+void listener_tls_free(listener_tls *tls) {
+  if (tls == NULL) return;
+  /* The key is a secret: wipe it before it goes back to the heap. */
+  if (tls->key != NULL) OPENSSL_cleanse(tls->key, strlen(tls->key));
+  free(tls->cert_chain);
+  free(tls->key);
+  free(tls->client_ca);
+  memset(tls, 0, sizeof *tls);
+}
+
+int listener_tls_load(const toposd_config *cfg, listener_tls *out, char *msg,
+                      size_t msglen) {
+  memset(out, 0, sizeof *out);
+  if (cfg->tls_cert[0] == '\0') return 0;
+  X509 *cert = NULL;
+  EVP_PKEY *key = NULL;
+  int rc = -1;
+  out->cert_chain = read_tls_file("tls-cert", cfg->tls_cert, msg, msglen);
+  if (out->cert_chain == NULL) goto done;
+  if (parse_certs("tls-cert", cfg->tls_cert, out->cert_chain, &cert, msg,
+                  msglen) == 0)
+    goto done;
+  if (!cert_time_ok(cert, cfg->tls_cert, msg, msglen)) goto done;
+  out->key = read_tls_file("tls-key", cfg->tls_key, msg, msglen);
+  if (out->key == NULL) goto done;
+  ERR_clear_error();
+  BIO *bio = BIO_new_mem_buf(out->key, -1);
+  key = bio ? PEM_read_bio_PrivateKey(bio, NULL, no_passphrase, NULL) : NULL;
+  BIO_free(bio);
+  if (key == NULL) {
+    snprintf(msg, msglen,
+             "tls-key %s: no private key in it (%s); expected an unencrypted "
+             "PEM key ('-----BEGIN PRIVATE KEY-----' or '-----BEGIN EC "
+             "PRIVATE KEY-----')",
+             cfg->tls_key, ssl_reason());
+    goto done;
+  }
+  if (X509_check_private_key(cert, key) != 1) {
+    snprintf(msg, msglen,
+             "tls-key %s does not match the certificate in tls-cert %s (a key "
+             "of another certificate?)",
+             cfg->tls_key, cfg->tls_cert);
+    goto done;
+  }
+  if (cfg->tls_client_ca[0] != '\0') {
+    out->client_ca =
+        read_tls_file("tls-client-ca", cfg->tls_client_ca, msg, msglen);
+    if (out->client_ca == NULL) goto done;
+    if (parse_certs("tls-client-ca", cfg->tls_client_ca, out->client_ca, NULL,
+                    msg, msglen) == 0)
+      goto done;
+  }
+  rc = 0;
+done:
+  X509_free(cert);
+  EVP_PKEY_free(key);
+  ERR_clear_error();
+  if (rc != 0) listener_tls_free(out);
+  return rc;
+}
+
+/* With TLS: gRPC listens on cfg->listen itself (listener.h says why). */
+static listener *listen_tls(grpc_server *server, const toposd_config *cfg,
+                            const char *host, char *bound, size_t boundlen,
+                            char *msg, size_t msglen) {
+  listener_tls tls;
+  if (listener_tls_load(cfg, &tls, msg, msglen) != 0) return NULL;
+  grpc_ssl_pem_key_cert_pair pair = {tls.key, tls.cert_chain};
+  /* gRPC copies the PEM text. */
+  grpc_server_credentials *creds = grpc_ssl_server_credentials_create_ex(
+      tls.client_ca, &pair, 1,
+      tls.client_ca != NULL
+          ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+          : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+      NULL);
+  listener_tls_free(&tls);
+  if (creds == NULL) {
+    snprintf(msg, msglen, "gRPC refused the TLS certificate or key");
+    return NULL;
+  }
+  int port = grpc_server_add_http2_port(server, cfg->listen, creds);
+  if (port <= 0) {
+    grpc_server_credentials_release(creds);
+    snprintf(msg, msglen,
+             "cannot serve %s with TLS: the address does not resolve or "
+             "cannot be bound (in use?)",
+             cfg->listen);
+    return NULL;
+  }
+  listener *l = calloc(1, sizeof *l);
+  if (l == NULL) {
+    grpc_server_credentials_release(creds);
+    snprintf(msg, msglen, "out of memory");
+    return NULL;
+  }
+  l->server = server;
+  l->creds = creds;
+  l->tls = true;
+  l->fd = l->reserve = l->wake[0] = l->wake[1] = -1;
+  pthread_mutex_init(&l->lock, NULL);
+  if (strchr(host, ':') != NULL)
+    snprintf(bound, boundlen, "[%s]:%d", host, port);
+  else
+    snprintf(bound, boundlen, "%s:%d", host, port);
+  log_event("start",
+            "grpc on %s over TLS%s%s; the connection cap and "
+            "shedding do not apply to TLS connections (docs/operations.md)",
+            bound,
+            cfg->tls_client_ca[0] ? ", client certificates required "
+                                    "from CAs in "
+                                  : "",
+            cfg->tls_client_ca);
+  return l;
+}
+
+/* Without TLS: binds cfg->listen; the accept thread starts later. */
+static listener *listen_plain(grpc_server *server, const toposd_config *cfg,
+                              const char *host, int port, char *bound,
+                              size_t boundlen, char *msg, size_t msglen) {
   listener *l = calloc(1, sizeof *l);
   if (l == NULL) {
     snprintf(msg, msglen, "out of memory");
@@ -417,6 +642,25 @@ listener *listener_start(grpc_server *server, const toposd_config *cfg,
               "connection cap %d (the descriptor limit allows no "
               "more than --max-connections %d)",
               l->cap, cfg->max_connections);
+  return l;
+}
+
+listener *listener_start(grpc_server *server, const toposd_config *cfg,
+                         char *bound, size_t boundlen, char *msg,
+                         size_t msglen) {
+  char host[256];
+  int port = 0;
+  listener *l = NULL;
+  if (config_split_listen(cfg->listen, host, sizeof host, &port, msg, msglen) ==
+      0)
+    l = cfg->tls_cert[0] != '\0'
+            ? listen_tls(server, cfg, host, bound, boundlen, msg, msglen)
+            : listen_plain(server, cfg, host, port, bound, boundlen, msg,
+                           msglen);
+  /* Ports are added before the start (gRPC's rule); connections are
+   * handed over only after it. */
+  grpc_server_start(server);
+  if (l == NULL || l->tls) return l;
   l->started = pthread_create(&l->thread, NULL, accept_main, l) == 0;
   if (!l->started) {
     snprintf(msg, msglen, "cannot start the accept thread");

@@ -11,6 +11,13 @@
  * and shedding of the longest-silent connection that has no call in
  * flight when the cap is reached or a connection has been silent for the
  * idle timeout.  docs/daemon.md ("Hostile load") has the rules.
+ *
+ * TLS (--tls-cert, docs/operations.md "TLS") is the exception: gRPC 1.51
+ * hands a descriptor only to insecure credentials
+ * (grpc_server_add_channel_from_fd refuses every other kind), so with TLS
+ * gRPC listens on the port itself with its SSL credentials, and the
+ * connection cap, shedding and descriptor reserve above do not apply;
+ * gRPC's idle timeout (GRPC_ARG_MAX_CONNECTION_IDLE_MS) still does.
  */
 #ifndef TOPOSD_LISTENER_H
 #define TOPOSD_LISTENER_H
@@ -23,10 +30,33 @@
 
 typedef struct listener listener;
 
-/* Binds cfg->listen (strictly parsed: config_split_listen) and starts the
- * accept thread over `server` (already started).  bound gets HOST:PORT
- * with the actual port.  NULL with a message when the address does not
- * resolve or cannot be bound. */
+/* TLS material read from the files cfg names, NUL-terminated PEM text
+ * (NULL where not configured). */
+typedef struct listener_tls {
+  char *cert_chain;
+  char *key;
+  char *client_ca;
+} listener_tls;
+
+/* Reads the files of --tls-cert, --tls-key and --tls-client-ca and checks
+ * them with OpenSSL, so that a bad file stops the daemon at start rather
+ * than failing every handshake: each must be readable PEM, the key must
+ * not be encrypted and must match the first certificate, the certificate
+ * must be valid now, the CA bundle must hold at least one certificate.
+ * Returns 0 (all NULL when TLS is off), or -1 with msg naming the file
+ * and what is wrong.  Free with listener_tls_free. */
+int listener_tls_load(const toposd_config *cfg, listener_tls *out, char *msg,
+                      size_t msglen);
+void listener_tls_free(listener_tls *tls);
+
+/* Starts `server` (created, its methods registered, not started) on
+ * cfg->listen (strictly parsed: config_split_listen): without TLS, binds
+ * the address and starts the accept thread; with TLS, adds the address to
+ * gRPC with SSL server credentials (client certificates required and
+ * verified with --tls-client-ca).  The server is started whatever the
+ * outcome, so the caller shuts it down the same way on failure.  bound
+ * gets HOST:PORT with the actual port.  NULL with a message when the
+ * address does not resolve or cannot be bound, or a TLS file is bad. */
 listener *listener_start(grpc_server *server, const toposd_config *cfg,
                          char *bound, size_t boundlen, char *msg,
                          size_t msglen);

@@ -23,6 +23,7 @@
 #include "config.h"
 #include "daemon.h"
 #include "http.h"
+#include "listener.h"
 #include "log.h"
 #include "rpc.h"
 #include "store.h"
@@ -94,6 +95,17 @@ int main(int argc, char **argv) {
     return 2;
   }
   log_set_format(cfg.log_format);
+  /* TLS files are read and checked first: a bad one stops the daemon now,
+   * naming the file, not at every client's handshake.  listener_start
+   * reads them again when it makes gRPC's credentials. */
+  {
+    listener_tls tls;
+    if (listener_tls_load(&cfg, &tls, msg, sizeof msg) != 0) {
+      fprintf(stderr, "toposd: %s\n", msg);
+      return 1;
+    }
+    listener_tls_free(&tls);
+  }
 
   /* Exact backends reproduce the reference's bits, so registering them
    * changes no reply; envelope ones serve only `fast` entries. */
@@ -169,6 +181,35 @@ int main(int argc, char **argv) {
             "--store %s') and give clients the token (TOPOS_TOKEN), or listen "
             "on 127.0.0.1 (docs/operations.md)\n",
             exposed, cfg.store, cfg.store, cfg.store);
+    store_close(store);
+    return 1;
+  }
+  /* Tokens are secrets: on a network they travel inside TLS, or in the
+   * clear only when the operator says so (--insecure).  The gateway has
+   * no TLS yet, so a non-loopback --http always needs --insecure. */
+  const char *clear[2] = {NULL, NULL}; /* gRPC's, the gateway's */
+  if (!listen_is_loopback(cfg.listen) && cfg.tls_cert[0] == '\0')
+    clear[0] = cfg.listen;
+  if (cfg.http[0] != '\0' && !listen_is_loopback(cfg.http)) clear[1] = cfg.http;
+  for (int i = 0; i < 2; i++) {
+    if (clear[i] == NULL) continue;
+    if (cfg.insecure) {
+      log_event("start",
+                "serving %s without TLS (--insecure): tokens cross the "
+                "network in clear text",
+                clear[i]);
+      continue;
+    }
+    fprintf(stderr,
+            "toposd: refusing to serve %s without TLS: it is not a loopback "
+            "address, and the bearer tokens of every call would cross the "
+            "network in clear text.  %s, or pass --insecure to serve it in "
+            "clear anyway (on a network you trust) (docs/operations.md)\n",
+            clear[i],
+            i == 0 ? "Give the daemon a certificate (--tls-cert FILE "
+                     "--tls-key FILE)"
+                   : "The HTTP gateway has no TLS yet: keep --http on "
+                     "127.0.0.1 or set --http off");
     store_close(store);
     return 1;
   }

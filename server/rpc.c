@@ -1011,8 +1011,8 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
       s->server, "/grpc.health.v1.Health/Watch", NULL,
       GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
   /* gRPC gets no port of its own: the listener accepts and hands it each
-   * connection (listener.h says why). */
-  grpc_server_start(s->server);
+   * connection (listener.h says why), or with TLS adds gRPC's SSL port.
+   * listener_start starts the server either way, failure included. */
   s->listener = listener_start(s->server, cfg, bound, boundlen, msg, msglen);
   d->listener = s->listener;
   if (s->listener == NULL) {

@@ -4,13 +4,15 @@
 # project's own ($IREE_VENV, by default .iree-venv at the top of the tree)
 # for the IREE suite (tests/engine/test_iree.c, docs/emission.md), and
 # schemathesis into another (.schemathesis-venv) for the HTTP suite.
+# openssl (the command) makes the TLS suite's CA and certificates at test
+# time (tests/daemon/test_tls.c).
 # python3-torch is Debian's PyTorch, run by /usr/bin/python3: the GPT-2
 # and Llama suites' reference models (tests/python/gpt2_torch.py,
 # llama_torch.py) and bench/train's peer.
 # Idempotent: when everything is present it prints nothing and touches
 # nothing (no apt, no pip, no network).
 set -e
-PACKAGES="gcc g++ make pkg-config check libsubunit-dev valgrind libssl-dev clang-format clang libclang-rt-14-dev libcjson-dev libsqlite3-dev mlir-19-tools libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-grpcio python3-protobuf python3-grpc-tools libopenblas-dev python3-venv zlib1g-dev dataset-fashion-mnist gnuplot-nox libuv1-dev libhttp-parser-dev libgraphviz-dev prometheus chromium wrk python3-torch"
+PACKAGES="gcc g++ make pkg-config check libsubunit-dev valgrind libssl-dev clang-format clang libclang-rt-14-dev libcjson-dev libsqlite3-dev mlir-19-tools libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-grpcio python3-protobuf python3-grpc-tools libopenblas-dev python3-venv zlib1g-dev dataset-fashion-mnist gnuplot-nox libuv1-dev libhttp-parser-dev libgraphviz-dev prometheus chromium wrk python3-torch openssl"
 missing=""
 for p in $PACKAGES; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

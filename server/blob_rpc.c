@@ -54,10 +54,40 @@ static blob_set *cache_blob_set(call_ctx *cx, const char *id,
   return cache_put(cx->d->cache, key, b, destroy_blob_set, bytes, ref);
 }
 
+/* ------------------------------------------------------------ ownership */
+
+/* Whose blobs a call may see (docs/operations.md, "Isolation"): NULL for
+ * every blob (auth off, or an admin tenant), else the caller's tenant. */
+static const char *blob_scope(const call_ctx *cx) {
+  return cx->tenant == NULL || cx->tenant[0] == '\0' || cx->admin ? NULL
+                                                                  : cx->tenant;
+}
+
+/* Whether the caller may see blob id: a blob another tenant uploaded is
+ * answered exactly like an unknown id.  False with err set when the store
+ * cannot say. */
+static bool blob_visible(call_ctx *cx, const char *id, bool *visible,
+                         topos_error *err) {
+  const char *scope = blob_scope(cx);
+  *visible = true;
+  if (scope == NULL || blob_writer_pending_owner(cx->d->blobs, id, scope))
+    return true;
+  return store_blob_owned(cx->d->store, id, scope, visible, err) == TOPOS_OK;
+}
+
 /* The blob `id` decoded (borrowed until *ref is released), or NULL with
- * err filled (NOT_FOUND when the store has no such blob). */
+ * err filled (NOT_FOUND when the store has no such blob, or the caller's
+ * tenant does not own it). */
 static blob_set *get_blob(call_ctx *cx, const char *id, cache_entry **ref,
                           topos_error *err) {
+  /* Checked before the cache, which all tenants share. */
+  bool visible = false;
+  if (!blob_visible(cx, id, &visible, err)) return NULL;
+  if (!visible) {
+    err->code = TOPOS_ERR_NOT_FOUND;
+    snprintf(err->message, sizeof err->message, "no blob with id %s", id);
+    return NULL;
+  }
   char key[80];
   snprintf(key, sizeof key, "blob %s", id);
   blob_set *b = cache_get(cx->d->cache, key, ref);
@@ -344,7 +374,11 @@ static void put_blob(call_ctx *cx, parallel_hash *ph) {
   }
   char id[65];
   for (int i = 0; i < 32; i++) snprintf(id + 2 * i, 3, "%02x", md[i]);
-  if (blob_writer_put(cx->d->blobs, id, c.out, len, cap, &err) != TOPOS_OK) {
+  /* The caller's tenant owns it afterwards, whether the bytes were new
+   * or another tenant's already (the reply is the same either way). */
+  const char *owner = cx->tenant != NULL ? cx->tenant : "";
+  if (blob_writer_put(cx->d->blobs, owner, id, c.out, len, cap, &err) !=
+      TOPOS_OK) {
     if (err.code == TOPOS_ERR_MEMORY)
       call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY, "%s",
                 err.message);
@@ -375,7 +409,15 @@ void handle_stat_blob(call_ctx *cx) {
   Topos__V1__StatBlobReply r = TOPOS__V1__STAT_BLOB_REPLY__INIT;
   blob_pending *pending = NULL;
   size_t pending_len = 0;
-  if (blob_writer_lookup(cx->d->blobs, req->id, &pending_len, &pending)) {
+  bool visible = false;
+  if (!blob_visible(cx, req->id, &visible, &err)) {
+    call_fail_err(cx, &err, "store");
+    return;
+  }
+  if (!visible) {
+    /* Another tenant's blob: present = false, as for an unknown id. */
+  } else if (blob_writer_lookup(cx->d->blobs, req->id, &pending_len,
+                                &pending)) {
     blob_writer_release(cx->d->blobs, pending);
     r.present = true;
     r.bytes = (int64_t)pending_len;

@@ -35,6 +35,7 @@
 
 struct blob_pending {
   char id[65];
+  char owner[STORE_TENANT_NAME_MAX + 1]; /* the queuing tenant; "" none */
   uint8_t *bytes;
   size_t len, cap; /* cap: the buffer's size (from blob_writer_buffer) */
   int refs;        /* under the writer's lock */
@@ -161,7 +162,7 @@ static void *writer_main(void *arg) {
     }
     topos_error err = {0};
     char id[65];
-    int rc = store_put_blob(w->store, p->bytes, p->len, id, &err);
+    int rc = store_put_blob_as(w->store, p->owner, p->bytes, p->len, id, &err);
     if (rc != TOPOS_OK)
       log_event("error", "blob %s (%zu bytes) was not stored: %s", p->id,
                 p->len, err.message);
@@ -271,11 +272,12 @@ static blob_pending *find_locked(blob_writer *w, const char *id) {
   return p;
 }
 
-int blob_writer_put(blob_writer *w, const char *id, uint8_t *bytes, size_t len,
-                    size_t cap, topos_error *err) {
+int blob_writer_put(blob_writer *w, const char *tenant, const char *id,
+                    uint8_t *bytes, size_t len, size_t cap, topos_error *err) {
+  if (tenant == NULL) tenant = "";
   if (w->max_pending == 0) {
     char stored[65];
-    int rc = store_put_blob(w->store, bytes, len, stored, err);
+    int rc = store_put_blob_as(w->store, tenant, bytes, len, stored, err);
     recycle(w, bytes, cap);
     return rc;
   }
@@ -289,6 +291,7 @@ int blob_writer_put(blob_writer *w, const char *id, uint8_t *bytes, size_t len,
     return TOPOS_ERR_MEMORY;
   }
   memcpy(p->id, id, 65);
+  snprintf(p->owner, sizeof p->owner, "%s", tenant);
   p->bytes = bytes;
   p->len = len;
   p->cap = cap;
@@ -299,11 +302,15 @@ int blob_writer_put(blob_writer *w, const char *id, uint8_t *bytes, size_t len,
    * queued already (by another upload, maybe while this one waited) is
    * written by that entry. */
   for (;;) {
-    if (find_locked(w, id) != NULL) {
+    blob_pending *q = find_locked(w, id);
+    if (q != NULL) {
+      /* Queued by another tenant: this one owns it too, recorded now
+       * (the row may come before the writer commits the bytes). */
+      bool other = tenant[0] != '\0' && strcmp(q->owner, tenant) != 0;
       pthread_mutex_unlock(&w->lock);
       free(p);
       recycle(w, bytes, cap);
-      return TOPOS_OK;
+      return other ? store_blob_own(w->reader, id, tenant, err) : TOPOS_OK;
     }
     if (w->pending_bytes == 0 ||
         w->pending_bytes + (int64_t)len <= w->max_pending)
@@ -341,6 +348,15 @@ const uint8_t *blob_writer_lookup(blob_writer *w, const char *id, size_t *len,
   *ref = p;
   *len = p->len;
   return p->bytes;
+}
+
+bool blob_writer_pending_owner(blob_writer *w, const char *id,
+                               const char *tenant) {
+  pthread_mutex_lock(&w->lock);
+  blob_pending *p = find_locked(w, id);
+  bool owns = p != NULL && strcmp(p->owner, tenant) == 0;
+  pthread_mutex_unlock(&w->lock);
+  return owns;
 }
 
 void blob_writer_release(blob_writer *w, blob_pending *ref) {

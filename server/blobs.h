@@ -45,14 +45,19 @@ void blob_writer_stop(blob_writer *w);
  * *cap gets its size.  Hand it to blob_writer_put, or free() it. */
 uint8_t *blob_writer_buffer(blob_writer *w, size_t len, size_t *cap);
 
-/* Hands over a blob: `bytes` (malloc'd, cap bytes of which len are the
- * blob, whose SHA-256 is id) becomes the writer's.  cap 0: unknown (the
+/* Hands over a blob of `tenant` (NULL or "": none; the tenant owns it once
+ * stored, store_put_blob_as): `bytes` (malloc'd, cap bytes of which len
+ * are the blob, whose SHA-256 is id) becomes the writer's.  cap 0: unknown (the
  * buffer is then never reused).  Durable mode: writes it now and returns
  * the store's status.  Early acknowledgement: queues it (a blob already
  * queued is not queued twice) and returns TOPOS_OK, after waiting while
  * the pending bytes are over the bound. */
-int blob_writer_put(blob_writer *w, const char *id, uint8_t *bytes, size_t len,
-                    size_t cap, topos_error *err);
+int blob_writer_put(blob_writer *w, const char *tenant, const char *id,
+                    uint8_t *bytes, size_t len, size_t cap, topos_error *err);
+/* Whether blob id is pending and was queued by tenant (whose ownership
+ * is written with the bytes). */
+bool blob_writer_pending_owner(blob_writer *w, const char *id,
+                               const char *tenant);
 
 /* A pending blob's bytes (borrowed until blob_writer_release), or NULL
  * when the blob is not pending (written already, or never put). */

@@ -30,11 +30,44 @@ static void destroy_plan(void *v) {
   topos_plan_free(v);
 }
 
+/* ------------------------------------------------------------ ownership */
+
+/* Whose specs a call may see (docs/operations.md, "Isolation"): NULL for
+ * every spec (auth off, or an admin tenant), else the caller's tenant. */
+static const char *spec_scope(const call_ctx *cx) {
+  return cx->tenant == NULL || cx->tenant[0] == '\0' || cx->admin ? NULL
+                                                                  : cx->tenant;
+}
+
+/* The answer for an unknown spec, and for another tenant's. */
+static void spec_not_found(call_ctx *cx, const char *id) {
+  call_fail(cx, WIRE_GRPC_NOT_FOUND, TOPOS_ERR_NOT_FOUND,
+            "no spec with id %s: it was never recorded here, or "
+            "retention dropped it (once stored specs pass the spec "
+            "budget, --spec-bytes, the least recently used are "
+            "dropped); record it again",
+            id);
+}
+
 /* The stored spec `id` as a network (borrowed until *ref is released). */
 topos_network *spec_network(call_ctx *cx, const char *id, cache_entry **ref) {
   *ref = NULL;
   if (!call_check_id(cx, id, "id")) return NULL;
   memcpy(cx->spec_id, id, 65);
+  /* Checked before the cache, which all tenants share. */
+  const char *scope = spec_scope(cx);
+  if (scope != NULL) {
+    topos_error err = {0};
+    bool owned = false;
+    if (store_spec_owned(cx->d->store, id, scope, &owned, &err) != TOPOS_OK) {
+      call_fail_err(cx, &err, "reading the spec");
+      return NULL;
+    }
+    if (!owned) {
+      spec_not_found(cx, id);
+      return NULL;
+    }
+  }
   char key[80];
   snprintf(key, sizeof key, "net %s", id);
   topos_network *net = cache_get(cx->d->cache, key, ref);
@@ -56,12 +89,7 @@ topos_network *spec_network(call_ctx *cx, const char *id, cache_entry **ref) {
   if (store_get_spec(cx->d->store, id, &bytes, &len, &err) != TOPOS_OK) {
     cache_unpin(cx->d->cache, key);
     if (err.code == TOPOS_ERR_NOT_FOUND)
-      call_fail(cx, WIRE_GRPC_NOT_FOUND, TOPOS_ERR_NOT_FOUND,
-                "no spec with id %s: it was never recorded here, or "
-                "retention dropped it (once stored specs pass the spec "
-                "budget, --spec-bytes, the least recently used are "
-                "dropped); record it again",
-                id);
+      spec_not_found(cx, id);
     else
       call_fail_err(cx, &err, "reading the spec");
     return NULL;
@@ -180,7 +208,8 @@ void handle_record(call_ctx *cx) {
   if (!call_continue(cx)) {
   } else if (topos_network_encode(net, &bytes, &len, &err) != TOPOS_OK) {
     call_fail_err(cx, &err, "encode");
-  } else if (store_put_spec(cx->d->store, bytes, len, id, &err) != TOPOS_OK) {
+  } else if (store_put_spec_as(cx->d->store, cx->tenant, bytes, len, id,
+                               &err) != TOPOS_OK) {
     call_fail_err(cx, &err, "store");
   }
   topos_free(bytes);
@@ -407,8 +436,10 @@ void handle_list_specs(call_ctx *cx) {
   int n = 0;
   topos_error err = {0};
   /* One more than the page: whether there is a next one. */
-  if (store_list_specs(cx->d->store, offset, limit + 1, &rows, &n, &err) !=
-      TOPOS_OK) {
+  /* A tenant lists its own specs; an admin (or a daemon without auth)
+   * every spec. */
+  if (store_list_specs_of(cx->d->store, spec_scope(cx), offset, limit + 1,
+                          &rows, &n, &err) != TOPOS_OK) {
     call_fail_err(cx, &err, "list specs");
     return;
   }

@@ -115,6 +115,19 @@ void handle_stats(call_ctx *cx) {
   r.spec_bytes = si.spec_bytes;
   r.blobs = pending ? blobs : si.blob_count;
   r.blob_bytes = pending ? blob_bytes : si.blob_bytes;
+  /* A tenant that is not an admin sees its own specs and blobs; the
+   * store's totals are the admins' (docs/operations.md, "Isolation"). */
+  if (cx->tenant != NULL && cx->tenant[0] != '\0' && !cx->admin) {
+    store_usage u;
+    if (store_tenant_usage(d->store, cx->tenant, &u, &err) != TOPOS_OK) {
+      call_fail_err(cx, &err, "store");
+      return;
+    }
+    r.specs = u.spec_count;
+    r.spec_bytes = u.spec_bytes;
+    r.blobs = u.blob_count;
+    r.blob_bytes = u.blob_bytes;
+  }
   topos_backend_info info[TOPOS_BACKENDS_MAX];
   int n = topos_backends_list(info, TOPOS_BACKENDS_MAX);
   if (n > TOPOS_BACKENDS_MAX) n = TOPOS_BACKENDS_MAX;

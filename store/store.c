@@ -250,6 +250,8 @@ typedef struct kind {
   const char *insert;         /* ?1 id, ?2 size, ?3 created_ms */
   const char *insert_payload; /* ?1 seq, ?2 size (a zeroblob to fill) */
   const char *remove;         /* ?1 id (a trigger drops the bytes) */
+  const char *own;            /* ?1 id, ?2 tenant: record an owner */
+  const char *owned;          /* ?1 id, ?2 tenant -> a row when it owns it */
 } kind;
 
 static const kind SPECS = {
@@ -262,6 +264,8 @@ static const kind SPECS = {
     "INSERT OR REPLACE INTO spec_bytes (seq, bytes) "
     "VALUES (?1, zeroblob(?2))",
     "DELETE FROM specs WHERE id = ?1",
+    "INSERT OR IGNORE INTO spec_owners (spec_id, tenant) VALUES (?1, ?2)",
+    "SELECT 1 FROM spec_owners WHERE spec_id = ?1 AND tenant = ?2",
 };
 
 /* A blob's last_used is a logical clock: one more than the largest in the
@@ -277,6 +281,8 @@ static const kind BLOBS = {
     "INSERT OR REPLACE INTO blob_bytes (seq, bytes) "
     "VALUES (?1, zeroblob(?2))",
     "DELETE FROM blobs WHERE id = ?1",
+    "INSERT OR IGNORE INTO blob_owners (blob_id, tenant) VALUES (?1, ?2)",
+    "SELECT 1 FROM blob_owners WHERE blob_id = ?1 AND tenant = ?2",
 };
 
 static const char TOUCH_BLOB[] =
@@ -454,8 +460,13 @@ static int run_with_id(sqlite3 *db, const char *sql, const char *id,
 }
 
 /* Deletes least recently used blobs until `incoming` more bytes fit under
- * `cap` (inside the caller's write transaction). */
-static int evict(sqlite3 *db, int64_t cap, int64_t incoming, topos_error *err) {
+ * `cap` (inside the caller's write transaction).  With an owner (a
+ * tenant's put), only blobs no other tenant owns are candidates, and a
+ * blob that still does not fit is refused (TOPOS_ERR_MEMORY; the caller
+ * rolls the evictions back): another tenant's data is never dropped to
+ * make room.  Without one (no auth, or the operator's cap), any blob. */
+static int evict(sqlite3 *db, int64_t cap, int64_t incoming, const char *owner,
+                 topos_error *err) {
   int64_t total = 0;
   int status =
       query_int64(db, "SELECT coalesce(sum(size), 0) FROM blobs", &total, err);
@@ -463,10 +474,13 @@ static int evict(sqlite3 *db, int64_t cap, int64_t incoming, topos_error *err) {
   if (total + incoming <= cap) return TOPOS_OK;
   sqlite3_stmt *oldest, *drop;
   status = prepare(db,
-                   "SELECT seq, size FROM blobs ORDER BY last_used, seq "
-                   "LIMIT 1",
+                   "SELECT seq, size FROM blobs AS b WHERE ?1 IS NULL OR "
+                   "NOT EXISTS (SELECT 1 FROM blob_owners AS o WHERE "
+                   "o.blob_id = b.id AND o.tenant != ?1) "
+                   "ORDER BY last_used, seq LIMIT 1",
                    &oldest, err);
   if (status != TOPOS_OK) return status;
+  if (owner != NULL) sqlite3_bind_text(oldest, 1, owner, -1, SQLITE_STATIC);
   status = prepare(db, "DELETE FROM blobs WHERE seq = ?1", &drop, err);
   if (status != TOPOS_OK) {
     sqlite3_finalize(oldest);
@@ -482,12 +496,34 @@ static int evict(sqlite3 *db, int64_t cap, int64_t incoming, topos_error *err) {
     int64_t seq = sqlite3_column_int64(oldest, 0);
     total -= sqlite3_column_int64(oldest, 1);
     sqlite3_reset(oldest);
+    if (owner != NULL) sqlite3_bind_text(oldest, 1, owner, -1, SQLITE_STATIC);
     sqlite3_bind_int64(drop, 1, seq);
     status = step_done(db, drop, err, "evict a blob");
     sqlite3_reset(drop);
   }
   sqlite3_finalize(oldest);
   sqlite3_finalize(drop);
+  if (status == TOPOS_OK && owner != NULL && total + incoming > cap) {
+    status = fail(err, TOPOS_ERR_MEMORY,
+                  "store: blob cap full: %lld of the %lld-byte cap are other "
+                  "tenants' blobs, which are never evicted for tenant %s; a "
+                  "blob of %lld bytes does not fit, so nothing was stored or "
+                  "evicted",
+                  (long long)total, (long long)cap, owner, (long long)incoming);
+  }
+  return status;
+}
+
+/* Records that `owner` owns id (inside the caller's write transaction). */
+static int add_owner(sqlite3 *db, const kind *k, const char *id,
+                     const char *owner, topos_error *err) {
+  sqlite3_stmt *stmt;
+  int status = prepare(db, k->own, &stmt, err);
+  if (status != TOPOS_OK) return status;
+  sqlite3_bind_text(stmt, 1, id, 64, SQLITE_STATIC);
+  sqlite3_bind_text(stmt, 2, owner, -1, SQLITE_STATIC);
+  status = step_done(db, stmt, err, "record an owner");
+  sqlite3_finalize(stmt);
   return status;
 }
 
@@ -748,7 +784,7 @@ typedef struct victim {
  * transaction, lock held).  When they cannot be made to fit and `incoming`
  * (the new spec's size) is >= 0, the put is refused. */
 static int retain_specs(topos_store *st, int64_t keep_seq, int64_t incoming,
-                        topos_error *err) {
+                        const char *owner, topos_error *err) {
   if (st->spec_budget <= 0) return TOPOS_OK;
   sqlite3 *db = st->db;
   int64_t total = 0;
@@ -757,9 +793,11 @@ static int retain_specs(topos_store *st, int64_t keep_seq, int64_t incoming,
   if (status != TOPOS_OK || total <= st->spec_budget) return status;
   sqlite3_stmt *oldest = NULL, *drop = NULL;
   status = prepare(db,
-                   "SELECT seq, id, size, last_used_ms FROM specs "
+                   "SELECT seq, id, size, last_used_ms FROM specs AS s "
                    "WHERE seq != ?1 AND (last_used_ms > ?2 OR "
-                   "(last_used_ms = ?2 AND seq > ?3)) "
+                   "(last_used_ms = ?2 AND seq > ?3)) AND (?5 IS NULL OR "
+                   "NOT EXISTS (SELECT 1 FROM spec_owners AS o WHERE "
+                   "o.spec_id = s.id AND o.tenant != ?5)) "
                    "ORDER BY last_used_ms, seq LIMIT ?4",
                    &oldest, err);
   if (status == TOPOS_OK)
@@ -773,6 +811,7 @@ static int retain_specs(topos_store *st, int64_t keep_seq, int64_t incoming,
     sqlite3_bind_int64(oldest, 2, after_ms);
     sqlite3_bind_int64(oldest, 3, after_seq);
     sqlite3_bind_int(oldest, 4, RETENTION_BATCH);
+    if (owner != NULL) sqlite3_bind_text(oldest, 5, owner, -1, SQLITE_STATIC);
     int n = 0, rc;
     while ((rc = sqlite3_step(oldest)) == SQLITE_ROW) {
       victim *v = &batch[n++];
@@ -830,7 +869,7 @@ int store_set_spec_budget(topos_store *st, int64_t bytes,
   if (bytes > 0) {
     flush_touches_locked(st, NULL);
     status = begin_write(st, err);
-    if (status == TOPOS_OK) status = retain_specs(st, -1, -1, err);
+    if (status == TOPOS_OK) status = retain_specs(st, -1, -1, NULL, err);
     if (status == TOPOS_OK) status = commit(st->db, err);
     if (status != TOPOS_OK) rollback(st->db);
   }
@@ -866,9 +905,21 @@ static int check_size(topos_store *st, const kind *k, size_t len, int64_t cap,
   return TOPOS_OK;
 }
 
-static int put_object(topos_store *st, const kind *k, const void *bytes,
-                      size_t len, char id_out[65], topos_error *err) {
+/* Checks a tenant argument: NULL and "" are no tenant (NULL after). */
+static int check_owner(const char **tenant, topos_error *err) {
+  if (*tenant != NULL && (*tenant)[0] == '\0') *tenant = NULL;
+  if (*tenant != NULL && !store_tenant_name_valid(*tenant))
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "store: '%.80s' is not a tenant name (1 to %d of a-z 0-9 _ -)",
+                *tenant, STORE_TENANT_NAME_MAX);
+  return TOPOS_OK;
+}
+
+static int put_object(topos_store *st, const kind *k, const char *owner,
+                      const void *bytes, size_t len, char id_out[65],
+                      topos_error *err) {
   int status = check_store(st, err);
+  if (status == TOPOS_OK) status = check_owner(&owner, err);
   if (status != TOPOS_OK) return status;
   if (bytes == NULL && len > 0) {
     return fail(err, TOPOS_ERR_ARGUMENT, "store: %s bytes are NULL", k->noun);
@@ -945,15 +996,17 @@ static int put_object(topos_store *st, const kind *k, const void *bytes,
     if (status != TOPOS_OK) goto out;
   }
   if (k == &BLOBS) {
-    status = evict(db, st->blob_cap, (int64_t)len, err);
+    status = evict(db, st->blob_cap, (int64_t)len, owner, err);
     if (status != TOPOS_OK) goto out;
   }
   status = check_room(st, k, len, err);
   if (status == TOPOS_OK) status = insert_row(db, k, id, data, len, &seq, err);
   incoming = (int64_t)len;
 retain:
+  if (status == TOPOS_OK && owner != NULL)
+    status = add_owner(db, k, id, owner, err);
   if (status == TOPOS_OK && k == &SPECS)
-    status = retain_specs(st, seq, incoming, err);
+    status = retain_specs(st, seq, incoming, owner, err);
   if (status == TOPOS_OK) status = commit(db, err);
 out:
   if (status != TOPOS_OK) {
@@ -1074,7 +1127,76 @@ static int stat_object(topos_store *st, const kind *k, const char *id,
 
 int store_put_spec(topos_store *st, const void *bytes, size_t len,
                    char id_out[65], topos_error *err) {
-  return put_object(st, &SPECS, bytes, len, id_out, err);
+  return put_object(st, &SPECS, NULL, bytes, len, id_out, err);
+}
+
+int store_put_spec_as(topos_store *st, const char *tenant, const void *bytes,
+                      size_t len, char id_out[65], topos_error *err) {
+  return put_object(st, &SPECS, tenant, bytes, len, id_out, err);
+}
+
+int store_put_blob_as(topos_store *st, const char *tenant, const void *bytes,
+                      size_t len, char id_out[65], topos_error *err) {
+  return put_object(st, &BLOBS, tenant, bytes, len, id_out, err);
+}
+
+/* Checks an id and a tenant (not NULL, not "") for the ownership calls. */
+static int check_id_tenant(topos_store *st, const char *id, const char **tenant,
+                           topos_error *err) {
+  int status = check_store(st, err);
+  if (status == TOPOS_OK) status = check_id(id, err);
+  if (status == TOPOS_OK) status = check_owner(tenant, err);
+  if (status == TOPOS_OK && *tenant == NULL)
+    status = fail(err, TOPOS_ERR_ARGUMENT, "store: no tenant given");
+  return status;
+}
+
+int store_blob_own(topos_store *st, const char *id, const char *tenant,
+                   topos_error *err) {
+  int status = check_id_tenant(st, id, &tenant, err);
+  if (status != TOPOS_OK) return status;
+  pthread_mutex_lock(&st->lock);
+  status = begin_write(st, err);
+  if (status == TOPOS_OK) status = add_owner(st->db, &BLOBS, id, tenant, err);
+  if (status == TOPOS_OK)
+    status = commit(st->db, err);
+  else
+    rollback(st->db);
+  pthread_mutex_unlock(&st->lock);
+  return status;
+}
+
+static int owned(topos_store *st, const kind *k, const char *id,
+                 const char *tenant, bool *out, topos_error *err) {
+  if (out == NULL) return fail(err, TOPOS_ERR_ARGUMENT, "store: out is NULL");
+  *out = false;
+  int status = check_id_tenant(st, id, &tenant, err);
+  if (status != TOPOS_OK) return status;
+  pthread_mutex_lock(&st->lock);
+  sqlite3_stmt *stmt;
+  status = prepare(st->db, k->owned, &stmt, err);
+  if (status == TOPOS_OK) {
+    sqlite3_bind_text(stmt, 1, id, 64, SQLITE_STATIC);
+    sqlite3_bind_text(stmt, 2, tenant, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(stmt);
+    if (rc == SQLITE_ROW || rc == SQLITE_DONE)
+      *out = rc == SQLITE_ROW;
+    else
+      status = sql_fail(st->db, rc, err, "look an owner up");
+    sqlite3_finalize(stmt);
+  }
+  pthread_mutex_unlock(&st->lock);
+  return status;
+}
+
+int store_spec_owned(topos_store *st, const char *id, const char *tenant,
+                     bool *out, topos_error *err) {
+  return owned(st, &SPECS, id, tenant, out, err);
+}
+
+int store_blob_owned(topos_store *st, const char *id, const char *tenant,
+                     bool *out, topos_error *err) {
+  return owned(st, &BLOBS, id, tenant, out, err);
 }
 
 int store_get_spec(topos_store *st, const char *id, uint8_t **bytes,
@@ -1098,7 +1220,7 @@ int store_delete_spec(topos_store *st, const char *id, topos_error *err) {
 
 int store_put_blob(topos_store *st, const void *bytes, size_t len,
                    char id_out[65], topos_error *err) {
-  return put_object(st, &BLOBS, bytes, len, id_out, err);
+  return put_object(st, &BLOBS, NULL, bytes, len, id_out, err);
 }
 
 int store_get_blob(topos_store *st, const char *id, uint8_t **bytes,
@@ -1127,9 +1249,16 @@ int store_delete_blob(topos_store *st, const char *id, topos_error *err) {
 
 int store_list_specs(topos_store *st, int64_t offset, int limit,
                      store_spec_info **out, int *n, topos_error *err) {
+  return store_list_specs_of(st, NULL, offset, limit, out, n, err);
+}
+
+int store_list_specs_of(topos_store *st, const char *tenant, int64_t offset,
+                        int limit, store_spec_info **out, int *n,
+                        topos_error *err) {
   if (out != NULL) *out = NULL;
   if (n != NULL) *n = 0;
   int status = check_store(st, err);
+  if (status == TOPOS_OK) status = check_owner(&tenant, err);
   if (status != TOPOS_OK) return status;
   if (out == NULL || n == NULL) {
     return fail(err, TOPOS_ERR_ARGUMENT, "store: out or n is NULL");
@@ -1147,12 +1276,18 @@ int store_list_specs(topos_store *st, int64_t offset, int limit,
   sqlite3 *db = st->db;
   sqlite3_stmt *stmt;
   status = prepare(db,
-                   "SELECT id, size, created_ms, last_used_ms FROM specs "
-                   "ORDER BY seq DESC LIMIT ?1 OFFSET ?2",
+                   tenant == NULL
+                       ? "SELECT id, size, created_ms, last_used_ms FROM specs "
+                         "ORDER BY seq DESC LIMIT ?1 OFFSET ?2"
+                       : "SELECT s.id, s.size, s.created_ms, s.last_used_ms "
+                         "FROM spec_owners AS o JOIN specs AS s "
+                         "ON s.id = o.spec_id WHERE o.tenant = ?3 "
+                         "ORDER BY s.seq DESC LIMIT ?1 OFFSET ?2",
                    &stmt, err);
   if (status == TOPOS_OK) {
     sqlite3_bind_int(stmt, 1, limit);
     sqlite3_bind_int64(stmt, 2, offset);
+    if (tenant != NULL) sqlite3_bind_text(stmt, 3, tenant, -1, SQLITE_STATIC);
     int rc;
     while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
       if (count == capacity) {
@@ -1258,6 +1393,47 @@ int store_stats(topos_store *st, store_stats_info *out, topos_error *err) {
   return TOPOS_OK;
 }
 
+int store_tenant_usage(topos_store *st, const char *tenant, store_usage *out,
+                       topos_error *err) {
+  int status = check_store(st, err);
+  if (status == TOPOS_OK) status = check_owner(&tenant, err);
+  if (status != TOPOS_OK) return status;
+  if (out == NULL || tenant == NULL)
+    return fail(err, TOPOS_ERR_ARGUMENT, "store: out or tenant is NULL");
+  store_usage u = {0};
+  pthread_mutex_lock(&st->lock);
+  sqlite3 *db = st->db;
+  static const char *const sql[2] = {
+      "SELECT count(*), coalesce(sum(s.size), 0) FROM spec_owners AS o "
+      "JOIN specs AS s ON s.id = o.spec_id WHERE o.tenant = ?1",
+      "SELECT count(*), coalesce(sum(b.size), 0) FROM blob_owners AS o "
+      "JOIN blobs AS b ON b.id = o.blob_id WHERE o.tenant = ?1"};
+  int64_t *counts[2] = {&u.spec_count, &u.blob_count};
+  int64_t *bytes[2] = {&u.spec_bytes, &u.blob_bytes};
+  status = begin(db, false, err);
+  for (int i = 0; i < 2 && status == TOPOS_OK; i++) {
+    sqlite3_stmt *stmt;
+    status = prepare(db, sql[i], &stmt, err);
+    if (status != TOPOS_OK) break;
+    sqlite3_bind_text(stmt, 1, tenant, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(stmt);
+    if (rc == SQLITE_ROW) {
+      *counts[i] = sqlite3_column_int64(stmt, 0);
+      *bytes[i] = sqlite3_column_int64(stmt, 1);
+    } else {
+      status = sql_fail(db, rc, err, "count a tenant's rows");
+    }
+    sqlite3_finalize(stmt);
+  }
+  if (status == TOPOS_OK)
+    status = commit(db, err);
+  else
+    rollback(db);
+  pthread_mutex_unlock(&st->lock);
+  if (status == TOPOS_OK) *out = u;
+  return status;
+}
+
 int store_set_blob_cap(topos_store *st, int64_t bytes, topos_error *err) {
   int status = check_store(st, err);
   if (status != TOPOS_OK) return status;
@@ -1269,7 +1445,7 @@ int store_set_blob_cap(topos_store *st, int64_t bytes, topos_error *err) {
   pthread_mutex_lock(&st->lock);
   sqlite3 *db = st->db;
   status = begin(db, true, err);
-  if (status == TOPOS_OK) status = evict(db, bytes, 0, err);
+  if (status == TOPOS_OK) status = evict(db, bytes, 0, NULL, err);
   if (status == TOPOS_OK) status = commit(db, err);
   if (status == TOPOS_OK) {
     st->blob_cap = bytes;
@@ -1416,6 +1592,12 @@ int store_tenant_remove(topos_store *st, const char *name, topos_error *err) {
   if (status == TOPOS_OK)
     status = run_with_text(db, "DELETE FROM tokens WHERE tenant = ?1", name,
                            err, "delete a tenant's tokens");
+  if (status == TOPOS_OK)
+    status = run_with_text(db, "DELETE FROM spec_owners WHERE tenant = ?1",
+                           name, err, "drop a tenant's specs");
+  if (status == TOPOS_OK)
+    status = run_with_text(db, "DELETE FROM blob_owners WHERE tenant = ?1",
+                           name, err, "drop a tenant's blobs");
   if (status == TOPOS_OK)
     status = run_with_text(db, "DELETE FROM tenants WHERE name = ?1", name, err,
                            "remove a tenant");
@@ -1767,12 +1949,37 @@ static int migrate_to_v3(sqlite3 *db, topos_error *err) {
               err, "migrate to schema version 3");
 }
 
+/* Version 4: who owns which spec and blob (docs/store.md, "Ownership").
+ * Rows stored before it belong to no tenant.  Deleting a spec or blob
+ * (delete, eviction, retention) drops its owners with it. */
+static int migrate_to_v4(sqlite3 *db, topos_error *err) {
+  return exec(db,
+              "CREATE TABLE spec_owners ("
+              "  spec_id TEXT NOT NULL CHECK (length(spec_id) = 64),"
+              "  tenant TEXT NOT NULL"
+              "    CHECK (length(tenant) BETWEEN 1 AND 64),"
+              "  PRIMARY KEY (spec_id, tenant)"
+              ") WITHOUT ROWID;"
+              "CREATE INDEX spec_owners_by_tenant ON spec_owners (tenant);"
+              "CREATE TABLE blob_owners ("
+              "  blob_id TEXT NOT NULL CHECK (length(blob_id) = 64),"
+              "  tenant TEXT NOT NULL"
+              "    CHECK (length(tenant) BETWEEN 1 AND 64),"
+              "  PRIMARY KEY (blob_id, tenant)"
+              ") WITHOUT ROWID;"
+              "CREATE INDEX blob_owners_by_tenant ON blob_owners (tenant);"
+              "CREATE TRIGGER specs_drop_owners AFTER DELETE ON specs BEGIN"
+              "  DELETE FROM spec_owners WHERE spec_id = old.id;"
+              "END;"
+              "CREATE TRIGGER blobs_drop_owners AFTER DELETE ON blobs BEGIN"
+              "  DELETE FROM blob_owners WHERE blob_id = old.id;"
+              "END;",
+              err, "migrate to schema version 4");
+}
+
 /* MIGRATIONS[v] takes a store from version v - 1 to v. */
 static const migration MIGRATIONS[STORE_SCHEMA_VERSION + 1] = {
-    NULL,
-    migrate_to_v1,
-    migrate_to_v2,
-    migrate_to_v3,
+    NULL, migrate_to_v1, migrate_to_v2, migrate_to_v3, migrate_to_v4,
 };
 
 /* What a database holds, read in one transaction. */

@@ -36,7 +36,7 @@ extern "C" {
 
 /* The schema version this code writes; store_open migrates older stores
  * forward and refuses newer ones. */
-#define STORE_SCHEMA_VERSION 3
+#define STORE_SCHEMA_VERSION 4
 /* SQLite's header application_id of a topos store ("Topo"). */
 #define STORE_APPLICATION_ID 0x546F706F
 /* The blob cap of a freshly opened handle: 1 GiB. */
@@ -161,6 +161,51 @@ int store_stat_blob(topos_store *st, const char *id, int64_t *size,
 /* Removes the blob; an unknown id is TOPOS_ERR_NOT_FOUND. */
 int store_delete_blob(topos_store *st, const char *id, topos_error *err);
 
+/* -------------------------------------------------------------- owners */
+
+/* Who owns what (docs/store.md, "Ownership"): a spec or blob belongs to
+ * every tenant that put it.  The bytes are stored once (content
+ * addressing stays a dedup); ownership is a row per (id, tenant).  Rows
+ * put without a tenant (and every row stored before schema version 4)
+ * belong to no one.  Deleting a spec or blob, by any path, drops its
+ * owners.  `tenant` NULL or "" is no tenant; otherwise it must be a valid
+ * tenant name (TOPOS_ERR_ARGUMENT), existing or not. */
+
+/* store_put_spec / store_put_blob for a tenant: the same, and the tenant
+ * owns the id afterwards (whether the bytes were new or not), in the
+ * put's transaction.  With a tenant, retention and eviction only drop
+ * specs and blobs no other tenant owns (no owner, or this one alone); a
+ * blob that cannot be made to fit that way is TOPOS_ERR_MEMORY ("blob cap
+ * full: ...") and nothing changes.  No tenant: exactly the plain calls. */
+int store_put_spec_as(topos_store *st, const char *tenant, const void *bytes,
+                      size_t len, char id_out[65], topos_error *err);
+int store_put_blob_as(topos_store *st, const char *tenant, const void *bytes,
+                      size_t len, char id_out[65], topos_error *err);
+/* Records that tenant owns blob id, stored or not yet (the daemon's early
+ * acknowledgement records a second uploader before the writer commits the
+ * bytes).  Idempotent. */
+int store_blob_own(topos_store *st, const char *id, const char *tenant,
+                   topos_error *err);
+/* Whether tenant owns the spec / blob: an ownership row (whether the
+ * bytes are stored is store_has_spec's / store_stat_blob's question). */
+int store_spec_owned(topos_store *st, const char *id, const char *tenant,
+                     bool *owned, topos_error *err);
+int store_blob_owned(topos_store *st, const char *id, const char *tenant,
+                     bool *owned, topos_error *err);
+/* store_list_specs limited to the specs tenant owns (NULL or "": all). */
+int store_list_specs_of(topos_store *st, const char *tenant, int64_t offset,
+                        int limit, store_spec_info **out, int *n,
+                        topos_error *err);
+
+/* What one tenant owns (a shared spec or blob counts for each owner). */
+typedef struct store_usage {
+  int64_t spec_count, spec_bytes;
+  int64_t blob_count, blob_bytes;
+} store_usage;
+/* One consistent snapshot of tenant's usage (tenant required). */
+int store_tenant_usage(topos_store *st, const char *tenant, store_usage *out,
+                       topos_error *err);
+
 /* ------------------------------------------------------- tenants, tokens */
 
 /* Who may call a shared daemon (docs/store.md, docs/operations.md).  A
@@ -195,8 +240,10 @@ bool store_tenant_name_valid(const char *name);
  * is taken (the message says which). */
 int store_tenant_add(topos_store *st, const char *name, bool admin,
                      topos_error *err);
-/* Removes a tenant and deletes its tokens, in one transaction; unknown:
- * TOPOS_ERR_NOT_FOUND. */
+/* Removes a tenant and deletes its tokens and its ownership of specs and
+ * blobs (the bytes stay: what no one owns any more is visible only
+ * without auth and is the first any tenant's put may evict), in one
+ * transaction; unknown: TOPOS_ERR_NOT_FOUND. */
 int store_tenant_remove(topos_store *st, const char *name, topos_error *err);
 /* Every tenant, by name.  *out is new (free(); NULL when *n is 0). */
 int store_tenant_list(topos_store *st, store_tenant_info **out, int *n,

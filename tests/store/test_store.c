@@ -1668,6 +1668,166 @@ START_TEST(test_file_modes) {
 }
 END_TEST
 
+/* ------------------------------------------------------------ owners */
+
+static bool owns(topos_store *st, bool blob, const char *id,
+                 const char *tenant) {
+  topos_error err = {0};
+  bool o = false;
+  int rc = blob ? store_blob_owned(st, id, tenant, &o, &err)
+                : store_spec_owned(st, id, tenant, &o, &err);
+  ck_assert_msg(rc == TOPOS_OK, "owned: %s", err.message);
+  return o;
+}
+
+static int list_of(topos_store *st, const char *tenant, char ids[][65],
+                   int max) {
+  topos_error err = {0};
+  store_spec_info *rows = NULL;
+  int n = 0;
+  ck_assert_int_eq(store_list_specs_of(st, tenant, 0, max, &rows, &n, &err),
+                   TOPOS_OK);
+  for (int i = 0; i < n; i++) memcpy(ids[i], rows[i].id, 65);
+  free(rows);
+  return n;
+}
+
+static store_usage usage_of(topos_store *st, const char *tenant) {
+  topos_error err = {0};
+  store_usage u;
+  ck_assert_msg(store_tenant_usage(st, tenant, &u, &err) == TOPOS_OK, "%s",
+                err.message);
+  return u;
+}
+
+/* A version 3 store (v4's objects dropped by hand) keeps its rows when it
+ * is migrated; they belong to no tenant. */
+START_TEST(test_migrate_v3) {
+  topos_store *st = open_ok(g_path);
+  uint8_t *spec = make_bytes(300, 1), *blob = make_bytes(5000, 2);
+  char sid[65], bid[65];
+  put_spec_ok(st, spec, 300, sid);
+  put_blob_ok(st, blob, 5000, bid);
+  store_close(st);
+  sqlite3 *db = raw_open(g_path);
+  raw_exec(db,
+           "DROP TRIGGER specs_drop_owners; DROP TRIGGER blobs_drop_owners;"
+           "DROP TABLE spec_owners; DROP TABLE blob_owners;"
+           "DELETE FROM schema_version WHERE version = 4;");
+  ck_assert_int_eq(raw_int(db, "SELECT max(version) FROM schema_version"), 3);
+  sqlite3_close(db);
+
+  st = open_ok(g_path);
+  ck_assert_int_eq(stats_ok(st).schema_version, 4);
+  assert_spec_is(st, sid, spec, 300);
+  ck_assert(blob_present(st, bid));
+  char ids[4][65];
+  ck_assert_int_eq(list_of(st, NULL, ids, 4), 1);
+  ck_assert_int_eq(list_of(st, "alice", ids, 4), 0);
+  ck_assert(!owns(st, false, sid, "alice"));
+  ck_assert(!owns(st, true, bid, "alice"));
+  ck_assert_int_eq(usage_of(st, "alice").spec_count, 0);
+  /* Putting it again as alice makes it hers. */
+  topos_error err = {0};
+  char again[65];
+  ck_assert_int_eq(store_put_spec_as(st, "alice", spec, 300, again, &err),
+                   TOPOS_OK);
+  ck_assert_str_eq(again, sid);
+  ck_assert(owns(st, false, sid, "alice"));
+  ck_assert_int_eq(list_of(st, "alice", ids, 4), 1);
+  store_close(st);
+  db = raw_open(g_path);
+  ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM schema_version"), 4);
+  ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM spec_owners"), 1);
+  sqlite3_close(db);
+  free(spec);
+  free(blob);
+}
+END_TEST
+
+START_TEST(test_owners) {
+  topos_store *st = open_ok(g_path);
+  topos_error err = {0};
+  ck_assert_int_eq(store_tenant_add(st, "alice", false, &err), TOPOS_OK);
+  ck_assert_int_eq(store_tenant_add(st, "bob", false, &err), TOPOS_OK);
+  enum { SIZE = 10000 };
+  uint8_t *b[5];
+  char id[5][65];
+  for (int i = 0; i < 5; i++) b[i] = make_bytes(SIZE, 10 + i);
+
+  /* Both uploaders of one content own it; it is stored once. */
+  ck_assert_int_eq(store_put_blob_as(st, "alice", b[1], SIZE, id[1], &err),
+                   TOPOS_OK);
+  ck_assert(owns(st, true, id[1], "alice"));
+  ck_assert(!owns(st, true, id[1], "bob"));
+  char same[65];
+  ck_assert_int_eq(store_put_blob_as(st, "bob", b[1], SIZE, same, &err),
+                   TOPOS_OK);
+  ck_assert_str_eq(same, id[1]);
+  ck_assert(owns(st, true, id[1], "bob"));
+  ck_assert_int_eq(stats_ok(st).blob_count, 1);
+  ck_assert_int_eq(usage_of(st, "alice").blob_bytes, SIZE);
+  ck_assert_int_eq(usage_of(st, "bob").blob_count, 1);
+  ck_assert_int_eq(store_put_blob_as(st, "Bad", b[1], SIZE, same, &err),
+                   TOPOS_ERR_ARGUMENT);
+  ck_assert_int_eq(store_blob_owned(st, id[1], "", &(bool){0}, &err),
+                   TOPOS_ERR_ARGUMENT);
+
+  /* Eviction: room for two and a half.  bob cannot evict the shared
+   * blob or alice's; alice evicts her own. */
+  ck_assert_int_eq(store_set_blob_cap(st, SIZE * 5 / 2, &err), TOPOS_OK);
+  ck_assert_int_eq(store_put_blob_as(st, "alice", b[2], SIZE, id[2], &err),
+                   TOPOS_OK);
+  ck_assert_int_eq(store_put_blob_as(st, "bob", b[3], SIZE, id[3], &err),
+                   TOPOS_ERR_MEMORY);
+  ck_assert_ptr_nonnull(strstr(err.message, "blob cap full"));
+  ck_assert(blob_present(st, id[1]) && blob_present(st, id[2]));
+  ck_assert(owns(st, true, id[1], "bob"));
+  ck_assert_int_eq(store_put_blob_as(st, "alice", b[4], SIZE, id[4], &err),
+                   TOPOS_OK);
+  ck_assert(!blob_present(st, id[2]));
+  ck_assert(!owns(st, true, id[2], "alice")); /* dropped with the blob */
+  ck_assert(blob_present(st, id[1]) && blob_present(st, id[4]));
+
+  /* Removing bob drops his ownership; the shared blob stays alice's. */
+  ck_assert_int_eq(store_tenant_remove(st, "bob", &err), TOPOS_OK);
+  ck_assert(!owns(st, true, id[1], "bob"));
+  ck_assert(owns(st, true, id[1], "alice"));
+  ck_assert_int_eq(usage_of(st, "bob").blob_count, 0);
+  ck_assert_int_eq(store_delete_blob(st, id[1], &err), TOPOS_OK);
+  sqlite3 *db = raw_open(g_path);
+  ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM blob_owners"), 1);
+  sqlite3_close(db);
+
+  /* Specs: listing per tenant, and retention only drops a spec no other
+   * tenant owns. */
+  char s[4][65], ids[8][65];
+  uint8_t *sb[4];
+  for (int i = 0; i < 4; i++) sb[i] = make_bytes(1000, 40 + i);
+  ck_assert_int_eq(store_put_spec_as(st, "alice", sb[0], 1000, s[0], &err),
+                   TOPOS_OK);
+  ck_assert_int_eq(store_put_spec_as(st, "carol", sb[1], 1000, s[1], &err),
+                   TOPOS_OK);
+  ck_assert_int_eq(list_of(st, "alice", ids, 8), 1);
+  ck_assert_str_eq(ids[0], s[0]);
+  ck_assert_int_eq(list_of(st, "carol", ids, 8), 1);
+  ck_assert_str_eq(ids[0], s[1]);
+  ck_assert_int_eq(list_of(st, NULL, ids, 8), 2);
+  ck_assert_int_eq(store_set_spec_budget(st, 2500, NULL, NULL, &err), TOPOS_OK);
+  ck_assert_int_eq(store_put_spec_as(st, "carol", sb[2], 1000, s[2], &err),
+                   TOPOS_OK);
+  bool present = false;
+  ck_assert_int_eq(store_has_spec(st, s[0], &present, &err), TOPOS_OK);
+  ck_assert(present); /* alice's, though the oldest */
+  ck_assert_int_eq(store_has_spec(st, s[1], &present, &err), TOPOS_OK);
+  ck_assert(!present);
+  ck_assert_int_eq(usage_of(st, "carol").spec_count, 1);
+  store_close(st);
+  for (int i = 0; i < 5; i++) free(b[i]);
+  for (int i = 0; i < 4; i++) free(sb[i]);
+}
+END_TEST
+
 Suite *store_suite(void) {
   Suite *s = suite_create("store");
 
@@ -1710,6 +1870,8 @@ Suite *store_suite(void) {
   tcase_add_test(retention, test_retention_budget_lowered);
   tcase_add_test(retention, test_touches_written);
   tcase_add_test(retention, test_migrate_v1);
+  tcase_add_test(retention, test_migrate_v3);
+  tcase_add_test(retention, test_owners);
   tcase_add_test(retention, test_store_budget_full);
   tcase_add_test(retention, test_file_modes);
   suite_add_tcase(s, retention);

@@ -349,7 +349,8 @@ static int invoke(topos_client *c, int method, const char *path,
   const char *error_string = NULL;
   grpc_op ops[6];
   memset(ops, 0, sizeof ops);
-  /* The token, if any, as "authorization" metadata (gRPC copies it). */
+  /* The token, if any, as "authorization" metadata (ours to unref once
+   * the batch is done). */
   grpc_metadata auth_md;
   memset(&auth_md, 0, sizeof auth_md);
   auth_md.key = grpc_slice_from_static_string("authorization");
@@ -419,6 +420,7 @@ static int invoke(topos_client *c, int method, const char *path,
   if (recv) grpc_byte_buffer_destroy(recv);
   grpc_byte_buffer_destroy(send);
   grpc_slice_unref(details);
+  grpc_slice_unref(auth_md.value);
   if (error_string) gpr_free((void *)error_string);
   grpc_metadata_array_destroy(&initial_md);
   grpc_metadata_array_destroy(&trailing_md);

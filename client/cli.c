@@ -34,6 +34,10 @@
  *                        ./var/topos.db); each change prints an audit line
  *                        on stderr; token create prints the secret on
  *                        stdout, once
+ *   quota set TENANT [--stored-bytes N] [--inflight N] [--rate R --burst B]
+ *         [--nodes N] [--run-ms N] [--run-bytes N] | quota show TENANT
+ *                        a tenant's quotas, on the store file too ('none'
+ *                        clears one); set prints an audit line
  *
  * --token (default $TOPOS_TOKEN) is sent as "authorization: Bearer TOKEN".
  * --tls-ca FILE (default $TOPOS_TLS_CA) turns TLS on and verifies the
@@ -48,7 +52,9 @@
  * (proto/wire.h, protobuf-c) and sends them with topos_client_call_raw.
  */
 #include <cJSON.h>
+#include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -774,6 +780,11 @@ static const char *const admin_usage =
     "       topos [--store PATH] token create TENANT\n"
     "       topos [--store PATH] token list TENANT\n"
     "       topos [--store PATH] token revoke TOKEN_ID\n"
+    "       topos [--store PATH] quota set TENANT [--stored-bytes N] "
+    "[--inflight N]\n"
+    "             [--rate R --burst B] [--nodes N] [--run-ms N] "
+    "[--run-bytes N]\n"
+    "       topos [--store PATH] quota show TENANT\n"
     "\n"
     "Works on the daemon's store file directly; safe while toposd runs\n"
     "(SQLite locks the file, and the daemon reads tokens on every call, so a\n"
@@ -955,6 +966,168 @@ static int admin_main(int argc, char **argv) {
   return rc;
 }
 
+static const char *const quota_usage =
+    "usage: topos [--store PATH] quota set TENANT [--stored-bytes N] "
+    "[--inflight N]\n"
+    "             [--rate R --burst B] [--nodes N] [--run-ms N] "
+    "[--run-bytes N]\n"
+    "       topos [--store PATH] quota show TENANT\n"
+    "\n"
+    "Per-tenant quotas (docs/operations.md, \"Quotas\"), on the daemon's\n"
+    "store file; a change applies from the daemon's next call.  A value\n"
+    "'none' clears a quota (unlimited); --rate none clears the burst too.\n";
+
+/* A quota's value: a non-negative integer, or "none" (STORE_QUOTA_NONE). */
+static bool quota_value(const char *text, int64_t *out) {
+  if (strcmp(text, "none") == 0) {
+    *out = STORE_QUOTA_NONE;
+    return true;
+  }
+  char *end;
+  errno = 0;
+  long long v = strtoll(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0' || v < 0) return false;
+  *out = v;
+  return true;
+}
+
+static void quota_text(int64_t v, char *out, size_t len) {
+  if (v < 0)
+    snprintf(out, len, "none");
+  else
+    snprintf(out, len, "%lld", (long long)v);
+}
+
+static int quota_main(int argc, char **argv) {
+  const char *env = getenv("TOPOS_STORE");
+  const char *store_path = env && env[0] ? env : "./var/topos.db";
+  const char *pos[3] = {NULL};
+  int npos = 0;
+  store_quota q = store_quota_unlimited();
+  unsigned mask = 0;
+  bool rate_given = false, burst_given = false;
+  static const struct {
+    const char *flag;
+    unsigned bit;
+    size_t offset;
+  } flags[] = {
+      {"--stored-bytes", STORE_QUOTA_STORED_BYTES,
+       offsetof(store_quota, stored_bytes)},
+      {"--inflight", STORE_QUOTA_INFLIGHT, offsetof(store_quota, inflight)},
+      {"--burst", STORE_QUOTA_RATE, offsetof(store_quota, burst)},
+      {"--nodes", STORE_QUOTA_NODES, offsetof(store_quota, nodes_per_spec)},
+      {"--run-ms", STORE_QUOTA_RUN_MS, offsetof(store_quota, run_ms)},
+      {"--run-bytes", STORE_QUOTA_RUN_BYTES, offsetof(store_quota, run_bytes)},
+  };
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    int k = -1;
+    for (int f = 0; f < (int)(sizeof flags / sizeof flags[0]); f++)
+      if (strcmp(a, flags[f].flag) == 0) k = f;
+    if (strcmp(a, "--store") == 0) {
+      if (i + 1 >= argc) return usage_error("--store needs a value");
+      store_path = argv[++i];
+    } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(quota_usage, stdout);
+      return 0;
+    } else if (strcmp(a, "--rate") == 0) {
+      if (i + 1 >= argc) return usage_error("--rate needs a value");
+      const char *v = argv[++i];
+      char *end;
+      errno = 0;
+      double r = strcmp(v, "none") == 0 ? STORE_QUOTA_NONE : strtod(v, &end);
+      if (strcmp(v, "none") != 0 &&
+          (errno != 0 || end == v || *end != '\0' || !(r > 0) || r > 1e9))
+        return usage_error(
+            "--rate: '%s' is not a rate (calls per second, > 0) or none", v);
+      q.rate_per_s = r;
+      mask |= STORE_QUOTA_RATE;
+      rate_given = true;
+    } else if (k >= 0) {
+      if (i + 1 >= argc) return usage_error("%s needs a value", a);
+      int64_t v;
+      if (!quota_value(argv[++i], &v))
+        return usage_error("%s: '%s' is not a count (0 or more) or none", a,
+                           argv[i]);
+      *(int64_t *)((char *)&q + flags[k].offset) = v;
+      mask |= flags[k].bit;
+      if (flags[k].bit == STORE_QUOTA_RATE) burst_given = true;
+    } else if (a[0] == '-' && a[1] != '\0') {
+      return usage_error("unknown option %s", a);
+    } else if (npos < 3) {
+      pos[npos++] = a;
+    } else {
+      return usage_error("unexpected argument %s", a);
+    }
+  }
+  const char *sub = pos[1] ? pos[1] : "";
+  bool set = strcmp(sub, "set") == 0, show = strcmp(sub, "show") == 0;
+  if (npos != 3 || !(set || show)) {
+    fputs(quota_usage, stderr);
+    return 2;
+  }
+  if (show && mask != 0)
+    return usage_error("quota show takes no quota options");
+  if (set && mask == 0)
+    return usage_error("quota set needs at least one quota option");
+  if (rate_given && q.rate_per_s < 0 && !burst_given) q.burst = -1;
+  if ((rate_given || burst_given) &&
+      (q.rate_per_s > 0) != (q.burst >= 0 && burst_given))
+    return usage_error("--rate R and --burst B go together (or --rate none)");
+  if (burst_given && q.burst == 0)
+    return usage_error("--burst must be at least 1");
+  if ((mask & STORE_QUOTA_RUN_MS) && q.run_ms == 0)
+    return usage_error("--run-ms must be at least 1 (or none)");
+  const char *tenant = pos[2];
+  if (!store_tenant_name_valid(tenant))
+    return usage_error(
+        "\"%s\" is not a tenant name (1..%d of a-z, 0-9, '_', '-')", tenant,
+        STORE_TENANT_NAME_MAX);
+  struct stat sb;
+  if (stat(store_path, &sb) != 0) {
+    fprintf(stderr,
+            "topos: no store at %s (the daemon's --store; pass --store PATH "
+            "or set TOPOS_STORE)\n",
+            store_path);
+    return 1;
+  }
+  topos_error err = {0};
+  topos_store *st = store_open(store_path, &err);
+  if (st == NULL) {
+    fprintf(stderr, "topos: %s\n", err.message);
+    return 1;
+  }
+  int rc = 0;
+  if (set && store_quota_set(st, tenant, &q, mask, &err) != TOPOS_OK) rc = 1;
+  store_quota now;
+  if (rc == 0 && store_quota_get(st, tenant, &now, NULL, &err) != TOPOS_OK)
+    rc = 1;
+  if (rc == 0) {
+    char v[6][32], rate[32];
+    quota_text(now.stored_bytes, v[0], sizeof v[0]);
+    quota_text(now.inflight, v[1], sizeof v[1]);
+    quota_text(now.burst, v[2], sizeof v[2]);
+    quota_text(now.nodes_per_spec, v[3], sizeof v[3]);
+    quota_text(now.run_ms, v[4], sizeof v[4]);
+    quota_text(now.run_bytes, v[5], sizeof v[5]);
+    if (now.rate_per_s > 0)
+      snprintf(rate, sizeof rate, "%g", now.rate_per_s);
+    else
+      snprintf(rate, sizeof rate, "none");
+    char line[400];
+    snprintf(line, sizeof line,
+             "stored_bytes=%s inflight=%s rate=%s burst=%s nodes_per_spec=%s "
+             "run_ms=%s run_bytes=%s",
+             v[0], v[1], rate, v[2], v[3], v[4], v[5]);
+    printf("tenant %s: %s\n", tenant, line);
+    if (set) audit(store_path, "action=quota.set tenant=%s %s", tenant, line);
+  }
+  if (rc != 0) fprintf(stderr, "topos: %s\n", err.message);
+  store_close(st);
+  fflush(stdout);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   /* tenant and token work on the store file itself, not the daemon. */
   for (int i = 1; i < argc; i++) {
@@ -967,6 +1140,7 @@ int main(int argc, char **argv) {
     if (a[0] == '-') continue;
     if (strcmp(a, "tenant") == 0 || strcmp(a, "token") == 0)
       return admin_main(argc, argv);
+    if (strcmp(a, "quota") == 0) return quota_main(argc, argv);
     break;
   }
   options o;

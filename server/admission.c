@@ -45,6 +45,14 @@ bool admission_take(call_ctx *cx, const char *method, size_t need,
               method, reply_data_bytes, (long long)cfg->max_message_bytes);
     return false;
   }
+  if (cx->quota != NULL && cx->quota->run_bytes >= 0 &&
+      need > (size_t)cx->quota->run_bytes) {
+    call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY,
+              "%s: quota run_bytes: limit %lld bytes, this run needs %zu "
+              "bytes",
+              method, (long long)cx->quota->run_bytes, need);
+    return false;
+  }
   if (need > (size_t)cfg->run_bytes) {
     call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY,
               "%s needs %zu bytes at its peak; the run budget is %lld bytes "

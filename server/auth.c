@@ -48,6 +48,11 @@ void auth_close(auth *a) {
   free(a);
 }
 
+int auth_quota(auth *a, const char *tenant, store_quota *q, bool *any,
+               topos_error *err) {
+  return store_quota_get(a->store, tenant, q, any, err);
+}
+
 bool auth_host_is_loopback(const char *host) {
   if (host == NULL) return false;
   if (strcmp(host, "localhost") == 0 || strcmp(host, "::1") == 0 ||

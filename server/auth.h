@@ -39,6 +39,10 @@ void auth_close(auth *a);
  * the call carries none) of a call of `method`.  Thread-safe. */
 void auth_check(auth *a, const char *method, const char *value, size_t len,
                 auth_result *out);
+/* tenant's quotas (store_quota_get on the checker's handle: one indexed
+ * read), for the quotas of a call that passed auth_check.  Thread-safe. */
+int auth_quota(auth *a, const char *tenant, store_quota *q, bool *any,
+               topos_error *err);
 /* Whether the daemon may serve `host` (a --listen or --http host) without
  * tenants: 127.0.0.0/8, ::1 and "localhost". */
 bool auth_host_is_loopback(const char *host);

@@ -377,6 +377,17 @@ static void put_blob(call_ctx *cx, parallel_hash *ph) {
   /* The caller's tenant owns it afterwards, whether the bytes were new
    * or another tenant's already (the reply is the same either way). */
   const char *owner = cx->tenant != NULL ? cx->tenant : "";
+  bool owned = false;
+  if (cx->quota != NULL && cx->quota->stored_bytes >= 0 &&
+      store_blob_owned(cx->d->store, id, owner, &owned, &err) != TOPOS_OK) {
+    free(c.out);
+    call_fail_err(cx, &err, "store");
+    return;
+  }
+  if (!call_quota_stored(cx, "PutBlob", owned ? 0 : (int64_t)len)) {
+    free(c.out); /* over the tenant's stored_bytes: nothing stored */
+    return;
+  }
   if (blob_writer_put(cx->d->blobs, owner, id, c.out, len, cap, &err) !=
       TOPOS_OK) {
     if (err.code == TOPOS_ERR_MEMORY)

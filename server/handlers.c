@@ -124,12 +124,44 @@ bool call_continue(call_ctx *cx) {
     return false;
   }
   bool expired = daemon_now_ns() >= cx->deadline_ns;
+  if (expired && cx->quota != NULL && cx->quota->run_ms >= 0) {
+    /* The deadline may be the tenant's cap (rpc.c, admit_quota). */
+    call_fail(cx, WIRE_GRPC_DEADLINE_EXCEEDED, 0,
+              "deadline exceeded (quota run_ms: limit %lld ms per call)",
+              (long long)cx->quota->run_ms);
+    return false;
+  }
   if (expired) {
     call_fail(cx, WIRE_GRPC_DEADLINE_EXCEEDED, 0, "deadline exceeded");
     return false;
   }
   if (cx->cancelled != NULL && atomic_load(cx->cancelled)) {
     call_fail(cx, WIRE_GRPC_CANCELLED, 0, "call cancelled by the client");
+    return false;
+  }
+  return true;
+}
+
+bool call_quota_stored(call_ctx *cx, const char *method, int64_t adds) {
+  if (cx->quota == NULL || cx->quota->stored_bytes < 0 || adds <= 0 ||
+      cx->tenant == NULL || cx->tenant[0] == '\0')
+    return true;
+  /* What the tenant owns now, as Stats shows it: a spec or blob shared
+   * with another tenant counts in full for each owner.  Eviction is not
+   * asked to make room: the quota is a hard cap. */
+  store_usage u;
+  topos_error err = {0};
+  if (store_tenant_usage(cx->d->store, cx->tenant, &u, &err) != TOPOS_OK) {
+    call_fail_err(cx, &err, "store");
+    return false;
+  }
+  int64_t held = u.spec_bytes + u.blob_bytes;
+  if (held > cx->quota->stored_bytes - adds) {
+    call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY,
+              "%s: quota stored_bytes: limit %lld bytes, the tenant holds "
+              "%lld, this upload adds %lld",
+              method, (long long)cx->quota->stored_bytes, (long long)held,
+              (long long)adds);
     return false;
   }
   return true;

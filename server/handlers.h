@@ -36,6 +36,9 @@ typedef struct call_ctx {
    * slices of issue 15) key on these. */
   const char *tenant;
   bool admin;
+  /* The tenant's quotas (docs/operations.md, "Quotas"), read at
+   * admission; NULL when it has none or auth is off. */
+  const store_quota *quota;
   /* What the call's engine runs ran: every context a handler builds
    * (call_exec_of) reports here, and replies name the backends. */
   topos_exec_report report;

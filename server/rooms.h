@@ -62,6 +62,11 @@ bool call_backends(call_ctx *cx, char ***names, size_t *n);
 bool call_split_names(call_ctx *cx, const char *list, char ***out, size_t *n);
 /* Checks a spec or blob id from a request (`what` names it). */
 bool call_check_id(call_ctx *cx, const char *id, const char *what);
+/* The caller's stored_bytes quota (docs/operations.md, "Quotas"): true
+ * when its tenant may add `adds` bytes (a spec or blob it does not own
+ * yet) to what it owns; otherwise fails the call RESOURCE_EXHAUSTED,
+ * naming the quota, the limit, the holding and the ask, and false. */
+bool call_quota_stored(call_ctx *cx, const char *method, int64_t adds);
 
 /* ------------------------------------------------- specs and plans: specs.c */
 

@@ -53,6 +53,7 @@
 #include "listener.h"
 #include "log.h"
 #include "metrics.h"
+#include "quota.h"
 #include "wire.h"
 
 /* Registered-call requests kept posted per method. */
@@ -116,6 +117,9 @@ struct job {
   char peer[64]; /* the client's address for the request log */
   char tenant[STORE_TENANT_NAME_MAX + 1]; /* auth.h; "" when auth is off */
   bool admin;
+  store_quota quota; /* the tenant's quotas, read at admission (quota.h) */
+  bool has_quota;
+  bool quota_counted; /* counted in flight until its reply */
   _Atomic int cancelled;
   int close_cancelled; /* written by gRPC for the close batch */
   /* What the reply batch sends; lives until the batch completes. */
@@ -185,6 +189,7 @@ struct rpc_server {
   listener_counts last_counts;
   _Atomic int live_jobs;
   _Atomic uint64_t next_request_id;
+  quota_table *quotas; /* in-flight counts and token buckets per tenant */
   bool drain_started, shutdown_started, shutdown_done, destroyed_server;
 };
 
@@ -456,6 +461,7 @@ static void run_service_call(worker *w, service_call *c, int64_t picked_ns) {
   cx.cancelled = &c->cancelled;
   cx.tenant = c->tenant;
   cx.admin = c->admin;
+  cx.quota = c->has_quota ? &c->quota : NULL;
   cx.status = GRPC_STATUS_OK;
   serve(w, c->method, &cx, TRANSPORT_HTTP, c->peer, c->arrival_ns, picked_ns,
         cpu_start_ns);
@@ -471,6 +477,8 @@ static void worker_run_job(worker *w, job *j) {
   if (j->ext) {
     service_call *c = j->ext;
     run_service_call(w, c, picked_ns);
+    if (c->quota_counted) quota_release(w->server->quotas, c->tenant);
+    c->quota_counted = false;
     job_unref(j);
     c->done(c); /* the last touch: c may be gone after this */
     return;
@@ -483,6 +491,7 @@ static void worker_run_job(worker *w, job *j) {
   cx.cancelled = &j->cancelled;
   cx.tenant = j->tenant;
   cx.admin = j->admin;
+  cx.quota = j->has_quota ? &j->quota : NULL;
   cx.status = GRPC_STATUS_OK;
 
   grpc_slice hold = grpc_empty_slice();
@@ -509,6 +518,10 @@ static void worker_run_job(worker *w, job *j) {
     grpc_byte_buffer_destroy(j->payload);
     j->payload = NULL;
   }
+  /* In flight from admission to reply: released before the reply goes,
+   * so a client that saw it may send its next call at once. */
+  if (j->quota_counted) quota_release(w->server->quotas, j->tenant);
+  j->quota_counted = false;
   job_send(j, cx.status, cx.message, cx.topos_code, cx.out, cx.out_len, false);
 }
 
@@ -784,6 +797,39 @@ static bool authenticate(rpc_server *s, job *j, const char *method) {
   return false;
 }
 
+/* The quotas of tenant's call (docs/operations.md, "Quotas"), once it
+ * passed auth and before it is queued: reads them from the store, caps
+ * the deadline at run_ms and admits the call under in-flight and rate.
+ * True when the call goes on (*counted: quota_release it once answered);
+ * false with status and message set and nothing counted. */
+static bool admit_quota(rpc_server *s, const char *tenant, const char *method,
+                        int64_t arrival_ns, int64_t *deadline_ns,
+                        store_quota *q, bool *has, bool *counted, int *status,
+                        char *message, size_t len) {
+  *has = false;
+  *counted = false;
+  if (s->d->auth == NULL || tenant[0] == '\0') return true;
+  topos_error err = {0};
+  bool any = false;
+  if (auth_quota(s->d->auth, tenant, q, &any, &err) != TOPOS_OK) {
+    *status = GRPC_STATUS_UNAVAILABLE;
+    snprintf(message, len, "%s: cannot read the tenant's quotas: %.400s",
+             method, err.message);
+    return false;
+  }
+  if (!any) return true;
+  *has = true;
+  *deadline_ns = quota_deadline(q, arrival_ns, *deadline_ns);
+  if (q->inflight < 0 && q->rate_per_s <= 0) return true;
+  if (!quota_admit(s->quotas, tenant, q, method, daemon_now_ns(), message,
+                   len)) {
+    *status = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    return false;
+  }
+  *counted = true;
+  return true;
+}
+
 static void on_request(rpc_server *s, request_slot *slot, bool ok) {
   slot->posted = false;
   if (!ok) {
@@ -858,10 +904,19 @@ static void on_request(rpc_server *s, request_slot *slot, bool ok) {
      * the call never reached the queue. */
   } else if (refusal(s) != NULL) {
     reject(s, j, GRPC_STATUS_UNAVAILABLE, refusal(s), m->name, false);
-  } else if (!queue_push(&s->queue, j, &s->d->queue_depth)) {
-    char message[128];
-    queue_full_message(s, message, sizeof message);
-    reject(s, j, GRPC_STATUS_UNAVAILABLE, message, m->name, false);
+  } else {
+    int status = GRPC_STATUS_OK;
+    char message[512];
+    if (!admit_quota(s, j->tenant, m->name, j->arrival_ns, &j->deadline_ns,
+                     &j->quota, &j->has_quota, &j->quota_counted, &status,
+                     message, sizeof message)) {
+      reject(s, j, status, message, m->name, false);
+    } else if (!queue_push(&s->queue, j, &s->d->queue_depth)) {
+      if (j->quota_counted) quota_release(s->quotas, j->tenant);
+      j->quota_counted = false;
+      queue_full_message(s, message, sizeof message);
+      reject(s, j, GRPC_STATUS_UNAVAILABLE, message, m->name, false);
+    }
   }
 }
 
@@ -878,16 +933,30 @@ bool rpc_submit(rpc_server *s, service_call *c) {
   c->message[0] = '\0';
   c->out = NULL;
   c->out_len = 0;
+  c->has_quota = false;
+  c->quota_counted = false;
+  char why[512];
+  int status = GRPC_STATUS_UNAVAILABLE;
+  if (!m->probe && !admit_quota(s, c->tenant, m->name, c->arrival_ns,
+                                &c->deadline_ns, &c->quota, &c->has_quota,
+                                &c->quota_counted, &status, why, sizeof why)) {
+    c->status = status;
+    snprintf(c->message, sizeof c->message, "%s", why);
+    log_refusal(s, m->name, c->method, TRANSPORT_HTTP, c->peer, status, why,
+                (int64_t)c->in_len, c->arrival_ns);
+    return false;
+  }
   if (m->probe || c->inline_call) {
     /* Probes never wait behind work, and are answered while draining. */
     pthread_mutex_lock(&s->ext_prober_lock);
     run_service_call(&s->ext_prober, c, daemon_now_ns());
     pthread_mutex_unlock(&s->ext_prober_lock);
+    if (c->quota_counted) quota_release(s->quotas, c->tenant);
+    c->quota_counted = false;
     return false;
   }
-  char why[128];
   const char *refused = refusal(s);
-  int status = GRPC_STATUS_UNAVAILABLE;
+  status = GRPC_STATUS_UNAVAILABLE;
   if (refused == NULL) {
     job *j = calloc(1, sizeof *j);
     if (j != NULL) {
@@ -899,6 +968,8 @@ bool rpc_submit(rpc_server *s, service_call *c) {
       j->status_details = grpc_empty_slice();
       if (queue_push(&s->queue, j, &s->d->queue_depth)) return true;
       job_unref(j);
+      if (c->quota_counted) quota_release(s->quotas, c->tenant);
+      c->quota_counted = false;
       queue_full_message(s, why, sizeof why);
     } else {
       status = GRPC_STATUS_RESOURCE_EXHAUSTED;
@@ -964,6 +1035,12 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
     return NULL;
   }
   s->d = d;
+  s->quotas = quota_table_new();
+  if (s->quotas == NULL) {
+    snprintf(msg, msglen, "out of memory");
+    free(s);
+    return NULL;
+  }
   s->shutdown_tag = (tag){TAG_SHUTDOWN, s};
   queue_init(&s->queue, cfg->queue);
   d->queue_capacity = cfg->queue;
@@ -1029,6 +1106,7 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
     }
     grpc_completion_queue_destroy(s->cq);
     queue_destroy(&s->queue);
+    quota_table_free(s->quotas);
     free(s);
     return NULL;
   }
@@ -1175,5 +1253,6 @@ void rpc_server_destroy(rpc_server *s) {
   listener_free(s->listener);
   free(s->workers);
   free(s->slots);
+  quota_table_free(s->quotas);
   free(s);
 }

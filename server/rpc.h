@@ -46,6 +46,10 @@ struct service_call {
   bool inline_call; /* run on the caller's thread, as a probe is */
   char tenant[65];  /* the caller's tenant (auth.h); "" when auth is off */
   bool admin;
+  /* Set by rpc_submit: the tenant's quotas (quota.h) and whether the call
+   * is counted in flight. */
+  store_quota quota;
+  bool has_quota, quota_counted;
   /* Out: valid in done.  On OK, out/out_len is the packed reply (malloc'd;
    * the caller frees it); otherwise out is NULL. */
   int status, topos_code;

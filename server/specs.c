@@ -192,6 +192,22 @@ static void summarize(const topos_network *net, topos_dtype dtype, char *out,
   free(used);
 }
 
+/* The stored_bytes quota for a spec of `len` encoded bytes: a spec the
+ * tenant owns already adds nothing. */
+static bool spec_fits_quota(call_ctx *cx, const uint8_t *bytes, size_t len) {
+  if (cx->quota == NULL || cx->quota->stored_bytes < 0) return true;
+  char id[65];
+  topos_sha256_hex(bytes, len, id);
+  bool owned = false;
+  topos_error err = {0};
+  if (store_spec_owned(cx->d->store, id, cx->tenant, &owned, &err) !=
+      TOPOS_OK) {
+    call_fail_err(cx, &err, "store");
+    return false;
+  }
+  return call_quota_stored(cx, "Record", owned ? 0 : (int64_t)len);
+}
+
 void handle_record(call_ctx *cx) {
   Topos__V1__Spec *spec =
       call_unpack(cx, &topos__v1__spec__descriptor, "Record", false);
@@ -202,12 +218,24 @@ void handle_record(call_ctx *cx) {
     call_fail_err(cx, &err, "spec");
     return;
   }
+  int nodes = topos_network_node_count(net);
+  if (cx->quota != NULL && cx->quota->nodes_per_spec >= 0 &&
+      nodes > cx->quota->nodes_per_spec) {
+    call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY,
+              "Record: quota nodes_per_spec: limit %lld nodes, this spec has "
+              "%d",
+              (long long)cx->quota->nodes_per_spec, nodes);
+    topos_network_release(net);
+    return;
+  }
   uint8_t *bytes = NULL;
   size_t len = 0;
   char id[65] = {0};
   if (!call_continue(cx)) {
   } else if (topos_network_encode(net, &bytes, &len, &err) != TOPOS_OK) {
     call_fail_err(cx, &err, "encode");
+  } else if (!spec_fits_quota(cx, bytes, len)) {
+    /* Over the tenant's stored_bytes: refused, nothing stored. */
   } else if (store_put_spec_as(cx->d->store, cx->tenant, bytes, len, id,
                                &err) != TOPOS_OK) {
     call_fail_err(cx, &err, "store");
@@ -222,7 +250,7 @@ void handle_record(call_ctx *cx) {
   summarize(net, (topos_dtype)spec->dtype, summary, sizeof summary);
   Topos__V1__RecordReply r = TOPOS__V1__RECORD_REPLY__INIT;
   r.id = id;
-  r.nodes = topos_network_node_count(net);
+  r.nodes = nodes;
   r.parameters = topos_network_parameter_count(net);
   r.inputs = topos_network_input_count(net);
   r.summary = summary;

@@ -1599,6 +1599,9 @@ int store_tenant_remove(topos_store *st, const char *name, topos_error *err) {
     status = run_with_text(db, "DELETE FROM blob_owners WHERE tenant = ?1",
                            name, err, "drop a tenant's blobs");
   if (status == TOPOS_OK)
+    status = run_with_text(db, "DELETE FROM quotas WHERE tenant = ?1", name,
+                           err, "drop a tenant's quotas");
+  if (status == TOPOS_OK)
     status = run_with_text(db, "DELETE FROM tenants WHERE name = ?1", name, err,
                            "remove a tenant");
   if (status == TOPOS_OK)
@@ -1858,6 +1861,144 @@ int store_token_lookup(topos_store *st, const char *secret,
 
 /* ------------------------------------------------- schema and migrations */
 
+/* ---------------------------------------------------------------- quotas */
+
+store_quota store_quota_unlimited(void) {
+  return (store_quota){STORE_QUOTA_NONE, STORE_QUOTA_NONE, STORE_QUOTA_NONE,
+                       STORE_QUOTA_NONE, STORE_QUOTA_NONE, STORE_QUOTA_NONE,
+                       STORE_QUOTA_NONE};
+}
+
+static int64_t column_quota(sqlite3_stmt *stmt, int i) {
+  return sqlite3_column_type(stmt, i) == SQLITE_NULL
+             ? STORE_QUOTA_NONE
+             : sqlite3_column_int64(stmt, i);
+}
+
+/* Reads tenant's row into *q (unchanged when there is none). */
+static int quota_read(sqlite3 *db, const char *tenant, store_quota *q,
+                      bool *any, topos_error *err) {
+  sqlite3_stmt *stmt;
+  int status = prepare(db,
+                       "SELECT stored_bytes, inflight, rate_per_s, burst, "
+                       "nodes_per_spec, run_ms, run_bytes FROM quotas "
+                       "WHERE tenant = ?1",
+                       &stmt, err);
+  if (status != TOPOS_OK) return status;
+  sqlite3_bind_text(stmt, 1, tenant, -1, SQLITE_STATIC);
+  int rc = sqlite3_step(stmt);
+  *any = false;
+  if (rc == SQLITE_ROW) {
+    q->stored_bytes = column_quota(stmt, 0);
+    q->inflight = column_quota(stmt, 1);
+    q->rate_per_s = sqlite3_column_type(stmt, 2) == SQLITE_NULL
+                        ? STORE_QUOTA_NONE
+                        : sqlite3_column_double(stmt, 2);
+    q->burst = column_quota(stmt, 3);
+    q->nodes_per_spec = column_quota(stmt, 4);
+    q->run_ms = column_quota(stmt, 5);
+    q->run_bytes = column_quota(stmt, 6);
+    *any = q->stored_bytes >= 0 || q->inflight >= 0 || q->rate_per_s > 0 ||
+           q->nodes_per_spec >= 0 || q->run_ms >= 0 || q->run_bytes >= 0;
+  } else if (rc != SQLITE_DONE) {
+    status = sql_fail(db, rc, err, "read a tenant's quotas");
+  }
+  sqlite3_finalize(stmt);
+  return status;
+}
+
+int store_quota_get(topos_store *st, const char *tenant, store_quota *out,
+                    bool *any, topos_error *err) {
+  int status = check_store(st, err);
+  if (status == TOPOS_OK) status = check_tenant_name(tenant, err);
+  if (status != TOPOS_OK) return status;
+  if (out == NULL) return fail(err, TOPOS_ERR_ARGUMENT, "store: out is NULL");
+  store_quota q = store_quota_unlimited();
+  bool have = false;
+  pthread_mutex_lock(&st->lock);
+  status = quota_read(st->db, tenant, &q, &have, err);
+  pthread_mutex_unlock(&st->lock);
+  if (status != TOPOS_OK) return status;
+  *out = q;
+  if (any != NULL) *any = have;
+  return TOPOS_OK;
+}
+
+static void bind_quota(sqlite3_stmt *stmt, int i, int64_t v) {
+  if (v < 0)
+    sqlite3_bind_null(stmt, i);
+  else
+    sqlite3_bind_int64(stmt, i, v);
+}
+
+int store_quota_set(topos_store *st, const char *tenant, const store_quota *q,
+                    unsigned mask, topos_error *err) {
+  int status = check_store(st, err);
+  if (status == TOPOS_OK) status = check_tenant_name(tenant, err);
+  if (status != TOPOS_OK) return status;
+  if (q == NULL) return fail(err, TOPOS_ERR_ARGUMENT, "store: q is NULL");
+  bool rate = (mask & STORE_QUOTA_RATE) != 0;
+  if (rate && (q->rate_per_s > 0) != (q->burst >= 0))
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "store: a rate quota needs both a rate and a burst, or "
+                "neither");
+  if (rate && q->burst >= 0 && (q->burst < 1 || !(q->rate_per_s <= 1e9)))
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "store: the burst must be at least 1 and the rate at most "
+                "1e9 per second");
+  if ((mask & STORE_QUOTA_RUN_MS) && q->run_ms == 0)
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "store: run_ms must be at least 1 (or none)");
+  pthread_mutex_lock(&st->lock);
+  sqlite3 *db = st->db;
+  status = begin(db, true, err);
+  bool present = false, any = false;
+  if (status == TOPOS_OK) status = tenant_exists(db, tenant, &present, err);
+  if (status == TOPOS_OK && !present)
+    status = fail(err, TOPOS_ERR_NOT_FOUND, "store: no tenant %s", tenant);
+  store_quota now = store_quota_unlimited();
+  if (status == TOPOS_OK) status = quota_read(db, tenant, &now, &any, err);
+  if (status == TOPOS_OK) {
+    if (mask & STORE_QUOTA_STORED_BYTES) now.stored_bytes = q->stored_bytes;
+    if (mask & STORE_QUOTA_INFLIGHT) now.inflight = q->inflight;
+    if (rate) {
+      now.rate_per_s = q->rate_per_s;
+      now.burst = q->burst;
+    }
+    if (mask & STORE_QUOTA_NODES) now.nodes_per_spec = q->nodes_per_spec;
+    if (mask & STORE_QUOTA_RUN_MS) now.run_ms = q->run_ms;
+    if (mask & STORE_QUOTA_RUN_BYTES) now.run_bytes = q->run_bytes;
+  }
+  sqlite3_stmt *stmt = NULL;
+  if (status == TOPOS_OK)
+    status = prepare(db,
+                     "INSERT OR REPLACE INTO quotas (tenant, stored_bytes, "
+                     "inflight, rate_per_s, burst, nodes_per_spec, run_ms, "
+                     "run_bytes) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                     &stmt, err);
+  if (status == TOPOS_OK) {
+    sqlite3_bind_text(stmt, 1, tenant, -1, SQLITE_STATIC);
+    bind_quota(stmt, 2, now.stored_bytes);
+    bind_quota(stmt, 3, now.inflight);
+    if (now.rate_per_s > 0)
+      sqlite3_bind_double(stmt, 4, now.rate_per_s);
+    else
+      sqlite3_bind_null(stmt, 4);
+    bind_quota(stmt, 5, now.burst);
+    bind_quota(stmt, 6, now.nodes_per_spec);
+    bind_quota(stmt, 7, now.run_ms);
+    bind_quota(stmt, 8, now.run_bytes);
+    status = step_done(db, stmt, err, "set a tenant's quotas");
+  }
+  sqlite3_finalize(stmt);
+  if (status == TOPOS_OK)
+    status = commit(db, err);
+  else
+    rollback(db);
+  pthread_mutex_unlock(&st->lock);
+  return status;
+}
+
 /* A migration takes the schema from version v - 1 to v inside the open
  * write transaction; the runner records v in schema_version.  Adding v2 is
  * one more function and one more entry in MIGRATIONS (and bumping
@@ -1977,9 +2118,30 @@ static int migrate_to_v4(sqlite3 *db, topos_error *err) {
               err, "migrate to schema version 4");
 }
 
+/* Version 5: per-tenant quotas (docs/operations.md, "Quotas").  A NULL
+ * column is no limit; a tenant without a row has none.  Removing the
+ * tenant deletes its row (store_tenant_remove). */
+static int migrate_to_v5(sqlite3 *db, topos_error *err) {
+  return exec(db,
+              "CREATE TABLE quotas ("
+              "  tenant TEXT PRIMARY KEY NOT NULL"
+              "    CHECK (length(tenant) BETWEEN 1 AND 64),"
+              "  stored_bytes INTEGER CHECK (stored_bytes >= 0),"
+              "  inflight INTEGER CHECK (inflight >= 0),"
+              "  rate_per_s REAL CHECK (rate_per_s > 0),"
+              "  burst INTEGER CHECK (burst >= 1),"
+              "  nodes_per_spec INTEGER CHECK (nodes_per_spec >= 0),"
+              "  run_ms INTEGER CHECK (run_ms >= 1),"
+              "  run_bytes INTEGER CHECK (run_bytes >= 0),"
+              "  CHECK ((rate_per_s IS NULL) = (burst IS NULL))"
+              ") WITHOUT ROWID;",
+              err, "migrate to schema version 5");
+}
+
 /* MIGRATIONS[v] takes a store from version v - 1 to v. */
 static const migration MIGRATIONS[STORE_SCHEMA_VERSION + 1] = {
-    NULL, migrate_to_v1, migrate_to_v2, migrate_to_v3, migrate_to_v4,
+    NULL,          migrate_to_v1, migrate_to_v2,
+    migrate_to_v3, migrate_to_v4, migrate_to_v5,
 };
 
 /* What a database holds, read in one transaction. */

@@ -36,7 +36,7 @@ extern "C" {
 
 /* The schema version this code writes; store_open migrates older stores
  * forward and refuses newer ones. */
-#define STORE_SCHEMA_VERSION 4
+#define STORE_SCHEMA_VERSION 5
 /* SQLite's header application_id of a topos store ("Topo"). */
 #define STORE_APPLICATION_ID 0x546F706F
 /* The blob cap of a freshly opened handle: 1 GiB. */
@@ -270,6 +270,42 @@ int store_token_revoke(topos_store *st, const char *id, topos_error *err);
  * unknown secret is TOPOS_ERR_NOT_FOUND. */
 int store_token_lookup(topos_store *st, const char *secret,
                        store_token_info *out, topos_error *err);
+
+/* ---------------------------------------------------------------- quotas */
+
+/* A tenant's quotas (docs/operations.md, "Quotas"); STORE_QUOTA_NONE in a
+ * field means unlimited.  rate_per_s and burst are the token bucket of the
+ * request rate: both set or both none. */
+#define STORE_QUOTA_NONE (-1)
+typedef struct store_quota {
+  int64_t stored_bytes;   /* bytes of specs and blobs the tenant owns */
+  int64_t inflight;       /* calls admitted and not yet answered */
+  double rate_per_s;      /* refill of the bucket, > 0 (or NONE) */
+  int64_t burst;          /* the bucket's capacity, >= 1 (or NONE) */
+  int64_t nodes_per_spec; /* nodes of one recorded spec */
+  int64_t run_ms;         /* the cap on a call's deadline, >= 1 */
+  int64_t run_bytes;      /* a run's peak bytes (the admission bound) */
+} store_quota;
+/* Which fields store_quota_set changes. */
+enum {
+  STORE_QUOTA_STORED_BYTES = 1 << 0,
+  STORE_QUOTA_INFLIGHT = 1 << 1,
+  STORE_QUOTA_RATE = 1 << 2, /* rate_per_s and burst together */
+  STORE_QUOTA_NODES = 1 << 3,
+  STORE_QUOTA_RUN_MS = 1 << 4,
+  STORE_QUOTA_RUN_BYTES = 1 << 5,
+};
+/* Every field STORE_QUOTA_NONE. */
+store_quota store_quota_unlimited(void);
+/* Sets the fields of `q` named in `mask` for tenant (unknown tenant:
+ * TOPOS_ERR_NOT_FOUND; a value out of range: TOPOS_ERR_ARGUMENT), leaving
+ * the others as they are, in one transaction. */
+int store_quota_set(topos_store *st, const char *tenant, const store_quota *q,
+                    unsigned mask, topos_error *err);
+/* Tenant's quotas (one indexed read); a tenant without any, or unknown,
+ * gets store_quota_unlimited().  *any says whether one field is set. */
+int store_quota_get(topos_store *st, const char *tenant, store_quota *out,
+                    bool *any, topos_error *err);
 
 #ifdef __cplusplus
 }

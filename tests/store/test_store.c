@@ -1712,13 +1712,13 @@ START_TEST(test_migrate_v3) {
   sqlite3 *db = raw_open(g_path);
   raw_exec(db,
            "DROP TRIGGER specs_drop_owners; DROP TRIGGER blobs_drop_owners;"
-           "DROP TABLE spec_owners; DROP TABLE blob_owners;"
-           "DELETE FROM schema_version WHERE version = 4;");
+           "DROP TABLE spec_owners; DROP TABLE blob_owners; DROP TABLE quotas;"
+           "DELETE FROM schema_version WHERE version >= 4;");
   ck_assert_int_eq(raw_int(db, "SELECT max(version) FROM schema_version"), 3);
   sqlite3_close(db);
 
   st = open_ok(g_path);
-  ck_assert_int_eq(stats_ok(st).schema_version, 4);
+  ck_assert_int_eq(stats_ok(st).schema_version, STORE_SCHEMA_VERSION);
   assert_spec_is(st, sid, spec, 300);
   ck_assert(blob_present(st, bid));
   char ids[4][65];
@@ -1737,11 +1737,95 @@ START_TEST(test_migrate_v3) {
   ck_assert_int_eq(list_of(st, "alice", ids, 4), 1);
   store_close(st);
   db = raw_open(g_path);
-  ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM schema_version"), 4);
+  ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM schema_version"),
+                   STORE_SCHEMA_VERSION);
   ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM spec_owners"), 1);
   sqlite3_close(db);
   free(spec);
   free(blob);
+}
+END_TEST
+
+/* Schema 5: quotas per tenant.  A version 4 store migrates to an empty
+ * quotas table; set changes only the fields named, NONE clears one, a
+ * rate needs its burst, an unknown tenant is NOT_FOUND, and removing the
+ * tenant drops its row. */
+START_TEST(test_quotas) {
+  topos_store *st = open_ok(g_path);
+  store_close(st);
+  sqlite3 *db = raw_open(g_path);
+  raw_exec(db,
+           "DROP TABLE quotas; DELETE FROM schema_version WHERE version = 5;");
+  sqlite3_close(db);
+  st = open_ok(g_path);
+  ck_assert_int_eq(stats_ok(st).schema_version, 5);
+  topos_error err = {0};
+  ck_assert_int_eq(store_tenant_add(st, "alice", false, &err), TOPOS_OK);
+  store_quota q;
+  bool any = true;
+  ck_assert_int_eq(store_quota_get(st, "alice", &q, &any, &err), TOPOS_OK);
+  ck_assert(!any);
+  ck_assert_int_eq(q.stored_bytes, STORE_QUOTA_NONE);
+  ck_assert_int_eq(q.run_bytes, STORE_QUOTA_NONE);
+  store_quota set = store_quota_unlimited();
+  set.stored_bytes = 1000;
+  set.rate_per_s = 2.5;
+  set.burst = 4;
+  ck_assert_int_eq(
+      store_quota_set(st, "alice", &set,
+                      STORE_QUOTA_STORED_BYTES | STORE_QUOTA_RATE, &err),
+      TOPOS_OK);
+  set = store_quota_unlimited();
+  set.run_ms = 300;
+  ck_assert_int_eq(store_quota_set(st, "alice", &set, STORE_QUOTA_RUN_MS, &err),
+                   TOPOS_OK);
+  ck_assert_int_eq(store_quota_get(st, "alice", &q, &any, &err), TOPOS_OK);
+  ck_assert(any);
+  ck_assert_int_eq(q.stored_bytes, 1000);
+  ck_assert(q.rate_per_s == 2.5);
+  ck_assert_int_eq(q.burst, 4);
+  ck_assert_int_eq(q.run_ms, 300);
+  ck_assert_int_eq(q.inflight, STORE_QUOTA_NONE);
+  /* Clearing one leaves the rest. */
+  set.stored_bytes = STORE_QUOTA_NONE;
+  ck_assert_int_eq(
+      store_quota_set(st, "alice", &set, STORE_QUOTA_STORED_BYTES, &err),
+      TOPOS_OK);
+  ck_assert_int_eq(store_quota_get(st, "alice", &q, &any, &err), TOPOS_OK);
+  ck_assert_int_eq(q.stored_bytes, STORE_QUOTA_NONE);
+  ck_assert_int_eq(q.run_ms, 300);
+  /* What the daemon's per-call read costs (docs/operations.md, "Quotas"),
+   * among 1000 tenants' rows. */
+  for (int i = 0; i < 1000; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "t%04d", i);
+    ck_assert_int_eq(store_tenant_add(st, name, false, &err), TOPOS_OK);
+    ck_assert_int_eq(store_quota_set(st, name, &set, STORE_QUOTA_RUN_MS, &err),
+                     TOPOS_OK);
+  }
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int i = 0; i < 20000; i++)
+    ck_assert_int_eq(store_quota_get(st, "alice", &q, &any, &err), TOPOS_OK);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  fprintf(stderr, "store: quota read %.2f us\n",
+          ((double)(t1.tv_sec - t0.tv_sec) * 1e9 +
+           (double)(t1.tv_nsec - t0.tv_nsec)) /
+              20000 / 1000);
+  /* A rate without a burst, an unknown tenant. */
+  set.rate_per_s = 3;
+  set.burst = STORE_QUOTA_NONE;
+  ck_assert_int_eq(store_quota_set(st, "alice", &set, STORE_QUOTA_RATE, &err),
+                   TOPOS_ERR_ARGUMENT);
+  ck_assert_int_eq(
+      store_quota_set(st, "nobody", &set, STORE_QUOTA_RUN_MS, &err),
+      TOPOS_ERR_NOT_FOUND);
+  /* Removing the tenant drops its quotas. */
+  ck_assert_int_eq(store_tenant_remove(st, "alice", &err), TOPOS_OK);
+  ck_assert_int_eq(store_tenant_add(st, "alice", false, &err), TOPOS_OK);
+  ck_assert_int_eq(store_quota_get(st, "alice", &q, &any, &err), TOPOS_OK);
+  ck_assert(!any);
+  store_close(st);
 }
 END_TEST
 
@@ -1871,6 +1955,7 @@ Suite *store_suite(void) {
   tcase_add_test(retention, test_touches_written);
   tcase_add_test(retention, test_migrate_v1);
   tcase_add_test(retention, test_migrate_v3);
+  tcase_add_test(retention, test_quotas);
   tcase_add_test(retention, test_owners);
   tcase_add_test(retention, test_store_budget_full);
   tcase_add_test(retention, test_file_modes);

@@ -19,47 +19,8 @@
  */
 #include "http_client.h"
 #include "store.h"
+#include "tenant_util.h"
 #include "topos_client.h"
-
-static const char *build_dir(void) {
-  const char *b = getenv("TOPOS_BUILD");
-  return b && *b ? b : "build";
-}
-
-/* Runs `topos --store STORE ARGS`; stdout into out (may be NULL).
- * Returns the exit status. */
-static int run_cli(const char *store, const char *args, char *out,
-                   size_t outlen) {
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "%s/bin/topos --store '%s' %s 2>/dev/null",
-           build_dir(), store, args);
-  FILE *p = popen(cmd, "r");
-  ck_assert_ptr_nonnull(p);
-  char buf[4096];
-  size_t n = fread(buf, 1, sizeof buf - 1, p);
-  buf[n] = '\0';
-  int status = pclose(p);
-  if (out) {
-    size_t k = n < outlen - 1 ? n : outlen - 1;
-    memcpy(out, buf, k);
-    out[k] = '\0';
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-/* Adds tenant (admin or not) and writes a new token's secret. */
-static void tenant_with_token(const char *store, const char *tenant, bool admin,
-                              char secret[STORE_TOKEN_SECRET_LEN + 1]) {
-  char args[128], out[512];
-  snprintf(args, sizeof args, "tenant add %s%s", tenant,
-           admin ? " --admin" : "");
-  ck_assert_int_eq(run_cli(store, args, NULL, 0), 0);
-  snprintf(args, sizeof args, "token create %s", tenant);
-  ck_assert_int_eq(run_cli(store, args, out, sizeof out), 0);
-  ck_assert_int_eq((int)strlen(out), STORE_TOKEN_SECRET_LEN + 1);
-  memcpy(secret, out, STORE_TOKEN_SECRET_LEN);
-  secret[STORE_TOKEN_SECRET_LEN] = '\0';
-}
 
 /* A daemon with tenants alice, bob and the admin ops. */
 typedef struct box {
@@ -392,7 +353,8 @@ START_TEST(test_blobs_and_specs) {
   ck_assert_int_eq(sx.blob_bytes, sa.blob_bytes);
 
   /* Removing bob drops his ownership; alice keeps hers. */
-  ck_assert_int_eq(run_cli(b.d.store, "tenant remove bob", NULL, 0), 0);
+  ck_assert_int_eq(run_cli(b.d.store, "tenant remove bob", NULL, 0, NULL, 0),
+                   0);
   topos_store *st = store_open(b.d.store, &err);
   ck_assert_msg(st != NULL, "%s", err.message);
   bool owns = true;
@@ -445,7 +407,8 @@ START_TEST(test_eviction) {
   ck_assert(present(o, x3));
   ck_assert(present(a, x3));
   /* Once bob is removed, what only he owned is evictable. */
-  ck_assert_int_eq(run_cli(b.d.store, "tenant remove bob", NULL, 0), 0);
+  ck_assert_int_eq(run_cli(b.d.store, "tenant remove bob", NULL, 0, NULL, 0),
+                   0);
   ck_assert_int_eq(put_raw_blob(a, 5, 1000, x4, msg, sizeof msg), 0);
   ck_assert(present(a, x3));
   ck_assert(present(a, x4));

@@ -19,47 +19,11 @@
 
 #include "http_client.h"
 #include "store.h"
+#include "tenant_util.h"
 #include "topos_client.h"
 
 #define RESOURCE_EXHAUSTED 8
 #define DEADLINE_EXCEEDED 4
-
-static const char *build_dir(void) {
-  const char *b = getenv("TOPOS_BUILD");
-  return b && *b ? b : "build";
-}
-
-/* Runs `topos --store STORE ARGS`; stdout into out and stderr into err
- * (either may be NULL).  Returns the exit status. */
-static int run_cli(const char *store, const char *args, char *out,
-                   size_t outlen, char *err, size_t errlen) {
-  char errfile[400], cmd[2048];
-  snprintf(errfile, sizeof errfile, "%s.cli-stderr", store);
-  snprintf(cmd, sizeof cmd, "%s/bin/topos --store '%s' %s 2>'%s'", build_dir(),
-           store, args, errfile);
-  FILE *p = popen(cmd, "r");
-  ck_assert_ptr_nonnull(p);
-  char buf[4096];
-  size_t n = fread(buf, 1, sizeof buf - 1, p);
-  buf[n] = '\0';
-  int status = pclose(p);
-  if (out) {
-    size_t k = n < outlen - 1 ? n : outlen - 1;
-    memcpy(out, buf, k);
-    out[k] = '\0';
-  }
-  if (err) {
-    err[0] = '\0';
-    FILE *f = fopen(errfile, "r");
-    if (f) {
-      size_t m = fread(err, 1, errlen - 1, f);
-      err[m] = '\0';
-      fclose(f);
-    }
-  }
-  unlink(errfile);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 /* `topos quota set ARGS` must succeed and print its audit line. */
 static void quota_set(const char *store, const char *args) {
@@ -68,18 +32,6 @@ static void quota_set(const char *store, const char *args) {
   ck_assert_msg(run_cli(store, cmd, out, sizeof out, err, sizeof err) == 0,
                 "%s: %s", cmd, err);
   ck_assert_msg(strstr(err, "action=quota.set") != NULL, "%s", err);
-}
-
-static void tenant_with_token(const char *store, const char *tenant,
-                              char secret[STORE_TOKEN_SECRET_LEN + 1]) {
-  char args[128], out[512];
-  snprintf(args, sizeof args, "tenant add %s", tenant);
-  ck_assert_int_eq(run_cli(store, args, NULL, 0, NULL, 0), 0);
-  snprintf(args, sizeof args, "token create %s", tenant);
-  ck_assert_int_eq(run_cli(store, args, out, sizeof out, NULL, 0), 0);
-  ck_assert_int_eq((int)strlen(out), STORE_TOKEN_SECRET_LEN + 1);
-  memcpy(secret, out, STORE_TOKEN_SECRET_LEN);
-  secret[STORE_TOKEN_SECRET_LEN] = '\0';
 }
 
 typedef struct box {
@@ -96,8 +48,8 @@ static void box_start(box *b, const char *quotas) {
   char var[400];
   snprintf(var, sizeof var, "%s/var", b->d.dir);
   mkdir(var, 0700);
-  tenant_with_token(b->d.store, "alice", b->alice);
-  tenant_with_token(b->d.store, "bob", b->bob);
+  tenant_with_token(b->d.store, "alice", false, b->alice);
+  tenant_with_token(b->d.store, "bob", false, b->bob);
   if (quotas) {
     char args[512];
     snprintf(args, sizeof args, "alice %s", quotas);
@@ -196,7 +148,7 @@ START_TEST(test_cli) {
   char var[400], out[1024], err[2048], secret[80];
   snprintf(var, sizeof var, "%s/var", d.dir);
   mkdir(var, 0700);
-  tenant_with_token(d.store, "alice", secret);
+  tenant_with_token(d.store, "alice", false, secret);
   ck_assert_int_eq(
       run_cli(d.store, "quota show alice", out, sizeof out, err, sizeof err),
       0);

@@ -18,44 +18,8 @@
 
 #include "http_client.h"
 #include "store.h"
+#include "tenant_util.h"
 #include "topos_client.h"
-
-static const char *build_dir(void) {
-  const char *b = getenv("TOPOS_BUILD");
-  return b && *b ? b : "build";
-}
-
-/* Runs `topos ARGS` (a shell fragment) on the store; stdout into out,
- * stderr into err (either may be NULL).  Returns the exit status. */
-static int run_cli(const char *store, const char *args, char *out,
-                   size_t outlen, char *err, size_t errlen) {
-  char errfile[400], cmd[2048];
-  snprintf(errfile, sizeof errfile, "%s.cli-stderr", store);
-  snprintf(cmd, sizeof cmd, "%s/bin/topos --store '%s' %s 2>'%s'", build_dir(),
-           store, args, errfile);
-  FILE *p = popen(cmd, "r");
-  ck_assert_ptr_nonnull(p);
-  char buf[8192];
-  size_t n = fread(buf, 1, sizeof buf - 1, p);
-  buf[n] = '\0';
-  int status = pclose(p);
-  if (out) {
-    size_t k = n < outlen - 1 ? n : outlen - 1;
-    memcpy(out, buf, k);
-    out[k] = '\0';
-  }
-  if (err) {
-    err[0] = '\0';
-    FILE *f = fopen(errfile, "r");
-    if (f) {
-      size_t m = fread(err, 1, errlen - 1, f);
-      err[m] = '\0';
-      fclose(f);
-    }
-  }
-  unlink(errfile);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 /* A new token of tenant: its secret (the CLI's stdout, one line). */
 static void token_create(const char *store, const char *tenant,

@@ -35,7 +35,8 @@
  *                        on stderr; token create prints the secret on
  *                        stdout, once
  *   quota set TENANT [--stored-bytes N] [--inflight N] [--rate R --burst B]
- *         [--nodes N] [--run-ms N] [--run-bytes N] | quota show TENANT
+ *         [--nodes N] [--run-ms N] [--run-bytes N] [--weight W]
+ *         | quota show TENANT
  *                        a tenant's quotas, on the store file too ('none'
  *                        clears one); set prints an audit line
  *
@@ -783,7 +784,7 @@ static const char *const admin_usage =
     "       topos [--store PATH] quota set TENANT [--stored-bytes N] "
     "[--inflight N]\n"
     "             [--rate R --burst B] [--nodes N] [--run-ms N] "
-    "[--run-bytes N]\n"
+    "[--run-bytes N] [--weight W]\n"
     "       topos [--store PATH] quota show TENANT\n"
     "\n"
     "Works on the daemon's store file directly; safe while toposd runs\n"
@@ -970,12 +971,14 @@ static const char *const quota_usage =
     "usage: topos [--store PATH] quota set TENANT [--stored-bytes N] "
     "[--inflight N]\n"
     "             [--rate R --burst B] [--nodes N] [--run-ms N] "
-    "[--run-bytes N]\n"
+    "[--run-bytes N] [--weight W]\n"
     "       topos [--store PATH] quota show TENANT\n"
     "\n"
     "Per-tenant quotas (docs/operations.md, \"Quotas\"), on the daemon's\n"
     "store file; a change applies from the daemon's next call.  A value\n"
-    "'none' clears a quota (unlimited); --rate none clears the burst too.\n";
+    "'none' clears a quota (unlimited); --rate none clears the burst too.\n"
+    "--weight W (1..1000, none: 1) is the tenant's share of the workers\n"
+    "when tenants compete (\"Fair scheduling\").\n";
 
 /* A quota's value: a non-negative integer, or "none" (STORE_QUOTA_NONE). */
 static bool quota_value(const char *text, int64_t *out) {
@@ -1018,6 +1021,7 @@ static int quota_main(int argc, char **argv) {
       {"--nodes", STORE_QUOTA_NODES, offsetof(store_quota, nodes_per_spec)},
       {"--run-ms", STORE_QUOTA_RUN_MS, offsetof(store_quota, run_ms)},
       {"--run-bytes", STORE_QUOTA_RUN_BYTES, offsetof(store_quota, run_bytes)},
+      {"--weight", STORE_QUOTA_WEIGHT, offsetof(store_quota, weight)},
   };
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -1078,6 +1082,9 @@ static int quota_main(int argc, char **argv) {
     return usage_error("--burst must be at least 1");
   if ((mask & STORE_QUOTA_RUN_MS) && q.run_ms == 0)
     return usage_error("--run-ms must be at least 1 (or none)");
+  if ((mask & STORE_QUOTA_WEIGHT) && q.weight >= 0 &&
+      (q.weight < 1 || q.weight > STORE_WEIGHT_MAX))
+    return usage_error("--weight must be in 1..%d (or none)", STORE_WEIGHT_MAX);
   const char *tenant = pos[2];
   if (!store_tenant_name_valid(tenant))
     return usage_error(
@@ -1104,6 +1111,7 @@ static int quota_main(int argc, char **argv) {
     rc = 1;
   if (rc == 0) {
     char v[6][32], rate[32];
+    long long weight = now.weight > 0 ? (long long)now.weight : 1;
     quota_text(now.stored_bytes, v[0], sizeof v[0]);
     quota_text(now.inflight, v[1], sizeof v[1]);
     quota_text(now.burst, v[2], sizeof v[2]);
@@ -1117,8 +1125,8 @@ static int quota_main(int argc, char **argv) {
     char line[400];
     snprintf(line, sizeof line,
              "stored_bytes=%s inflight=%s rate=%s burst=%s nodes_per_spec=%s "
-             "run_ms=%s run_bytes=%s",
-             v[0], v[1], rate, v[2], v[3], v[4], v[5]);
+             "run_ms=%s run_bytes=%s weight=%lld",
+             v[0], v[1], rate, v[2], v[3], v[4], v[5], weight);
     printf("tenant %s: %s\n", tenant, line);
     if (set) audit(store_path, "action=quota.set tenant=%s %s", tenant, line);
   }

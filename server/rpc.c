@@ -10,7 +10,8 @@
  *  - A job first gets a RECV_CLOSE_ON_SERVER batch of its own, so a client
  *    that cancels (or whose deadline gRPC enforces) sets job->cancelled
  *    while a worker is still busy with it.  Then it is pushed onto the
- *    bounded job queue; a full queue is answered UNAVAILABLE on the spot.
+ *    bounded job queue, in its tenant's FIFO (served by deficit round
+ *    robin, below); a full queue is answered UNAVAILABLE on the spot.
  *  - Workers pop jobs, read the payload into per-worker reused memory, run
  *    the handler, log the request and finish the call themselves with one
  *    batch (initial metadata, message, status).  They never touch the job
@@ -116,6 +117,7 @@ struct job {
   uint64_t conn; /* listener_call_begin's handle: pins the connection */
   char peer[64]; /* the client's address for the request log */
   char tenant[STORE_TENANT_NAME_MAX + 1]; /* auth.h; "" when auth is off */
+  int weight; /* the tenant's scheduling weight (1.. ; 0 reads as 1) */
   bool admin;
   store_quota quota; /* the tenant's quotas, read at admission (quota.h) */
   bool has_quota;
@@ -151,11 +153,36 @@ struct watcher {
   watcher *prev, *next;
 };
 
+/* One tenant's FIFO of queued jobs (the "" class: calls without a
+ * tenant).  Classes are made on a tenant's first push and kept (one per
+ * tenant that ever queued: bounded by the store's tenants). */
+typedef struct sched_class sched_class;
+struct sched_class {
+  char tenant[STORE_TENANT_NAME_MAX + 1];
+  int weight;  /* the latest pushed job's (read at admission) */
+  int deficit; /* jobs this class may still take in its current turn */
+  job *head, *tail;
+  int depth;
+  bool active;              /* in the active ring: has queued jobs */
+  sched_class *next_active; /* the active FIFO */
+  sched_class *next;        /* every class */
+};
+
+/* The job queue: per-tenant FIFOs served by deficit round robin counted
+ * in jobs (docs/daemon.md, "The job queue").  The active classes form a
+ * FIFO; the head class is the one whose turn it is.  A turn starts with
+ * deficit = weight; each pop takes the head class's oldest job and spends
+ * one; a class whose deficit is spent goes to the back (at the next pop),
+ * one left empty leaves the ring (deficit back to 0).  With one class (auth
+ * off) this is exactly the FIFO it replaces.  capacity bounds all classes
+ * together; a named tenant may hold at most share of it, so others find room.
+ */
 typedef struct job_queue {
   pthread_mutex_t lock;
   pthread_cond_t nonempty;
-  job *head, *tail;
-  int depth, capacity;
+  sched_class *classes;
+  sched_class *active_head, *active_tail;
+  int depth, capacity, share;
   bool closed;
 } job_queue;
 
@@ -204,25 +231,59 @@ int64_t daemon_now_ns(void) {
 static void queue_init(job_queue *q, int capacity) {
   pthread_mutex_init(&q->lock, NULL);
   pthread_cond_init(&q->nonempty, NULL);
-  q->head = q->tail = NULL;
+  q->classes = NULL;
+  q->active_head = q->active_tail = NULL;
   q->depth = 0;
   q->capacity = capacity;
+  /* A named tenant's share: three quarters of the queue, at least 1. */
+  q->share = capacity - capacity / 4;
+  if (q->share < 1) q->share = 1;
   q->closed = false;
 }
 
-/* false when the queue is full (or closed): the caller rejects the job. */
-static bool queue_push(job_queue *q, job *j, _Atomic int *depth) {
+/* tenant's class, made when missing; NULL when out of memory.  Linear in
+ * the tenants that ever queued (few). */
+static sched_class *queue_class(job_queue *q, const char *tenant) {
+  for (sched_class *c = q->classes; c; c = c->next)
+    if (strcmp(c->tenant, tenant) == 0) return c;
+  sched_class *c = calloc(1, sizeof *c);
+  if (c == NULL) return NULL;
+  snprintf(c->tenant, sizeof c->tenant, "%s", tenant);
+  c->weight = 1;
+  c->next = q->classes;
+  q->classes = c;
+  return c;
+}
+
+/* false when the queue is full (or closed), or tenant's share of it is:
+ * the caller rejects the job. */
+static bool queue_push(job_queue *q, job *j, const char *tenant, int weight,
+                       _Atomic int *depth) {
   pthread_mutex_lock(&q->lock);
-  if (q->closed || q->depth >= q->capacity) {
+  sched_class *c = NULL;
+  if (!q->closed && q->depth < q->capacity) c = queue_class(q, tenant);
+  if (c == NULL || (tenant[0] != '\0' && c->depth >= q->share)) {
     pthread_mutex_unlock(&q->lock);
     return false;
   }
+  c->weight = weight < 1 ? 1 : weight;
   j->next = NULL;
-  if (q->tail)
-    q->tail->next = j;
+  if (c->tail)
+    c->tail->next = j;
   else
-    q->head = j;
-  q->tail = j;
+    c->head = j;
+  c->tail = j;
+  c->depth++;
+  if (!c->active) {
+    c->active = true;
+    c->deficit = 0;
+    c->next_active = NULL;
+    if (q->active_tail)
+      q->active_tail->next_active = c;
+    else
+      q->active_head = c;
+    q->active_tail = c;
+  }
   q->depth++;
   atomic_store(depth, q->depth);
   pthread_cond_signal(&q->nonempty);
@@ -230,15 +291,39 @@ static bool queue_push(job_queue *q, job *j, _Atomic int *depth) {
   return true;
 }
 
-/* The next job, or NULL once the queue is closed and empty. */
+/* The next job by deficit round robin, or NULL once the queue is closed
+ * and empty.  O(1).  A class whose turn is spent goes to the back at the
+ * next pop, not at once: a tenant that arrives while the last job of
+ * another's turn runs is served next, after that one job. */
 static job *queue_pop(job_queue *q, _Atomic int *depth) {
   pthread_mutex_lock(&q->lock);
-  while (q->head == NULL && !q->closed)
+  while (q->active_head == NULL && !q->closed)
     pthread_cond_wait(&q->nonempty, &q->lock);
-  job *j = q->head;
-  if (j) {
-    q->head = j->next;
-    if (q->head == NULL) q->tail = NULL;
+  sched_class *c = q->active_head;
+  job *j = NULL;
+  if (c) {
+    if (c->deficit <= 0 && c->next_active != NULL) {
+      /* Its turn is spent and another class waits: to the back. */
+      q->active_head = c->next_active;
+      c->next_active = NULL;
+      q->active_tail->next_active = c;
+      q->active_tail = c;
+      c = q->active_head;
+    }
+    if (c->deficit <= 0) c->deficit = c->weight; /* its turn starts */
+    j = c->head;
+    c->head = j->next;
+    if (c->head == NULL) c->tail = NULL;
+    c->depth--;
+    c->deficit--;
+    if (c->head == NULL) {
+      /* Nothing left: out of the ring (c is its head). */
+      q->active_head = c->next_active;
+      if (q->active_head == NULL) q->active_tail = NULL;
+      c->next_active = NULL;
+      c->active = false;
+      c->deficit = 0;
+    }
     q->depth--;
     atomic_store(depth, q->depth);
   }
@@ -254,6 +339,11 @@ static void queue_close(job_queue *q) {
 }
 
 static void queue_destroy(job_queue *q) {
+  while (q->classes) {
+    sched_class *c = q->classes;
+    q->classes = c->next;
+    free(c);
+  }
   pthread_mutex_destroy(&q->lock);
   pthread_cond_destroy(&q->nonempty);
 }
@@ -752,8 +842,14 @@ static const char *refusal(rpc_server *s) {
   return NULL;
 }
 
-static void queue_full_message(rpc_server *s, char *buf, size_t len) {
-  snprintf(buf, len, "job queue full (%d jobs)", s->queue.capacity);
+static void queue_full_message(rpc_server *s, const char *tenant, char *buf,
+                               size_t len) {
+  if (tenant[0] != '\0')
+    snprintf(buf, len,
+             "job queue full (%d jobs; one tenant may hold %d of them)",
+             s->queue.capacity, s->queue.share);
+  else
+    snprintf(buf, len, "job queue full (%d jobs)", s->queue.capacity);
 }
 
 static int64_t deadline_of(rpc_server *s, gpr_timespec deadline,
@@ -804,10 +900,11 @@ static bool authenticate(rpc_server *s, job *j, const char *method) {
  * false with status and message set and nothing counted. */
 static bool admit_quota(rpc_server *s, const char *tenant, const char *method,
                         int64_t arrival_ns, int64_t *deadline_ns,
-                        store_quota *q, bool *has, bool *counted, int *status,
-                        char *message, size_t len) {
+                        store_quota *q, bool *has, bool *counted, int *weight,
+                        int *status, char *message, size_t len) {
   *has = false;
   *counted = false;
+  *weight = 1;
   if (s->d->auth == NULL || tenant[0] == '\0') return true;
   topos_error err = {0};
   bool any = false;
@@ -817,6 +914,8 @@ static bool admit_quota(rpc_server *s, const char *tenant, const char *method,
              method, err.message);
     return false;
   }
+  /* The scheduling weight is read with the quotas (not a limit). */
+  if (q->weight > 0) *weight = (int)q->weight;
   if (!any) return true;
   *has = true;
   *deadline_ns = quota_deadline(q, arrival_ns, *deadline_ns);
@@ -908,13 +1007,14 @@ static void on_request(rpc_server *s, request_slot *slot, bool ok) {
     int status = GRPC_STATUS_OK;
     char message[512];
     if (!admit_quota(s, j->tenant, m->name, j->arrival_ns, &j->deadline_ns,
-                     &j->quota, &j->has_quota, &j->quota_counted, &status,
-                     message, sizeof message)) {
+                     &j->quota, &j->has_quota, &j->quota_counted, &j->weight,
+                     &status, message, sizeof message)) {
       reject(s, j, status, message, m->name, false);
-    } else if (!queue_push(&s->queue, j, &s->d->queue_depth)) {
+    } else if (!queue_push(&s->queue, j, j->tenant, j->weight,
+                           &s->d->queue_depth)) {
       if (j->quota_counted) quota_release(s->quotas, j->tenant);
       j->quota_counted = false;
-      queue_full_message(s, message, sizeof message);
+      queue_full_message(s, j->tenant, message, sizeof message);
       reject(s, j, GRPC_STATUS_UNAVAILABLE, message, m->name, false);
     }
   }
@@ -937,9 +1037,11 @@ bool rpc_submit(rpc_server *s, service_call *c) {
   c->quota_counted = false;
   char why[512];
   int status = GRPC_STATUS_UNAVAILABLE;
-  if (!m->probe && !admit_quota(s, c->tenant, m->name, c->arrival_ns,
-                                &c->deadline_ns, &c->quota, &c->has_quota,
-                                &c->quota_counted, &status, why, sizeof why)) {
+  int weight = 1;
+  if (!m->probe &&
+      !admit_quota(s, c->tenant, m->name, c->arrival_ns, &c->deadline_ns,
+                   &c->quota, &c->has_quota, &c->quota_counted, &weight,
+                   &status, why, sizeof why)) {
     c->status = status;
     snprintf(c->message, sizeof c->message, "%s", why);
     log_refusal(s, m->name, c->method, TRANSPORT_HTTP, c->peer, status, why,
@@ -966,11 +1068,12 @@ bool rpc_submit(rpc_server *s, service_call *c) {
       j->ext = c;
       j->method = c->method;
       j->status_details = grpc_empty_slice();
-      if (queue_push(&s->queue, j, &s->d->queue_depth)) return true;
+      if (queue_push(&s->queue, j, c->tenant, weight, &s->d->queue_depth))
+        return true;
       job_unref(j);
       if (c->quota_counted) quota_release(s->quotas, c->tenant);
       c->quota_counted = false;
-      queue_full_message(s, why, sizeof why);
+      queue_full_message(s, c->tenant, why, sizeof why);
     } else {
       status = GRPC_STATUS_RESOURCE_EXHAUSTED;
       snprintf(why, sizeof why, "daemon out of memory");

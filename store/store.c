@@ -1866,7 +1866,7 @@ int store_token_lookup(topos_store *st, const char *secret,
 store_quota store_quota_unlimited(void) {
   return (store_quota){STORE_QUOTA_NONE, STORE_QUOTA_NONE, STORE_QUOTA_NONE,
                        STORE_QUOTA_NONE, STORE_QUOTA_NONE, STORE_QUOTA_NONE,
-                       STORE_QUOTA_NONE};
+                       STORE_QUOTA_NONE, STORE_QUOTA_NONE};
 }
 
 static int64_t column_quota(sqlite3_stmt *stmt, int i) {
@@ -1881,7 +1881,7 @@ static int quota_read(sqlite3 *db, const char *tenant, store_quota *q,
   sqlite3_stmt *stmt;
   int status = prepare(db,
                        "SELECT stored_bytes, inflight, rate_per_s, burst, "
-                       "nodes_per_spec, run_ms, run_bytes FROM quotas "
+                       "nodes_per_spec, run_ms, run_bytes, weight FROM quotas "
                        "WHERE tenant = ?1",
                        &stmt, err);
   if (status != TOPOS_OK) return status;
@@ -1898,6 +1898,7 @@ static int quota_read(sqlite3 *db, const char *tenant, store_quota *q,
     q->nodes_per_spec = column_quota(stmt, 4);
     q->run_ms = column_quota(stmt, 5);
     q->run_bytes = column_quota(stmt, 6);
+    q->weight = column_quota(stmt, 7);
     *any = q->stored_bytes >= 0 || q->inflight >= 0 || q->rate_per_s > 0 ||
            q->nodes_per_spec >= 0 || q->run_ms >= 0 || q->run_bytes >= 0;
   } else if (rc != SQLITE_DONE) {
@@ -1949,6 +1950,11 @@ int store_quota_set(topos_store *st, const char *tenant, const store_quota *q,
   if ((mask & STORE_QUOTA_RUN_MS) && q->run_ms == 0)
     return fail(err, TOPOS_ERR_ARGUMENT,
                 "store: run_ms must be at least 1 (or none)");
+  if ((mask & STORE_QUOTA_WEIGHT) && q->weight >= 0 &&
+      (q->weight < 1 || q->weight > STORE_WEIGHT_MAX))
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "store: the weight must be in 1..%d (or none: 1)",
+                STORE_WEIGHT_MAX);
   pthread_mutex_lock(&st->lock);
   sqlite3 *db = st->db;
   status = begin(db, true, err);
@@ -1968,13 +1974,15 @@ int store_quota_set(topos_store *st, const char *tenant, const store_quota *q,
     if (mask & STORE_QUOTA_NODES) now.nodes_per_spec = q->nodes_per_spec;
     if (mask & STORE_QUOTA_RUN_MS) now.run_ms = q->run_ms;
     if (mask & STORE_QUOTA_RUN_BYTES) now.run_bytes = q->run_bytes;
+    if (mask & STORE_QUOTA_WEIGHT) now.weight = q->weight;
   }
   sqlite3_stmt *stmt = NULL;
   if (status == TOPOS_OK)
     status = prepare(db,
                      "INSERT OR REPLACE INTO quotas (tenant, stored_bytes, "
                      "inflight, rate_per_s, burst, nodes_per_spec, run_ms, "
-                     "run_bytes) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                     "run_bytes, weight) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, "
+                     "?8, ?9)",
                      &stmt, err);
   if (status == TOPOS_OK) {
     sqlite3_bind_text(stmt, 1, tenant, -1, SQLITE_STATIC);
@@ -1988,6 +1996,7 @@ int store_quota_set(topos_store *st, const char *tenant, const store_quota *q,
     bind_quota(stmt, 6, now.nodes_per_spec);
     bind_quota(stmt, 7, now.run_ms);
     bind_quota(stmt, 8, now.run_bytes);
+    bind_quota(stmt, 9, now.weight);
     status = step_done(db, stmt, err, "set a tenant's quotas");
   }
   sqlite3_finalize(stmt);
@@ -2138,10 +2147,19 @@ static int migrate_to_v5(sqlite3 *db, topos_error *err) {
               err, "migrate to schema version 5");
 }
 
+/* Version 6: a tenant's scheduling weight (docs/operations.md, "Fair
+ * scheduling"); NULL is the default, 1. */
+static int migrate_to_v6(sqlite3 *db, topos_error *err) {
+  return exec(db,
+              "ALTER TABLE quotas ADD COLUMN weight INTEGER"
+              "  CHECK (weight BETWEEN 1 AND 1000);",
+              err, "migrate to schema version 6");
+}
+
 /* MIGRATIONS[v] takes a store from version v - 1 to v. */
 static const migration MIGRATIONS[STORE_SCHEMA_VERSION + 1] = {
-    NULL,          migrate_to_v1, migrate_to_v2,
-    migrate_to_v3, migrate_to_v4, migrate_to_v5,
+    NULL,          migrate_to_v1, migrate_to_v2, migrate_to_v3,
+    migrate_to_v4, migrate_to_v5, migrate_to_v6,
 };
 
 /* What a database holds, read in one transaction. */

@@ -36,7 +36,7 @@ extern "C" {
 
 /* The schema version this code writes; store_open migrates older stores
  * forward and refuses newer ones. */
-#define STORE_SCHEMA_VERSION 5
+#define STORE_SCHEMA_VERSION 6
 /* SQLite's header application_id of a topos store ("Topo"). */
 #define STORE_APPLICATION_ID 0x546F706F
 /* The blob cap of a freshly opened handle: 1 GiB. */
@@ -285,7 +285,12 @@ typedef struct store_quota {
   int64_t nodes_per_spec; /* nodes of one recorded spec */
   int64_t run_ms;         /* the cap on a call's deadline, >= 1 */
   int64_t run_bytes;      /* a run's peak bytes (the admission bound) */
+  /* Not a limit: the tenant's share of the workers under contention
+   * (docs/operations.md, "Fair scheduling"), 1..STORE_WEIGHT_MAX; NONE
+   * is the default, 1.  Not counted in store_quota_get's *any. */
+  int64_t weight;
 } store_quota;
+#define STORE_WEIGHT_MAX 1000
 /* Which fields store_quota_set changes. */
 enum {
   STORE_QUOTA_STORED_BYTES = 1 << 0,
@@ -294,6 +299,7 @@ enum {
   STORE_QUOTA_NODES = 1 << 3,
   STORE_QUOTA_RUN_MS = 1 << 4,
   STORE_QUOTA_RUN_BYTES = 1 << 5,
+  STORE_QUOTA_WEIGHT = 1 << 6,
 };
 /* Every field STORE_QUOTA_NONE. */
 store_quota store_quota_unlimited(void);
@@ -303,7 +309,8 @@ store_quota store_quota_unlimited(void);
 int store_quota_set(topos_store *st, const char *tenant, const store_quota *q,
                     unsigned mask, topos_error *err);
 /* Tenant's quotas (one indexed read); a tenant without any, or unknown,
- * gets store_quota_unlimited().  *any says whether one field is set. */
+ * gets store_quota_unlimited().  *any says whether one limit is set (the
+ * weight is not a limit). */
 int store_quota_get(topos_store *st, const char *tenant, store_quota *out,
                     bool *any, topos_error *err);
 

@@ -1746,19 +1746,20 @@ START_TEST(test_migrate_v3) {
 }
 END_TEST
 
-/* Schema 5: quotas per tenant.  A version 4 store migrates to an empty
- * quotas table; set changes only the fields named, NONE clears one, a
- * rate needs its burst, an unknown tenant is NOT_FOUND, and removing the
- * tenant drops its row. */
+/* Schema 5: quotas per tenant (and 6: their scheduling weight).  A
+ * version 4 store migrates to an empty quotas table; set changes only the
+ * fields named, NONE clears one, a rate needs its burst, a weight is in
+ * 1..1000, an unknown tenant is NOT_FOUND, and removing the tenant drops
+ * its row. */
 START_TEST(test_quotas) {
   topos_store *st = open_ok(g_path);
   store_close(st);
   sqlite3 *db = raw_open(g_path);
   raw_exec(db,
-           "DROP TABLE quotas; DELETE FROM schema_version WHERE version = 5;");
+           "DROP TABLE quotas; DELETE FROM schema_version WHERE version >= 5;");
   sqlite3_close(db);
   st = open_ok(g_path);
-  ck_assert_int_eq(stats_ok(st).schema_version, 5);
+  ck_assert_int_eq(stats_ok(st).schema_version, STORE_SCHEMA_VERSION);
   topos_error err = {0};
   ck_assert_int_eq(store_tenant_add(st, "alice", false, &err), TOPOS_OK);
   store_quota q;
@@ -1786,6 +1787,21 @@ START_TEST(test_quotas) {
   ck_assert_int_eq(q.burst, 4);
   ck_assert_int_eq(q.run_ms, 300);
   ck_assert_int_eq(q.inflight, STORE_QUOTA_NONE);
+  ck_assert_int_eq(q.weight, STORE_QUOTA_NONE);
+  /* The weight: 1..1000, not a limit. */
+  set.weight = 0;
+  ck_assert_int_eq(store_quota_set(st, "alice", &set, STORE_QUOTA_WEIGHT, &err),
+                   TOPOS_ERR_ARGUMENT);
+  set.weight = 1001;
+  ck_assert_int_eq(store_quota_set(st, "alice", &set, STORE_QUOTA_WEIGHT, &err),
+                   TOPOS_ERR_ARGUMENT);
+  set.weight = 3;
+  ck_assert_int_eq(store_quota_set(st, "alice", &set, STORE_QUOTA_WEIGHT, &err),
+                   TOPOS_OK);
+  ck_assert_int_eq(store_quota_get(st, "alice", &q, &any, &err), TOPOS_OK);
+  ck_assert_int_eq(q.weight, 3);
+  ck_assert_int_eq(q.run_ms, 300);
+  set.weight = STORE_QUOTA_NONE;
   /* Clearing one leaves the rest. */
   set.stored_bytes = STORE_QUOTA_NONE;
   ck_assert_int_eq(

@@ -10,6 +10,7 @@
 #include "auth.h"
 
 #include <grpc/status.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,9 +20,27 @@
 /* The longest authorization value looked at; a longer one is malformed. */
 #define AUTH_VALUE_MAX 256
 
+/* Peers remembered for throttling (the least recently failed is
+ * replaced when the table is full). */
+#define AUTH_PEERS 256
+#define AUTH_WINDOW_MS 60000
+#define AUTH_BLOCK_MAX_MS 60000
+
+typedef struct peer_slot {
+  char host[64];     /* "" when free */
+  int64_t window_ms; /* start of the current minute's count */
+  int failures;      /* in that minute */
+  int64_t last_ms;   /* the latest failure */
+  int64_t blocked_until_ms;
+  int64_t block_ms; /* the latest block's length (doubles) */
+} peer_slot;
+
 struct auth {
   topos_store *store;
   bool always;
+  int fail_limit;
+  pthread_mutex_t peers_lock;
+  peer_slot peers[AUTH_PEERS];
 };
 
 auth *auth_open(const char *store_path, bool always, topos_error *err) {
@@ -39,11 +58,90 @@ auth *auth_open(const char *store_path, bool always, topos_error *err) {
     return NULL;
   }
   a->always = always;
+  a->fail_limit = 20;
+  pthread_mutex_init(&a->peers_lock, NULL);
   return a;
+}
+
+void auth_set_fail_limit(auth *a, int limit) {
+  if (a) a->fail_limit = limit < 0 ? 0 : limit;
+}
+
+/* The address of a peer string, without transport prefix or port. */
+static void peer_host(const char *peer, char *out, size_t len) {
+  out[0] = '\0';
+  if (peer == NULL) return;
+  if (strncmp(peer, "ipv4:", 5) == 0 || strncmp(peer, "ipv6:", 5) == 0)
+    peer += 5;
+  snprintf(out, len, "%s", peer);
+  char *colon = strrchr(out, ':');
+  /* "HOST:PORT" or "[V6]:PORT"; a bare IPv6 address keeps its colons */
+  if (colon != NULL &&
+      (out[0] == '[' ? colon > strchr(out, ']') : strchr(out, ':') == colon))
+    *colon = '\0';
+}
+
+/* The slot of host (locked), made when missing. */
+static peer_slot *peer_slot_of(auth *a, const char *host, bool make) {
+  peer_slot *oldest = &a->peers[0];
+  for (int i = 0; i < AUTH_PEERS; i++) {
+    peer_slot *p = &a->peers[i];
+    if (p->host[0] != '\0' && strcmp(p->host, host) == 0) return p;
+    if (p->host[0] == '\0' || p->last_ms < oldest->last_ms) oldest = p;
+  }
+  if (!make) return NULL;
+  memset(oldest, 0, sizeof *oldest);
+  snprintf(oldest->host, sizeof oldest->host, "%s", host);
+  return oldest;
+}
+
+bool auth_peer_throttled(auth *a, const char *peer, int64_t now_ms,
+                         auth_result *out) {
+  if (a == NULL || a->fail_limit <= 0) return false;
+  char host[64];
+  peer_host(peer, host, sizeof host);
+  pthread_mutex_lock(&a->peers_lock);
+  peer_slot *p = peer_slot_of(a, host, false);
+  int64_t left = p != NULL ? p->blocked_until_ms - now_ms : 0;
+  pthread_mutex_unlock(&a->peers_lock);
+  if (left <= 0) return false;
+  memset(out, 0, sizeof *out);
+  out->status = GRPC_STATUS_RESOURCE_EXHAUSTED;
+  snprintf(out->reason, sizeof out->reason, "throttled");
+  snprintf(out->message, sizeof out->message,
+           "too many failed authentications from %s: calls from it are "
+           "refused for %lld ms more (retry after that with a valid token)",
+           host, (long long)left);
+  return true;
+}
+
+void auth_peer_failed(auth *a, const char *peer, int64_t now_ms) {
+  if (a == NULL || a->fail_limit <= 0) return;
+  char host[64];
+  peer_host(peer, host, sizeof host);
+  pthread_mutex_lock(&a->peers_lock);
+  peer_slot *p = peer_slot_of(a, host, true);
+  if (now_ms - p->window_ms >= AUTH_WINDOW_MS) {
+    p->window_ms = now_ms;
+    p->failures = 0;
+  }
+  p->failures++;
+  p->last_ms = now_ms;
+  if (p->failures >= a->fail_limit) {
+    /* Blocked: 1 s, doubling with each block inside a quiet period. */
+    bool recent = now_ms - p->blocked_until_ms < AUTH_WINDOW_MS;
+    p->block_ms = recent && p->block_ms > 0 ? p->block_ms * 2 : 1000;
+    if (p->block_ms > AUTH_BLOCK_MAX_MS) p->block_ms = AUTH_BLOCK_MAX_MS;
+    p->blocked_until_ms = now_ms + p->block_ms;
+    p->failures = 0;
+    p->window_ms = now_ms;
+  }
+  pthread_mutex_unlock(&a->peers_lock);
 }
 
 void auth_close(auth *a) {
   if (a == NULL) return;
+  pthread_mutex_destroy(&a->peers_lock);
   store_close(a->store);
   free(a);
 }

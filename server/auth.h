@@ -43,6 +43,19 @@ void auth_check(auth *a, const char *method, const char *value, size_t len,
  * read), for the quotas of a call that passed auth_check.  Thread-safe. */
 int auth_quota(auth *a, const char *tenant, store_quota *q, bool *any,
                topos_error *err);
+/* Repeated failures from one peer address: after `limit` failed checks
+ * (UNAUTHENTICATED) within a minute, every call from that address is
+ * refused for a while - 1 s, doubling with each further block up to 60
+ * s - before its token is even looked at.  0 turns it off; the default
+ * is 20. */
+void auth_set_fail_limit(auth *a, int limit);
+/* Whether calls from peer (gRPC's "ipv4:HOST:PORT" / "ipv6:[HOST]:PORT",
+ * or "HOST:PORT") are being refused at now_ms: true with out filled
+ * (RESOURCE_EXHAUSTED, reason "throttled", the retry time). */
+bool auth_peer_throttled(auth *a, const char *peer, int64_t now_ms,
+                         auth_result *out);
+/* Counts one failed check from peer at now_ms (blocks it at the limit). */
+void auth_peer_failed(auth *a, const char *peer, int64_t now_ms);
 /* Whether the daemon may serve `host` (a --listen or --http host) without
  * tenants: 127.0.0.0/8, ::1 and "localhost". */
 bool auth_host_is_loopback(const char *host);

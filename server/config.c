@@ -53,6 +53,10 @@ const char config_usage[] =
     "                           blobs (default 1G)\n"
     "  --grace-ms N             on SIGTERM, how long in-flight work may run\n"
     "                           before it is cancelled (default 5000)\n"
+    "  --auth-fail-limit N      failed authentications from one peer address\n"
+    "                           within a minute before its calls are refused\n"
+    "                           for a while, 1 s doubling to 60 s; 0 = never\n"
+    "                           (default 20)\n"
     "  --max-connections N      client connections open at once; past it the\n"
     "                           longest-silent one is shed (default 1024)\n"
     "  --idle-timeout-ms N      a connection silent this long may be shed,\n"
@@ -121,6 +125,7 @@ void config_defaults(toposd_config *cfg) {
   cfg->cache_entries = 256;
   cfg->cache_bytes = (int64_t)1 << 30;
   cfg->grace_ms = 5000;
+  cfg->auth_fail_limit = 20;
   cfg->max_connections = 1024;
   cfg->idle_timeout_ms = 300000;
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
@@ -340,6 +345,11 @@ static int apply(toposd_config *cfg, const char *key, const char *value,
       return config_error(msg, msglen, "cache-bytes: '%s' is not a size",
                           value);
     cfg->cache_bytes = v;
+  } else if (strcmp(name, "auth-fail-limit") == 0) {
+    if (!parse_int64(value, false, &v) || v > 1000000)
+      return config_error(msg, msglen,
+                          "auth-fail-limit: '%s' is not in 0..1000000", value);
+    cfg->auth_fail_limit = v;
   } else if (strcmp(name, "grace-ms") == 0) {
     if (!parse_int64(value, false, &v) || v > 3600000)
       return config_error(msg, msglen, "grace-ms: '%s' is not in 0..3600000",

@@ -25,6 +25,8 @@ typedef struct toposd_config {
   int cache_entries;          /* networks, plans and decoded blobs */
   int64_t cache_bytes;        /* memory the cached entries keep */
   int64_t grace_ms;           /* shutdown: in-flight work gets this long */
+  int64_t auth_fail_limit;    /* failed authentications per peer per minute
+                                 before it is throttled; 0 = never */
   char test_backend[32];      /* a test backend to register ("" = none) */
   /* Connections (rpc.c, docs/daemon.md "Hostile load"). */
   int max_connections;     /* open client connections at once */

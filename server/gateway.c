@@ -937,13 +937,19 @@ static bool authenticate(gateway *g, http_exchange *x, const char *path) {
       strcmp(path, "/readyz") == 0 || strcmp(path, "/openapi.json") == 0)
     return true;
   auth_result r;
-  auth_check(g->d->auth, path,
-             x->req.has_authorization ? x->req.authorization : NULL,
-             x->req.authorization_len, &r);
-  if (r.status == WIRE_GRPC_OK) {
-    snprintf(x->call.tenant, sizeof x->call.tenant, "%s", r.tenant);
-    x->call.admin = r.admin;
-    return true;
+  int64_t now_ms = daemon_now_ns() / 1000000;
+  const char *peer = x->req.peer ? x->req.peer : "";
+  if (!auth_peer_throttled(g->d->auth, peer, now_ms, &r)) {
+    auth_check(g->d->auth, path,
+               x->req.has_authorization ? x->req.authorization : NULL,
+               x->req.authorization_len, &r);
+    if (r.status == WIRE_GRPC_OK) {
+      snprintf(x->call.tenant, sizeof x->call.tenant, "%s", r.tenant);
+      x->call.admin = r.admin;
+      return true;
+    }
+    if (r.status == 16) /* UNAUTHENTICATED */
+      auth_peer_failed(g->d->auth, peer, now_ms);
   }
   log_event("auth", "refused %.200s from %s (http): %s%s%s", path,
             x->req.peer ? x->req.peer : "", r.reason,

@@ -214,6 +214,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   auth *authn = auth_open(cfg.store, exposed != NULL, &err);
+  if (authn != NULL) auth_set_fail_limit(authn, (int)cfg.auth_fail_limit);
   if (authn == NULL) {
     fprintf(stderr, "toposd: store %s: %s\n", cfg.store, err.message);
     store_close(store);

@@ -879,13 +879,18 @@ static bool authenticate(rpc_server *s, job *j, const char *method) {
   if (s->d->auth == NULL) return true;
   const grpc_slice *v = authorization_of(j);
   auth_result r;
-  auth_check(s->d->auth, method,
-             v ? (const char *)GRPC_SLICE_START_PTR(*v) : NULL,
-             v ? GRPC_SLICE_LENGTH(*v) : 0, &r);
-  if (r.status == GRPC_STATUS_OK) {
-    snprintf(j->tenant, sizeof j->tenant, "%s", r.tenant);
-    j->admin = r.admin;
-    return true;
+  int64_t now_ms = daemon_now_ns() / 1000000;
+  if (!auth_peer_throttled(s->d->auth, j->peer, now_ms, &r)) {
+    auth_check(s->d->auth, method,
+               v ? (const char *)GRPC_SLICE_START_PTR(*v) : NULL,
+               v ? GRPC_SLICE_LENGTH(*v) : 0, &r);
+    if (r.status == GRPC_STATUS_OK) {
+      snprintf(j->tenant, sizeof j->tenant, "%s", r.tenant);
+      j->admin = r.admin;
+      return true;
+    }
+    if (r.status == GRPC_STATUS_UNAUTHENTICATED)
+      auth_peer_failed(s->d->auth, j->peer, now_ms);
   }
   log_event("auth", "refused %s from %s (grpc): %s%s%s", method, j->peer,
             r.reason, r.token_id[0] ? " token " : "", r.token_id);

@@ -386,6 +386,59 @@ START_TEST(test_loopback_rule) {
 }
 END_TEST
 
+/* Repeated failures from one address (--auth-fail-limit 3): the fourth
+ * call, even with a valid token, is refused RESOURCE_EXHAUSTED for 1 s
+ * without its token being looked at; after that the valid token works;
+ * a second block lasts twice as long.  The refusals are audit lines. */
+START_TEST(test_auth_failures_throttled) {
+  daemon_proc d = {0};
+  daemon_dir(&d);
+  store_dir(&d);
+  char out[4096], err[4096];
+  ck_assert_int_eq(
+      run_cli(d.store, "tenant add alice", out, sizeof out, err, sizeof err),
+      0);
+  char ta[80], ida[20];
+  token_create(d.store, "alice", ta, ida);
+  const char *extra[] = {"--auth-fail-limit", "3", NULL};
+  daemon_start(&d, extra);
+  grpc_up();
+  topos_client *bad = connect_with(d.port, "tps_not_a_token_of_this_daemon");
+  topos_client *good = connect_with(d.port, ta);
+  char msg[600];
+  ck_assert_int_eq(stats_status(good, msg, sizeof msg), 0);
+  for (int i = 0; i < 3; i++)
+    ck_assert_int_eq(stats_status(bad, msg, sizeof msg), UNAUTHENTICATED);
+  /* blocked: even the valid token, and the bad one no longer reaches the
+   * lookup */
+  ck_assert_int_eq(stats_status(good, msg, sizeof msg), 8);
+  ck_assert_msg(strstr(msg, "too many failed authentications from 127.0.0.1"),
+                "%s", msg);
+  ck_assert_int_eq(stats_status(bad, msg, sizeof msg), 8);
+  usleep(1100 * 1000);
+  ck_assert_int_eq(stats_status(good, msg, sizeof msg), 0);
+  /* a second block within the minute: 2 s */
+  for (int i = 0; i < 3; i++)
+    ck_assert_int_eq(stats_status(bad, msg, sizeof msg), UNAUTHENTICATED);
+  ck_assert_int_eq(stats_status(good, msg, sizeof msg), 8);
+  long left = 0;
+  const char *p = strstr(msg, "refused for ");
+  ck_assert_ptr_nonnull(p);
+  left = strtol(p + 12, NULL, 10);
+  ck_assert_msg(left > 1500 && left <= 2000, "%s", msg);
+  /* health probes are never throttled */
+  char status[32], version[64];
+  topos_error e = {0};
+  ck_assert_int_eq(topos_client_health(bad, status, version, &e), TOPOS_OK);
+  topos_client_close(bad);
+  topos_client_close(good);
+  grpc_down();
+  assert_clean_exit(daemon_stop(&d, SIGTERM, 20), 20);
+  ck_assert(log_has(&d, "throttled"));
+  daemon_cleanup(&d);
+}
+END_TEST
+
 /* One lookup, measured on a store with 1000 tokens: the daemon pays this
  * once per call. */
 START_TEST(test_lookup_cost) {
@@ -436,6 +489,7 @@ Suite *tenants_suite(void) {
   tcase_add_test(tc, test_tokens_on_http);
   tcase_add_test(tc, test_cli_admin);
   tcase_add_test(tc, test_loopback_rule);
+  tcase_add_test(tc, test_auth_failures_throttled);
   tcase_add_test(tc, test_lookup_cost);
   suite_add_tcase(s, tc);
   return s;

@@ -820,6 +820,24 @@ static void audit(const char *store, const char *fmt, ...) {
           store, (unsigned)getuid(), user && *user ? user : "-");
 }
 
+/* The store file for the admin commands (NULL with the reason printed):
+ * a missing file is a wrong --store, not an empty store, unless the
+ * command may create it (tenant add). */
+static topos_store *admin_store_open(const char *store_path, bool may_create,
+                                     topos_error *err) {
+  struct stat sb;
+  if (!may_create && stat(store_path, &sb) != 0) {
+    fprintf(stderr,
+            "topos: no store at %s (the daemon's --store; pass --store PATH "
+            "or set TOPOS_STORE)\n",
+            store_path);
+    return NULL;
+  }
+  topos_store *st = store_open(store_path, err);
+  if (st == NULL) fprintf(stderr, "topos: %s\n", err->message);
+  return st;
+}
+
 static int admin_main(int argc, char **argv) {
   const char *env = getenv("TOPOS_STORE");
   const char *store_path = env && env[0] ? env : "./var/topos.db";
@@ -872,22 +890,11 @@ static int admin_main(int argc, char **argv) {
         "\"%s\" is not a tenant name (1..%d of a-z, 0-9, '_', "
         "'-')",
         arg, STORE_TENANT_NAME_MAX);
-  /* Only tenant add may create the store: anything else on a missing
-   * file is a wrong --store, not an empty store. */
-  struct stat sb;
-  if (!(tenant && strcmp(sub, "add") == 0) && stat(store_path, &sb) != 0) {
-    fprintf(stderr,
-            "topos: no store at %s (the daemon's --store; pass --store PATH "
-            "or set TOPOS_STORE)\n",
-            store_path);
-    return 1;
-  }
+  /* Only tenant add may create the store. */
   topos_error err = {0};
-  topos_store *st = store_open(store_path, &err);
-  if (st == NULL) {
-    fprintf(stderr, "topos: %s\n", err.message);
-    return 1;
-  }
+  topos_store *st =
+      admin_store_open(store_path, tenant && strcmp(sub, "add") == 0, &err);
+  if (st == NULL) return 1;
   int rc = 0;
   if (tenant && strcmp(sub, "add") == 0) {
     if (store_tenant_add(st, arg, admin, &err) == TOPOS_OK) {
@@ -1090,20 +1097,9 @@ static int quota_main(int argc, char **argv) {
     return usage_error(
         "\"%s\" is not a tenant name (1..%d of a-z, 0-9, '_', '-')", tenant,
         STORE_TENANT_NAME_MAX);
-  struct stat sb;
-  if (stat(store_path, &sb) != 0) {
-    fprintf(stderr,
-            "topos: no store at %s (the daemon's --store; pass --store PATH "
-            "or set TOPOS_STORE)\n",
-            store_path);
-    return 1;
-  }
   topos_error err = {0};
-  topos_store *st = store_open(store_path, &err);
-  if (st == NULL) {
-    fprintf(stderr, "topos: %s\n", err.message);
-    return 1;
-  }
+  topos_store *st = admin_store_open(store_path, false, &err);
+  if (st == NULL) return 1;
   int rc = 0;
   if (set && store_quota_set(st, tenant, &q, mask, &err) != TOPOS_OK) rc = 1;
   store_quota now;

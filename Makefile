@@ -13,6 +13,8 @@ GRPC_LIBS := $(shell pkg-config --libs grpc libprotobuf-c 2>/dev/null || echo -l
 GVC_LIBS := $(shell pkg-config --libs libgvc 2>/dev/null || echo -lgvc -lcgraph -lcdt)
 # The HTTP gateway: libuv's loop, http-parser (no pkg-config file).
 HTTP_LIBS := $(shell pkg-config --libs libuv 2>/dev/null || echo -luv) -lhttp_parser
+# The gateway's TLS (and the tests' HTTPS client): OpenSSL's libssl.
+TLS_LIBS := -lssl
 
 # Public structs grow at the end (topos_entry's `threads`): a positional
 # initialiser that stops early still means 0 for the rest, as C says.
@@ -166,7 +168,7 @@ $(LIB_CLIENT): $(CLIENT_OBJ)
 $(TOPOSD): $(SERVER_OBJ) $(LIB_CLIENT) $(LIB_STORE) $(LIB_A) $(if $(BACKEND_SRC),$(LIB_BACKENDS))
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(SERVER_OBJ) -o $@ $(LIB_CLIENT) $(LIB_STORE) $(ENGINE_LINK) \
-	  $(GRPC_LIBS) $(HTTP_LIBS) $(GVC_LIBS) $(STORE_LIBS) $(LDLIBS)
+	  $(GRPC_LIBS) $(HTTP_LIBS) $(TLS_LIBS) $(GVC_LIBS) $(STORE_LIBS) $(LDLIBS)
 
 # The gateway carries its OpenAPI document (.incbin).
 $(BUILD)/obj/server/gateway.o: server/openapi.json
@@ -258,7 +260,7 @@ $(BUILD)/tests/suites.c: $(TEST_SRC) Makefile
 $(RUNNER): $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c $(LIB_A) $(LIB_STORE) $(LIB_EX) $(EXAMPLES) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(BINS) $(PLUGINS) $(FAKE_PLUGIN)
 	$(CC) $(CFLAGS) -Itests/engine $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c \
 	  -o $@ $(LIB_EX) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(LIB_STORE) $(ENGINE_LINK) $(PKG_CHECK) \
-	  $(if $(CLIENT_SRC),$(GRPC_LIBS)) $(GVC_LIBS) $(STORE_LIBS) $(EXLIB_LIBS) $(LDLIBS) -lstdc++
+	  $(if $(CLIENT_SRC),$(GRPC_LIBS)) $(TLS_LIBS) $(GVC_LIBS) $(STORE_LIBS) $(EXLIB_LIBS) $(LDLIBS) -lstdc++
 
 test: $(RUNNER)
 	TOPOS_BUILD=$(BUILD) $(RUNNER)

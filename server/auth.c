@@ -71,8 +71,12 @@ void auth_set_fail_limit(auth *a, int limit) {
 static void peer_host(const char *peer, char *out, size_t len) {
   out[0] = '\0';
   if (peer == NULL) return;
-  if (strncmp(peer, "ipv4:", 5) == 0 || strncmp(peer, "ipv6:", 5) == 0)
+  /* gRPC's "ipv4:" and "ipv6:", the gateway's "http:" and "https:" */
+  if (strncmp(peer, "ipv4:", 5) == 0 || strncmp(peer, "ipv6:", 5) == 0 ||
+      strncmp(peer, "http:", 5) == 0)
     peer += 5;
+  else if (strncmp(peer, "https:", 6) == 0)
+    peer += 6;
   snprintf(out, len, "%s", peer);
   char *colon = strrchr(out, ':');
   /* "HOST:PORT" or "[V6]:PORT"; a bare IPv6 address keeps its colons */

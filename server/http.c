@@ -27,6 +27,16 @@
  * At http_max_connections a new connection makes the longest-idle one
  * close; when none is idle, the new one gets 503 and is closed.
  *
+ * TLS: when the daemon has a certificate (--tls-cert), every connection
+ * speaks TLS through OpenSSL over memory BIOs: what the socket brings is
+ * written into the connection's read BIO and the plain text SSL_read
+ * gives back goes through the same path as a plain connection's bytes;
+ * what goes out (handshake records, responses, alerts) is SSL_written and
+ * the write BIO's records handed to uv_write.  The handshake must be done
+ * within http_read_timeout_ms of the connection; a client that speaks
+ * plain HTTP to the port gets a plain 400 saying so.  With --tls-client-ca
+ * a client certificate from one of those CAs is required.
+ *
  * Threads: everything here runs on the loop's thread except on_call_done
  * (a worker's), which queues the finished exchange under a lock and wakes
  * the loop with uv_async_send.
@@ -37,6 +47,8 @@
 #include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -100,7 +112,10 @@ struct conn {
   /* The response being written. */
   uv_write_t write_req;
   char *out_head, *out_body;
-  uv_write_t continue_req;
+  /* TLS (NULL on a plain connection): the session, over memory BIOs. */
+  SSL *ssl;
+  bool handshake_done;
+  int64_t accept_ns;
 };
 
 struct http_server {
@@ -118,6 +133,8 @@ struct http_server {
   int cap; /* http_max_connections, clamped below the descriptor limit */
   char read_buf[READ_CHUNK]; /* one read at a time on this thread */
   bool read_buf_busy;
+  SSL_CTX *tls;               /* NULL: plain HTTP */
+  char plain_buf[READ_CHUNK]; /* what SSL_read decrypts, one at a time */
   /* Exchanges the workers finished, for the loop. */
   pthread_mutex_t done_lock;
   http_exchange *done_head, *done_tail;
@@ -126,7 +143,7 @@ struct http_server {
   uv_timer_t stop_timer;
   /* Counters (written on the loop's thread, read by /metrics on it too,
    * and by http_server_counts from any thread). */
-  _Atomic int64_t accepted, shed, refused, timeouts, bad_requests;
+  _Atomic int64_t accepted, shed, refused, timeouts, bad_requests, tls_failures;
   _Atomic int open;
 };
 
@@ -194,6 +211,88 @@ static void conn_close(conn *c);
 static void next_request(conn *c);
 static void start_reading(conn *c);
 static void feed(conn *c, const char *data, size_t len);
+static void tls_pump(conn *c);
+
+/* ------------------------------------------------------------- writing */
+
+/* Bytes sent as they are, from a copy of their own: TLS records the
+ * handshake or a read produced, the 100 Continue line.  With close, the
+ * connection closes once they are written (an alert, a refusal). */
+typedef struct raw_write {
+  uv_write_t req;
+  conn *c;
+  bool close;
+  char data[];
+} raw_write;
+
+static void on_raw_written(uv_write_t *req, int status) {
+  raw_write *w = (raw_write *)req;
+  conn *c = w->c;
+  bool close = w->close;
+  free(w);
+  /* A cancelled write (the connection is closing) runs before on_closed,
+   * so c is still there. */
+  if ((status < 0 || close) && !c->closing) conn_close(c);
+}
+
+static void write_raw(conn *c, const void *data, size_t len, bool close) {
+  if (c->closing) return;
+  if (len == 0) {
+    if (close) conn_close(c);
+    return;
+  }
+  raw_write *w = malloc(sizeof *w + len);
+  if (w == NULL) {
+    conn_close(c);
+    return;
+  }
+  w->c = c;
+  w->close = close;
+  memcpy(w->data, data, len);
+  uv_buf_t b = uv_buf_init(w->data, (unsigned)len);
+  if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_raw_written) != 0) {
+    free(w);
+    conn_close(c);
+  }
+}
+
+/* The records waiting in the write BIO, taken out: a malloc'd copy (NULL
+ * when there are none or out of memory; *len says which). */
+static char *tls_take(conn *c, size_t *len) {
+  BIO *out = SSL_get_wbio(c->ssl);
+  char *p = NULL;
+  long n = BIO_get_mem_data(out, &p);
+  *len = 0;
+  if (n <= 0) return NULL;
+  char *copy = malloc((size_t)n);
+  if (copy != NULL) {
+    memcpy(copy, p, (size_t)n);
+    *len = (size_t)n;
+  }
+  (void)BIO_reset(out);
+  return copy;
+}
+
+/* Sends what the write BIO holds. */
+static void tls_flush(conn *c, bool close) {
+  size_t len = 0;
+  char *data = tls_take(c, &len);
+  write_raw(c, data, len, close);
+  free(data);
+}
+
+/* Encrypts len bytes into the write BIO (which grows as needed: SSL_write
+ * on a memory BIO writes everything).  False on an error. */
+static bool tls_put(conn *c, const char *data, size_t len) {
+  while (len > 0) {
+    int chunk = len > (1u << 20) ? 1 << 20 : (int)len;
+    int n = SSL_write(c->ssl, data, chunk);
+    if (n <= 0) return false;
+    data += n;
+    len -= (size_t)n;
+  }
+  return true;
+}
 
 static void on_write(uv_write_t *req, int status) {
   conn *c = req->data;
@@ -244,6 +343,25 @@ static void send_response(conn *c, http_response *r) {
   uv_buf_t bufs[2] = {uv_buf_init(headers, (unsigned)n),
                       uv_buf_init(c->out_body ? c->out_body : "",
                                   head ? 0 : (unsigned)r->body_len)};
+  if (c->ssl != NULL) {
+    /* One buffer of records: the head and body encrypted (and a
+     * close_notify after them when the connection closes), the plain
+     * text freed at once. */
+    bool ok = tls_put(c, bufs[0].base, bufs[0].len) &&
+              tls_put(c, bufs[1].base, bufs[1].len);
+    if (ok && c->close_after) (void)SSL_shutdown(c->ssl);
+    free(c->out_head);
+    free(c->out_body);
+    c->out_body = NULL;
+    size_t len = 0;
+    c->out_head = ok ? tls_take(c, &len) : NULL;
+    if (c->out_head == NULL) {
+      conn_close(c);
+      return;
+    }
+    bufs[0] = uv_buf_init(c->out_head, (unsigned)len);
+    bufs[1].len = 0;
+  }
   c->state = C_WRITING;
   c->write_start_ns = now_ns();
   c->write_req.data = c;
@@ -476,11 +594,6 @@ static int on_header_value(http_parser *p, const char *at, size_t len) {
   return 0;
 }
 
-static void on_continue_written(uv_write_t *req, int status) {
-  (void)req;
-  (void)status;
-}
-
 static int on_headers_complete(http_parser *p) {
   conn *c = p->data;
   c->headers_done = true;
@@ -498,11 +611,13 @@ static int on_headers_complete(http_parser *p) {
                   (p->content_length != ULLONG_MAX && p->content_length > 0);
   if (has_body && c->expect_len > 0 &&
       strcasecmp(c->expect, "100-continue") == 0) {
-    static char continue_line[] = "HTTP/1.1 100 Continue\r\n\r\n";
-    uv_buf_t b = uv_buf_init(continue_line, sizeof continue_line - 1);
-    c->continue_req.data = c;
-    uv_write(&c->continue_req, (uv_stream_t *)&c->tcp, &b, 1,
-             on_continue_written);
+    static const char continue_line[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    if (c->ssl == NULL)
+      write_raw(c, continue_line, sizeof continue_line - 1, false);
+    else if (tls_put(c, continue_line, sizeof continue_line - 1))
+      tls_flush(c, false);
+    else
+      return -1;
   }
   return 0;
 }
@@ -615,6 +730,8 @@ static void next_request(conn *c) {
     feed(c, data, len);
     free(data);
   }
+  /* Plain text OpenSSL decrypted but held back (pipelining). */
+  if (!c->closing && c->ssl != NULL) tls_pump(c);
   if (!c->closing) start_reading(c);
 }
 
@@ -634,6 +751,99 @@ static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf) {
   buf->len = sizeof h->read_buf;
 }
 
+/* Bytes of the request stream (as read, or as decrypted). */
+static void on_plain(conn *c, const char *data, size_t len) {
+  if (c->state == C_WAITING || c->state == C_WRITING) {
+    /* A pipelined request: kept for later, up to PENDING_MAX, then the
+     * socket is left unread until this response is out. */
+    char *grown = realloc(c->pending, c->pending_len + len);
+    if (grown == NULL) {
+      conn_close(c);
+      return;
+    }
+    memcpy(grown + c->pending_len, data, len);
+    c->pending = grown;
+    c->pending_len += len;
+    if (c->pending_len >= PENDING_MAX) uv_read_stop((uv_stream_t *)&c->tcp);
+    return;
+  }
+  feed(c, data, len);
+}
+
+/* OpenSSL's reason for the last error on this thread ("" when none). */
+static const char *tls_reason(void) {
+  unsigned long e = ERR_peek_last_error();
+  const char *r = e ? ERR_reason_error_string(e) : NULL;
+  return r ? r : "";
+}
+
+/* The handshake failed: the client gets the alert OpenSSL made (or, when
+ * it spoke plain HTTP to this port, a plain 400 saying so), and the
+ * connection closes. */
+static void tls_refuse(conn *c) {
+  http_server *h = c->h;
+  atomic_fetch_add(&h->tls_failures, 1);
+  unsigned long e = ERR_peek_last_error();
+  bool plain_http = ERR_GET_LIB(e) == ERR_LIB_SSL &&
+                    (ERR_GET_REASON(e) == SSL_R_HTTP_REQUEST ||
+                     ERR_GET_REASON(e) == SSL_R_HTTPS_PROXY_REQUEST);
+  log_event("tls", "refused the handshake of %s: %s", c->peer,
+            plain_http ? "plain HTTP on the HTTPS port" : tls_reason());
+  ERR_clear_error();
+  c->state = C_WRITING;
+  c->write_start_ns = now_ns();
+  if (plain_http) {
+    SSL_free(c->ssl);
+    c->ssl = NULL;
+    send_error(c, 400, "INVALID_ARGUMENT",
+               "this port serves HTTPS: connect with TLS (https://)");
+    return;
+  }
+  tls_flush(c, true);
+}
+
+/* Runs the handshake and reads what the read BIO holds, as far as it can:
+ * the plain text goes to on_plain.  What OpenSSL has to send meanwhile
+ * (handshake records, session tickets, alerts) is sent. */
+static void tls_pump(conn *c) {
+  http_server *h = c->h;
+  if (!c->handshake_done) {
+    ERR_clear_error();
+    int rc = SSL_do_handshake(c->ssl);
+    if (rc != 1) {
+      if (SSL_get_error(c->ssl, rc) == SSL_ERROR_WANT_READ) {
+        tls_flush(c, false);
+        return;
+      }
+      tls_refuse(c);
+      return;
+    }
+    c->handshake_done = true;
+  }
+  while (!c->closing && c->ssl != NULL) {
+    /* A response is being made and the pipelined bytes are at their cap:
+     * the rest stays in OpenSSL's buffers until next_request. */
+    if ((c->state == C_WAITING || c->state == C_WRITING) &&
+        c->pending_len >= PENDING_MAX)
+      break;
+    ERR_clear_error();
+    int n = SSL_read(c->ssl, h->plain_buf, sizeof h->plain_buf);
+    if (n > 0) {
+      on_plain(c, h->plain_buf, (size_t)n);
+      continue;
+    }
+    int e = SSL_get_error(c->ssl, n);
+    if (e == SSL_ERROR_WANT_READ) break;
+    /* close_notify (the client is done: like EOF) or a broken record. */
+    if (e != SSL_ERROR_ZERO_RETURN)
+      log_event("tls", "closing %s: %s", c->peer, tls_reason());
+    ERR_clear_error();
+    conn_close(c);
+    return;
+  }
+  if (!c->closing && c->ssl != NULL) tls_flush(c, false);
+}
+
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   conn *c = stream->data;
   http_server *h = c->h;
@@ -645,21 +855,22 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     return;
   }
   c->last_read_ns = now_ns();
-  if (c->state == C_WAITING || c->state == C_WRITING) {
-    /* A pipelined request: kept for later, up to PENDING_MAX, then the
-     * socket is left unread until this response is out. */
-    char *grown = realloc(c->pending, c->pending_len + (size_t)nread);
-    if (grown == NULL) {
-      conn_close(c);
-      return;
-    }
-    memcpy(grown + c->pending_len, buf->base, (size_t)nread);
-    c->pending = grown;
-    c->pending_len += (size_t)nread;
-    if (c->pending_len >= PENDING_MAX) uv_read_stop(stream);
+  if (c->ssl == NULL) {
+    on_plain(c, buf->base, (size_t)nread);
     return;
   }
-  feed(c, buf->base, (size_t)nread);
+  /* Records for OpenSSL (a memory BIO takes them all), then the plain
+   * text they make; records waiting behind the pipelining cap stop the
+   * reads like plain bytes do. */
+  BIO *in = SSL_get_rbio(c->ssl);
+  if (BIO_write(in, buf->base, (int)nread) != (int)nread) {
+    conn_close(c);
+    return;
+  }
+  tls_pump(c);
+  if (!c->closing && c->ssl != NULL &&
+      BIO_ctrl_pending(SSL_get_rbio(c->ssl)) >= PENDING_MAX)
+    uv_read_stop(stream);
 }
 
 /* Idempotent: a stream already reading is left as it is. */
@@ -683,6 +894,7 @@ static void on_closed(uv_handle_t *handle) {
   free(c->pending);
   free(c->out_head);
   free(c->out_body);
+  SSL_free(c->ssl);
   free(c);
   maybe_finish_stop(h);
 }
@@ -749,11 +961,24 @@ static void on_connection(uv_stream_t *server, int status) {
       port = ntohs(((struct sockaddr_in6 *)&addr)->sin6_port);
     }
   }
-  snprintf(c->peer, sizeof c->peer, "http:%.45s:%d", ip, port);
+  snprintf(c->peer, sizeof c->peer, "%s:%.45s:%d", h->tls ? "https" : "http",
+           ip, port);
   http_parser_init(&c->parser, HTTP_REQUEST);
   c->parser.data = c;
   c->state = C_IDLE;
-  c->last_read_ns = now_ns();
+  c->accept_ns = c->last_read_ns = now_ns();
+  if (h->tls != NULL) {
+    c->ssl = SSL_new(h->tls);
+    BIO *in = BIO_new(BIO_s_mem()), *out = BIO_new(BIO_s_mem());
+    if (c->ssl == NULL || in == NULL || out == NULL) {
+      BIO_free(in);
+      BIO_free(out);
+      conn_close(c);
+      return;
+    }
+    SSL_set_bio(c->ssl, in, out);
+    SSL_set_accept_state(c->ssl);
+  }
   if (h->nconns > h->cap) {
     conn *idle = longest_idle(h);
     if (idle != NULL && idle != c) {
@@ -762,6 +987,10 @@ static void on_connection(uv_stream_t *server, int status) {
     } else {
       atomic_fetch_add(&h->refused, 1);
       c->state = C_WAITING;
+      if (c->ssl != NULL) { /* no handshake yet: nothing can be said */
+        conn_close(c);
+        return;
+      }
       send_error(c, 503, "UNAVAILABLE",
                  "too many HTTP connections (--http-max-connections)");
       return;
@@ -783,7 +1012,14 @@ static void on_sweep(uv_timer_t *t) {
     if (c->closing) continue;
     switch (c->state) {
       case C_IDLE:
-        if (draining || now - c->last_read_ns > idle_ns) conn_close(c);
+        if (c->ssl != NULL && !c->handshake_done &&
+            now - c->accept_ns > read_ns) {
+          /* A handshake gets the time a request line gets. */
+          atomic_fetch_add(&h->timeouts, 1);
+          conn_close(c);
+        } else if (draining || now - c->last_read_ns > idle_ns) {
+          conn_close(c);
+        }
         break;
       case C_READING:
         if ((!c->headers_done && now - c->request_start_ns > read_ns) ||
@@ -859,6 +1095,48 @@ static void *loop_main(void *arg) {
 
 /* ------------------------------------------------------------ lifecycle */
 
+/* The gateway's TLS context, from the files main.c checked at start
+ * (listener_tls_load: readable, PEM, key matching, not expired): TLS 1.2
+ * or 1.3 with OpenSSL's default ciphers, the certificate chain of
+ * --tls-cert, and with --tls-client-ca a client certificate required. */
+static SSL_CTX *tls_context(const toposd_config *cfg, char *msg,
+                            size_t msglen) {
+  ERR_clear_error();
+  SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+  const char *what = "cannot make a TLS context";
+  if (ctx == NULL) goto fail;
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  /* Resumption across connections is not worth a cache here; tickets
+   * stay on (stateless), under the context's id. */
+  SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+  static const unsigned char sid[] = "toposd-http";
+  SSL_CTX_set_session_id_context(ctx, sid, sizeof sid - 1);
+  SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+  what = "tls-cert";
+  if (SSL_CTX_use_certificate_chain_file(ctx, cfg->tls_cert) != 1) goto fail;
+  what = "tls-key";
+  if (SSL_CTX_use_PrivateKey_file(ctx, cfg->tls_key, SSL_FILETYPE_PEM) != 1 ||
+      SSL_CTX_check_private_key(ctx) != 1)
+    goto fail;
+  if (cfg->tls_client_ca[0] != '\0') {
+    what = "tls-client-ca";
+    if (SSL_CTX_load_verify_locations(ctx, cfg->tls_client_ca, NULL) != 1)
+      goto fail;
+    STACK_OF(X509_NAME) *names = SSL_load_client_CA_file(cfg->tls_client_ca);
+    if (names == NULL) goto fail;
+    SSL_CTX_set_client_CA_list(ctx, names);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT,
+                       NULL);
+  }
+  ERR_clear_error();
+  return ctx;
+fail:
+  snprintf(msg, msglen, "http: %s: %s", what, tls_reason());
+  ERR_clear_error();
+  SSL_CTX_free(ctx);
+  return NULL;
+}
+
 http_server *http_server_start(daemon_state *d, rpc_server *rpc, char *bound,
                                size_t boundlen, char *msg, size_t msglen) {
   const toposd_config *cfg = d->cfg;
@@ -892,6 +1170,13 @@ http_server *http_server_start(daemon_state *d, rpc_server *rpc, char *bound,
     h->cap = rl.rlim_cur > 2 * FD_HEADROOM ? (int)rl.rlim_cur - FD_HEADROOM
                                            : (int)rl.rlim_cur / 2;
   h->gw = (gateway){.d = d, .rpc = rpc, .http = h};
+  if (cfg->tls_cert[0] != '\0') {
+    h->tls = tls_context(cfg, msg, msglen);
+    if (h->tls == NULL) {
+      free(h);
+      return NULL;
+    }
+  }
   pthread_mutex_init(&h->done_lock, NULL);
   uv_loop_init(&h->loop);
   uv_tcp_init(&h->loop, &h->server);
@@ -949,6 +1234,7 @@ fail:
   uv_run(&h->loop, UV_RUN_DEFAULT);
   uv_loop_close(&h->loop);
   pthread_mutex_destroy(&h->done_lock);
+  SSL_CTX_free(h->tls);
   free(h);
   return NULL;
 }
@@ -968,6 +1254,7 @@ void http_server_stop(http_server *h) {
   }
   uv_loop_close(&h->loop);
   pthread_mutex_destroy(&h->done_lock);
+  SSL_CTX_free(h->tls);
   free(h);
 }
 
@@ -980,5 +1267,7 @@ void http_server_counts(http_server *h, http_counts *out) {
   out->refused = atomic_load(&h->refused);
   out->timeouts = atomic_load(&h->timeouts);
   out->bad_requests = atomic_load(&h->bad_requests);
+  out->tls_failures = atomic_load(&h->tls_failures);
+  out->tls = h->tls != NULL;
   out->cap = h->cap;
 }

@@ -75,7 +75,9 @@ struct http_exchange {
 /* Counters for /metrics. */
 typedef struct http_counts {
   int64_t open, accepted, shed, refused, timeouts, bad_requests;
+  int64_t tls_failures; /* handshakes refused (TLS only) */
   int cap;
+  bool tls; /* the gateway serves HTTPS */
 } http_counts;
 
 /* Starts the listener on cfg->http and its loop thread; writes the bound

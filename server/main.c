@@ -185,12 +185,14 @@ int main(int argc, char **argv) {
     return 1;
   }
   /* Tokens are secrets: on a network they travel inside TLS, or in the
-   * clear only when the operator says so (--insecure).  The gateway has
-   * no TLS yet, so a non-loopback --http always needs --insecure. */
+   * clear only when the operator says so (--insecure).  The gateway
+   * serves TLS with the same certificate as gRPC. */
   const char *clear[2] = {NULL, NULL}; /* gRPC's, the gateway's */
   if (!listen_is_loopback(cfg.listen) && cfg.tls_cert[0] == '\0')
     clear[0] = cfg.listen;
-  if (cfg.http[0] != '\0' && !listen_is_loopback(cfg.http)) clear[1] = cfg.http;
+  if (cfg.http[0] != '\0' && !listen_is_loopback(cfg.http) &&
+      cfg.tls_cert[0] == '\0')
+    clear[1] = cfg.http;
   for (int i = 0; i < 2; i++) {
     if (clear[i] == NULL) continue;
     if (cfg.insecure) {
@@ -208,8 +210,9 @@ int main(int argc, char **argv) {
             clear[i],
             i == 0 ? "Give the daemon a certificate (--tls-cert FILE "
                      "--tls-key FILE)"
-                   : "The HTTP gateway has no TLS yet: keep --http on "
-                     "127.0.0.1 or set --http off");
+                   : "Give the daemon a certificate (--tls-cert FILE "
+                     "--tls-key FILE: the gateway then serves HTTPS), keep "
+                     "--http on 127.0.0.1, or set --http off");
     store_close(store);
     return 1;
   }
@@ -299,7 +302,10 @@ int main(int argc, char **argv) {
             "bytes",
             TOPOSD_VERSION, bound, cfg.store, cfg.workers, cfg.queue,
             (long long)cfg.max_message_bytes);
-  if (http != NULL) log_event("start", "http gateway on %s", http_bound);
+  if (http != NULL)
+    log_event("start", "http gateway on %s%s%s", http_bound,
+              cfg.tls_cert[0] ? " over TLS (https)" : "",
+              cfg.tls_client_ca[0] ? ", client certificates required" : "");
 
   int rc = rpc_server_run(server, &stop_requested);
   if (rc != 0) {

@@ -1,19 +1,25 @@
 /*
  * http_client.h - a raw HTTP/1.1 client for the gateway's tests: plain
  * sockets, so a test controls every byte (malformed lines, slow senders,
- * pipelining) and sees every byte that comes back.  Static functions, for
- * suites that include harness.h first.
+ * pipelining) and sees every byte that comes back; or the same over TLS
+ * (https_open: OpenSSL on a blocking socket) for a gateway with a
+ * certificate.  Static functions, for suites that include harness.h
+ * first.
  */
 #ifndef TOPOS_TESTS_DAEMON_HTTP_CLIENT_H
 #define TOPOS_TESTS_DAEMON_HTTP_CLIENT_H
 
 #include <arpa/inet.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <strings.h>
 #include <sys/socket.h>
 
 #include <cJSON.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 
 #include "harness.h"
 
@@ -81,7 +87,95 @@ typedef struct http_conn {
   int fd;
   char buf[1 << 16];
   size_t len;
+  SSL *ssl; /* NULL: plain text */
+  SSL_CTX *ctx;
 } http_conn;
+
+/* Up to len bytes before `until`: > 0 bytes, 0 closed (or a TLS error),
+ * -1 timed out. */
+static ssize_t http_conn_recv(http_conn *c, void *buf, size_t len,
+                              double until) {
+  for (;;) {
+    if (c->ssl == NULL || SSL_pending(c->ssl) == 0) {
+      struct pollfd p = {c->fd, POLLIN, 0};
+      double left = until - now_s();
+      if (left <= 0 || poll(&p, 1, (int)(left * 1000) + 1) <= 0) return -1;
+    }
+    if (c->ssl == NULL) {
+      ssize_t n = recv(c->fd, buf, len, 0);
+      return n < 0 ? 0 : n;
+    }
+    int n = SSL_read(c->ssl, buf, len > INT_MAX ? INT_MAX : (int)len);
+    if (n > 0) return n;
+    /* A record split across reads is not an answer yet. */
+    if (SSL_get_error(c->ssl, n) != SSL_ERROR_WANT_READ) return 0;
+  }
+}
+
+static void http_conn_send(http_conn *c, const void *data, size_t len) {
+  if (c->ssl == NULL) {
+    http_send_all(c->fd, data, len);
+    return;
+  }
+  const char *p = data;
+  while (len > 0) {
+    int n = SSL_write(c->ssl, p, len > (1u << 20) ? 1 << 20 : (int)len);
+    if (n <= 0) return; /* the server may close first: the reply says */
+    p += n;
+    len -= (size_t)n;
+  }
+}
+
+/* A TLS connection to 127.0.0.1:port that verifies the daemon's
+ * certificate against the CAs in ca for the name `host` (an IP address or
+ * a DNS name), presenting cert and key when given.  NULL with OpenSSL's
+ * reason in err when the handshake fails.  (With TLS 1.3 a missing client
+ * certificate is only seen at the first read: the server's alert.) */
+static http_conn *https_open(int port, const char *ca, const char *host,
+                             const char *cert, const char *key, char *err,
+                             size_t errlen) {
+  http_conn *c = calloc(1, sizeof *c);
+  ck_assert_ptr_nonnull(c);
+  c->fd = http_connect(port);
+  ck_assert_int_ge(c->fd, 0);
+  c->ctx = SSL_CTX_new(TLS_client_method());
+  ck_assert_ptr_nonnull(c->ctx);
+  ck_assert_int_eq(SSL_CTX_load_verify_locations(c->ctx, ca, NULL), 1);
+  SSL_CTX_set_verify(c->ctx, SSL_VERIFY_PEER, NULL);
+  if (cert != NULL) {
+    ck_assert_int_eq(SSL_CTX_use_certificate_chain_file(c->ctx, cert), 1);
+    ck_assert_int_eq(SSL_CTX_use_PrivateKey_file(c->ctx, key, SSL_FILETYPE_PEM),
+                     1);
+  }
+  c->ssl = SSL_new(c->ctx);
+  ck_assert_ptr_nonnull(c->ssl);
+  X509_VERIFY_PARAM *param = SSL_get0_param(c->ssl);
+  if (X509_VERIFY_PARAM_set1_ip_asc(param, host) != 1) {
+    ck_assert_int_eq(SSL_set1_host(c->ssl, host), 1);
+    SSL_set_tlsext_host_name(c->ssl, host);
+  }
+  SSL_set_fd(c->ssl, c->fd);
+  ERR_clear_error();
+  if (SSL_connect(c->ssl) != 1) {
+    unsigned long e = ERR_peek_last_error();
+    snprintf(err, errlen, "%s",
+             e ? ERR_reason_error_string(e) : "the connection closed");
+    SSL_free(c->ssl);
+    SSL_CTX_free(c->ctx);
+    close(c->fd);
+    free(c);
+    return NULL;
+  }
+  return c;
+}
+
+static void http_conn_close(http_conn *c) {
+  if (c == NULL) return;
+  SSL_free(c->ssl);
+  SSL_CTX_free(c->ctx);
+  close(c->fd);
+  free(c);
+}
 
 /* Reads one response within timeout_s. */
 static void http_read(http_conn *c, double timeout_s, http_reply *r) {
@@ -94,11 +188,10 @@ static void http_read(http_conn *c, double timeout_s, http_reply *r) {
       head_end = (size_t)(end - c->buf) + 4;
       break;
     }
-    struct pollfd p = {c->fd, POLLIN, 0};
-    double left = until - now_s();
-    if (left <= 0 || poll(&p, 1, (int)(left * 1000) + 1) <= 0) return;
-    ssize_t n = recv(c->fd, c->buf + c->len, sizeof c->buf - c->len, 0);
-    if (n <= 0) {
+    ssize_t n =
+        http_conn_recv(c, c->buf + c->len, sizeof c->buf - c->len, until);
+    if (n < 0) return;
+    if (n == 0) {
       r->closed = true;
       return;
     }
@@ -120,10 +213,7 @@ static void http_read(http_conn *c, double timeout_s, http_reply *r) {
   memmove(c->buf, c->buf + head_end + take, c->len - head_end - take);
   c->len -= head_end + take;
   while (take < want) {
-    struct pollfd p = {c->fd, POLLIN, 0};
-    double left = until - now_s();
-    if (left <= 0 || poll(&p, 1, (int)(left * 1000) + 1) <= 0) break;
-    ssize_t n = recv(c->fd, r->body + take, want - take, 0);
+    ssize_t n = http_conn_recv(c, r->body + take, want - take, until);
     if (n <= 0) break;
     take += (size_t)n;
   }

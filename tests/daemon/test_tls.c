@@ -17,9 +17,16 @@
  *    daemon at start with a message naming the file;
  *  - a non-loopback address without TLS is refused unless --insecure;
  *    with TLS (from the --config file) it starts;
- *  - tokens and TLS together.
+ *  - tokens and TLS together;
+ *  - the HTTP gateway serves HTTPS with the same certificate: keep-alive,
+ *    pipelining, 100-continue, bodies and replies of many records, tokens
+ *    and the per-address throttle over fresh connections; a plain HTTP
+ *    client gets a plain 400, a client trusting another CA is refused, a
+ *    silent handshake times out; with --tls-client-ca only a certificate
+ *    of that CA is served.
  */
 #include "harness.h"
+#include "http_client.h"
 #include "store.h"
 #include "topos_client.h"
 
@@ -411,14 +418,19 @@ START_TEST(test_network_needs_tls) {
   ck_assert_msg(strstr(out, "refusing to serve 0.0.0.0:0 without TLS") &&
                     strstr(out, "--tls-cert") && strstr(out, "--insecure"),
                 "%s", out);
-  /* The gateway has no TLS: a non-loopback --http needs --insecure. */
+  /* A non-loopback --http without a certificate: refused too. */
+  ck_assert_int_eq(toposd_exit(&d, "--http 0.0.0.0:0", out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "refusing to serve 0.0.0.0:0 without TLS") &&
+                    strstr(out, "the gateway then serves HTTPS"),
+                "%s", out);
+  /* With one, the gateway serves HTTPS there: it starts. */
   char args[1600];
   snprintf(args, sizeof args,
            "--listen 127.0.0.1:0 --tls-cert %s/server.pem --tls-key "
            "%s/server.key --http 0.0.0.0:0",
            d.dir, d.dir);
-  ck_assert_int_eq(toposd_exit(&d, args, out, sizeof out), 1);
-  ck_assert_msg(strstr(out, "HTTP gateway has no TLS"), "%s", out);
+  ck_assert_msg(toposd_starts(&d, args, line, sizeof line), "%s", line);
+  ck_assert(log_has(&d, "over TLS (https)"));
   /* --insecure: it starts, and says so in its log. */
   ck_assert_msg(
       toposd_starts(&d, "--listen 0.0.0.0:0 --insecure", line, sizeof line),
@@ -470,6 +482,218 @@ START_TEST(test_tokens_over_tls) {
 }
 END_TEST
 
+/* ------------------------------------------------------------- gateway */
+
+/* One request on an open connection (token and body optional). */
+static void https_request(http_conn *c, const char *method, const char *path,
+                          const char *token, const char *ctype,
+                          const void *body, size_t len, http_reply *r) {
+  char head[1024];
+  int n = snprintf(head, sizeof head,
+                   "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%s%s%s%s%s%s"
+                   "Content-Length: %zu\r\n\r\n",
+                   method, path, token ? "Authorization: Bearer " : "",
+                   token ? token : "", token ? "\r\n" : "",
+                   ctype ? "Content-Type: " : "", ctype ? ctype : "",
+                   ctype ? "\r\n" : "", len);
+  http_conn_send(c, head, (size_t)n);
+  if (len) http_conn_send(c, body, len);
+  http_read(c, 30, r);
+}
+
+/* GET path on a fresh TLS connection; its status. */
+static int https_status(int port, const char *ca, const char *path,
+                        const char *token, http_reply *r) {
+  char err[256];
+  http_conn *c = https_open(port, ca, "127.0.0.1", NULL, NULL, err, sizeof err);
+  ck_assert_msg(c != NULL, "handshake: %s", err);
+  https_request(c, "GET", path, token, NULL, NULL, 0, r);
+  http_conn_close(c);
+  return r->status;
+}
+
+START_TEST(test_https_gateway) {
+  daemon_proc d = {0};
+  daemon_dir(&d);
+  make_certs(d.dir);
+  char secret[80];
+  tenant_with_token(&d, secret, sizeof secret);
+  const char *const extra[] = {"--tls-cert",
+                               in_dir(&d, "server.pem"),
+                               "--tls-key",
+                               in_dir(&d, "server.key"),
+                               "--http-read-timeout-ms",
+                               "1000",
+                               "--auth-fail-limit",
+                               "5",
+                               NULL};
+  daemon_start(&d, extra);
+  ck_assert_int_gt(d.http_port, 0);
+  char ca[400];
+  snprintf(ca, sizeof ca, "%s", in_dir(&d, "ca.pem"));
+  char err[256];
+  http_reply r = {0};
+
+  /* Keep-alive: a probe, a reply of many records, tokens. */
+  http_conn *c =
+      https_open(d.http_port, ca, "127.0.0.1", NULL, NULL, err, sizeof err);
+  ck_assert_msg(c != NULL, "handshake: %s", err);
+  https_request(c, "GET", "/healthz", NULL, NULL, NULL, 0, &r);
+  ck_assert_int_eq(r.status, 200);
+  http_reply_clear(&r);
+  https_request(c, "GET", "/openapi.json", NULL, NULL, NULL, 0, &r);
+  ck_assert_int_eq(r.status, 200);
+  ck_assert_uint_gt(r.body_len, 16384); /* over one TLS record */
+  cJSON *doc = cJSON_Parse(r.body);
+  ck_assert(cJSON_GetObjectItemCaseSensitive(doc, "openapi") != NULL);
+  cJSON_Delete(doc);
+  http_reply_clear(&r);
+  https_request(c, "GET", "/v1/backends", NULL, NULL, NULL, 0, &r);
+  HTTP_ASSERT_ERROR(&r, 401, "UNAUTHENTICATED");
+  http_reply_clear(&r);
+  https_request(c, "GET", "/v1/backends", secret, NULL, NULL, 0, &r);
+  ck_assert_msg(r.status == 200, "%d %s", r.status, r.body);
+  http_reply_clear(&r);
+
+  /* A body of many records (3 MB, not JSON at its end): read whole and
+   * refused, and the connection goes on. */
+  size_t big = (size_t)3 << 20;
+  char *body = malloc(big);
+  memset(body, ' ', big);
+  body[big - 1] = '[';
+  https_request(c, "POST", "/v1/specs", secret, "application/json", body, big,
+                &r);
+  HTTP_ASSERT_ERROR(&r, 400, "INVALID_ARGUMENT");
+  ck_assert(!r.closed);
+  http_reply_clear(&r);
+  free(body);
+
+  /* Pipelining: two requests in one write, two replies in order. */
+  const char two[] =
+      "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+      "GET /v1/specs HTTP/1.1\r\nHost: x\r\n\r\n";
+  http_conn_send(c, two, sizeof two - 1);
+  http_read(c, 30, &r);
+  ck_assert_int_eq(r.status, 200);
+  http_reply_clear(&r);
+  http_read(c, 30, &r);
+  HTTP_ASSERT_ERROR(&r, 401, "UNAUTHENTICATED");
+  http_reply_clear(&r);
+
+  /* Expect: 100-continue goes through TLS too. */
+  char head[512];
+  int n = snprintf(head, sizeof head,
+                   "POST /v1/specs HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                   "Bearer %s\r\nContent-Type: application/json\r\n"
+                   "Expect: 100-continue\r\nContent-Length: 2\r\n\r\n",
+                   secret);
+  http_conn_send(c, head, (size_t)n);
+  http_read(c, 30, &r);
+  ck_assert_int_eq(r.status, 100);
+  http_reply_clear(&r);
+  http_conn_send(c, "[]", 2);
+  http_read(c, 30, &r);
+  HTTP_ASSERT_ERROR(&r, 400, "INVALID_ARGUMENT");
+  http_reply_clear(&r);
+  http_conn_close(c);
+
+  /* By name. */
+  c = https_open(d.http_port, ca, "localhost", NULL, NULL, err, sizeof err);
+  ck_assert_msg(c != NULL, "handshake: %s", err);
+  http_conn_close(c);
+
+  /* Trusting another CA, or a name the certificate lacks: refused. */
+  c = https_open(d.http_port, in_dir(&d, "other-ca.pem"), "127.0.0.1", NULL,
+                 NULL, err, sizeof err);
+  ck_assert_ptr_null(c);
+  ck_assert_msg(strstr(err, "certificate verify failed"), "%s", err);
+  c = https_open(d.http_port, ca, "127.0.0.2", NULL, NULL, err, sizeof err);
+  ck_assert_ptr_null(c);
+
+  /* Plain HTTP on the HTTPS port: a plain 400 that says so. */
+  http_get(d.http_port, "/healthz", &r);
+  HTTP_ASSERT_ERROR(&r, 400, "INVALID_ARGUMENT");
+  ck_assert_msg(strstr(r.body, "serves HTTPS"), "%s", r.body);
+  http_reply_clear(&r);
+
+  /* A client that never says hello is closed at the read timeout. */
+  int fd = http_connect(d.http_port);
+  double t0 = now_s();
+  ck_assert(http_closed(fd, 10));
+  double took = now_s() - t0;
+  ck_assert_msg(took >= 0.9 && took < 5, "closed after %.2f s", took);
+  close(fd);
+
+  /* Failed tokens over fresh connections count against the address:
+   * two refusals above (no token) and three here reach the limit of 5,
+   * so the next connection, with a good token, is throttled. */
+  for (int i = 0; i < 3; i++) {
+    ck_assert_int_eq(https_status(d.http_port, ca, "/v1/backends",
+                                  "tps_not_a_token_of_this_daemon", &r),
+                     401);
+    http_reply_clear(&r);
+  }
+  https_status(d.http_port, ca, "/v1/backends", secret, &r);
+  HTTP_ASSERT_ERROR(&r, 429, "RESOURCE_EXHAUSTED");
+  http_reply_clear(&r);
+
+  assert_clean_exit(daemon_stop(&d, SIGTERM, 20), 20);
+  ck_assert(log_has(&d, "over TLS (https)"));
+  ck_assert(log_has(&d, "plain HTTP on the HTTPS port"));
+  ck_assert(log_has(&d, "refused the handshake"));
+  ck_assert(!log_has(&d, secret + 4));
+  daemon_cleanup(&d);
+}
+END_TEST
+
+/* --tls-client-ca on the gateway: a certificate of that CA is served;
+ * none, or one of another CA, gets no answer. */
+START_TEST(test_https_client_certificates) {
+  daemon_proc d = {0};
+  daemon_dir(&d);
+  make_certs(d.dir);
+  const char *const extra[] = {"--tls-cert",
+                               in_dir(&d, "server.pem"),
+                               "--tls-key",
+                               in_dir(&d, "server.key"),
+                               "--tls-client-ca",
+                               in_dir(&d, "ca.pem"),
+                               NULL};
+  daemon_start(&d, extra);
+  char ca[400];
+  snprintf(ca, sizeof ca, "%s", in_dir(&d, "ca.pem"));
+  char err[256];
+  http_reply r = {0};
+  http_conn *c =
+      https_open(d.http_port, ca, "127.0.0.1", in_dir(&d, "client.pem"),
+                 in_dir(&d, "client.key"), err, sizeof err);
+  ck_assert_msg(c != NULL, "handshake: %s", err);
+  https_request(c, "GET", "/healthz", NULL, NULL, NULL, 0, &r);
+  ck_assert_int_eq(r.status, 200);
+  http_reply_clear(&r);
+  http_conn_close(c);
+
+  const char *certs[2][2] = {
+      {NULL, NULL},
+      {in_dir(&d, "other-client.pem"), in_dir(&d, "other-client.key")}};
+  for (int i = 0; i < 2; i++) {
+    /* TLS 1.3 finishes the client's side of the handshake before the
+     * server checks its certificate: the refusal may come at the first
+     * read instead. */
+    c = https_open(d.http_port, ca, "127.0.0.1", certs[i][0], certs[i][1], err,
+                   sizeof err);
+    if (c == NULL) continue;
+    https_request(c, "GET", "/healthz", NULL, NULL, NULL, 0, &r);
+    ck_assert_msg(r.status == 0, "certificate %d: served %d", i, r.status);
+    http_reply_clear(&r);
+    http_conn_close(c);
+  }
+  assert_clean_exit(daemon_stop(&d, SIGTERM, 20), 20);
+  ck_assert(log_has(&d, "refused the handshake"));
+  daemon_cleanup(&d);
+}
+END_TEST
+
 Suite *tls_suite(void) {
   Suite *s = suite_create("tls");
   TCase *tc = tcase_create("tls");
@@ -479,6 +703,8 @@ Suite *tls_suite(void) {
   tcase_add_test(tc, test_bad_files);
   tcase_add_test(tc, test_network_needs_tls);
   tcase_add_test(tc, test_tokens_over_tls);
+  tcase_add_test(tc, test_https_gateway);
+  tcase_add_test(tc, test_https_client_certificates);
   suite_add_tcase(s, tc);
   return s;
 }

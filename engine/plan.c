@@ -807,6 +807,31 @@ void topos_plan_run_bytes(const topos_plan *plan, topos_run_bytes *out) {
   *out = *plan_bytes(plan);
 }
 
+size_t topos_plan_device_bytes(const topos_plan *plan) {
+  if (!plan) return 0;
+  const topos_network *net = plan->net;
+  bool training = plan->posture == TOPOS_POSTURE_TRAINING;
+  size_t best = 0;
+  for (int s = 0; s < plan->nschedule; s++) {
+    int32_t i = plan->schedule[s];
+    const node *nd = &net->nodes[i];
+    if (is_leaf(nd->op)) continue;
+    int g = plan->group_of[i];
+    size_t ins = 0;
+    if (g >= 0)
+      for (int k = 0; k < plan->groups[g].nins; k++)
+        ins =
+            size_add(ins, data_bytes(&net->nodes[plan->groups[g].ins[k]].meta));
+    else
+      for (int k = 0; k < nd->nin; k++)
+        ins = size_add(ins, data_bytes(&net->nodes[nd->in[k]].meta));
+    size_t task = size_add(ins, data_bytes(&nd->meta));
+    if (training) task = size_add(task, ins);
+    if (task > best) best = task;
+  }
+  return best;
+}
+
 /* A set of tensors shaped like the parameters, in dtype `moment` (bf16
  * parameters keep f32 moments) or their own. */
 static size_t param_set_bytes(const topos_network *net, bool moment) {

@@ -647,6 +647,16 @@ typedef struct topos_run_bytes {
 /* Fills *out for plan (all zero for NULL). */
 void topos_plan_run_bytes(const topos_plan *plan, topos_run_bytes *out);
 
+/* A bound of the device memory a run of plan holds at once when a device
+ * backend takes its tasks (docs/cuda.md: a device runs one task at a
+ * time, so a run's device peak is its largest task): over the plan's
+ * nodes and fused groups, the elements of the operands a task reads plus
+ * those of its output, and in a training plan those of the operands'
+ * gradients its adjoint writes as well.  Counted by elements, not by the
+ * spans a strided view covers (a column slice reads its elements only
+ * here).  0 for NULL. */
+size_t topos_plan_device_bytes(const topos_plan *plan);
+
 /* An upper bound of what topos_plan_step allocates at once under opt:
  * the forward, the gradients and the optimizer's new parameters and
  * moments with their conversions, plus a copy of the initial parameters

@@ -1681,6 +1681,29 @@ START_TEST(memory_bounds_broadcast) {
 }
 END_TEST
 
+/* The device bound: the largest task's operands and output (and, for
+ * training, the operands' gradients). */
+START_TEST(device_bytes_largest_task) {
+  topos_tape *t = topos_tape_new(TOPOS_F32);
+  topos_value a = param_rand(t, TOPOS_F32, 2, S(64, 32), 1, -1, 1);
+  topos_value b = param_rand(t, TOPOS_F32, 2, S(32, 16), 2, -1, 1);
+  topos_value y = topos_tanh(t, topos_matmul(t, a, b)); /* [64, 16] */
+  topos_value loss = topos_sum(t, y);
+  topos_network *net = seal(t);
+  topos_plan *p = lower(net, &loss, 1, NULL, 0, TOPOS_POSTURE_FORWARD);
+  /* the matmul: 64x32 + 32x16 in, 64x16 out, f32 */
+  ck_assert_uint_eq(topos_plan_device_bytes(p),
+                    (64 * 32 + 32 * 16 + 64 * 16) * 4);
+  topos_plan_free(p);
+  p = lower(net, &loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING);
+  ck_assert_uint_eq(topos_plan_device_bytes(p),
+                    (2 * (64 * 32 + 32 * 16) + 64 * 16) * 4);
+  topos_plan_free(p);
+  topos_network_release(net);
+  ck_assert_uint_eq(topos_plan_device_bytes(NULL), 0);
+}
+END_TEST
+
 /* A training chain: the scan's cotangents stay to its end (the
  * evaluating builder keeps every settled handle), and the bound knows. */
 START_TEST(memory_bounds_chain) {
@@ -1733,6 +1756,7 @@ Suite *plan_suite(void) {
   tcase_add_test(tc, memory_bounds_models);
   tcase_add_test(tc, memory_bounds_samples);
   tcase_add_test(tc, memory_bounds_broadcast);
+  tcase_add_test(tc, device_bytes_largest_task);
   tcase_add_test(tc, memory_bounds_chain);
   suite_add_tcase(s, tc);
 

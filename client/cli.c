@@ -27,18 +27,22 @@
  *          describe).  --threads N (0..1024, 0 = the daemon's default) is
  *          the most threads each backend task of the entry's runs may use.
  *
- *   tenant add NAME [--admin] | tenant list | tenant remove NAME
+ *   tenant add NAME [--admin] [--with-token] | tenant list
+ *         | tenant remove NAME
  *   token create TENANT | token list TENANT | token revoke TOKEN_ID
- *                        administration on the store file itself
- *                        (--store PATH, default $TOPOS_STORE, then
- *                        ./var/topos.db); each change prints an audit line
- *                        on stderr; token create prints the secret on
- *                        stdout, once
+ *                        administration, on the store file itself
+ *                        (--store PATH) or through the daemon with an
+ *                        admin tenant's token (--server ADDRESS; the Admin*
+ *                        RPCs); neither: $TOPOS_STORE, else $TOPOS_SERVER,
+ *                        else the file ./var/topos.db.  The same output
+ *                        both ways: each change prints an audit line on
+ *                        stderr; token create (and tenant add
+ *                        --with-token) prints the secret on stdout, once
  *   quota set TENANT [--stored-bytes N] [--inflight N] [--rate R --burst B]
  *         [--nodes N] [--run-ms N] [--run-bytes N] [--weight W]
  *         | quota show TENANT
- *                        a tenant's quotas, on the store file too ('none'
- *                        clears one); set prints an audit line
+ *                        a tenant's quotas, either way too ('none' clears
+ *                        one); set prints an audit line
  *
  * --token (default $TOPOS_TOKEN) is sent as "authorization: Bearer TOKEN".
  * --tls-ca FILE (default $TOPOS_TLS_CA) turns TLS on and verifies the
@@ -110,10 +114,14 @@ static const char *const usage_text =
     "daemon's certificate with that CA; --tls-cert FILE --tls-key FILE\n"
     "(defaults $TOPOS_TLS_CERT, $TOPOS_TLS_KEY) send a client certificate.\n"
     "\n"
-    "administration (on the store file, docs/operations.md):\n"
-    "  tenant add NAME [--admin] | tenant list | tenant remove NAME\n"
+    "administration (docs/operations.md; topos tenant --help):\n"
+    "  tenant add NAME [--admin] [--with-token] | tenant list\n"
+    "  tenant remove NAME\n"
     "  token create TENANT | token list TENANT | token revoke TOKEN_ID\n"
-    "  --store PATH defaults to $TOPOS_STORE, then ./var/topos.db.\n";
+    "  quota set TENANT [--stored-bytes N] ... | quota show TENANT\n"
+    "  on the store file (--store PATH) or through the daemon with an\n"
+    "  admin tenant's token (--server ADDRESS); without either,\n"
+    "  $TOPOS_STORE, else $TOPOS_SERVER, else the file ./var/topos.db.\n";
 
 static const struct {
   const char *name, *usage;
@@ -775,24 +783,49 @@ static int cmd_stats(topos_client *c, const options *o) {
 /* ------------------------------------------------------- administration */
 
 static const char *const admin_usage =
-    "usage: topos [--store PATH] tenant add NAME [--admin]\n"
-    "       topos [--store PATH] tenant list\n"
-    "       topos [--store PATH] tenant remove NAME\n"
-    "       topos [--store PATH] token create TENANT\n"
-    "       topos [--store PATH] token list TENANT\n"
-    "       topos [--store PATH] token revoke TOKEN_ID\n"
-    "       topos [--store PATH] quota set TENANT [--stored-bytes N] "
+    "usage: topos [WHERE] tenant add NAME [--admin] [--with-token]\n"
+    "       topos [WHERE] tenant list\n"
+    "       topos [WHERE] tenant remove NAME\n"
+    "       topos [WHERE] token create TENANT\n"
+    "       topos [WHERE] token list TENANT\n"
+    "       topos [WHERE] token revoke TOKEN_ID\n"
+    "       topos [WHERE] quota set TENANT [--stored-bytes N] [--inflight N]\n"
+    "             [--rate R --burst B] [--nodes N] [--run-ms N] "
+    "[--run-bytes N] [--weight W]\n"
+    "       topos [WHERE] quota show TENANT\n"
+    "\n"
+    "WHERE is the store file or the daemon:\n"
+    "  --store PATH     works on the daemon's store file directly; safe while\n"
+    "                   toposd runs (SQLite locks the file, and the daemon\n"
+    "                   reads tokens on every call, so a revoked token is\n"
+    "                   refused from the next call on)\n"
+    "  --server ADDRESS goes through the daemon, with an admin tenant's\n"
+    "                   token (--token TOKEN or $TOPOS_TOKEN; --tls-ca,\n"
+    "                   --tls-cert, --tls-key and --deadline as for the other\n"
+    "                   commands)\n"
+    "Without either: $TOPOS_STORE when set, else $TOPOS_SERVER when set, else\n"
+    "the file ./var/topos.db.  Both ways print the same: token create (and\n"
+    "tenant add --with-token, which also creates the tenant's first token)\n"
+    "prints the secret on stdout, once; only its SHA-256 is stored.  Every\n"
+    "change prints an audit line on stderr.  Tenant names are 1..64 of a-z,\n"
+    "0-9, '_' and '-'.  Exit status 0, 1 when refused (unknown tenant or\n"
+    "token, a taken name, not an admin), 2 on a usage error or when the\n"
+    "daemon cannot be reached.\n";
+
+static const char *const quota_usage =
+    "usage: topos [WHERE] quota set TENANT [--stored-bytes N] "
     "[--inflight N]\n"
     "             [--rate R --burst B] [--nodes N] [--run-ms N] "
     "[--run-bytes N] [--weight W]\n"
-    "       topos [--store PATH] quota show TENANT\n"
+    "       topos [WHERE] quota show TENANT\n"
     "\n"
-    "Works on the daemon's store file directly; safe while toposd runs\n"
-    "(SQLite locks the file, and the daemon reads tokens on every call, so a\n"
-    "revoked token is refused from the next call on).  --store defaults to\n"
-    "$TOPOS_STORE, then ./var/topos.db.  token create prints the secret on\n"
-    "stdout once; only its SHA-256 is stored.  Tenant names are 1..64 of\n"
-    "a-z, 0-9, '_' and '-'.\n";
+    "Per-tenant quotas (docs/operations.md, \"Quotas\"), on the daemon's\n"
+    "store file (--store PATH) or through the daemon (--server ADDRESS, an\n"
+    "admin tenant's token; topos tenant --help says which is the default);\n"
+    "a change applies from the daemon's next call.  A value 'none' clears a\n"
+    "quota (unlimited); --rate none clears the burst too.  --weight W\n"
+    "(1..1000, none: 1) is the tenant's share of the workers when tenants\n"
+    "compete (\"Fair scheduling\").\n";
 
 static void format_ms(int64_t ms, char *out, size_t len) {
   time_t t = (time_t)(ms / 1000);
@@ -801,13 +834,24 @@ static void format_ms(int64_t ms, char *out, size_t len) {
   strftime(out, len, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
-/* One line per change, on stderr: what, on which store, by whom.  Never a
- * secret. */
-static void audit(const char *store, const char *fmt, ...)
+/* Where the administration commands work: the store file, or the daemon
+ * (server set). */
+typedef struct admin_target {
+  const char *store_path, *server;
+  const char *token, *tls_ca, *tls_cert, *tls_key;
+  double deadline;
+  topos_store *st;
+  topos_client *c;
+} admin_target;
+
+/* One line per change, on stderr: what, on which store or daemon, by
+ * whom.  Never a secret.  (Through the daemon, the daemon logs its own
+ * line too: event=audit, with the caller's tenant and address.) */
+static void audit(const admin_target *t, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-static void audit(const char *store, const char *fmt, ...) {
-  char what[512], when[32];
+static void audit(const admin_target *t, const char *fmt, ...) {
+  char what[640], when[32];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(what, sizeof what, fmt, ap);
@@ -816,8 +860,9 @@ static void audit(const char *store, const char *fmt, ...) {
   clock_gettime(CLOCK_REALTIME, &ts);
   format_ms((int64_t)ts.tv_sec * 1000, when, sizeof when);
   const char *user = getenv("USER");
-  fprintf(stderr, "topos: audit ts=%s %s store=%s uid=%u user=%s\n", when, what,
-          store, (unsigned)getuid(), user && *user ? user : "-");
+  fprintf(stderr, "topos: audit ts=%s %s %s=%s uid=%u user=%s\n", when, what,
+          t->server ? "server" : "store", t->server ? t->server : t->store_path,
+          (unsigned)getuid(), user && *user ? user : "-");
 }
 
 /* The store file for the admin commands (NULL with the reason printed):
@@ -829,7 +874,8 @@ static topos_store *admin_store_open(const char *store_path, bool may_create,
   if (!may_create && stat(store_path, &sb) != 0) {
     fprintf(stderr,
             "topos: no store at %s (the daemon's --store; pass --store PATH "
-            "or set TOPOS_STORE)\n",
+            "or set TOPOS_STORE, or go through the daemon with --server "
+            "ADDRESS)\n",
             store_path);
     return NULL;
   }
@@ -838,154 +884,284 @@ static topos_store *admin_store_open(const char *store_path, bool may_create,
   return st;
 }
 
-static int admin_main(int argc, char **argv) {
-  const char *env = getenv("TOPOS_STORE");
-  const char *store_path = env && env[0] ? env : "./var/topos.db";
-  const char *pos[4] = {NULL};
-  int npos = 0;
-  bool admin = false;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (strcmp(a, "--store") == 0) {
-      if (i + 1 >= argc) return usage_error("--store needs a value");
-      store_path = argv[++i];
-    } else if (strcmp(a, "--admin") == 0) {
-      admin = true;
-    } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      fputs(admin_usage, stdout);
-      return 0;
-    } else if (strcmp(a, "--server") == 0 || strcmp(a, "--token") == 0 ||
-               strcmp(a, "--deadline") == 0) {
-      return usage_error(
-          "%s does not apply to tenant and token (they work "
-          "on the store file: --store PATH)",
-          a);
-    } else if (a[0] == '-' && a[1] != '\0') {
-      return usage_error("unknown option %s", a);
-    } else if (npos < 4) {
-      pos[npos++] = a;
-    } else {
-      return usage_error("unexpected argument %s", a);
-    }
-  }
-  bool tenant = strcmp(pos[0], "tenant") == 0;
-  const char *sub = pos[1] ? pos[1] : "";
-  int want = -1; /* positional arguments after the subcommand */
-  if (tenant && strcmp(sub, "add") == 0) want = 1;
-  if (tenant && strcmp(sub, "list") == 0) want = 0;
-  if (tenant && strcmp(sub, "remove") == 0) want = 1;
-  if (!tenant && strcmp(sub, "create") == 0) want = 1;
-  if (!tenant && strcmp(sub, "list") == 0) want = 1;
-  if (!tenant && strcmp(sub, "revoke") == 0) want = 1;
-  if (want < 0 || npos != 2 + want) {
-    fputs(admin_usage, stderr);
-    return 2;
-  }
-  if (admin && !(tenant && strcmp(sub, "add") == 0))
-    return usage_error("--admin applies to tenant add only");
-  const char *arg = pos[2];
-  if ((tenant || strcmp(sub, "revoke") != 0) && arg &&
-      !store_tenant_name_valid(arg))
-    return usage_error(
-        "\"%s\" is not a tenant name (1..%d of a-z, 0-9, '_', "
-        "'-')",
-        arg, STORE_TENANT_NAME_MAX);
-  /* Only tenant add may create the store. */
+/* A client of `server` with the CLI's TLS settings (a flag overrides its
+ * environment variable, one by one), deadline and token.  NULL with the
+ * exit status in *rc (2: a connect or usage error, printed). */
+static topos_client *cli_connect(const char *server, const char *tls_ca,
+                                 const char *tls_cert, const char *tls_key,
+                                 double deadline, const char *token, int *rc) {
   topos_error err = {0};
-  topos_store *st =
-      admin_store_open(store_path, tenant && strcmp(sub, "add") == 0, &err);
-  if (st == NULL) return 1;
-  int rc = 0;
-  if (tenant && strcmp(sub, "add") == 0) {
-    if (store_tenant_add(st, arg, admin, &err) == TOPOS_OK) {
-      printf("tenant %s added%s\n", arg, admin ? " (admin)" : "");
-      audit(store_path, "action=tenant.add tenant=%s admin=%d", arg,
-            admin ? 1 : 0);
-    } else {
-      rc = 1;
-    }
-  } else if (tenant && strcmp(sub, "remove") == 0) {
-    if (store_tenant_remove(st, arg, &err) == TOPOS_OK) {
-      printf("tenant %s removed, with its tokens\n", arg);
-      audit(store_path, "action=tenant.remove tenant=%s", arg);
-    } else {
-      rc = 1;
-    }
-  } else if (tenant) {
-    store_tenant_info *rows = NULL;
-    int n = 0;
-    if (store_tenant_list(st, &rows, &n, &err) == TOPOS_OK) {
-      printf("%-24s %-5s %-6s %s\n", "TENANT", "ADMIN", "TOKENS", "CREATED");
-      for (int i = 0; i < n; i++) {
-        char when[32];
-        format_ms(rows[i].created_ms, when, sizeof when);
-        printf("%-24s %-5s %-6lld %s\n", rows[i].name,
-               rows[i].admin ? "yes" : "no", (long long)rows[i].live_tokens,
-               when);
-      }
-      free(rows);
-    } else {
-      rc = 1;
-    }
-  } else if (strcmp(sub, "create") == 0) {
-    char id[STORE_TOKEN_ID_LEN + 1], secret[STORE_TOKEN_SECRET_LEN + 1];
-    if (store_token_create(st, arg, id, secret, &err) == TOPOS_OK) {
-      printf("%s\n", secret);
-      fflush(stdout);
-      memset(secret, 0, sizeof secret);
-      fprintf(stderr,
-              "topos: token %s created for tenant %s; the secret above is "
-              "shown only now (the store keeps its SHA-256): give it to the "
-              "client as TOPOS_TOKEN\n",
-              id, arg);
-      audit(store_path, "action=token.create tenant=%s token=%s", arg, id);
-    } else {
-      rc = 1;
-    }
-  } else if (strcmp(sub, "list") == 0) {
-    store_token_info *rows = NULL;
-    int n = 0;
-    if (store_token_list(st, arg, &rows, &n, &err) == TOPOS_OK) {
-      printf("%-16s %-20s %s\n", "TOKEN_ID", "CREATED", "STATE");
-      for (int i = 0; i < n; i++) {
-        char made[32], gone[32];
-        format_ms(rows[i].created_ms, made, sizeof made);
-        if (rows[i].revoked_ms)
-          format_ms(rows[i].revoked_ms, gone, sizeof gone);
-        printf("%-16s %-20s %s%s\n", rows[i].id, made,
-               rows[i].revoked_ms ? "revoked " : "live",
-               rows[i].revoked_ms ? gone : "");
-      }
-      free(rows);
-    } else {
-      rc = 1;
-    }
-  } else {
-    if (store_token_revoke(st, arg, &err) == TOPOS_OK) {
-      printf("token %s revoked\n", arg);
-      audit(store_path, "action=token.revoke token=%s", arg);
-    } else {
-      rc = 1;
-    }
+  topos_client_tls tls = {tls_ca, tls_cert, tls_key};
+  const char *const env_names[3] = {"TOPOS_TLS_CA", "TOPOS_TLS_CERT",
+                                    "TOPOS_TLS_KEY"};
+  const char **fields[3] = {&tls.ca_file, &tls.cert_file, &tls.key_file};
+  for (int i = 0; i < 3; i++) {
+    const char *v = getenv(env_names[i]);
+    if (*fields[i] == NULL && v != NULL && v[0] != '\0') *fields[i] = v;
   }
-  if (rc != 0) fprintf(stderr, "topos: %s\n", err.message);
-  store_close(st);
-  fflush(stdout);
-  return rc;
+  topos_client *c = topos_client_connect_tls(server, &tls, &err);
+  if (!c) {
+    call_error("connect", &err);
+    *rc = 2;
+    return NULL;
+  }
+  if (deadline > 0) topos_client_set_deadline(c, deadline);
+  if (token && topos_client_set_token(c, token, &err) != TOPOS_OK) {
+    topos_client_close(c);
+    *rc = usage_error("--token: %s", err.message);
+    return NULL;
+  }
+  return c;
 }
 
-static const char *const quota_usage =
-    "usage: topos [--store PATH] quota set TENANT [--stored-bytes N] "
-    "[--inflight N]\n"
-    "             [--rate R --burst B] [--nodes N] [--run-ms N] "
-    "[--run-bytes N] [--weight W]\n"
-    "       topos [--store PATH] quota show TENANT\n"
-    "\n"
-    "Per-tenant quotas (docs/operations.md, \"Quotas\"), on the daemon's\n"
-    "store file; a change applies from the daemon's next call.  A value\n"
-    "'none' clears a quota (unlimited); --rate none clears the burst too.\n"
-    "--weight W (1..1000, none: 1) is the tenant's share of the workers\n"
-    "when tenants compete (\"Fair scheduling\").\n";
+/* Picks the store file or the daemon (admin_usage says how) and opens it;
+ * `create`: the command may create a missing store file.  Returns -1, or
+ * an exit status. */
+static int admin_open(admin_target *t, bool create, topos_error *err) {
+  if (t->store_path && t->server)
+    return usage_error(
+        "--store PATH (the store file) and --server ADDRESS (the daemon) "
+        "exclude each other: pick one");
+  if (!t->store_path && !t->server) {
+    const char *store = getenv("TOPOS_STORE");
+    const char *server = getenv("TOPOS_SERVER");
+    if (store && store[0])
+      t->store_path = store;
+    else if (server && server[0])
+      t->server = server;
+    else
+      t->store_path = "./var/topos.db";
+  }
+  if (t->store_path) {
+    const char *stray = t->token      ? "--token"
+                        : t->tls_ca   ? "--tls-ca"
+                        : t->tls_cert ? "--tls-cert"
+                        : t->tls_key  ? "--tls-key"
+                        : t->deadline ? "--deadline"
+                                      : NULL;
+    if (stray)
+      return usage_error(
+          "%s applies through the daemon (--server ADDRESS); on the store "
+          "file %s it is not needed",
+          stray, t->store_path);
+    t->st = admin_store_open(t->store_path, create, err);
+    return t->st ? -1 : 1;
+  }
+  int rc = 2;
+  t->c = cli_connect(t->server, t->tls_ca, t->tls_cert, t->tls_key, t->deadline,
+                     t->token, &rc);
+  return t->c ? -1 : rc;
+}
+
+static void admin_close(admin_target *t) {
+  store_close(t->st);
+  topos_client_close(t->c);
+  t->st = NULL;
+  t->c = NULL;
+}
+
+/* A refused change or a failed call: the message on stderr; exit status
+ * 1, or 2 when the daemon cannot be reached (UNAVAILABLE). */
+static int admin_failed(const admin_target *t, const topos_error *err) {
+  fprintf(stderr, "topos: %s\n", err->message[0] ? err->message : "failed");
+  if (t->c && topos_client_grpc_status(err->code) == WIRE_GRPC_UNAVAILABLE)
+    return 2;
+  return 1;
+}
+
+static void tenant_of(const topos_client_tenant *c, store_tenant_info *s) {
+  memset(s, 0, sizeof *s);
+  snprintf(s->name, sizeof s->name, "%s", c->name);
+  s->admin = c->admin;
+  s->created_ms = c->created_ms;
+  s->live_tokens = c->live_tokens;
+}
+
+static void token_of(const topos_client_token *c, store_token_info *s) {
+  memset(s, 0, sizeof *s);
+  snprintf(s->id, sizeof s->id, "%s", c->id);
+  snprintf(s->tenant, sizeof s->tenant, "%s", c->tenant);
+  s->created_ms = c->created_ms;
+  s->revoked_ms = c->revoked_ms;
+}
+
+static store_quota quota_of(const topos_client_quota *c) {
+  store_quota q = {c->stored_bytes,   c->inflight, c->rate_per_s, c->burst,
+                   c->nodes_per_spec, c->run_ms,   c->run_bytes,  c->weight};
+  return q;
+}
+
+/* The secret on stdout (alone, so TOKEN=$(topos token create T) works),
+ * then what it is on stderr. */
+static void show_secret(char *secret, const char *id, const char *tenant) {
+  printf("%s\n", secret);
+  fflush(stdout);
+  memset(secret, 0, strlen(secret));
+  fprintf(stderr,
+          "topos: token %s created for tenant %s; the secret above is "
+          "shown only now (the store keeps its SHA-256): give it to the "
+          "client as TOPOS_TOKEN\n",
+          id, tenant);
+}
+
+/* tenant add NAME [--admin] [--with-token] */
+static int admin_tenant_add(admin_target *t, const char *name, bool admin,
+                            bool with_token) {
+  topos_error err = {0};
+  char id[STORE_TOKEN_ID_LEN + 1] = "", secret[STORE_TOKEN_SECRET_LEN + 1] = "";
+  int rc = 0;
+  bool added = false;
+  if (t->st) {
+    added = store_tenant_add(t->st, name, admin, &err) == TOPOS_OK;
+    if (added && with_token &&
+        store_token_create(t->st, name, id, secret, &err) != TOPOS_OK)
+      rc = 1;
+  } else {
+    topos_client_token tok;
+    added = topos_client_tenant_add(
+                t->c, name, admin, NULL, with_token ? &tok : NULL,
+                with_token ? secret : NULL, &err) == TOPOS_OK;
+    if (added && with_token) snprintf(id, sizeof id, "%s", tok.id);
+  }
+  if (!added) return admin_failed(t, &err);
+  if (with_token && rc == 0) {
+    fprintf(stderr, "topos: tenant %s added%s\n", name,
+            admin ? " (admin)" : "");
+    show_secret(secret, id, name);
+    audit(t, "action=tenant.add tenant=%s admin=%d token=%s", name,
+          admin ? 1 : 0, id);
+    return 0;
+  }
+  printf("tenant %s added%s\n", name, admin ? " (admin)" : "");
+  audit(t, "action=tenant.add tenant=%s admin=%d", name, admin ? 1 : 0);
+  if (rc != 0) {
+    fprintf(stderr, "topos: the tenant has no token: %s\n", err.message);
+    return rc;
+  }
+  return 0;
+}
+
+static int admin_tenant_list(admin_target *t) {
+  topos_error err = {0};
+  store_tenant_info *rows = NULL;
+  int n = 0;
+  if (t->st) {
+    if (store_tenant_list(t->st, &rows, &n, &err) != TOPOS_OK)
+      return admin_failed(t, &err);
+  } else {
+    topos_client_tenant *v = NULL;
+    if (topos_client_tenant_list(t->c, &v, &n, &err) != TOPOS_OK)
+      return admin_failed(t, &err);
+    rows = calloc(n > 0 ? (size_t)n : 1, sizeof *rows);
+    for (int i = 0; rows && i < n; i++) tenant_of(&v[i], &rows[i]);
+    free(v);
+    if (!rows) return usage_error("out of memory");
+  }
+  printf("%-24s %-5s %-6s %s\n", "TENANT", "ADMIN", "TOKENS", "CREATED");
+  for (int i = 0; i < n; i++) {
+    char when[32];
+    format_ms(rows[i].created_ms, when, sizeof when);
+    printf("%-24s %-5s %-6lld %s\n", rows[i].name, rows[i].admin ? "yes" : "no",
+           (long long)rows[i].live_tokens, when);
+  }
+  free(rows);
+  return 0;
+}
+
+static int admin_tenant_remove(admin_target *t, const char *name) {
+  topos_error err = {0};
+  int rc = t->st ? store_tenant_remove(t->st, name, &err)
+                 : topos_client_tenant_remove(t->c, name, NULL, &err);
+  if (rc != TOPOS_OK) return admin_failed(t, &err);
+  printf("tenant %s removed, with its tokens\n", name);
+  audit(t, "action=tenant.remove tenant=%s", name);
+  return 0;
+}
+
+static int admin_token_create(admin_target *t, const char *tenant) {
+  topos_error err = {0};
+  char id[STORE_TOKEN_ID_LEN + 1] = "", secret[STORE_TOKEN_SECRET_LEN + 1] = "";
+  int rc;
+  if (t->st) {
+    rc = store_token_create(t->st, tenant, id, secret, &err);
+  } else {
+    topos_client_token tok;
+    rc = topos_client_token_create(t->c, tenant, &tok, secret, &err);
+    if (rc == TOPOS_OK) snprintf(id, sizeof id, "%s", tok.id);
+  }
+  if (rc != TOPOS_OK) return admin_failed(t, &err);
+  show_secret(secret, id, tenant);
+  audit(t, "action=token.create tenant=%s token=%s", tenant, id);
+  return 0;
+}
+
+static int admin_token_list(admin_target *t, const char *tenant) {
+  topos_error err = {0};
+  store_token_info *rows = NULL;
+  int n = 0;
+  if (t->st) {
+    if (store_token_list(t->st, tenant, &rows, &n, &err) != TOPOS_OK)
+      return admin_failed(t, &err);
+  } else {
+    topos_client_token *v = NULL;
+    if (topos_client_token_list(t->c, tenant, &v, &n, &err) != TOPOS_OK)
+      return admin_failed(t, &err);
+    rows = calloc(n > 0 ? (size_t)n : 1, sizeof *rows);
+    for (int i = 0; rows && i < n; i++) token_of(&v[i], &rows[i]);
+    free(v);
+    if (!rows) return usage_error("out of memory");
+  }
+  printf("%-16s %-20s %s\n", "TOKEN_ID", "CREATED", "STATE");
+  for (int i = 0; i < n; i++) {
+    char made[32], gone[32] = "";
+    format_ms(rows[i].created_ms, made, sizeof made);
+    if (rows[i].revoked_ms) format_ms(rows[i].revoked_ms, gone, sizeof gone);
+    printf("%-16s %-20s %s%s\n", rows[i].id, made,
+           rows[i].revoked_ms ? "revoked " : "live", gone);
+  }
+  free(rows);
+  return 0;
+}
+
+static int admin_token_revoke(admin_target *t, const char *id) {
+  topos_error err = {0};
+  int rc = t->st ? store_token_revoke(t->st, id, &err)
+                 : topos_client_token_revoke(t->c, id, NULL, &err);
+  if (rc != TOPOS_OK) return admin_failed(t, &err);
+  printf("token %s revoked\n", id);
+  audit(t, "action=token.revoke token=%s", id);
+  return 0;
+}
+
+/* quota set (mask != 0) or show: prints the quotas after it. */
+static int admin_quota(admin_target *t, const char *tenant,
+                       const store_quota *q, unsigned mask) {
+  topos_error err = {0};
+  store_quota now;
+  store_tenant_info info;
+  if (t->st) {
+    /* An unknown tenant is an error, not a tenant without quotas. */
+    if ((mask && store_quota_set(t->st, tenant, q, mask, &err) != TOPOS_OK) ||
+        (!mask && store_tenant_get(t->st, tenant, &info, &err) != TOPOS_OK) ||
+        store_quota_get(t->st, tenant, &now, NULL, &err) != TOPOS_OK)
+      return admin_failed(t, &err);
+  } else {
+    /* The client's bits are the store's (topos_client.h). */
+    topos_client_quota cq = {q->stored_bytes, q->inflight,       q->rate_per_s,
+                             q->burst,        q->nodes_per_spec, q->run_ms,
+                             q->run_bytes,    q->weight};
+    topos_client_quota got;
+    int rc = mask ? topos_client_quota_set(t->c, tenant, &cq, mask, &got, &err)
+                  : topos_client_quota_show(t->c, tenant, &got, &err);
+    if (rc != TOPOS_OK) return admin_failed(t, &err);
+    now = quota_of(&got);
+  }
+  char line[400];
+  store_quota_format(&now, line, sizeof line);
+  printf("tenant %s: %s\n", tenant, line);
+  if (mask) audit(t, "action=quota.set tenant=%s %s", tenant, line);
+  return 0;
+}
 
 /* A quota's value: a non-negative integer, or "none" (STORE_QUOTA_NONE). */
 static bool quota_value(const char *text, int64_t *out) {
@@ -1001,18 +1177,21 @@ static bool quota_value(const char *text, int64_t *out) {
   return true;
 }
 
-static void quota_text(int64_t v, char *out, size_t len) {
-  if (v < 0)
-    snprintf(out, len, "none");
-  else
-    snprintf(out, len, "%lld", (long long)v);
-}
+#define SAME_BIT(name) \
+  ((int)STORE_QUOTA_##name == (int)TOPOS_CLIENT_QUOTA_##name)
+_Static_assert(SAME_BIT(STORED_BYTES) && SAME_BIT(INFLIGHT) && SAME_BIT(RATE) &&
+                   SAME_BIT(NODES) && SAME_BIT(RUN_MS) && SAME_BIT(RUN_BYTES) &&
+                   SAME_BIT(WEIGHT),
+               "the client's quota bits are the store's");
+#undef SAME_BIT
 
-static int quota_main(int argc, char **argv) {
-  const char *env = getenv("TOPOS_STORE");
-  const char *store_path = env && env[0] ? env : "./var/topos.db";
-  const char *pos[3] = {NULL};
+/* tenant, token and quota, on the store file or through the daemon. */
+static int admin_main(int argc, char **argv) {
+  admin_target t;
+  memset(&t, 0, sizeof t);
+  const char *pos[4] = {NULL};
   int npos = 0;
+  bool admin = false, with_token = false;
   store_quota q = store_quota_unlimited();
   unsigned mask = 0;
   bool rate_given = false, burst_given = false;
@@ -1030,32 +1209,50 @@ static int quota_main(int argc, char **argv) {
       {"--run-bytes", STORE_QUOTA_RUN_BYTES, offsetof(store_quota, run_bytes)},
       {"--weight", STORE_QUOTA_WEIGHT, offsetof(store_quota, weight)},
   };
+  bool help = false;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
+    bool more = i + 1 < argc;
     int k = -1;
     for (int f = 0; f < (int)(sizeof flags / sizeof flags[0]); f++)
       if (strcmp(a, flags[f].flag) == 0) k = f;
-    if (strcmp(a, "--store") == 0) {
-      if (i + 1 >= argc) return usage_error("--store needs a value");
-      store_path = argv[++i];
+    const char **value = strcmp(a, "--store") == 0      ? &t.store_path
+                         : strcmp(a, "--server") == 0   ? &t.server
+                         : strcmp(a, "--token") == 0    ? &t.token
+                         : strcmp(a, "--tls-ca") == 0   ? &t.tls_ca
+                         : strcmp(a, "--tls-cert") == 0 ? &t.tls_cert
+                         : strcmp(a, "--tls-key") == 0  ? &t.tls_key
+                                                        : NULL;
+    if (value != NULL) {
+      if (!more) return usage_error("%s needs a value", a);
+      *value = argv[++i];
+    } else if (strcmp(a, "--deadline") == 0) {
+      if (!more) return usage_error("--deadline needs a value");
+      char *end = NULL;
+      t.deadline = strtod(argv[++i], &end);
+      if (!end || *end || !(t.deadline > 0))
+        return usage_error("--deadline needs a positive number of seconds");
+    } else if (strcmp(a, "--admin") == 0) {
+      admin = true;
+    } else if (strcmp(a, "--with-token") == 0) {
+      with_token = true;
     } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      fputs(quota_usage, stdout);
-      return 0;
+      help = true;
     } else if (strcmp(a, "--rate") == 0) {
-      if (i + 1 >= argc) return usage_error("--rate needs a value");
+      if (!more) return usage_error("--rate needs a value");
       const char *v = argv[++i];
       char *end;
       errno = 0;
       double r = strcmp(v, "none") == 0 ? STORE_QUOTA_NONE : strtod(v, &end);
       if (strcmp(v, "none") != 0 &&
-          (errno != 0 || end == v || *end != '\0' || !(r > 0) || r > 1e9))
+          (errno != 0 || end == v || *end != '\0' || !(r > 0)))
         return usage_error(
             "--rate: '%s' is not a rate (calls per second, > 0) or none", v);
       q.rate_per_s = r;
       mask |= STORE_QUOTA_RATE;
       rate_given = true;
     } else if (k >= 0) {
-      if (i + 1 >= argc) return usage_error("%s needs a value", a);
+      if (!more) return usage_error("%s needs a value", a);
       int64_t v;
       if (!quota_value(argv[++i], &v))
         return usage_error("%s: '%s' is not a count (0 or more) or none", a,
@@ -1065,86 +1262,94 @@ static int quota_main(int argc, char **argv) {
       if (flags[k].bit == STORE_QUOTA_RATE) burst_given = true;
     } else if (a[0] == '-' && a[1] != '\0') {
       return usage_error("unknown option %s", a);
-    } else if (npos < 3) {
+    } else if (npos < 4) {
       pos[npos++] = a;
     } else {
       return usage_error("unexpected argument %s", a);
     }
   }
+  bool quota = strcmp(pos[0], "quota") == 0;
+  bool tenant = strcmp(pos[0], "tenant") == 0;
+  if (help) {
+    fputs(quota ? quota_usage : admin_usage, stdout);
+    return 0;
+  }
   const char *sub = pos[1] ? pos[1] : "";
-  bool set = strcmp(sub, "set") == 0, show = strcmp(sub, "show") == 0;
-  if (npos != 3 || !(set || show)) {
-    fputs(quota_usage, stderr);
+  int want = -1; /* positional arguments after the subcommand */
+  if (tenant && strcmp(sub, "add") == 0) want = 1;
+  if (tenant && strcmp(sub, "list") == 0) want = 0;
+  if (tenant && strcmp(sub, "remove") == 0) want = 1;
+  if (!tenant && !quota && strcmp(sub, "create") == 0) want = 1;
+  if (!tenant && !quota && strcmp(sub, "list") == 0) want = 1;
+  if (!tenant && !quota && strcmp(sub, "revoke") == 0) want = 1;
+  if (quota && (strcmp(sub, "set") == 0 || strcmp(sub, "show") == 0)) want = 1;
+  if (want < 0 || npos != 2 + want) {
+    fputs(quota ? quota_usage : admin_usage, stderr);
     return 2;
   }
-  if (show && mask != 0)
+  bool add = tenant && strcmp(sub, "add") == 0;
+  if (admin && !add) return usage_error("--admin applies to tenant add only");
+  if (with_token && !add)
+    return usage_error("--with-token applies to tenant add only");
+  if (mask != 0 && !quota)
+    return usage_error("quota options apply to quota set only");
+  const char *arg = pos[2];
+  if ((tenant || quota || strcmp(sub, "revoke") != 0) && arg &&
+      !store_tenant_name_valid(arg))
+    return usage_error(
+        "\"%s\" is not a tenant name (1..%d of a-z, 0-9, '_', "
+        "'-')",
+        arg, STORE_TENANT_NAME_MAX);
+  bool set = quota && strcmp(sub, "set") == 0;
+  if (quota && !set && mask != 0)
     return usage_error("quota show takes no quota options");
   if (set && mask == 0)
     return usage_error("quota set needs at least one quota option");
+  /* --rate none alone clears the burst too; the rest of the rules are the
+   * store's, which the daemon applies the same way. */
   if (rate_given && q.rate_per_s < 0 && !burst_given) q.burst = -1;
-  if ((rate_given || burst_given) &&
-      (q.rate_per_s > 0) != (q.burst >= 0 && burst_given))
-    return usage_error("--rate R and --burst B go together (or --rate none)");
-  if (burst_given && q.burst == 0)
-    return usage_error("--burst must be at least 1");
-  if ((mask & STORE_QUOTA_RUN_MS) && q.run_ms == 0)
-    return usage_error("--run-ms must be at least 1 (or none)");
-  if ((mask & STORE_QUOTA_WEIGHT) && q.weight >= 0 &&
-      (q.weight < 1 || q.weight > STORE_WEIGHT_MAX))
-    return usage_error("--weight must be in 1..%d (or none)", STORE_WEIGHT_MAX);
-  const char *tenant = pos[2];
-  if (!store_tenant_name_valid(tenant))
-    return usage_error(
-        "\"%s\" is not a tenant name (1..%d of a-z, 0-9, '_', '-')", tenant,
-        STORE_TENANT_NAME_MAX);
   topos_error err = {0};
-  topos_store *st = admin_store_open(store_path, false, &err);
-  if (st == NULL) return 1;
-  int rc = 0;
-  if (set && store_quota_set(st, tenant, &q, mask, &err) != TOPOS_OK) rc = 1;
-  store_quota now;
-  if (rc == 0 && store_quota_get(st, tenant, &now, NULL, &err) != TOPOS_OK)
-    rc = 1;
-  if (rc == 0) {
-    char v[6][32], rate[32];
-    long long weight = now.weight > 0 ? (long long)now.weight : 1;
-    quota_text(now.stored_bytes, v[0], sizeof v[0]);
-    quota_text(now.inflight, v[1], sizeof v[1]);
-    quota_text(now.burst, v[2], sizeof v[2]);
-    quota_text(now.nodes_per_spec, v[3], sizeof v[3]);
-    quota_text(now.run_ms, v[4], sizeof v[4]);
-    quota_text(now.run_bytes, v[5], sizeof v[5]);
-    if (now.rate_per_s > 0)
-      snprintf(rate, sizeof rate, "%g", now.rate_per_s);
-    else
-      snprintf(rate, sizeof rate, "none");
-    char line[400];
-    snprintf(line, sizeof line,
-             "stored_bytes=%s inflight=%s rate=%s burst=%s nodes_per_spec=%s "
-             "run_ms=%s run_bytes=%s weight=%lld",
-             v[0], v[1], rate, v[2], v[3], v[4], v[5], weight);
-    printf("tenant %s: %s\n", tenant, line);
-    if (set) audit(store_path, "action=quota.set tenant=%s %s", tenant, line);
-  }
-  if (rc != 0) fprintf(stderr, "topos: %s\n", err.message);
-  store_close(st);
+  if (set && store_quota_check(&q, mask, &err) != TOPOS_OK)
+    return usage_error("quota set: %s", strncmp(err.message, "store: ", 7) == 0
+                                            ? err.message + 7
+                                            : err.message);
+  /* Only tenant add may create the store file. */
+  int rc = admin_open(&t, add, &err);
+  if (rc >= 0) return rc;
+  if (add)
+    rc = admin_tenant_add(&t, arg, admin, with_token);
+  else if (tenant && strcmp(sub, "remove") == 0)
+    rc = admin_tenant_remove(&t, arg);
+  else if (tenant)
+    rc = admin_tenant_list(&t);
+  else if (quota)
+    rc = admin_quota(&t, arg, &q, mask);
+  else if (strcmp(sub, "create") == 0)
+    rc = admin_token_create(&t, arg);
+  else if (strcmp(sub, "list") == 0)
+    rc = admin_token_list(&t, arg);
+  else
+    rc = admin_token_revoke(&t, arg);
+  admin_close(&t);
   fflush(stdout);
   return rc;
 }
 
 int main(int argc, char **argv) {
-  /* tenant and token work on the store file itself, not the daemon. */
+  /* tenant, token and quota: on the store file or through the daemon. */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--server") == 0 || strcmp(a, "--deadline") == 0 ||
-        strcmp(a, "--token") == 0 || strcmp(a, "--store") == 0) {
+        strcmp(a, "--token") == 0 || strcmp(a, "--store") == 0 ||
+        strcmp(a, "--tls-ca") == 0 || strcmp(a, "--tls-cert") == 0 ||
+        strcmp(a, "--tls-key") == 0) {
       i++;
       continue;
     }
     if (a[0] == '-') continue;
-    if (strcmp(a, "tenant") == 0 || strcmp(a, "token") == 0)
+    if (strcmp(a, "tenant") == 0 || strcmp(a, "token") == 0 ||
+        strcmp(a, "quota") == 0)
       return admin_main(argc, argv);
-    if (strcmp(a, "quota") == 0) return quota_main(argc, argv);
     break;
   }
   options o;
@@ -1192,26 +1397,9 @@ int main(int argc, char **argv) {
                        o.command, o.id);
 
   if (k == 7 && o.local) return cmd_backends_local();
-  topos_error err = {0};
-  /* A flag overrides its environment variable, one by one. */
-  topos_client_tls tls = {o.tls_ca, o.tls_cert, o.tls_key};
-  const char *const env_names[3] = {"TOPOS_TLS_CA", "TOPOS_TLS_CERT",
-                                    "TOPOS_TLS_KEY"};
-  const char **fields[3] = {&tls.ca_file, &tls.cert_file, &tls.key_file};
-  for (int i = 0; i < 3; i++) {
-    const char *v = getenv(env_names[i]);
-    if (*fields[i] == NULL && v != NULL && v[0] != '\0') *fields[i] = v;
-  }
-  topos_client *c = topos_client_connect_tls(o.server, &tls, &err);
-  if (!c) {
-    call_error("connect", &err);
-    return 2;
-  }
-  if (o.deadline > 0) topos_client_set_deadline(c, o.deadline);
-  if (o.token && topos_client_set_token(c, o.token, &err) != TOPOS_OK) {
-    topos_client_close(c);
-    return usage_error("--token: %s", err.message);
-  }
+  topos_client *c = cli_connect(o.server, o.tls_ca, o.tls_cert, o.tls_key,
+                                o.deadline, o.token, &rc);
+  if (!c) return rc;
   switch (k) {
     case 0:
       rc = cmd_record(c, &o);

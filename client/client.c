@@ -48,13 +48,39 @@ enum method {
   M_HEALTH,
   M_STATS,
   M_BACKENDS,
+  M_ADMIN_TENANT_ADD,
+  M_ADMIN_TENANT_LIST,
+  M_ADMIN_TENANT_REMOVE,
+  M_ADMIN_TOKEN_CREATE,
+  M_ADMIN_TOKEN_LIST,
+  M_ADMIN_TOKEN_REVOKE,
+  M_ADMIN_QUOTA_SET,
+  M_ADMIN_QUOTA_SHOW,
   M_COUNT
 };
 
 static const char *const method_names[M_COUNT] = {
-    "Record",   "Describe", "Lower",       "Emit",    "Forward",
-    "Backward", "Step",     "Conformance", "PutBlob", "StatBlob",
-    "Health",   "Stats",    "Backends",
+    "Record",
+    "Describe",
+    "Lower",
+    "Emit",
+    "Forward",
+    "Backward",
+    "Step",
+    "Conformance",
+    "PutBlob",
+    "StatBlob",
+    "Health",
+    "Stats",
+    "Backends",
+    "AdminTenantAdd",
+    "AdminTenantList",
+    "AdminTenantRemove",
+    "AdminTokenCreate",
+    "AdminTokenList",
+    "AdminTokenRevoke",
+    "AdminQuotaSet",
+    "AdminQuotaShow",
 };
 
 /* The longest token accepted (the daemon's are 68 characters). */
@@ -1257,4 +1283,279 @@ int topos_client_stats(topos_client *c, topos_client_stats_info *out,
   }
   wire_message_free(r);
   return TOPOS_OK;
+}
+
+/* ------------------------------------------------------- administration */
+
+/* A request's tenant name or token id (heap, freed with the request); the
+ * daemon checks its form and answers INVALID_ARGUMENT. */
+static int set_name(char **field, const char *name, const char *what,
+                    topos_error *err) {
+  if (!name) return fail(err, TOPOS_ERR_ARGUMENT, "%s is NULL", what);
+  *field = dup_string(name);
+  if (!*field) return fail(err, TOPOS_ERR_MEMORY, "out of memory");
+  return TOPOS_OK;
+}
+
+static void tenant_from(const Topos__V1__AdminTenant *m,
+                        topos_client_tenant *out) {
+  memset(out, 0, sizeof *out);
+  if (!m) return;
+  snprintf(out->name, sizeof out->name, "%s", m->name ? m->name : "");
+  out->admin = m->admin;
+  out->created_ms = m->created_ms;
+  out->live_tokens = m->live_tokens;
+}
+
+static void token_from(const Topos__V1__AdminToken *m,
+                       topos_client_token *out) {
+  memset(out, 0, sizeof *out);
+  if (!m) return;
+  snprintf(out->id, sizeof out->id, "%s", m->id ? m->id : "");
+  snprintf(out->tenant, sizeof out->tenant, "%s", m->tenant ? m->tenant : "");
+  out->created_ms = m->created_ms;
+  out->revoked_ms = m->revoked_ms;
+}
+
+/* The secret of a reply into secret (TOPOS_CLIENT_SECRET_LEN + 1), and the
+ * reply's copy wiped. */
+static int take_secret(char *s, char *secret, const char *what,
+                       topos_error *err) {
+  size_t n = s ? strlen(s) : 0;
+  int rc = TOPOS_OK;
+  if (n != TOPOS_CLIENT_SECRET_LEN)
+    rc = fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
+              "%s: the daemon answered a secret of %zu characters, not %d",
+              what, n, TOPOS_CLIENT_SECRET_LEN);
+  else
+    memcpy(secret, s, n + 1);
+  if (s) memset(s, 0, n);
+  return rc;
+}
+
+int topos_client_tenant_add(topos_client *c, const char *name, bool admin,
+                            topos_client_tenant *out, topos_client_token *token,
+                            char *secret, topos_error *err) {
+  if ((token != NULL) != (secret != NULL))
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "tenant_add: token and secret go together (both to create a "
+                "token, or neither)");
+  Topos__V1__AdminTenantAddRequest req =
+      TOPOS__V1__ADMIN_TENANT_ADD_REQUEST__INIT;
+  int rc = set_name(&req.name, name, "tenant_add: name", err);
+  req.admin = admin;
+  req.with_token = secret != NULL;
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_ADMIN_TENANT_ADD, &req.base,
+               &topos__v1__admin_tenant_add_reply__descriptor, &r, 0, err);
+  wire_message_clear(&req.base);
+  if (rc != TOPOS_OK) return rc;
+  Topos__V1__AdminTenantAddReply *reply = (Topos__V1__AdminTenantAddReply *)r;
+  if (out) tenant_from(reply->tenant, out);
+  if (secret) {
+    token_from(reply->token, token);
+    rc = take_secret(reply->secret, secret, "tenant_add", err);
+  }
+  wire_message_free(r);
+  return rc;
+}
+
+int topos_client_tenant_list(topos_client *c, topos_client_tenant **out, int *n,
+                             topos_error *err) {
+  if (!out || !n)
+    return fail(err, TOPOS_ERR_ARGUMENT, "tenant_list: out or n is NULL");
+  *out = NULL;
+  *n = 0;
+  Topos__V1__AdminTenantListRequest req =
+      TOPOS__V1__ADMIN_TENANT_LIST_REQUEST__INIT;
+  ProtobufCMessage *r = NULL;
+  int rc = unary(c, M_ADMIN_TENANT_LIST, &req.base,
+                 &topos__v1__admin_tenant_list_reply__descriptor, &r, 0, err);
+  if (rc != TOPOS_OK) return rc;
+  Topos__V1__AdminTenantListReply *reply = (Topos__V1__AdminTenantListReply *)r;
+  if (reply->n_tenants > 0) {
+    *out = calloc(reply->n_tenants, sizeof **out);
+    if (!*out) rc = fail(err, TOPOS_ERR_MEMORY, "out of memory");
+  }
+  for (size_t i = 0; rc == TOPOS_OK && i < reply->n_tenants; i++)
+    tenant_from(reply->tenants[i], &(*out)[i]);
+  if (rc == TOPOS_OK) *n = (int)reply->n_tenants;
+  wire_message_free(r);
+  return rc;
+}
+
+int topos_client_tenant_remove(topos_client *c, const char *name,
+                               topos_client_tenant *out, topos_error *err) {
+  Topos__V1__AdminTenantRemoveRequest req =
+      TOPOS__V1__ADMIN_TENANT_REMOVE_REQUEST__INIT;
+  int rc = set_name(&req.name, name, "tenant_remove: name", err);
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_ADMIN_TENANT_REMOVE, &req.base,
+               &topos__v1__admin_tenant_remove_reply__descriptor, &r, 0, err);
+  wire_message_clear(&req.base);
+  if (rc != TOPOS_OK) return rc;
+  if (out) tenant_from(((Topos__V1__AdminTenantRemoveReply *)r)->tenant, out);
+  wire_message_free(r);
+  return TOPOS_OK;
+}
+
+int topos_client_token_create(topos_client *c, const char *tenant,
+                              topos_client_token *token, char *secret,
+                              topos_error *err) {
+  if (!secret)
+    return fail(err, TOPOS_ERR_ARGUMENT, "token_create: secret is NULL");
+  Topos__V1__AdminTokenCreateRequest req =
+      TOPOS__V1__ADMIN_TOKEN_CREATE_REQUEST__INIT;
+  int rc = set_name(&req.tenant, tenant, "token_create: tenant", err);
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_ADMIN_TOKEN_CREATE, &req.base,
+               &topos__v1__admin_token_create_reply__descriptor, &r, 0, err);
+  wire_message_clear(&req.base);
+  if (rc != TOPOS_OK) return rc;
+  Topos__V1__AdminTokenCreateReply *reply =
+      (Topos__V1__AdminTokenCreateReply *)r;
+  if (token) token_from(reply->token, token);
+  rc = take_secret(reply->secret, secret, "token_create", err);
+  wire_message_free(r);
+  return rc;
+}
+
+int topos_client_token_list(topos_client *c, const char *tenant,
+                            topos_client_token **out, int *n,
+                            topos_error *err) {
+  if (!out || !n)
+    return fail(err, TOPOS_ERR_ARGUMENT, "token_list: out or n is NULL");
+  *out = NULL;
+  *n = 0;
+  Topos__V1__AdminTokenListRequest req =
+      TOPOS__V1__ADMIN_TOKEN_LIST_REQUEST__INIT;
+  int rc = set_name(&req.tenant, tenant, "token_list: tenant", err);
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_ADMIN_TOKEN_LIST, &req.base,
+               &topos__v1__admin_token_list_reply__descriptor, &r, 0, err);
+  wire_message_clear(&req.base);
+  if (rc != TOPOS_OK) return rc;
+  Topos__V1__AdminTokenListReply *reply = (Topos__V1__AdminTokenListReply *)r;
+  if (reply->n_tokens > 0) {
+    *out = calloc(reply->n_tokens, sizeof **out);
+    if (!*out) rc = fail(err, TOPOS_ERR_MEMORY, "out of memory");
+  }
+  for (size_t i = 0; rc == TOPOS_OK && i < reply->n_tokens; i++)
+    token_from(reply->tokens[i], &(*out)[i]);
+  if (rc == TOPOS_OK) *n = (int)reply->n_tokens;
+  wire_message_free(r);
+  return rc;
+}
+
+int topos_client_token_revoke(topos_client *c, const char *id,
+                              topos_client_token *out, topos_error *err) {
+  Topos__V1__AdminTokenRevokeRequest req =
+      TOPOS__V1__ADMIN_TOKEN_REVOKE_REQUEST__INIT;
+  int rc = set_name(&req.id, id, "token_revoke: id", err);
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_ADMIN_TOKEN_REVOKE, &req.base,
+               &topos__v1__admin_token_revoke_reply__descriptor, &r, 0, err);
+  wire_message_clear(&req.base);
+  if (rc != TOPOS_OK) return rc;
+  if (out) token_from(((Topos__V1__AdminTokenRevokeReply *)r)->token, out);
+  wire_message_free(r);
+  return TOPOS_OK;
+}
+
+topos_client_quota topos_client_quota_none(void) {
+  return (topos_client_quota){-1, -1, -1, -1, -1, -1, -1, -1};
+}
+
+/* An AdminQuotaReply into out. */
+static int quota_from(ProtobufCMessage *r, topos_client_quota *out) {
+  const Topos__V1__AdminQuota *q = ((Topos__V1__AdminQuotaReply *)r)->quota;
+  *out = topos_client_quota_none();
+  if (q) {
+    out->stored_bytes = q->stored_bytes;
+    out->inflight = q->inflight;
+    out->rate_per_s = q->rate_per_s;
+    out->burst = q->burst;
+    out->nodes_per_spec = q->nodes_per_spec;
+    out->run_ms = q->run_ms;
+    out->run_bytes = q->run_bytes;
+    out->weight = q->weight;
+  }
+  wire_message_free(r);
+  return TOPOS_OK;
+}
+
+int topos_client_quota_set(topos_client *c, const char *tenant,
+                           const topos_client_quota *q, unsigned mask,
+                           topos_client_quota *now, topos_error *err) {
+  if (!q) return fail(err, TOPOS_ERR_ARGUMENT, "quota_set: q is NULL");
+  Topos__V1__AdminQuotaSetRequest req =
+      TOPOS__V1__ADMIN_QUOTA_SET_REQUEST__INIT;
+  int rc = set_name(&req.tenant, tenant, "quota_set: tenant", err);
+  if (mask & TOPOS_CLIENT_QUOTA_STORED_BYTES) {
+    req.stored_bytes_given_case =
+        TOPOS__V1__ADMIN_QUOTA_SET_REQUEST__STORED_BYTES_GIVEN_STORED_BYTES;
+    req.stored_bytes = q->stored_bytes;
+  }
+  if (mask & TOPOS_CLIENT_QUOTA_INFLIGHT) {
+    req.inflight_given_case =
+        TOPOS__V1__ADMIN_QUOTA_SET_REQUEST__INFLIGHT_GIVEN_INFLIGHT;
+    req.inflight = q->inflight;
+  }
+  if (mask & TOPOS_CLIENT_QUOTA_RATE) {
+    /* Together: a rate with its burst, or none for both. */
+    req.rate_per_s_given_case =
+        TOPOS__V1__ADMIN_QUOTA_SET_REQUEST__RATE_PER_S_GIVEN_RATE_PER_S;
+    req.rate_per_s = q->rate_per_s;
+    req.burst_given_case =
+        TOPOS__V1__ADMIN_QUOTA_SET_REQUEST__BURST_GIVEN_BURST;
+    req.burst = q->burst;
+  }
+  if (mask & TOPOS_CLIENT_QUOTA_NODES) {
+    req.nodes_per_spec_given_case =
+        TOPOS__V1__ADMIN_QUOTA_SET_REQUEST__NODES_PER_SPEC_GIVEN_NODES_PER_SPEC;
+    req.nodes_per_spec = q->nodes_per_spec;
+  }
+  if (mask & TOPOS_CLIENT_QUOTA_RUN_MS) {
+    req.run_ms_given_case =
+        TOPOS__V1__ADMIN_QUOTA_SET_REQUEST__RUN_MS_GIVEN_RUN_MS;
+    req.run_ms = q->run_ms;
+  }
+  if (mask & TOPOS_CLIENT_QUOTA_RUN_BYTES) {
+    req.run_bytes_given_case =
+        TOPOS__V1__ADMIN_QUOTA_SET_REQUEST__RUN_BYTES_GIVEN_RUN_BYTES;
+    req.run_bytes = q->run_bytes;
+  }
+  if (mask & TOPOS_CLIENT_QUOTA_WEIGHT) {
+    req.weight_given_case =
+        TOPOS__V1__ADMIN_QUOTA_SET_REQUEST__WEIGHT_GIVEN_WEIGHT;
+    req.weight = q->weight;
+  }
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_ADMIN_QUOTA_SET, &req.base,
+               &topos__v1__admin_quota_reply__descriptor, &r, 0, err);
+  wire_message_clear(&req.base);
+  if (rc != TOPOS_OK) return rc;
+  topos_client_quota local;
+  return quota_from(r, now ? now : &local);
+}
+
+int topos_client_quota_show(topos_client *c, const char *tenant,
+                            topos_client_quota *out, topos_error *err) {
+  if (!out) return fail(err, TOPOS_ERR_ARGUMENT, "quota_show: out is NULL");
+  Topos__V1__AdminQuotaShowRequest req =
+      TOPOS__V1__ADMIN_QUOTA_SHOW_REQUEST__INIT;
+  int rc = set_name(&req.tenant, tenant, "quota_show: tenant", err);
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_ADMIN_QUOTA_SHOW, &req.base,
+               &topos__v1__admin_quota_reply__descriptor, &r, 0, err);
+  wire_message_clear(&req.base);
+  if (rc != TOPOS_OK) return rc;
+  return quota_from(r, out);
 }

@@ -290,6 +290,100 @@ typedef struct topos_client_stats_info {
 int topos_client_stats(topos_client *c, topos_client_stats_info *out,
                        topos_error *err);
 
+/* ------------------------------------------------------ administration */
+
+/* Tenants, tokens and quotas through the daemon (docs/operations.md,
+ * "Tenants and tokens"; the Admin* RPCs): what `topos --store PATH tenant
+ * ...` does on the store file.  Every call needs an admin tenant's token
+ * (topos_client_set_token, $TOPOS_TOKEN): another tenant's call fails
+ * with gRPC status PERMISSION_DENIED (topos_client_grpc_status(code) ==
+ * 7) and changes nothing.  An unknown tenant or token is
+ * TOPOS_ERR_NOT_FOUND, a malformed name or id TOPOS_ERR_ARGUMENT, a taken
+ * name ALREADY_EXISTS (6), a change that would leave no admin tenant with
+ * a live token FAILED_PRECONDITION (9).  Tenant names are 1..64 of a-z,
+ * 0-9, '_' and '-'. */
+#define TOPOS_CLIENT_TENANT_NAME_MAX 64
+#define TOPOS_CLIENT_TOKEN_ID_LEN 16
+/* A token's secret: "tps_" and 64 hex digits. */
+#define TOPOS_CLIENT_SECRET_LEN 68
+
+typedef struct topos_client_tenant {
+  char name[TOPOS_CLIENT_TENANT_NAME_MAX + 1];
+  bool admin;
+  int64_t created_ms;  /* ms since the epoch */
+  int64_t live_tokens; /* tokens not revoked */
+} topos_client_tenant;
+
+typedef struct topos_client_token {
+  char id[TOPOS_CLIENT_TOKEN_ID_LEN + 1];
+  char tenant[TOPOS_CLIENT_TENANT_NAME_MAX + 1];
+  int64_t created_ms;
+  int64_t revoked_ms; /* 0 while live */
+} topos_client_token;
+
+/* Adds a tenant (admin or not).  out (may be NULL) gets it.  With token
+ * and secret (TOPOS_CLIENT_SECRET_LEN + 1 bytes) both set, the same call
+ * also creates a token for it: its secret is in this answer only.  A
+ * daemon without tenants takes only an admin with a token this way (its
+ * first tenant turns tokens on). */
+int topos_client_tenant_add(topos_client *c, const char *name, bool admin,
+                            topos_client_tenant *out, topos_client_token *token,
+                            char *secret, topos_error *err);
+/* Every tenant, by name: *out a new array of *n (free()). */
+int topos_client_tenant_list(topos_client *c, topos_client_tenant **out, int *n,
+                             topos_error *err);
+/* Removes the tenant with its tokens, quotas and ownership; out (may be
+ * NULL) gets it as it was. */
+int topos_client_tenant_remove(topos_client *c, const char *name,
+                               topos_client_tenant *out, topos_error *err);
+/* A new token for tenant: its secret (TOPOS_CLIENT_SECRET_LEN + 1 bytes)
+ * is shown only now; token (may be NULL) gets its id. */
+int topos_client_token_create(topos_client *c, const char *tenant,
+                              topos_client_token *token, char *secret,
+                              topos_error *err);
+/* The tenant's tokens, newest first, revoked ones included: *out a new
+ * array of *n (free()). */
+int topos_client_token_list(topos_client *c, const char *tenant,
+                            topos_client_token **out, int *n, topos_error *err);
+/* Revokes a token by id (again: no change); out (may be NULL) gets it. */
+int topos_client_token_revoke(topos_client *c, const char *id,
+                              topos_client_token *out, topos_error *err);
+
+/* A tenant's quotas (docs/operations.md, "Quotas"): -1 is none (for
+ * weight: the default, 1).  rate_per_s and burst go together. */
+typedef struct topos_client_quota {
+  int64_t stored_bytes;
+  int64_t inflight;
+  double rate_per_s;
+  int64_t burst;
+  int64_t nodes_per_spec;
+  int64_t run_ms;
+  int64_t run_bytes;
+  int64_t weight; /* 1..1000: a share of the workers, not a limit */
+} topos_client_quota;
+/* Which fields topos_client_quota_set sends (the store's STORE_QUOTA_*
+ * bits). */
+enum {
+  TOPOS_CLIENT_QUOTA_STORED_BYTES = 1 << 0,
+  TOPOS_CLIENT_QUOTA_INFLIGHT = 1 << 1,
+  TOPOS_CLIENT_QUOTA_RATE = 1 << 2, /* rate_per_s and burst */
+  TOPOS_CLIENT_QUOTA_NODES = 1 << 3,
+  TOPOS_CLIENT_QUOTA_RUN_MS = 1 << 4,
+  TOPOS_CLIENT_QUOTA_RUN_BYTES = 1 << 5,
+  TOPOS_CLIENT_QUOTA_WEIGHT = 1 << 6,
+};
+/* Every field -1. */
+topos_client_quota topos_client_quota_none(void);
+/* Sets the fields of q named in mask for tenant, leaving the others as
+ * they are; the daemon applies them from the tenant's next call.  now
+ * (may be NULL) gets the quotas after the change. */
+int topos_client_quota_set(topos_client *c, const char *tenant,
+                           const topos_client_quota *q, unsigned mask,
+                           topos_client_quota *now, topos_error *err);
+/* The tenant's quotas. */
+int topos_client_quota_show(topos_client *c, const char *tenant,
+                            topos_client_quota *out, topos_error *err);
+
 /* ------------------------------------------------------------- raw calls */
 
 /* One unary call with an already-serialised request: `method` is the RPC

@@ -10,7 +10,8 @@
  *
  *   GET  /healthz                      Health (a probe: never queued)
  *   GET  /readyz                       grpc.health.v1 Check: 200 or 503
- *   GET  /metrics                      Prometheus text (Stats + metrics.c)
+ *   GET  /metrics                      Prometheus text (Stats + metrics.c);
+ *                                      admin tenants only (403 for others)
  *   GET  /openapi.json                 this gateway, as OpenAPI 3
  *   GET  /v1/backends                  Backends
  *   GET  /v1/specs                     ListSpecs (page_size, page_token)
@@ -522,6 +523,11 @@ static bool finish_metrics(http_exchange *x) {
           "HTTP requests refused by the transport (malformed, over a "
           "limit).",
           hc.bad_requests);
+  if (hc.tls)
+    COUNTER("topos_http_tls_handshake_failures_total",
+            "HTTPS handshakes the gateway refused (no or a wrong client "
+            "certificate, plain HTTP, a client that gave up).",
+            hc.tls_failures);
   text_printf(&b,
               "# HELP topos_backend_tasks_total Tasks each backend ran.\n"
               "# TYPE topos_backend_tasks_total counter\n");
@@ -565,6 +571,7 @@ static bool finish_metrics(http_exchange *x) {
 #undef COUNTER
   protobuf_c_message_free_unpacked(&s->base, NULL);
   metrics_write_requests(&b);
+  metrics_write_tenants(&b);
   if (b.failed) {
     free(b.data);
     gateway_error(&x->resp, 8, "out of memory writing the metrics");
@@ -767,6 +774,21 @@ static bool route(gateway *g, http_exchange *x, char **seg, int nseg,
                         finish_ready, true);
     }
     if (seg[0][0] == 'm') {
+      /* The daemon-wide view (every tenant's calls, the store's totals)
+       * is the admins': a tenant's own counts are its Stats. */
+      if (x->call.tenant[0] != '\0' && !x->call.admin) {
+        log_event("auth",
+                  "refused /metrics from %s (http): tenant %s is not an admin",
+                  x->req.peer ? x->req.peer : "", x->call.tenant);
+        gateway_error(&x->resp, 7, /* PERMISSION_DENIED */
+                      "/metrics: the daemon-wide metrics are for admin "
+                      "tenants, and tenant %s is not one; give Prometheus an "
+                      "admin tenant's token (topos tenant add NAME --admin; "
+                      "topos token create NAME); a tenant's own request "
+                      "counts are in its Stats",
+                      x->call.tenant);
+        return true;
+      }
       x->arg = atomic_load(&g->d->busy_workers);
       Topos__V1__StatsRequest r = TOPOS__V1__STATS_REQUEST__INIT;
       return start_call(g, x, "Stats", &r.base, finish_metrics, true);

@@ -3,7 +3,7 @@
  * unpacking requests, packing replies, the engine context of a call, and
  * the method table the front (rpc.c) serves.  What each RPC does lives in
  * the rooms by resource (rooms.h: specs.c, runs.c, blob_rpc.c,
- * conformance.c, status.c).
+ * conformance.c, status.c) and, for the Admin* RPCs, admin.c (admin.h).
  *
  * Every request is a pure function of its message and the immutable,
  * content-addressed store: Record adds a spec (idempotent), PutBlob adds a
@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "admin.h"
 #include "rooms.h"
 
 /* ---------------------------------------------------------- call status */
@@ -262,6 +263,14 @@ const method_def handler_methods[] = {
     METHOD("Stats", handle_stats),
     METHOD("Backends", handle_backends),
     METHOD("ListSpecs", handle_list_specs),
+    METHOD("AdminTenantAdd", handle_admin_tenant_add),
+    METHOD("AdminTenantList", handle_admin_tenant_list),
+    METHOD("AdminTenantRemove", handle_admin_tenant_remove),
+    METHOD("AdminTokenCreate", handle_admin_token_create),
+    METHOD("AdminTokenList", handle_admin_token_list),
+    METHOD("AdminTokenRevoke", handle_admin_token_revoke),
+    METHOD("AdminQuotaSet", handle_admin_quota_set),
+    METHOD("AdminQuotaShow", handle_admin_quota_show),
     {"grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Check",
      handle_health_check, true},
 };

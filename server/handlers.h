@@ -36,6 +36,9 @@ typedef struct call_ctx {
    * slices of issue 15) key on these. */
   const char *tenant;
   bool admin;
+  /* The client's address as the request log shows it (NULL: unknown);
+   * the admin RPCs' audit lines name it. */
+  const char *peer;
   /* The tenant's quotas (docs/operations.md, "Quotas"), read at
    * admission; NULL when it has none or auth is off. */
   const store_quota *quota;

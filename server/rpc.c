@@ -496,6 +496,7 @@ static void serve(worker *w, int method, call_ctx *cx, int transport,
   const method_def *m = &handler_methods[method];
   cx->d = d;
   cx->alloc = &w->arena.allocator;
+  cx->peer = peer;
   cx->request_id = atomic_fetch_add(&s->next_request_id, 1) + 1;
   size_t bytes_in = cx->in_len;
   /* The handlers' engine runs carry call_should_stop in their context
@@ -531,6 +532,7 @@ static void serve(worker *w, int method, call_ctx *cx, int transport,
   log_request(&line);
   metrics_observe(method, transport, cx->status,
                   micros_between(arrival_ns, done_ns));
+  metrics_observe_tenant(cx->tenant, cx->status);
   atomic_fetch_add(&d->requests, 1);
   if (cx->status != GRPC_STATUS_OK) atomic_fetch_add(&d->errors, 1);
 
@@ -797,10 +799,11 @@ static void on_watch(rpc_server *s, request_slot *slot) {
 }
 
 /* Logs and counts a call answered without a worker (unknown method, full
- * queue, draining, shutting down). */
+ * queue, draining, shutting down, a quota); tenant is the caller's once its
+ * token was accepted, else "". */
 static void log_refusal(rpc_server *s, const char *method, int method_index,
-                        int transport, const char *peer, int status,
-                        const char *message, int64_t bytes_in,
+                        int transport, const char *tenant, const char *peer,
+                        int status, const char *message, int64_t bytes_in,
                         int64_t arrival_ns) {
   uint64_t id = atomic_fetch_add(&s->next_request_id, 1) + 1;
   log_request_line line = {
@@ -819,6 +822,7 @@ static void log_refusal(rpc_server *s, const char *method, int method_index,
   log_request(&line);
   if (method_index >= 0)
     metrics_observe(method_index, transport, status, line.duration_us);
+  metrics_observe_tenant(tenant, status);
   atomic_fetch_add(&s->d->requests, 1);
   atomic_fetch_add(&s->d->errors, 1);
 }
@@ -827,7 +831,8 @@ static void log_refusal(rpc_server *s, const char *method, int method_index,
  * full queue, shutting down). */
 static void reject(rpc_server *s, job *j, int status, const char *message,
                    const char *method, bool with_close) {
-  log_refusal(s, method, j->method, TRANSPORT_GRPC, j->peer, status, message,
+  log_refusal(s, method, j->method, TRANSPORT_GRPC, j->tenant, j->peer, status,
+              message,
               j->payload ? (int64_t)grpc_byte_buffer_length(j->payload) : 0,
               j->arrival_ns);
   job_send(j, status, message, 0, NULL, 0, with_close);
@@ -1049,8 +1054,8 @@ bool rpc_submit(rpc_server *s, service_call *c) {
                    &status, why, sizeof why)) {
     c->status = status;
     snprintf(c->message, sizeof c->message, "%s", why);
-    log_refusal(s, m->name, c->method, TRANSPORT_HTTP, c->peer, status, why,
-                (int64_t)c->in_len, c->arrival_ns);
+    log_refusal(s, m->name, c->method, TRANSPORT_HTTP, c->tenant, c->peer,
+                status, why, (int64_t)c->in_len, c->arrival_ns);
     return false;
   }
   if (m->probe || c->inline_call) {
@@ -1087,8 +1092,8 @@ bool rpc_submit(rpc_server *s, service_call *c) {
   }
   c->status = status;
   snprintf(c->message, sizeof c->message, "%s", refused);
-  log_refusal(s, m->name, c->method, TRANSPORT_HTTP, c->peer, status, refused,
-              (int64_t)c->in_len, c->arrival_ns);
+  log_refusal(s, m->name, c->method, TRANSPORT_HTTP, c->tenant, c->peer, status,
+              refused, (int64_t)c->in_len, c->arrival_ns);
   return false;
 }
 

@@ -9,6 +9,7 @@
 #include "backends.h"
 #include "health.pb-c.h"
 #include "listener.h"
+#include "metrics.h"
 #include "rooms.h"
 #include "version.h"
 
@@ -115,9 +116,12 @@ void handle_stats(call_ctx *cx) {
   r.spec_bytes = si.spec_bytes;
   r.blobs = pending ? blobs : si.blob_count;
   r.blob_bytes = pending ? blob_bytes : si.blob_bytes;
-  /* A tenant that is not an admin sees its own specs and blobs; the
-   * store's totals are the admins' (docs/operations.md, "Isolation"). */
+  /* A tenant that is not an admin sees its own calls, specs and blobs;
+   * the daemon's counts and the store's totals are the admins'
+   * (docs/operations.md, "Isolation").  Its calls are counted once
+   * answered, so this one is not in requests yet, as in the daemon's. */
   if (cx->tenant != NULL && cx->tenant[0] != '\0' && !cx->admin) {
+    metrics_tenant_counts(cx->tenant, &r.requests, &r.errors);
     store_usage u;
     if (store_tenant_usage(d->store, cx->tenant, &u, &err) != TOPOS_OK) {
       call_fail_err(cx, &err, "store");

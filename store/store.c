@@ -1479,12 +1479,16 @@ static int check_tenant_name(const char *name, topos_error *err) {
               STORE_TENANT_NAME_MAX, name != NULL ? name : "(null)");
 }
 
-static int check_token_id(const char *id, topos_error *err) {
+bool store_token_id_valid(const char *id) {
   size_t n = id != NULL ? strnlen(id, STORE_TOKEN_ID_LEN + 1) : 0;
   bool ok = n == STORE_TOKEN_ID_LEN;
   for (size_t i = 0; ok && i < n; i++)
     ok = (id[i] >= '0' && id[i] <= '9') || (id[i] >= 'a' && id[i] <= 'f');
-  if (ok) return TOPOS_OK;
+  return ok;
+}
+
+static int check_token_id(const char *id, topos_error *err) {
+  if (store_token_id_valid(id)) return TOPOS_OK;
   return fail(err, TOPOS_ERR_ARGUMENT,
               "store: a token id is %d lowercase hex digits (topos token "
               "list shows them); \"%.40s\" is not",
@@ -1675,6 +1679,43 @@ int store_tenant_count(topos_store *st, int64_t *n, topos_error *err) {
   return status;
 }
 
+int store_tenant_get(topos_store *st, const char *name, store_tenant_info *out,
+                     topos_error *err) {
+  int status = check_store(st, err);
+  if (status == TOPOS_OK) status = check_tenant_name(name, err);
+  if (status != TOPOS_OK) return status;
+  if (out == NULL) return fail(err, TOPOS_ERR_ARGUMENT, "store: out is NULL");
+  char key[STORE_TENANT_NAME_MAX + 1]; /* name may be out->name */
+  snprintf(key, sizeof key, "%s", name);
+  name = key;
+  memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&st->lock);
+  sqlite3 *db = st->db;
+  sqlite3_stmt *stmt;
+  status = prepare(db,
+                   "SELECT name, created_ms, admin, (SELECT count(*) FROM "
+                   "tokens WHERE tenant = name AND revoked_ms = 0) "
+                   "FROM tenants WHERE name = ?1",
+                   &stmt, err);
+  if (status == TOPOS_OK) {
+    sqlite3_bind_text(stmt, 1, name, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(stmt);
+    if (rc == SQLITE_ROW) {
+      snprintf(out->name, sizeof out->name, "%s", name);
+      out->created_ms = sqlite3_column_int64(stmt, 1);
+      out->admin = sqlite3_column_int(stmt, 2) != 0;
+      out->live_tokens = sqlite3_column_int64(stmt, 3);
+    } else if (rc == SQLITE_DONE) {
+      status = fail(err, TOPOS_ERR_NOT_FOUND, "store: no tenant %s", name);
+    } else {
+      status = sql_fail(db, rc, err, "look a tenant up");
+    }
+    sqlite3_finalize(stmt);
+  }
+  pthread_mutex_unlock(&st->lock);
+  return status;
+}
+
 int store_token_create(topos_store *st, const char *tenant,
                        char id_out[STORE_TOKEN_ID_LEN + 1],
                        char secret_out[STORE_TOKEN_SECRET_LEN + 1],
@@ -1824,6 +1865,39 @@ int store_token_revoke(topos_store *st, const char *id, topos_error *err) {
   return status;
 }
 
+int store_token_get(topos_store *st, const char *id, store_token_info *out,
+                    topos_error *err) {
+  int status = check_store(st, err);
+  if (status == TOPOS_OK) status = check_token_id(id, err);
+  if (status != TOPOS_OK) return status;
+  if (out == NULL) return fail(err, TOPOS_ERR_ARGUMENT, "store: out is NULL");
+  char key[STORE_TOKEN_ID_LEN + 1]; /* id may be out->id */
+  memcpy(key, id, sizeof key);
+  id = key;
+  memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&st->lock);
+  sqlite3 *db = st->db;
+  sqlite3_stmt *stmt;
+  status = prepare(db,
+                   "SELECT t.id, t.tenant, t.created_ms, t.revoked_ms, "
+                   "n.admin FROM tokens t JOIN tenants n ON n.name = "
+                   "t.tenant WHERE t.id = ?1",
+                   &stmt, err);
+  if (status == TOPOS_OK) {
+    sqlite3_bind_text(stmt, 1, id, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(stmt);
+    if (rc == SQLITE_ROW)
+      token_row(stmt, out);
+    else if (rc == SQLITE_DONE)
+      status = fail(err, TOPOS_ERR_NOT_FOUND, "store: no token %s", id);
+    else
+      status = sql_fail(db, rc, err, "look a token up");
+    sqlite3_finalize(stmt);
+  }
+  pthread_mutex_unlock(&st->lock);
+  return status;
+}
+
 int store_token_lookup(topos_store *st, const char *secret,
                        store_token_info *out, topos_error *err) {
   int status = check_store(st, err);
@@ -1932,29 +2006,91 @@ static void bind_quota(sqlite3_stmt *stmt, int i, int64_t v) {
     sqlite3_bind_int64(stmt, i, v);
 }
 
+int store_quota_check(const store_quota *q, unsigned mask, topos_error *err) {
+  if (q == NULL) return fail(err, TOPOS_ERR_ARGUMENT, "store: q is NULL");
+  static const struct {
+    unsigned bit;
+    size_t offset;
+    const char *name;
+  } counts[] = {
+      {STORE_QUOTA_STORED_BYTES, offsetof(store_quota, stored_bytes),
+       "stored_bytes"},
+      {STORE_QUOTA_INFLIGHT, offsetof(store_quota, inflight), "inflight"},
+      {STORE_QUOTA_NODES, offsetof(store_quota, nodes_per_spec),
+       "nodes_per_spec"},
+      {STORE_QUOTA_RUN_BYTES, offsetof(store_quota, run_bytes), "run_bytes"},
+  };
+  for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+    int64_t v = *(const int64_t *)((const char *)q + counts[i].offset);
+    if ((mask & counts[i].bit) && v < STORE_QUOTA_NONE)
+      return fail(err, TOPOS_ERR_ARGUMENT,
+                  "store: quota %s must be a count (0 or more) or none, not "
+                  "%lld",
+                  counts[i].name, (long long)v);
+  }
+  if (mask & STORE_QUOTA_RATE) {
+    bool rate = q->rate_per_s > 0, burst = q->burst >= 0;
+    if (rate != burst || (!rate && q->rate_per_s != STORE_QUOTA_NONE) ||
+        (!burst && q->burst != STORE_QUOTA_NONE))
+      return fail(err, TOPOS_ERR_ARGUMENT,
+                  "store: quota rate and burst go together: a rate (calls per "
+                  "second, > 0) with a burst (>= 1), or both none");
+    if (rate && (q->burst < 1 || !(q->rate_per_s <= 1e9)))
+      return fail(err, TOPOS_ERR_ARGUMENT,
+                  "store: quota burst must be at least 1 and rate at most 1e9 "
+                  "per second");
+  }
+  if ((mask & STORE_QUOTA_RUN_MS) && q->run_ms < 1 &&
+      q->run_ms != STORE_QUOTA_NONE)
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "store: quota run_ms must be at least 1 (or none)");
+  if ((mask & STORE_QUOTA_WEIGHT) && q->weight != STORE_QUOTA_NONE &&
+      (q->weight < 1 || q->weight > STORE_WEIGHT_MAX))
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "store: weight must be in 1..%d (or none: 1)",
+                STORE_WEIGHT_MAX);
+  return TOPOS_OK;
+}
+
+static void quota_text(int64_t v, char *out, size_t len) {
+  if (v < 0)
+    snprintf(out, len, "none");
+  else
+    snprintf(out, len, "%lld", (long long)v);
+}
+
+void store_quota_format(const store_quota *q, char *out, size_t len) {
+  if (out == NULL || len == 0) return;
+  if (q == NULL) {
+    out[0] = '\0';
+    return;
+  }
+  char v[6][24], rate[32];
+  quota_text(q->stored_bytes, v[0], sizeof v[0]);
+  quota_text(q->inflight, v[1], sizeof v[1]);
+  quota_text(q->burst, v[2], sizeof v[2]);
+  quota_text(q->nodes_per_spec, v[3], sizeof v[3]);
+  quota_text(q->run_ms, v[4], sizeof v[4]);
+  quota_text(q->run_bytes, v[5], sizeof v[5]);
+  if (q->rate_per_s > 0)
+    snprintf(rate, sizeof rate, "%g", q->rate_per_s);
+  else
+    snprintf(rate, sizeof rate, "none");
+  snprintf(out, len,
+           "stored_bytes=%s inflight=%s rate=%s burst=%s nodes_per_spec=%s "
+           "run_ms=%s run_bytes=%s weight=%lld",
+           v[0], v[1], rate, v[2], v[3], v[4], v[5],
+           q->weight > 0 ? (long long)q->weight : 1LL);
+}
+
 int store_quota_set(topos_store *st, const char *tenant, const store_quota *q,
                     unsigned mask, topos_error *err) {
   int status = check_store(st, err);
   if (status == TOPOS_OK) status = check_tenant_name(tenant, err);
   if (status != TOPOS_OK) return status;
-  if (q == NULL) return fail(err, TOPOS_ERR_ARGUMENT, "store: q is NULL");
+  status = store_quota_check(q, mask, err);
+  if (status != TOPOS_OK) return status;
   bool rate = (mask & STORE_QUOTA_RATE) != 0;
-  if (rate && (q->rate_per_s > 0) != (q->burst >= 0))
-    return fail(err, TOPOS_ERR_ARGUMENT,
-                "store: a rate quota needs both a rate and a burst, or "
-                "neither");
-  if (rate && q->burst >= 0 && (q->burst < 1 || !(q->rate_per_s <= 1e9)))
-    return fail(err, TOPOS_ERR_ARGUMENT,
-                "store: the burst must be at least 1 and the rate at most "
-                "1e9 per second");
-  if ((mask & STORE_QUOTA_RUN_MS) && q->run_ms == 0)
-    return fail(err, TOPOS_ERR_ARGUMENT,
-                "store: run_ms must be at least 1 (or none)");
-  if ((mask & STORE_QUOTA_WEIGHT) && q->weight >= 0 &&
-      (q->weight < 1 || q->weight > STORE_WEIGHT_MAX))
-    return fail(err, TOPOS_ERR_ARGUMENT,
-                "store: the weight must be in 1..%d (or none: 1)",
-                STORE_WEIGHT_MAX);
   pthread_mutex_lock(&st->lock);
   sqlite3 *db = st->db;
   status = begin(db, true, err);

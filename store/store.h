@@ -236,6 +236,8 @@ typedef struct store_token_info {
 
 /* True when name is 1..64 characters of [a-z0-9_-]. */
 bool store_tenant_name_valid(const char *name);
+/* True when id is STORE_TOKEN_ID_LEN lowercase hex digits. */
+bool store_token_id_valid(const char *id);
 /* Adds a tenant.  A bad name is TOPOS_ERR_ARGUMENT, and so is a name that
  * is taken (the message says which). */
 int store_tenant_add(topos_store *st, const char *name, bool admin,
@@ -250,6 +252,10 @@ int store_tenant_list(topos_store *st, store_tenant_info **out, int *n,
                       topos_error *err);
 /* How many tenants there are. */
 int store_tenant_count(topos_store *st, int64_t *n, topos_error *err);
+/* One tenant, as store_tenant_list lists it (unknown:
+ * TOPOS_ERR_NOT_FOUND). */
+int store_tenant_get(topos_store *st, const char *name, store_tenant_info *out,
+                     topos_error *err);
 /* A new token for tenant (unknown: TOPOS_ERR_NOT_FOUND): writes its id and
  * its secret ("tps_" + 64 hex digits from the system's random source).
  * Only the secret's SHA-256 is stored; the caller shows the secret once
@@ -265,6 +271,10 @@ int store_token_list(topos_store *st, const char *tenant,
 /* Revokes a token by id (idempotent: the first revocation's time stays).
  * Unknown id: TOPOS_ERR_NOT_FOUND. */
 int store_token_revoke(topos_store *st, const char *id, topos_error *err);
+/* One token by id, revoked or not, with its tenant's admin flag (a
+ * malformed id: TOPOS_ERR_ARGUMENT; unknown: TOPOS_ERR_NOT_FOUND). */
+int store_token_get(topos_store *st, const char *id, store_token_info *out,
+                    topos_error *err);
 /* The token whose secret is `secret` (hashed here; one indexed read, no
  * write, no transaction held), revoked or not: the caller decides.  An
  * unknown secret is TOPOS_ERR_NOT_FOUND. */
@@ -303,11 +313,24 @@ enum {
 };
 /* Every field STORE_QUOTA_NONE. */
 store_quota store_quota_unlimited(void);
+/* Whether the fields of `q` named in `mask` may be stored: a count
+ * (stored_bytes, inflight, nodes_per_spec, run_bytes) >= 0 or
+ * STORE_QUOTA_NONE; run_ms >= 1 or NONE; weight 1..STORE_WEIGHT_MAX or
+ * NONE; rate_per_s (> 0, at most 1e9) and burst (>= 1) both set, or both
+ * NONE.  TOPOS_ERR_ARGUMENT with a message naming the field otherwise.
+ * store_quota_set applies it; the CLI and the daemon's AdminQuotaSet ask
+ * it first, so both refuse the same values with the same words. */
+int store_quota_check(const store_quota *q, unsigned mask, topos_error *err);
 /* Sets the fields of `q` named in `mask` for tenant (unknown tenant:
  * TOPOS_ERR_NOT_FOUND; a value out of range: TOPOS_ERR_ARGUMENT), leaving
  * the others as they are, in one transaction. */
 int store_quota_set(topos_store *st, const char *tenant, const store_quota *q,
                     unsigned mask, topos_error *err);
+/* The quotas as one line, "stored_bytes=N inflight=none rate=R burst=B
+ * nodes_per_spec=N run_ms=N run_bytes=N weight=W" (none for a quota not
+ * set; weight 1 when not set): what `topos quota show` prints and the
+ * audit lines of a change carry, from the store file or the daemon. */
+void store_quota_format(const store_quota *q, char *out, size_t len);
 /* Tenant's quotas (one indexed read); a tenant without any, or unknown,
  * gets store_quota_unlimited().  *any says whether one limit is set (the
  * weight is not a limit). */

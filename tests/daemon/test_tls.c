@@ -647,7 +647,9 @@ START_TEST(test_https_gateway) {
 END_TEST
 
 /* --tls-client-ca on the gateway: a certificate of that CA is served;
- * none, or one of another CA, gets no answer. */
+ * none, or one of another CA, gets no answer.  The connection cap holds
+ * over TLS: at --http-max-connections 2 a third connection sheds the
+ * longest idle one.  /metrics counts both. */
 START_TEST(test_https_client_certificates) {
   daemon_proc d = {0};
   daemon_dir(&d);
@@ -658,6 +660,8 @@ START_TEST(test_https_client_certificates) {
                                in_dir(&d, "server.key"),
                                "--tls-client-ca",
                                in_dir(&d, "ca.pem"),
+                               "--http-max-connections",
+                               "2",
                                NULL};
   daemon_start(&d, extra);
   char ca[400];
@@ -688,6 +692,26 @@ START_TEST(test_https_client_certificates) {
     http_reply_clear(&r);
     http_conn_close(c);
   }
+
+  http_conn *open[3];
+  for (int i = 0; i < 3; i++) {
+    open[i] = https_open(d.http_port, ca, "127.0.0.1", in_dir(&d, "client.pem"),
+                         in_dir(&d, "client.key"), err, sizeof err);
+    ck_assert_msg(open[i] != NULL, "connection %d: %s", i, err);
+    usleep(50 * 1000); /* an order of idleness */
+  }
+  https_request(open[2], "GET", "/metrics", NULL, NULL, NULL, 0, &r);
+  ck_assert_int_eq(r.status, 200);
+  ck_assert_msg(
+      strstr(r.body, "topos_http_connections_shed_total 1\n") &&
+          strstr(r.body, "topos_http_tls_handshake_failures_total 2\n"),
+      "%s", r.body);
+  http_reply_clear(&r);
+  ck_assert(http_closed(open[0]->fd, 5)); /* the one idle longest */
+  https_request(open[1], "GET", "/healthz", NULL, NULL, NULL, 0, &r);
+  ck_assert_int_eq(r.status, 200);
+  http_reply_clear(&r);
+  for (int i = 0; i < 3; i++) http_conn_close(open[i]);
   assert_clean_exit(daemon_stop(&d, SIGTERM, 20), 20);
   ck_assert(log_has(&d, "refused the handshake"));
   daemon_cleanup(&d);

@@ -33,6 +33,10 @@ int topos_plugin_load(const char *path, const topos_plugin_options *opt,
 /* The accelerators the loaded plugins use, with their counters: how many
  * there are (at most max written). */
 int topos_devices_list(topos_device_info *out, int max);
+/* Whether a run's tasks may go to a device: for NULL, "" or "auto", a
+ * loaded plugin reports a device; for a backend's name, a plugin with a
+ * device registered that backend. */
+bool topos_backend_uses_device(const char *backend);
 /* Binds the calling thread to device slot % count (a daemon worker's
  * index): returns the device's ordinal, -1 when there is none. */
 int topos_devices_bind_thread(int slot);

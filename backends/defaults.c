@@ -192,6 +192,21 @@ int topos_devices_list(topos_device_info *out, int max) {
   return total;
 }
 
+bool topos_backend_uses_device(const char *backend) {
+  bool any =
+      backend == NULL || backend[0] == '\0' || strcmp(backend, "auto") == 0;
+  for (int i = 0; i < NSLOTS; i++) {
+    const topos_plugin *p = plugin_at(i);
+    if (!p || !p->devices) continue;
+    topos_device_info tmp[TOPOS_DEVICES_MAX];
+    if (p->devices(tmp, TOPOS_DEVICES_MAX) <= 0) continue;
+    if (any) return true;
+    for (int k = 0; k < p->nbackends; k++)
+      if (strcmp(p->backends[k]->name, backend) == 0) return true;
+  }
+  return false;
+}
+
 int topos_devices_bind_thread(int slot) {
   for (int i = 0; i < NSLOTS; i++) {
     const topos_plugin *p = plugin_at(i);

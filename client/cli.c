@@ -39,7 +39,8 @@
  *                        stderr; token create (and tenant add
  *                        --with-token) prints the secret on stdout, once
  *   quota set TENANT [--stored-bytes N] [--inflight N] [--rate R --burst B]
- *         [--nodes N] [--run-ms N] [--run-bytes N] [--weight W]
+ *         [--nodes N] [--run-ms N] [--run-bytes N] [--device-bytes N]
+ *         [--weight W]
  *         | quota show TENANT
  *                        a tenant's quotas, either way too ('none' clears
  *                        one); set prints an audit line
@@ -791,7 +792,8 @@ static const char *const admin_usage =
     "       topos [WHERE] token revoke TOKEN_ID\n"
     "       topos [WHERE] quota set TENANT [--stored-bytes N] [--inflight N]\n"
     "             [--rate R --burst B] [--nodes N] [--run-ms N] "
-    "[--run-bytes N] [--weight W]\n"
+    "[--run-bytes N]\n"
+    "             [--device-bytes N] [--weight W]\n"
     "       topos [WHERE] quota show TENANT\n"
     "\n"
     "WHERE is the store file or the daemon:\n"
@@ -816,7 +818,8 @@ static const char *const quota_usage =
     "usage: topos [WHERE] quota set TENANT [--stored-bytes N] "
     "[--inflight N]\n"
     "             [--rate R --burst B] [--nodes N] [--run-ms N] "
-    "[--run-bytes N] [--weight W]\n"
+    "[--run-bytes N]\n"
+    "             [--device-bytes N] [--weight W]\n"
     "       topos [WHERE] quota show TENANT\n"
     "\n"
     "Per-tenant quotas (docs/operations.md, \"Quotas\"), on the daemon's\n"
@@ -825,7 +828,9 @@ static const char *const quota_usage =
     "a change applies from the daemon's next call.  A value 'none' clears a\n"
     "quota (unlimited); --rate none clears the burst too.  --weight W\n"
     "(1..1000, none: 1) is the tenant's share of the workers when tenants\n"
-    "compete (\"Fair scheduling\").\n";
+    "compete (\"Fair scheduling\").  --device-bytes N bounds the device\n"
+    "memory of one run on a GPU host (its largest task's operands and\n"
+    "output).\n";
 
 static void format_ms(int64_t ms, char *out, size_t len) {
   time_t t = (time_t)(ms / 1000);
@@ -986,9 +991,15 @@ static void token_of(const topos_client_token *c, store_token_info *s) {
 }
 
 static store_quota quota_of(const topos_client_quota *c) {
-  store_quota q = {c->stored_bytes,   c->inflight, c->rate_per_s, c->burst,
-                   c->nodes_per_spec, c->run_ms,   c->run_bytes,  c->weight};
-  return q;
+  return (store_quota){.stored_bytes = c->stored_bytes,
+                       .inflight = c->inflight,
+                       .rate_per_s = c->rate_per_s,
+                       .burst = c->burst,
+                       .nodes_per_spec = c->nodes_per_spec,
+                       .run_ms = c->run_ms,
+                       .run_bytes = c->run_bytes,
+                       .device_bytes = c->device_bytes,
+                       .weight = c->weight};
 }
 
 /* The secret on stdout (alone, so TOKEN=$(topos token create T) works),
@@ -1147,9 +1158,15 @@ static int admin_quota(admin_target *t, const char *tenant,
       return admin_failed(t, &err);
   } else {
     /* The client's bits are the store's (topos_client.h). */
-    topos_client_quota cq = {q->stored_bytes, q->inflight,       q->rate_per_s,
-                             q->burst,        q->nodes_per_spec, q->run_ms,
-                             q->run_bytes,    q->weight};
+    topos_client_quota cq = {.stored_bytes = q->stored_bytes,
+                             .inflight = q->inflight,
+                             .rate_per_s = q->rate_per_s,
+                             .burst = q->burst,
+                             .nodes_per_spec = q->nodes_per_spec,
+                             .run_ms = q->run_ms,
+                             .run_bytes = q->run_bytes,
+                             .weight = q->weight,
+                             .device_bytes = q->device_bytes};
     topos_client_quota got;
     int rc = mask ? topos_client_quota_set(t->c, tenant, &cq, mask, &got, &err)
                   : topos_client_quota_show(t->c, tenant, &got, &err);
@@ -1181,7 +1198,7 @@ static bool quota_value(const char *text, int64_t *out) {
   ((int)STORE_QUOTA_##name == (int)TOPOS_CLIENT_QUOTA_##name)
 _Static_assert(SAME_BIT(STORED_BYTES) && SAME_BIT(INFLIGHT) && SAME_BIT(RATE) &&
                    SAME_BIT(NODES) && SAME_BIT(RUN_MS) && SAME_BIT(RUN_BYTES) &&
-                   SAME_BIT(WEIGHT),
+                   SAME_BIT(WEIGHT) && SAME_BIT(DEVICE_BYTES),
                "the client's quota bits are the store's");
 #undef SAME_BIT
 
@@ -1207,6 +1224,8 @@ static int admin_main(int argc, char **argv) {
       {"--nodes", STORE_QUOTA_NODES, offsetof(store_quota, nodes_per_spec)},
       {"--run-ms", STORE_QUOTA_RUN_MS, offsetof(store_quota, run_ms)},
       {"--run-bytes", STORE_QUOTA_RUN_BYTES, offsetof(store_quota, run_bytes)},
+      {"--device-bytes", STORE_QUOTA_DEVICE_BYTES,
+       offsetof(store_quota, device_bytes)},
       {"--weight", STORE_QUOTA_WEIGHT, offsetof(store_quota, weight)},
   };
   bool help = false;

@@ -1468,7 +1468,7 @@ int topos_client_token_revoke(topos_client *c, const char *id,
 }
 
 topos_client_quota topos_client_quota_none(void) {
-  return (topos_client_quota){-1, -1, -1, -1, -1, -1, -1, -1};
+  return (topos_client_quota){-1, -1, -1, -1, -1, -1, -1, -1, -1};
 }
 
 /* An AdminQuotaReply into out. */
@@ -1484,6 +1484,7 @@ static int quota_from(ProtobufCMessage *r, topos_client_quota *out) {
     out->run_ms = q->run_ms;
     out->run_bytes = q->run_bytes;
     out->weight = q->weight;
+    out->device_bytes = q->device_bytes;
   }
   wire_message_free(r);
   return TOPOS_OK;
@@ -1534,6 +1535,11 @@ int topos_client_quota_set(topos_client *c, const char *tenant,
     req.weight_given_case =
         TOPOS__V1__ADMIN_QUOTA_SET_REQUEST__WEIGHT_GIVEN_WEIGHT;
     req.weight = q->weight;
+  }
+  if (mask & TOPOS_CLIENT_QUOTA_DEVICE_BYTES) {
+    req.device_bytes_given_case =
+        TOPOS__V1__ADMIN_QUOTA_SET_REQUEST__DEVICE_BYTES_GIVEN_DEVICE_BYTES;
+    req.device_bytes = q->device_bytes;
   }
   ProtobufCMessage *r = NULL;
   if (rc == TOPOS_OK)

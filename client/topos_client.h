@@ -359,7 +359,8 @@ typedef struct topos_client_quota {
   int64_t nodes_per_spec;
   int64_t run_ms;
   int64_t run_bytes;
-  int64_t weight; /* 1..1000: a share of the workers, not a limit */
+  int64_t weight;       /* 1..1000: a share of the workers, not a limit */
+  int64_t device_bytes; /* a run's device memory (its largest task) */
 } topos_client_quota;
 /* Which fields topos_client_quota_set sends (the store's STORE_QUOTA_*
  * bits). */
@@ -371,6 +372,7 @@ enum {
   TOPOS_CLIENT_QUOTA_RUN_MS = 1 << 4,
   TOPOS_CLIENT_QUOTA_RUN_BYTES = 1 << 5,
   TOPOS_CLIENT_QUOTA_WEIGHT = 1 << 6,
+  TOPOS_CLIENT_QUOTA_DEVICE_BYTES = 1 << 7,
 };
 /* Every field -1. */
 topos_client_quota topos_client_quota_none(void);

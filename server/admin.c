@@ -207,6 +207,7 @@ static void quota_msg(Topos__V1__AdminQuota *m, const store_quota *q) {
   m->run_ms = q->run_ms;
   m->run_bytes = q->run_bytes;
   m->weight = q->weight;
+  m->device_bytes = q->device_bytes;
 }
 
 /* -------------------------------------------------------------- tenants */
@@ -520,6 +521,10 @@ void handle_admin_quota_set(call_ctx *cx) {
     q.weight = req->weight;
     mask |= STORE_QUOTA_WEIGHT;
   }
+  if (req->device_bytes_given_case) {
+    q.device_bytes = req->device_bytes;
+    mask |= STORE_QUOTA_DEVICE_BYTES;
+  }
   topos_store *st = cx->d->store;
   topos_error err = {0};
   store_quota now;
@@ -527,7 +532,7 @@ void handle_admin_quota_set(call_ctx *cx) {
     call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
               "AdminQuotaSet: no quota is given; give at least one "
               "(stored_bytes, inflight, rate_per_s and burst, "
-              "nodes_per_spec, run_ms, run_bytes, weight)");
+              "nodes_per_spec, run_ms, run_bytes, device_bytes, weight)");
   } else if (store_quota_check(&q, mask, &err) != TOPOS_OK) {
     admin_fail_store(&a, &err);
   } else {

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "admin.h"
+#include "backends.h"
 #include "rooms.h"
 
 /* ---------------------------------------------------------- call status */
@@ -92,7 +93,24 @@ bool call_exec_of(call_ctx *cx, const Topos__V1__ExecOptions *opts,
     call_fail_err(cx, &err, "exec");
     return false;
   }
-  return true;
+  return call_device_quota(cx, plan, out->backend);
+}
+
+bool call_device_quota(call_ctx *cx, const topos_plan *plan,
+                       const char *backend) {
+  if (cx->quota == NULL || cx->quota->device_bytes < 0) return true;
+  /* Only a run whose tasks may go to a device holds device memory: on a
+   * host without one, or with a host backend named, there is nothing to
+   * bound. */
+  if (!topos_backend_uses_device(backend)) return true;
+  size_t need = topos_plan_device_bytes(plan);
+  if (need <= (size_t)cx->quota->device_bytes) return true;
+  call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY,
+            "%s: quota device_bytes: limit %lld bytes, this run's largest "
+            "device task needs %zu bytes",
+            cx->method ? cx->method : "run", (long long)cx->quota->device_bytes,
+            need);
+  return false;
 }
 
 bool call_split_names(call_ctx *cx, const char *list, char ***out, size_t *n) {

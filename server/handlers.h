@@ -39,6 +39,7 @@ typedef struct call_ctx {
   /* The client's address as the request log shows it (NULL: unknown);
    * the admin RPCs' audit lines name it. */
   const char *peer;
+  const char *method; /* handler_methods[...].name: "Forward" */
   /* The tenant's quotas (docs/operations.md, "Quotas"), read at
    * admission; NULL when it has none or auth is off. */
   const store_quota *quota;

@@ -49,10 +49,20 @@ topos_exec call_exec(call_ctx *cx, const topos_plan *plan);
  * backend hint (entry_backend, "" or NULL for auto).  False with the call
  * failed INVALID_ARGUMENT when it cannot run (threads out of range, an
  * unknown backend or an envelope one under exact: the message names the
- * known backends).  The backend string is borrowed from opts/entry. */
+ * known backends), or RESOURCE_EXHAUSTED when the run would go over the
+ * tenant's device_bytes quota (call_device_quota).  The backend string
+ * is borrowed from opts/entry. */
 bool call_exec_of(call_ctx *cx, const Topos__V1__ExecOptions *opts,
                   const topos_plan *plan, const char *entry_backend,
                   topos_exec *out);
+/* The tenant's device_bytes quota (docs/operations.md, "Quotas"): when
+ * the run's tasks may go to a device (backend NULL/""/auto on a host with
+ * a device, or a device backend named), its device bound
+ * (topos_plan_device_bytes) must be within the quota; false with the call
+ * failed RESOURCE_EXHAUSTED otherwise, naming the quota, the limit and
+ * the ask. */
+bool call_device_quota(call_ctx *cx, const topos_plan *plan,
+                       const char *backend);
 /* The names of the backends that ran tasks of the call (cx->report), as a
  * reply's repeated string (call-lifetime memory).  False with the call
  * failed when out of memory. */

@@ -497,6 +497,7 @@ static void serve(worker *w, int method, call_ctx *cx, int transport,
   cx->d = d;
   cx->alloc = &w->arena.allocator;
   cx->peer = peer;
+  cx->method = m->name;
   cx->request_id = atomic_fetch_add(&s->next_request_id, 1) + 1;
   size_t bytes_in = cx->in_len;
   /* The handlers' engine runs carry call_should_stop in their context

@@ -1938,9 +1938,15 @@ int store_token_lookup(topos_store *st, const char *secret,
 /* ---------------------------------------------------------------- quotas */
 
 store_quota store_quota_unlimited(void) {
-  return (store_quota){STORE_QUOTA_NONE, STORE_QUOTA_NONE, STORE_QUOTA_NONE,
-                       STORE_QUOTA_NONE, STORE_QUOTA_NONE, STORE_QUOTA_NONE,
-                       STORE_QUOTA_NONE, STORE_QUOTA_NONE};
+  return (store_quota){.stored_bytes = STORE_QUOTA_NONE,
+                       .inflight = STORE_QUOTA_NONE,
+                       .rate_per_s = STORE_QUOTA_NONE,
+                       .burst = STORE_QUOTA_NONE,
+                       .nodes_per_spec = STORE_QUOTA_NONE,
+                       .run_ms = STORE_QUOTA_NONE,
+                       .run_bytes = STORE_QUOTA_NONE,
+                       .device_bytes = STORE_QUOTA_NONE,
+                       .weight = STORE_QUOTA_NONE};
 }
 
 static int64_t column_quota(sqlite3_stmt *stmt, int i) {
@@ -1955,8 +1961,8 @@ static int quota_read(sqlite3 *db, const char *tenant, store_quota *q,
   sqlite3_stmt *stmt;
   int status = prepare(db,
                        "SELECT stored_bytes, inflight, rate_per_s, burst, "
-                       "nodes_per_spec, run_ms, run_bytes, weight FROM quotas "
-                       "WHERE tenant = ?1",
+                       "nodes_per_spec, run_ms, run_bytes, weight, "
+                       "device_bytes FROM quotas WHERE tenant = ?1",
                        &stmt, err);
   if (status != TOPOS_OK) return status;
   sqlite3_bind_text(stmt, 1, tenant, -1, SQLITE_STATIC);
@@ -1973,8 +1979,10 @@ static int quota_read(sqlite3 *db, const char *tenant, store_quota *q,
     q->run_ms = column_quota(stmt, 5);
     q->run_bytes = column_quota(stmt, 6);
     q->weight = column_quota(stmt, 7);
+    q->device_bytes = column_quota(stmt, 8);
     *any = q->stored_bytes >= 0 || q->inflight >= 0 || q->rate_per_s > 0 ||
-           q->nodes_per_spec >= 0 || q->run_ms >= 0 || q->run_bytes >= 0;
+           q->nodes_per_spec >= 0 || q->run_ms >= 0 || q->run_bytes >= 0 ||
+           q->device_bytes >= 0;
   } else if (rc != SQLITE_DONE) {
     status = sql_fail(db, rc, err, "read a tenant's quotas");
   }
@@ -2019,6 +2027,8 @@ int store_quota_check(const store_quota *q, unsigned mask, topos_error *err) {
       {STORE_QUOTA_NODES, offsetof(store_quota, nodes_per_spec),
        "nodes_per_spec"},
       {STORE_QUOTA_RUN_BYTES, offsetof(store_quota, run_bytes), "run_bytes"},
+      {STORE_QUOTA_DEVICE_BYTES, offsetof(store_quota, device_bytes),
+       "device_bytes"},
   };
   for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
     int64_t v = *(const int64_t *)((const char *)q + counts[i].offset);
@@ -2065,21 +2075,22 @@ void store_quota_format(const store_quota *q, char *out, size_t len) {
     out[0] = '\0';
     return;
   }
-  char v[6][24], rate[32];
+  char v[7][24], rate[32];
   quota_text(q->stored_bytes, v[0], sizeof v[0]);
   quota_text(q->inflight, v[1], sizeof v[1]);
   quota_text(q->burst, v[2], sizeof v[2]);
   quota_text(q->nodes_per_spec, v[3], sizeof v[3]);
   quota_text(q->run_ms, v[4], sizeof v[4]);
   quota_text(q->run_bytes, v[5], sizeof v[5]);
+  quota_text(q->device_bytes, v[6], sizeof v[6]);
   if (q->rate_per_s > 0)
     snprintf(rate, sizeof rate, "%g", q->rate_per_s);
   else
     snprintf(rate, sizeof rate, "none");
   snprintf(out, len,
            "stored_bytes=%s inflight=%s rate=%s burst=%s nodes_per_spec=%s "
-           "run_ms=%s run_bytes=%s weight=%lld",
-           v[0], v[1], rate, v[2], v[3], v[4], v[5],
+           "run_ms=%s run_bytes=%s device_bytes=%s weight=%lld",
+           v[0], v[1], rate, v[2], v[3], v[4], v[5], v[6],
            q->weight > 0 ? (long long)q->weight : 1LL);
 }
 
@@ -2111,14 +2122,15 @@ int store_quota_set(topos_store *st, const char *tenant, const store_quota *q,
     if (mask & STORE_QUOTA_RUN_MS) now.run_ms = q->run_ms;
     if (mask & STORE_QUOTA_RUN_BYTES) now.run_bytes = q->run_bytes;
     if (mask & STORE_QUOTA_WEIGHT) now.weight = q->weight;
+    if (mask & STORE_QUOTA_DEVICE_BYTES) now.device_bytes = q->device_bytes;
   }
   sqlite3_stmt *stmt = NULL;
   if (status == TOPOS_OK)
     status = prepare(db,
                      "INSERT OR REPLACE INTO quotas (tenant, stored_bytes, "
                      "inflight, rate_per_s, burst, nodes_per_spec, run_ms, "
-                     "run_bytes, weight) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, "
-                     "?8, ?9)",
+                     "run_bytes, weight, device_bytes) VALUES (?1, ?2, ?3, ?4, "
+                     "?5, ?6, ?7, ?8, ?9, ?10)",
                      &stmt, err);
   if (status == TOPOS_OK) {
     sqlite3_bind_text(stmt, 1, tenant, -1, SQLITE_STATIC);
@@ -2133,6 +2145,7 @@ int store_quota_set(topos_store *st, const char *tenant, const store_quota *q,
     bind_quota(stmt, 7, now.run_ms);
     bind_quota(stmt, 8, now.run_bytes);
     bind_quota(stmt, 9, now.weight);
+    bind_quota(stmt, 10, now.device_bytes);
     status = step_done(db, stmt, err, "set a tenant's quotas");
   }
   sqlite3_finalize(stmt);
@@ -2292,10 +2305,19 @@ static int migrate_to_v6(sqlite3 *db, topos_error *err) {
               err, "migrate to schema version 6");
 }
 
+/* Version 7: a tenant's device memory per run (docs/operations.md,
+ * "Quotas"); NULL is no limit. */
+static int migrate_to_v7(sqlite3 *db, topos_error *err) {
+  return exec(db,
+              "ALTER TABLE quotas ADD COLUMN device_bytes INTEGER"
+              "  CHECK (device_bytes >= 0);",
+              err, "migrate to schema version 7");
+}
+
 /* MIGRATIONS[v] takes a store from version v - 1 to v. */
 static const migration MIGRATIONS[STORE_SCHEMA_VERSION + 1] = {
     NULL,          migrate_to_v1, migrate_to_v2, migrate_to_v3,
-    migrate_to_v4, migrate_to_v5, migrate_to_v6,
+    migrate_to_v4, migrate_to_v5, migrate_to_v6, migrate_to_v7,
 };
 
 /* What a database holds, read in one transaction. */

@@ -36,7 +36,7 @@ extern "C" {
 
 /* The schema version this code writes; store_open migrates older stores
  * forward and refuses newer ones. */
-#define STORE_SCHEMA_VERSION 6
+#define STORE_SCHEMA_VERSION 7
 /* SQLite's header application_id of a topos store ("Topo"). */
 #define STORE_APPLICATION_ID 0x546F706F
 /* The blob cap of a freshly opened handle: 1 GiB. */
@@ -295,6 +295,7 @@ typedef struct store_quota {
   int64_t nodes_per_spec; /* nodes of one recorded spec */
   int64_t run_ms;         /* the cap on a call's deadline, >= 1 */
   int64_t run_bytes;      /* a run's peak bytes (the admission bound) */
+  int64_t device_bytes;   /* a run's device bytes (its largest task) */
   /* Not a limit: the tenant's share of the workers under contention
    * (docs/operations.md, "Fair scheduling"), 1..STORE_WEIGHT_MAX; NONE
    * is the default, 1.  Not counted in store_quota_get's *any. */
@@ -310,11 +311,12 @@ enum {
   STORE_QUOTA_RUN_MS = 1 << 4,
   STORE_QUOTA_RUN_BYTES = 1 << 5,
   STORE_QUOTA_WEIGHT = 1 << 6,
+  STORE_QUOTA_DEVICE_BYTES = 1 << 7,
 };
 /* Every field STORE_QUOTA_NONE. */
 store_quota store_quota_unlimited(void);
 /* Whether the fields of `q` named in `mask` may be stored: a count
- * (stored_bytes, inflight, nodes_per_spec, run_bytes) >= 0 or
+ * (stored_bytes, inflight, nodes_per_spec, run_bytes, device_bytes) >= 0 or
  * STORE_QUOTA_NONE; run_ms >= 1 or NONE; weight 1..STORE_WEIGHT_MAX or
  * NONE; rate_per_s (> 0, at most 1e9) and burst (>= 1) both set, or both
  * NONE.  TOPOS_ERR_ARGUMENT with a message naming the field otherwise.
@@ -327,7 +329,8 @@ int store_quota_check(const store_quota *q, unsigned mask, topos_error *err);
 int store_quota_set(topos_store *st, const char *tenant, const store_quota *q,
                     unsigned mask, topos_error *err);
 /* The quotas as one line, "stored_bytes=N inflight=none rate=R burst=B
- * nodes_per_spec=N run_ms=N run_bytes=N weight=W" (none for a quota not
+ * nodes_per_spec=N run_ms=N run_bytes=N device_bytes=N weight=W" (none
+ * for a quota not
  * set; weight 1 when not set): what `topos quota show` prints and the
  * audit lines of a change carry, from the store file or the daemon. */
 void store_quota_format(const store_quota *q, char *out, size_t len);

@@ -503,7 +503,7 @@ START_TEST(test_admin_cli_through_daemon) {
   ck_assert_str_eq(out,
                    "tenant dave: stored_bytes=none inflight=2 rate=20 "
                    "burst=3 nodes_per_spec=none run_ms=none run_bytes=none "
-                   "weight=2\n");
+                   "device_bytes=none weight=2\n");
   ck_assert_msg(strstr(err,
                        "action=quota.set tenant=dave stored_bytes=none "
                        "inflight=2"),

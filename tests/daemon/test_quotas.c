@@ -304,6 +304,75 @@ START_TEST(test_run_bytes) {
 }
 END_TEST
 
+/* device_bytes: on a host with a device (the pretend plugin of
+ * tests/cuda/fake_plugin.c) a run whose largest device task is over the
+ * tenant's quota is refused before it runs, naming the ask; another
+ * tenant, or the quota cleared, runs.  On a host without a device the
+ * quota has nothing to bound. */
+START_TEST(test_device_bytes) {
+  const char *build = getenv("TOPOS_BUILD");
+  char plugin[512];
+  snprintf(plugin, sizeof plugin, "%s/lib/libtopos_fakegpu.so",
+           build && *build ? build : "build");
+  topos_value out;
+  topos_network *net = slow_network(1, &out);
+  topos_value roots[1] = {out};
+  topos_entry e = {
+      roots, 1, NULL, 0, TOPOS_POSTURE_FORWARD, TOPOS_NUMERICS_EXACT};
+  topos_error err = {0};
+  topos_plan *plan = topos_network_lower(net, &e, &err);
+  ck_assert_msg(plan != NULL, "%s", err.message);
+  size_t need = topos_plan_device_bytes(plan);
+  topos_plan_free(plan);
+  ck_assert_uint_gt(need, 1000);
+  char want[256];
+  snprintf(want, sizeof want,
+           "Forward: quota device_bytes: limit 1000 bytes, this run's largest "
+           "device task needs %zu bytes",
+           need);
+  for (int gpu = 1; gpu >= 0; gpu--) {
+    box b;
+    if (gpu) setenv("TOPOS_CUDA_PLUGIN", plugin, 1);
+    box_start(&b, "--device-bytes 1000");
+    unsetenv("TOPOS_CUDA_PLUGIN");
+    topos_client *a = as(b.d.port, b.alice);
+    topos_client *o = as(b.d.port, b.bob);
+    char msg[1200], ida[65], idb[65], shown[4096], cli_err[4096];
+    ck_assert_int_eq(run_cli(b.d.store, "quota show alice", shown, sizeof shown,
+                             cli_err, sizeof cli_err),
+                     0);
+    assert_has(shown, "run_bytes=none device_bytes=1000 weight=1");
+    ck_assert_int_eq(record_as(a, net, ida, msg, sizeof msg), 0);
+    ck_assert_int_eq(record_as(o, net, idb, msg, sizeof msg), 0);
+    uint8_t *req;
+    size_t len;
+    slow_forward_request(net, out, ida, &req, &len);
+    int st = raw_bytes(a, "Forward", req, len, msg, sizeof msg);
+    if (gpu) {
+      ck_assert_int_eq(st, RESOURCE_EXHAUSTED);
+      assert_has(msg, want);
+      fprintf(stderr, "quotas: %s\n", msg);
+    } else {
+      ck_assert_msg(st == 0, "no device, yet: %s", msg);
+    }
+    free(req);
+    slow_forward_request(net, out, idb, &req, &len);
+    ck_assert_msg(raw_bytes(o, "Forward", req, len, msg, sizeof msg) == 0, "%s",
+                  msg);
+    free(req);
+    quota_set(b.d.store, "alice --device-bytes none");
+    slow_forward_request(net, out, ida, &req, &len);
+    ck_assert_msg(raw_bytes(a, "Forward", req, len, msg, sizeof msg) == 0, "%s",
+                  msg);
+    free(req);
+    topos_client_close(a);
+    topos_client_close(o);
+    box_stop(&b);
+  }
+  topos_network_release(net);
+}
+END_TEST
+
 START_TEST(test_rate) {
   box b;
   box_start(&b, "--rate 20 --burst 3");
@@ -427,6 +496,7 @@ Suite *quotas_suite(void) {
   tcase_add_test(tc, test_cli);
   tcase_add_test(tc, test_stored_bytes_and_nodes);
   tcase_add_test(tc, test_run_bytes);
+  tcase_add_test(tc, test_device_bytes);
   tcase_add_test(tc, test_rate);
   tcase_add_test(tc, test_inflight_and_run_ms);
   suite_add_tcase(s, tc);

@@ -27,6 +27,7 @@
 
 #include "admin.h"
 #include "backends.h"
+#include "quota.h"
 #include "rooms.h"
 
 /* ---------------------------------------------------------- call status */
@@ -166,24 +167,40 @@ bool call_quota_stored(call_ctx *cx, const char *method, int64_t adds) {
       cx->tenant == NULL || cx->tenant[0] == '\0')
     return true;
   /* What the tenant owns now, as Stats shows it: a spec or blob shared
-   * with another tenant counts in full for each owner.  Eviction is not
-   * asked to make room: the quota is a hard cap. */
+   * with another tenant counts in full for each owner; and what its other
+   * uploads add while they are written (quota.h says why the read and the
+   * count go under one lock).  Eviction is not asked to make room: the
+   * quota is a hard cap. */
+  quota_table *qt = cx->quotas;
+  if (qt) quota_upload_lock(qt);
   store_usage u;
   topos_error err = {0};
+  bool ok = false;
   if (store_tenant_usage(cx->d->store, cx->tenant, &u, &err) != TOPOS_OK) {
     call_fail_err(cx, &err, "store");
-    return false;
+  } else {
+    int64_t held = u.spec_bytes + u.blob_bytes;
+    int64_t uploading = qt ? quota_uploading(qt, cx->tenant) : 0;
+    char more[64] = "";
+    if (uploading > 0)
+      snprintf(more, sizeof more, " and is uploading %lld",
+               (long long)uploading);
+    if (held > cx->quota->stored_bytes - adds - uploading) {
+      call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY,
+                "%s: quota stored_bytes: limit %lld bytes, the tenant holds "
+                "%lld%s, this upload adds %lld",
+                method, (long long)cx->quota->stored_bytes, (long long)held,
+                more, (long long)adds);
+    } else if (qt && !quota_upload_add(qt, cx->tenant, adds)) {
+      call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY,
+                "%s: daemon out of memory", method);
+    } else {
+      if (qt) cx->upload_counted = adds;
+      ok = true;
+    }
   }
-  int64_t held = u.spec_bytes + u.blob_bytes;
-  if (held > cx->quota->stored_bytes - adds) {
-    call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY,
-              "%s: quota stored_bytes: limit %lld bytes, the tenant holds "
-              "%lld, this upload adds %lld",
-              method, (long long)cx->quota->stored_bytes, (long long)held,
-              (long long)adds);
-    return false;
-  }
-  return true;
+  if (qt) quota_upload_unlock(qt);
+  return ok;
 }
 
 /* ----------------------------------------------------- messages in, out */

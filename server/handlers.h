@@ -43,6 +43,11 @@ typedef struct call_ctx {
   /* The tenant's quotas (docs/operations.md, "Quotas"), read at
    * admission; NULL when it has none or auth is off. */
   const store_quota *quota;
+  /* The daemon's per-tenant quota state (quota.h), and the bytes of this
+   * call's upload counted in it (call_quota_stored; the front takes them
+   * back once the call is answered). */
+  struct quota_table *quotas;
+  int64_t upload_counted;
   /* What the call's engine runs ran: every context a handler builds
    * (call_exec_of) reports here, and replies name the backends. */
   topos_exec_report report;

@@ -18,12 +18,16 @@
 typedef struct tenant_state {
   char name[STORE_TENANT_NAME_MAX + 1];
   int64_t inflight;
-  double tokens;   /* in the bucket at last_ns */
-  int64_t last_ns; /* 0: the bucket has not been used yet (full) */
+  int64_t uploading; /* bytes of uploads admitted, not yet answered */
+  double tokens;     /* in the bucket at last_ns */
+  int64_t last_ns;   /* 0: the bucket has not been used yet (full) */
 } tenant_state;
 
 struct quota_table {
   pthread_mutex_t lock;
+  /* Serialises the stored_bytes checks (quota_upload_lock): held across
+   * a store read, so never taken under `lock`. */
+  pthread_mutex_t upload_lock;
   tenant_state *rows;
   int n, capacity;
 };
@@ -32,12 +36,14 @@ quota_table *quota_table_new(void) {
   quota_table *t = calloc(1, sizeof *t);
   if (t == NULL) return NULL;
   pthread_mutex_init(&t->lock, NULL);
+  pthread_mutex_init(&t->upload_lock, NULL);
   return t;
 }
 
 void quota_table_free(quota_table *t) {
   if (t == NULL) return;
   pthread_mutex_destroy(&t->lock);
+  pthread_mutex_destroy(&t->upload_lock);
   free(t->rows);
   free(t);
 }
@@ -107,6 +113,34 @@ bool quota_admit(quota_table *t, const char *tenant, const store_quota *q,
   r->inflight++;
   pthread_mutex_unlock(&t->lock);
   return true;
+}
+
+void quota_upload_lock(quota_table *t) {
+  pthread_mutex_lock(&t->upload_lock);
+}
+
+void quota_upload_unlock(quota_table *t) {
+  pthread_mutex_unlock(&t->upload_lock);
+}
+
+int64_t quota_uploading(quota_table *t, const char *tenant) {
+  int64_t bytes = 0;
+  pthread_mutex_lock(&t->lock);
+  for (int i = 0; i < t->n; i++)
+    if (strcmp(t->rows[i].name, tenant) == 0) bytes = t->rows[i].uploading;
+  pthread_mutex_unlock(&t->lock);
+  return bytes;
+}
+
+bool quota_upload_add(quota_table *t, const char *tenant, int64_t bytes) {
+  pthread_mutex_lock(&t->lock);
+  tenant_state *r = row_of(t, tenant);
+  if (r != NULL) {
+    r->uploading += bytes;
+    if (r->uploading < 0) r->uploading = 0;
+  }
+  pthread_mutex_unlock(&t->lock);
+  return r != NULL;
 }
 
 void quota_release(quota_table *t, const char *tenant) {

@@ -38,6 +38,22 @@ bool quota_admit(quota_table *t, const char *tenant, const store_quota *q,
 /* Ends the count of one admitted call of tenant. */
 void quota_release(quota_table *t, const char *tenant);
 
+/* The stored_bytes quota without a race between a tenant's concurrent
+ * uploads (Record, PutBlob): under quota_upload_lock the caller reads
+ * what the store says the tenant holds, adds quota_uploading (uploads
+ * admitted and not answered yet), and when the new upload fits, counts it
+ * with quota_upload_add(+bytes) before unlocking; once the call is
+ * answered (the store has it, or it failed) it takes it back with
+ * quota_upload_add(-bytes).  An upload checked while another is being
+ * written sees it either in the store or in flight, never in neither
+ * (between its commit and its release it is counted twice: refusing a
+ * little early, never late).  quota_upload_add is false when out of
+ * memory (nothing counted). */
+void quota_upload_lock(quota_table *t);
+void quota_upload_unlock(quota_table *t);
+int64_t quota_uploading(quota_table *t, const char *tenant);
+bool quota_upload_add(quota_table *t, const char *tenant, int64_t bytes);
+
 /* A call's deadline under q's run_ms: the earlier of deadline_ns and
  * arrival_ns + run_ms (INT64_MAX is no deadline). */
 int64_t quota_deadline(const store_quota *q, int64_t arrival_ns,

@@ -498,12 +498,18 @@ static void serve(worker *w, int method, call_ctx *cx, int transport,
   cx->alloc = &w->arena.allocator;
   cx->peer = peer;
   cx->method = m->name;
+  cx->quotas = s->quotas;
   cx->request_id = atomic_fetch_add(&s->next_request_id, 1) + 1;
   size_t bytes_in = cx->in_len;
   /* The handlers' engine runs carry call_should_stop in their context
    * (handlers.c, call_exec), so a cancelled call, an expired deadline or a
    * drain stops the job at a node boundary and its buffers are released. */
   if (cx->status == GRPC_STATUS_OK && call_continue(cx)) m->handler(cx);
+  /* The upload is in the store now, or failed: no longer in flight. */
+  if (cx->upload_counted > 0) {
+    quota_upload_add(s->quotas, cx->tenant, -cx->upload_counted);
+    cx->upload_counted = 0;
+  }
   if (cx->status == GRPC_STATUS_INTERNAL) {
     /* A bug: the request id ties the client's error to the log line. */
     size_t len = strlen(cx->message);

@@ -304,6 +304,77 @@ START_TEST(test_run_bytes) {
 }
 END_TEST
 
+typedef struct upload_arg {
+  int port;
+  const char *token;
+  int seed, status;
+  char msg[600];
+} upload_arg;
+
+static void *upload_one(void *p) {
+  upload_arg *u = p;
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", u->port);
+  topos_error err = {0};
+  topos_client *c = topos_client_connect(addr, &err);
+  if (c == NULL || topos_client_set_token(c, u->token, &err) != TOPOS_OK) {
+    u->status = -1;
+    snprintf(u->msg, sizeof u->msg, "%s", err.message);
+  } else {
+    u->status = put_blob(c, u->seed, 20000, u->msg, sizeof u->msg);
+  }
+  topos_client_close(c);
+  return NULL;
+}
+
+/* stored_bytes under concurrent uploads: eight 160 KB blobs at once
+ * against room for three.  Each check counts the uploads still being
+ * written, so however they interleave no more than three are stored;
+ * and nothing stays counted after: uploading one at a time then fills
+ * the quota to exactly three blobs. */
+START_TEST(test_stored_bytes_concurrent) {
+  box b;
+  box_start(&b, "--stored-bytes 560000");
+  enum { N = 8 };
+  upload_arg u[N];
+  pthread_t th[N];
+  for (int i = 0; i < N; i++) {
+    memset(&u[i], 0, sizeof u[i]);
+    u[i].port = b.d.port;
+    u[i].token = b.alice;
+    u[i].seed = 10 + i;
+    ck_assert_int_eq(pthread_create(&th[i], NULL, upload_one, &u[i]), 0);
+  }
+  int stored = 0;
+  for (int i = 0; i < N; i++) {
+    pthread_join(th[i], NULL);
+    ck_assert_msg(u[i].status == 0 || u[i].status == RESOURCE_EXHAUSTED,
+                  "upload %d: %d %s", i, u[i].status, u[i].msg);
+    stored += u[i].status == 0;
+  }
+  topos_client *a = as(b.d.port, b.alice);
+  topos_client_stats_info s = stats_of(a);
+  fprintf(stderr, "quotas: %d of %d concurrent uploads stored, %lld bytes\n",
+          stored, N, (long long)s.blob_bytes);
+  ck_assert_int_le(stored, 3);
+  ck_assert_int_eq(s.blobs, stored);
+  ck_assert_int_le(s.blob_bytes, 560000);
+  char msg[1200];
+  for (int seed = 100; s.blobs < 3 && seed < 110; seed++) {
+    ck_assert_msg(put_blob(a, seed, 20000, msg, sizeof msg) == 0, "%s", msg);
+    s = stats_of(a);
+  }
+  ck_assert_int_eq(s.blobs, 3);
+  ck_assert_int_eq(put_blob(a, 200, 20000, msg, sizeof msg),
+                   RESOURCE_EXHAUSTED);
+  assert_has(msg,
+             "PutBlob: quota stored_bytes: limit 560000 bytes, the "
+             "tenant holds ");
+  topos_client_close(a);
+  box_stop(&b);
+}
+END_TEST
+
 /* device_bytes: on a host with a device (the pretend plugin of
  * tests/cuda/fake_plugin.c) a run whose largest device task is over the
  * tenant's quota is refused before it runs, naming the ask; another
@@ -497,6 +568,7 @@ Suite *quotas_suite(void) {
   tcase_add_test(tc, test_stored_bytes_and_nodes);
   tcase_add_test(tc, test_run_bytes);
   tcase_add_test(tc, test_device_bytes);
+  tcase_add_test(tc, test_stored_bytes_concurrent);
   tcase_add_test(tc, test_rate);
   tcase_add_test(tc, test_inflight_and_run_ms);
   suite_add_tcase(s, tc);

@@ -143,6 +143,12 @@ bool quota_upload_add(quota_table *t, const char *tenant, int64_t bytes) {
   return r != NULL;
 }
 
+void quota_upload_done(quota_table *t, const char *tenant, int64_t bytes) {
+  pthread_mutex_lock(&t->upload_lock);
+  quota_upload_add(t, tenant, -bytes);
+  pthread_mutex_unlock(&t->upload_lock);
+}
+
 void quota_release(quota_table *t, const char *tenant) {
   pthread_mutex_lock(&t->lock);
   for (int i = 0; i < t->n; i++)

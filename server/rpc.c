@@ -507,7 +507,7 @@ static void serve(worker *w, int method, call_ctx *cx, int transport,
   if (cx->status == GRPC_STATUS_OK && call_continue(cx)) m->handler(cx);
   /* The upload is in the store now, or failed: no longer in flight. */
   if (cx->upload_counted > 0) {
-    quota_upload_add(s->quotas, cx->tenant, -cx->upload_counted);
+    quota_upload_done(s->quotas, cx->tenant, cx->upload_counted);
     cx->upload_counted = 0;
   }
   if (cx->status == GRPC_STATUS_INTERNAL) {

@@ -366,6 +366,26 @@ int backward_scan(builder *b, int target, int32_t *grads, bool params_only,
       rc = error_set(err, stop.code, "%s", stop.message);
       break;
     }
+    if (b->group_adjoint) {
+      /* A fused group's adjoint: its inputs' cotangents at once. */
+      int32_t to[2], gdx[2], keep[2];
+      int ng = 0, nkeep = 0;
+      int r = b->group_adjoint(b, i, grads[i], wanted, to, gdx, &ng);
+      if (r < 0) {
+        rc = prefix_error(err, n, i);
+        break;
+      }
+      if (r > 0) {
+        for (int k = 0; k < ng && rc == 0; k++) {
+          int32_t *acc = &grads[to[k]];
+          *acc = *acc < 0 ? gdx[k] : b_binary(b, OP_ADD, *acc, gdx[k]);
+          if (*acc < 0) rc = prefix_error(err, n, i);
+          keep[nkeep++] = *acc;
+        }
+        b->settle(b, keep, nkeep);
+        continue;
+      }
+    }
     unsigned reads = op_table[n->op].reads;
     int32_t x[n->nin > 0 ? n->nin : 1], dx[n->nin > 0 ? n->nin : 1];
     bool want[n->nin > 0 ? n->nin : 1];

@@ -427,6 +427,77 @@ static topos_tensor *offer_attention(const exec_env *env, const plan_group *g,
   return rc > 0 ? group_eval_in(env, g, out, ins, exports, err) : NULL;
 }
 
+/* The convolution's x cotangent starts as the unfused adjoint does: da =
+ * gy·weightᵀ through exec_eval (the same operands, so the same backend
+ * and bits); the folds below it, and the weight's and the max-pool's
+ * cotangents, are the reference kernels'. */
+int exec_group_grad(const exec_env *env, const plan_group *g,
+                    const topos_tensor *gy, const topos_tensor *x,
+                    const topos_tensor *other, bool want_x, bool want_w,
+                    topos_tensor **dx, topos_tensor **dw, topos_error *err) {
+  *dx = *dw = NULL;
+  topos_dtype dt = gy->dtype;
+  compute_view xv = {0}, gv = {0}, yv = {0}, av = {0};
+  topos_tensor *da = NULL;
+  out_buf ob;
+  int rc = -1;
+  if (compute_view_of(x, &xv, err) || compute_view_of(gy, &gv, err)) goto done;
+  if (g->kind == GROUP_CONV && want_w) {
+    tensor_meta m = {.dtype = dt, .rank = 2};
+    m.shape[0] = g->C * g->kh * g->kw;
+    m.shape[1] = g->nout;
+    if (out_begin(&ob, &m, err)) goto done;
+    if (kernel_window_dw(env, g, dt, xv.data, gv.data, ob.data, err)) {
+      out_abort(&ob);
+      goto done;
+    }
+    *dw = out_end(&ob);
+  }
+  if (want_x) {
+    const void *src = NULL;
+    if (g->kind == GROUP_CONV) {
+      topos_tensor *wt = topos_tensor_transpose(other, err);
+      if (!wt) goto done;
+      tensor_meta m = {.dtype = dt, .rank = 2};
+      m.shape[0] = g->N * g->oh * g->ow;
+      m.shape[1] = g->C * g->kh * g->kw;
+      topos_tensor *in[2] = {(topos_tensor *)gy, wt};
+      node_attrs none = {0};
+      da = exec_eval(env, OP_MATMUL, &none, 2, in, &m, err);
+      topos_tensor_release(wt);
+      if (!da || compute_view_of(da, &av, err)) goto done;
+      src = av.data;
+    } else if (compute_view_of(other, &yv, err)) {
+      goto done;
+    }
+    tensor_meta m = {.dtype = dt, .rank = 4};
+    m.shape[0] = g->N;
+    m.shape[1] = g->C;
+    m.shape[2] = g->H;
+    m.shape[3] = g->W;
+    if (out_begin(&ob, &m, err)) goto done;
+    if (kernel_window_dx(env, g, dt, src, xv.data, yv.data, gv.data, ob.data,
+                         err)) {
+      out_abort(&ob);
+      goto done;
+    }
+    *dx = out_end(&ob);
+  }
+  rc = 0;
+done:
+  compute_view_done(&xv);
+  compute_view_done(&gv);
+  compute_view_done(&yv);
+  compute_view_done(&av);
+  topos_tensor_release(da);
+  if (rc) {
+    topos_tensor_release(*dx);
+    topos_tensor_release(*dw);
+    *dx = *dw = NULL;
+  }
+  return rc;
+}
+
 topos_tensor *exec_group(const exec_env *env, const plan_group *g,
                          const tensor_meta *out, const topos_tensor *const *ins,
                          topos_tensor **exports, topos_error *err) {

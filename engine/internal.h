@@ -376,6 +376,10 @@ typedef struct plan_group {
    * the member of each row step (-1 when the chain has no such step). */
   int64_t batch, t, s, dh, dv;
   int32_t raw, scaled, masked, logp, probs;
+  /* A window group of a training plan: backward runs its adjoint fused
+   * (exec_group_grad) from x (and the weight, or the head's value), so
+   * the chain's interior is never kept. */
+  bool fused_grad;
 } plan_group;
 
 struct topos_plan {
@@ -467,6 +471,20 @@ topos_tensor *group_eval_in(const exec_env *env, const plan_group *g,
 int kernel_window(const exec_env *env, const plan_group *g, topos_dtype dtype,
                   const void *x, const void *w, int64_t ws0, int64_t ws1,
                   void *y, topos_error *err);
+/* The fused adjoints of a training plan's window groups (plan.c), over
+ * contiguous compute arrays: kernel_window_dw gives a convolution's
+ * weight cotangent dw [C·kh·kw, O] from x and gy (the head's cotangent,
+ * [N·oh·ow, O]); kernel_window_dx gives x's cotangent [N, C, H, W] - for
+ * a convolution from da, gy·weightᵀ [N·oh·ow, C·kh·kw]; for a max-pool
+ * from x, y (the pooled values) and gy - through the chain's folds and
+ * narrows.  The bits are the unfused adjoints' (kernels_real.h says
+ * how).  0, or -1 with err when out of memory or env said stop. */
+int kernel_window_dw(const exec_env *env, const plan_group *g,
+                     topos_dtype dtype, const void *x, const void *gy, void *dw,
+                     topos_error *err);
+int kernel_window_dx(const exec_env *env, const plan_group *g,
+                     topos_dtype dtype, const void *da, const void *x,
+                     const void *y, const void *gy, void *dx, topos_error *err);
 /* The reference attention chain over rows [r0, r1) of the task's
  * batch·t query rows (backend.h's contract, on the reference kernels). */
 int kernel_attention(const topos_attention_task *t, int64_t r0, int64_t r1,
@@ -511,6 +529,13 @@ struct builder {
   /* Node i of the graph being differentiated.  Recording may move the
    * node array, so callers copy what they need before emitting. */
   const node *(*node_at)(builder *b, int32_t i);
+  /* Optional (NULL: none).  When node i heads a group whose adjoint runs
+   * fused, emits the cotangents of the group's inputs from g, the head's:
+   * to[k] is the node that dx[k] goes to, k < *n (wanted: the scan's
+   * params_only table, or NULL).  Returns 1, 0 when i heads no such
+   * group, or -1 with the error set. */
+  int (*group_adjoint)(builder *b, int32_t i, int32_t g, const bool *wanted,
+                       int32_t *to, int32_t *dx, int *n);
 };
 
 /* The reverse scan of ops.md over nodes[0..target]: seeds 1 at target,
@@ -584,6 +609,15 @@ topos_tensor *exec_eval(const exec_env *env, op_code op, const node_attrs *at,
 topos_tensor *exec_group(const exec_env *env, const plan_group *g,
                          const tensor_meta *out, const topos_tensor *const *ins,
                          topos_tensor **exports, topos_error *err);
+/* A fused window group's adjoint in a training plan (g->fused_grad): from
+ * gy, the head's cotangent, the cotangents the unfused chain would give
+ * the group's inputs - *dx for x when want_x, *dw for the weight when
+ * want_w (a convolution); `other` is the weight (convolution) or the
+ * head's value (max-pool).  The same bits; 0, or -1 with err. */
+int exec_group_grad(const exec_env *env, const plan_group *g,
+                    const topos_tensor *gy, const topos_tensor *x,
+                    const topos_tensor *other, bool want_x, bool want_w,
+                    topos_tensor **dx, topos_tensor **dw, topos_error *err);
 
 /* The process default of threads per task: the setter's value when > 0,
  * else TOPOS_THREADS (read once), else the online cores.

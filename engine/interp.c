@@ -343,10 +343,38 @@ static const tensor_meta *eb_meta(builder *b, int32_t h) {
   return &((eval_builder *)b)->m[h];
 }
 
+/* The value of a member of a fused window group whose adjoint runs fused
+ * (so the plan keeps no interior value), recomputed from the group's x
+ * through the chain's nodes: a full field (topos_plan_backward) runs the
+ * unfused adjoints, which read the im2col or window tensor.  NULL when
+ * index is no such member or evaluating fails. */
+static topos_tensor *eb_remat(eval_builder *eb, int32_t index) {
+  const topos_plan *p = eb->run->plan;
+  const topos_network *net = eb->run->net;
+  if (!p || p->group_of[index] < 0) return NULL;
+  const plan_group *g = &p->groups[p->group_of[index]];
+  if (!g->fused_grad || g->head == index || !eb->run->vals[g->x]) return NULL;
+  topos_tensor *cur = topos_tensor_retain(eb->run->vals[g->x]);
+  for (int k = 0; k < g->nmembers && cur; k++) {
+    const node *n = &net->nodes[g->members[k]];
+    topos_error e = {0};
+    topos_tensor *in[1] = {cur};
+    topos_tensor *next = exec_eval(eb->env, n->op, &n->at, 1, in, &n->meta, &e);
+    topos_tensor_release(cur);
+    cur = next;
+    if (g->members[k] == index) return cur;
+  }
+  topos_tensor_release(cur);
+  return NULL;
+}
+
 static int32_t eb_value(builder *b, int32_t index, bool needed) {
   eval_builder *eb = (eval_builder *)b;
   const node *n = &eb->run->net->nodes[index];
-  topos_tensor *t = needed ? topos_tensor_retain(eb->run->vals[index]) : NULL;
+  topos_tensor *t = NULL;
+  if (needed)
+    t = eb->run->vals[index] ? topos_tensor_retain(eb->run->vals[index])
+                             : eb_remat(eb, index);
   return eb_push(eb, t, &n->meta);
 }
 
@@ -365,6 +393,51 @@ static void eb_settle(builder *b, const int32_t *keep, int nkeep) {
     }
   }
   eb->settled = eb->n;
+}
+
+/* A plan run's fused window group headed by node i: its adjoint from the
+ * group's inputs at once (plan.c elects them; exec_group_grad). */
+static int eb_group_adjoint(builder *b, int32_t i, int32_t g,
+                            const bool *wanted, int32_t *to, int32_t *dx,
+                            int *n) {
+  eval_builder *eb = (eval_builder *)b;
+  const topos_run *run = eb->run;
+  const topos_plan *p = run->plan;
+  *n = 0;
+  /* A full field also wants the interior's cotangents: the unfused
+   * adjoints give them, on recomputed interior values (eb_remat). */
+  if (!p || !wanted || p->group_of[i] < 0) return 0;
+  const plan_group *grp = &p->groups[p->group_of[i]];
+  if (!grp->fused_grad || grp->head != i) return 0;
+  int32_t other = grp->kind == GROUP_CONV ? grp->weight : i;
+  bool want_x = !wanted || wanted[grp->x];
+  bool want_w = grp->kind == GROUP_CONV && (!wanted || wanted[grp->weight]);
+  const topos_tensor *x = run->vals[grp->x], *o = run->vals[other];
+  if (!x || !o || g < 0 || !eb->t[g]) {
+    error_set(eb->err, TOPOS_ERR_STATE,
+              "fused adjoint: a value it reads was not kept by the plan");
+    return -1;
+  }
+  topos_tensor *tx, *tw;
+  topos_error e = {0};
+  if (exec_group_grad(eb->env, grp, eb->t[g], x, o, want_x, want_w, &tx, &tw,
+                      &e)) {
+    error_set(eb->err, e.code, "fused adjoint: %s", e.message);
+    return -1;
+  }
+  if (tw) {
+    tensor_meta m = tensor_meta_of(tw);
+    to[*n] = grp->weight;
+    dx[(*n)++] = eb_push(eb, tw, &m);
+  }
+  if (tx) {
+    tensor_meta m = tensor_meta_of(tx);
+    to[*n] = grp->x;
+    dx[(*n)++] = eb_push(eb, tx, &m);
+  }
+  for (int k = 0; k < *n; k++)
+    if (dx[k] < 0) return -1;
+  return 1;
 }
 
 /* The checks both public entry points to backward make: target is a
@@ -411,7 +484,8 @@ static int backward_eval(const exec_env *env, const topos_run *run, int ti,
   const topos_network *net = run->net;
   const topos_tensor *y = run->vals[ti];
   *eb = (eval_builder){
-      .base = {eb_emit, eb_scalar, eb_meta, eb_value, eb_settle, eb_node_at},
+      .base = {eb_emit, eb_scalar, eb_meta, eb_value, eb_settle, eb_node_at,
+               eb_group_adjoint},
       .env = env,
       .run = run,
       .err = err,

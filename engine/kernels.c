@@ -31,6 +31,13 @@
 
 /* The fma chains' one operation has its NaN fixed: fma_pinned.h. */
 
+/* v rounded once to bf16 and widened back: a bf16 op's stored result,
+ * for fused kernels that keep an intermediate of the chain they stand
+ * for. */
+static inline float bf16_trip(float v) {
+  return topos_bf16_to_f32(bf16_from_f64(v));
+}
+
 #define R float
 #define K(name) name##_f32
 #define EXP expf
@@ -711,6 +718,205 @@ int kernel_window(const exec_env *env, const plan_group *g, topos_dtype dtype,
                (char *)y + (n * g->oh + oi) * g->ow * g->nout * (int64_t)es);
     }
   return 0;
+}
+
+/* ---------------------------------------------- fused window adjoints */
+
+#if FMA_PINNED_X86
+#include <immintrin.h>
+
+/* vfmadd231ps with a first: acc = a·b + acc, a's NaN first (fma_pinned.h). */
+__attribute__((target("avx512f"))) static inline __m512 dw_fma512(__m512 a,
+                                                                  __m512 b,
+                                                                  __m512 acc) {
+  __asm__("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
+/* K(window_dw) for f32, 16 outputs o at once: lane l of acc[q] is
+ * output (k0 + q, o0 + l)'s chain, the same fmas in the same order. */
+__attribute__((target("avx512f"))) static void window_dw_512(
+    const plan_group *g, const float *xp, int64_t Hp, int64_t Wp,
+    const int64_t *koff, const float *gy, float *dw, int64_t k0, int64_t k1) {
+  int64_t O = g->nout;
+  for (int64_t o0 = 0; o0 < O; o0 += 16) {
+    __mmask16 m =
+        O - o0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (O - o0)) - 1);
+    for (int64_t q0 = k0; q0 < k1; q0 += 8) {
+      int nq = k1 - q0 < 8 ? (int)(k1 - q0) : 8;
+      int64_t off[8];
+      for (int q = 0; q < 8; q++) off[q] = koff[q0 + (q < nq ? q : 0)];
+      /* Eight named accumulators: an array would live in memory. */
+      __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0,
+             c5 = c0, c6 = c0, c7 = c0;
+      const int64_t f0 = off[0], f1 = off[1], f2 = off[2], f3 = off[3],
+                    f4 = off[4], f5 = off[5], f6 = off[6], f7 = off[7];
+      for (int64_t n = 0; n < g->N; n++)
+        for (int64_t oi = 0; oi < g->oh; oi++) {
+          const float *xr = xp + (n * g->C * Hp + oi * g->stride_h) * Wp;
+          const float *gr = gy + ((n * g->oh + oi) * g->ow) * O + o0;
+          for (int64_t oj = 0; oj < g->ow; oj++, gr += O) {
+            const float *xb = xr + oj * g->stride_w;
+            __m512 gv = _mm512_maskz_loadu_ps(m, gr);
+            c0 = dw_fma512(_mm512_set1_ps(xb[f0]), gv, c0);
+            c1 = dw_fma512(_mm512_set1_ps(xb[f1]), gv, c1);
+            c2 = dw_fma512(_mm512_set1_ps(xb[f2]), gv, c2);
+            c3 = dw_fma512(_mm512_set1_ps(xb[f3]), gv, c3);
+            c4 = dw_fma512(_mm512_set1_ps(xb[f4]), gv, c4);
+            c5 = dw_fma512(_mm512_set1_ps(xb[f5]), gv, c5);
+            c6 = dw_fma512(_mm512_set1_ps(xb[f6]), gv, c6);
+            c7 = dw_fma512(_mm512_set1_ps(xb[f7]), gv, c7);
+          }
+        }
+      const __m512 acc[8] = {c0, c1, c2, c3, c4, c5, c6, c7};
+      for (int q = 0; q < nq; q++)
+        _mm512_mask_storeu_ps(dw + (q0 + q) * O + o0, m, acc[q]);
+    }
+  }
+}
+
+static bool dw_512_available(void) {
+  static int known = -1;
+  if (known < 0)
+    known = fma_pinned_available() && __builtin_cpu_supports("avx512f");
+  return known;
+}
+#endif
+
+/* x [N, C, H, W] zero-padded to [N, C, Hp, Wp]: x itself when the group
+ * pads nothing, else a copy in *owned (NULL and err set when out of
+ * memory). */
+static const void *padded_x(const plan_group *g, const void *x, size_t es,
+                            void **owned, topos_error *err) {
+  *owned = NULL;
+  if (!g->pad_top && !g->pad_bottom && !g->pad_left && !g->pad_right) return x;
+  int64_t Hp = g->H + g->pad_top + g->pad_bottom;
+  int64_t Wp = g->W + g->pad_left + g->pad_right;
+  char *xp = calloc((size_t)(g->N * g->C * Hp * Wp), es);
+  if (!xp) {
+    error_set(err, TOPOS_ERR_MEMORY, "out of memory");
+    return NULL;
+  }
+  for (int64_t nc = 0; nc < g->N * g->C; nc++)
+    for (int64_t h = 0; h < g->H; h++)
+      memcpy(xp + ((nc * Hp + h + g->pad_top) * Wp + g->pad_left) * (int64_t)es,
+             (const char *)x + ((nc * g->H + h) * g->W) * (int64_t)es,
+             (size_t)g->W * es);
+  *owned = xp;
+  return xp;
+}
+
+int kernel_window_dw(const exec_env *env, const plan_group *g,
+                     topos_dtype dtype, const void *x, const void *gy, void *dw,
+                     topos_error *err) {
+  size_t es = compute_size(dtype);
+  int64_t Hp = g->H + g->pad_top + g->pad_bottom;
+  int64_t Wp = g->W + g->pad_left + g->pad_right;
+  int64_t K = g->C * g->kh * g->kw, O = g->nout;
+  void *owned;
+  const void *xp = padded_x(g, x, es, &owned, err);
+  if (!xp) return -1;
+  int64_t *koff = malloc(sizeof(int64_t) * (size_t)(K > 0 ? K : 1));
+  void *acc = malloc(es * (size_t)(8 * (O > 0 ? O : 1)));
+  int rc = 0;
+  if (!koff || !acc) {
+    rc = error_set(err, TOPOS_ERR_MEMORY, "out of memory");
+    goto done;
+  }
+  for (int64_t kk = 0; kk < K; kk++) {
+    int64_t c = kk / (g->kh * g->kw), a = kk / g->kw % g->kh, b = kk % g->kw;
+    koff[kk] = (c * Hp + a * g->dil_h) * Wp + b * g->dil_w;
+  }
+  for (int64_t k0 = 0; k0 < K; k0 += 8) {
+    if (k0 > 0 && kernel_stop(env, err)) {
+      rc = -1;
+      break;
+    }
+    int64_t k1 = K - k0 < 8 ? K : k0 + 8;
+#if FMA_PINNED_X86
+    if (dtype != TOPOS_F64 && dw_512_available()) {
+      window_dw_512(g, xp, Hp, Wp, koff, gy, dw, k0, k1);
+      continue;
+    }
+#endif
+    DISPATCH(dtype, window_dw, g, xp, Hp, Wp, koff, gy, dw, k0, k1, acc);
+  }
+done:
+  free(koff);
+  free(acc);
+  free(owned);
+  return rc;
+}
+
+int kernel_window_dx(const exec_env *env, const plan_group *g,
+                     topos_dtype dtype, const void *da, const void *x,
+                     const void *y, const void *gy, void *dx,
+                     topos_error *err) {
+  size_t es = compute_size(dtype);
+  int64_t Hp = g->H + g->pad_top + g->pad_bottom;
+  int64_t Wp = g->W + g->pad_left + g->pad_right;
+  int64_t L = g->kh * g->kw, image = g->C * g->H * g->W;
+  bool overlap = (g->kh - 1) * g->dil_h >= g->stride_h ||
+                 (g->kw - 1) * g->dil_w >= g->stride_w;
+  if (g->kind == GROUP_POOL && !overlap) {
+    memset(dx, 0, (size_t)(g->N * image) * es);
+    DISPATCH(dtype, pool_grad, g, x, y, gy, NULL, dx);
+    return 0;
+  }
+  int64_t most = g->oh > g->ow ? g->oh : g->ow;
+  int64_t reach = Hp > Wp ? Hp : Wp;
+  char *t1 = malloc(es * (size_t)(g->oh * g->kh * Wp));
+  char *t2 = malloc(es * (size_t)(Hp * Wp));
+  char *tmp = malloc(es * (size_t)most);
+  char *seen = malloc((size_t)reach);
+  char *v = NULL;
+  int64_t st[6], per_image;
+  if (g->kind == GROUP_CONV) {
+    int64_t K = g->C * L; /* da: [N, oh, ow, C, kh, kw] */
+    int64_t s[6] = {g->oh * g->ow * K, L, g->ow * K, g->kw, K, 1};
+    memcpy(st, s, sizeof st);
+    per_image = g->oh * g->ow * K;
+  } else { /* v: [N, C, oh, ow, kh, kw] */
+    int64_t s[6] = {
+        g->C * g->oh * g->ow * L, g->oh * g->ow * L, g->ow * L, g->kw, L, 1};
+    memcpy(st, s, sizeof st);
+    per_image = g->C * g->oh * g->ow * L;
+    v = malloc(es * (size_t)per_image);
+    da = v;
+  }
+  int rc = 0;
+  if (!t1 || !t2 || !tmp || !seen || (g->kind == GROUP_POOL && !v)) {
+    rc = error_set(err, TOPOS_ERR_MEMORY, "out of memory");
+    goto done;
+  }
+  plan_group one = *g;
+  one.N = 1;
+  for (int64_t n = 0; n < g->N; n++) {
+    if (n > 0 && kernel_stop(env, err)) {
+      rc = -1;
+      break;
+    }
+    const char *src = (const char *)da + n * per_image * (int64_t)es;
+    if (g->kind == GROUP_POOL) {
+      int64_t pooled = g->C * g->oh * g->ow * (int64_t)es;
+      DISPATCH(dtype, pool_grad, &one,
+               (const void *)((const char *)x + n * image * (int64_t)es),
+               (const void *)((const char *)y + n * pooled),
+               (const void *)((const char *)gy + n * pooled), (void *)v, NULL);
+      src = v;
+    }
+    DISPATCH(dtype, window_fold, &one, (const void *)src, st,
+             dtype == TOPOS_BF16,
+             (void *)((char *)dx + n * image * (int64_t)es), (void *)t1,
+             (void *)t2, (void *)tmp, seen);
+  }
+done:
+  free(t1);
+  free(t2);
+  free(tmp);
+  free(seen);
+  free(v);
+  return rc;
 }
 
 /* (batch, row, col) element strides of an operand of rank 2 or 3. */

@@ -398,6 +398,215 @@ static void K(conv_window)(const plan_group *g, const void *x, const void *w,
   K(conv_window_with)(FMA, g, x, w, ws0, ws1, out);
 }
 
+/* ------------------------------------------- fused window adjoints */
+
+/* The weight gradient of a fused convolution in a training plan:
+ * dw[kk, o] for kk in [k0, k1) is the chain matmul(transpose(im2col), gy)
+ * runs - fma over r = (n, oi, oj) in order from +0.0, the im2col element
+ * first - read from xp, x zero-padded to [N, C, Hp, Wp] (a padded
+ * position is a 0 that is still fma'd).  koff[kk] is x[c, a·dh, b·dw]'s
+ * offset in an image of xp; acc holds (k1 − k0)·O values. */
+__attribute__((always_inline)) static inline void K(window_dw_with)(
+    R (*fma_op)(R, R, R), const plan_group *g, const R *xp, int64_t Hp,
+    int64_t Wp, const int64_t *koff, const R *gy, R *dw, int64_t k0, int64_t k1,
+    R *acc) {
+  int64_t O = g->nout, nk = k1 - k0;
+  for (int64_t q = 0; q < nk * O; q++) acc[q] = (R)0;
+  for (int64_t n = 0; n < g->N; n++)
+    for (int64_t oi = 0; oi < g->oh; oi++)
+      for (int64_t oj = 0; oj < g->ow; oj++) {
+        const R *xb =
+            xp + ((n * g->C * Hp) + oi * g->stride_h) * Wp + oj * g->stride_w;
+        const R *gr = gy + ((n * g->oh + oi) * g->ow + oj) * O;
+        for (int64_t q = 0; q < nk; q++) {
+          R xval = xb[koff[k0 + q]];
+          R *ac = acc + q * O;
+          for (int64_t o = 0; o < O; o++) ac[o] = fma_op(xval, gr[o], ac[o]);
+        }
+      }
+  memcpy(dw + k0 * O, acc, sizeof(R) * (size_t)(nk * O));
+}
+
+#if FMA_PINNED_X86
+__attribute__((target("fma"))) static void K(window_dw_fma)(
+    const plan_group *g, const R *xp, int64_t Hp, int64_t Wp,
+    const int64_t *koff, const R *gy, R *dw, int64_t k0, int64_t k1, R *acc) {
+  K(window_dw_with)(K(fma231), g, xp, Hp, Wp, koff, gy, dw, k0, k1, acc);
+}
+#endif
+
+static void K(window_dw)(const plan_group *g, const R *xp, int64_t Hp,
+                         int64_t Wp, const int64_t *koff, const R *gy, R *dw,
+                         int64_t k0, int64_t k1, R *acc) {
+#if FMA_PINNED_X86
+  if (fma_pinned_available()) {
+    K(window_dw_fma)(g, xp, Hp, Wp, koff, gy, dw, k0, k1, acc);
+    return;
+  }
+#endif
+  K(window_dw_with)(FMA, g, xp, Hp, Wp, koff, gy, dw, k0, k1, acc);
+}
+
+/* One fold (numerics.md's reduction of the contributions in window
+ * order) of rows: out[e·inner + i] for e < extent sums src[(c·cs + s·ss)
+ * + i] over windows c < count and s < size with c·step + s·dil = e.
+ * Where no position is covered by more than 16 windows that is a left
+ * fold, streamed window by window (the first contribution copied, later
+ * ones added, as K(fold)); otherwise each position gathers its windows
+ * into tmp and reduces them.  seen holds extent flags. */
+static void K(fold_rows)(const R *src, int64_t cs, int64_t ss, int64_t count,
+                         int64_t size, int64_t inner, int64_t extent,
+                         int64_t step, int64_t dil, R *out, char *seen,
+                         R *tmp) {
+  int64_t reach = (size - 1) * dil;
+  if (inner == 1 && dil == 1 && reach / step + 1 <= 16) {
+    /* Windows are runs: window c's positions from the end of window c−1
+     * on are new to it (K(fold)'s first path, on a strided source). */
+    int64_t covered = 0;
+    for (int64_t c = 0; c < count; c++) {
+      int64_t e0 = c * step;
+      const R *xs = src + c * cs;
+      for (int64_t e = covered; e < e0; e++) out[e] = (R)0;
+      int64_t old = covered > e0 ? covered - e0 : 0;
+      if (old > size) old = size;
+      for (int64_t s = 0; s < old; s++) out[e0 + s] = out[e0 + s] + xs[s * ss];
+      for (int64_t s = old; s < size; s++) out[e0 + s] = xs[s * ss];
+      if (e0 + size > covered) covered = e0 + size;
+    }
+    for (int64_t e = covered; e < extent; e++) out[e] = (R)0;
+    return;
+  }
+  if (reach / step + 1 <= 16) {
+    memset(seen, 0, (size_t)extent);
+    for (int64_t c = 0; c < count; c++)
+      for (int64_t s = 0; s < size; s++) {
+        int64_t e = c * step + s * dil;
+        const R *xs = src + c * cs + s * ss;
+        R *ye = out + e * inner;
+        if (!seen[e]) {
+          seen[e] = 1;
+          for (int64_t i = 0; i < inner; i++) ye[i] = xs[i];
+        } else {
+          for (int64_t i = 0; i < inner; i++) ye[i] = ye[i] + xs[i];
+        }
+      }
+    for (int64_t e = 0; e < extent; e++)
+      if (!seen[e])
+        for (int64_t i = 0; i < inner; i++) out[e * inner + i] = (R)0;
+    return;
+  }
+  for (int64_t e = 0; e < extent; e++)
+    for (int64_t i = 0; i < inner; i++) {
+      int64_t n = 0;
+      for (int64_t c = 0; c < count && c * step <= e; c++) {
+        int64_t d = e - c * step;
+        if (d % dil == 0 && d / dil < size)
+          tmp[n++] = src[c * cs + (d / dil) * ss + i];
+      }
+      out[e * inner + i] = K(reduce)(tmp, n, 1);
+    }
+}
+
+/* The unfused chain's adjoint below a window group's head: the
+ * cotangent of the windows, v(n, c, i, a, j, b) = src[n·sn + c·sc + i·si
+ * + a·sa + j·sj + b·sb], goes back through the permute (a view), the
+ * fold along axis 4 (over (j, b) into t1[n, c, i, a, Wp], rounded to bf16
+ * where the dtype is bf16) and the fold along axis 2 (over (i, a) into
+ * [Hp, Wp]), then the pads' narrows into dx [N, C, H, W].  Every fold
+ * keeps its order, so the bits are the unfused chain's.  t1 holds oh·kh·Wp
+ * values, t2 Hp·Wp, tmp max(oh, ow), seen max(Hp, Wp). */
+static void K(window_fold)(const plan_group *g, const R *src,
+                           const int64_t st[6], bool bf16, R *dx, R *t1, R *t2,
+                           R *tmp, char *seen) {
+  int64_t Hp = g->H + g->pad_top + g->pad_bottom;
+  int64_t Wp = g->W + g->pad_left + g->pad_right;
+  for (int64_t n = 0; n < g->N; n++)
+    for (int64_t c = 0; c < g->C; c++) {
+      const R *sb = src + n * st[0] + c * st[1];
+      for (int64_t i = 0; i < g->oh; i++)
+        for (int64_t a = 0; a < g->kh; a++) {
+          R *row = t1 + (i * g->kh + a) * Wp;
+          K(fold_rows)
+          (sb + i * st[2] + a * st[3], st[4], st[5], g->ow, g->kw, 1, Wp,
+           g->stride_w, g->dil_w, row, seen, tmp);
+          if (bf16)
+            for (int64_t w = 0; w < Wp; w++) row[w] = bf16_trip(row[w]);
+        }
+      K(fold_rows)
+      (t1, g->kh * Wp, Wp, g->oh, g->kh, Wp, Hp, g->stride_h, g->dil_h, t2,
+       seen, tmp);
+      R *d = dx + (n * g->C + c) * g->H * g->W;
+      for (int64_t h = 0; h < g->H; h++)
+        memcpy(d + h * g->W, t2 + (h + g->pad_top) * Wp + g->pad_left,
+               sizeof(R) * (size_t)g->W);
+    }
+}
+
+/* The max-pool adjoint's window cotangents, v = g·first: first is 1 at
+ * the first window position (a, b) whose value (0 at a pad) is >= y, the
+ * pooled maximum, and 0 elsewhere - max_along's adjoint, whose mask is
+ * step(window, y) and whose prefix count picks its first 1 (none when y
+ * is NaN).  Either v goes to vout [N, C, oh, ow, kh, kw] (vout non-NULL),
+ * or, when windows overlap along neither axis (each x position in at
+ * most one, so both folds copy it or give +0), straight to dx [N, C, H,
+ * W], which the caller has zeroed. */
+static void K(pool_grad)(const plan_group *g, const R *x, const R *y,
+                         const R *gy, R *vout, R *dx) {
+  if (!vout && !g->pad_top && !g->pad_left && !g->pad_bottom && !g->pad_right) {
+    /* Every window inside x: the same choice, fewer branches. */
+    int64_t W = g->W, kw = g->kw;
+    for (int64_t nc = 0; nc < g->N * g->C; nc++) {
+      const R *xc = x + nc * g->H * W;
+      R *dc = dx + nc * g->H * W;
+      for (int64_t oi = 0; oi < g->oh; oi++)
+        for (int64_t oj = 0; oj < g->ow; oj++) {
+          int64_t r = (nc * g->oh + oi) * g->ow + oj;
+          int64_t at = oi * g->stride_h * W + oj * g->stride_w;
+          R yv = y[r], one = gy[r] * (R)1, zero = gy[r] * (R)0;
+          int64_t first = -1;
+          for (int64_t a = 0; a < g->kh; a++)
+            for (int64_t b = 0; b < kw; b++) {
+              int64_t p = at + a * g->dil_h * W + b * g->dil_w;
+              bool hit = first < 0 && xc[p] >= yv;
+              first = hit ? a * kw + b : first;
+            }
+          for (int64_t a = 0; a < g->kh; a++)
+            for (int64_t b = 0; b < kw; b++)
+              dc[at + a * g->dil_h * W + b * g->dil_w] =
+                  a * kw + b == first ? one : zero;
+        }
+    }
+    return;
+  }
+  for (int64_t n = 0; n < g->N; n++)
+    for (int64_t c = 0; c < g->C; c++) {
+      const R *xc = x + (n * g->C + c) * g->H * g->W;
+      R *dc = dx ? dx + (n * g->C + c) * g->H * g->W : NULL;
+      for (int64_t oi = 0; oi < g->oh; oi++)
+        for (int64_t oj = 0; oj < g->ow; oj++) {
+          int64_t r = ((n * g->C + c) * g->oh + oi) * g->ow + oj;
+          R yv = y[r], gv = gy[r];
+          bool found = false;
+          for (int64_t a = 0; a < g->kh; a++) {
+            int64_t h = oi * g->stride_h + a * g->dil_h - g->pad_top;
+            bool hin = h >= 0 && h < g->H;
+            for (int64_t b = 0; b < g->kw; b++) {
+              int64_t w = oj * g->stride_w + b * g->dil_w - g->pad_left;
+              bool in = hin && w >= 0 && w < g->W;
+              R val = in ? xc[h * g->W + w] : (R)0;
+              bool first = !found && val >= yv;
+              found |= first;
+              R v = gv * (first ? (R)1 : (R)0);
+              if (vout)
+                *vout++ = v;
+              else if (in)
+                dc[h * g->W + w] = v;
+            }
+          }
+        }
+    }
+}
+
 /* The fused max-pool (GROUP_POOL): out[n, c, oi, oj] is the first maximal
  * window element in lane order (a, b), the first NaN if any — what
  * max_along computes over the flattened window.  Padding reads 0. */

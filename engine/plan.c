@@ -63,7 +63,10 @@ static bool match_window(const topos_plan *p, const int32_t *uses,
                          int32_t reshape, const int *perm, plan_group *g) {
   const node *nodes = p->net->nodes;
   const node *r = &nodes[reshape];
-  if (r->op != OP_RESHAPE || !absorbable(p, uses, reshape)) return false;
+  /* Backward may read the reshape (the head's adjoint does, in a training
+   * plan): the group's fused adjoint reads x instead (elect_groups). */
+  if (r->op != OP_RESHAPE || uses[reshape] != 1 || p->keep[reshape])
+    return false;
   int32_t pi = r->in[0];
   const node *pm = &nodes[pi];
   if (pm->op != OP_PERMUTE || pm->meta.rank != 6 || !is_perm(pm, perm) ||
@@ -242,6 +245,23 @@ static bool match_attention(const topos_plan *p, const int32_t *uses,
   return true;
 }
 
+/* A window group's fused adjoint adds x's cotangent at the head's step of
+ * the reverse scan, where the unfused chain adds it at its first link's;
+ * the sums are the same when no other reader of x lies between the two
+ * (they would see x's cotangent accumulate in another order). */
+static bool grad_order_kept(const topos_plan *p, const plan_group *g) {
+  const topos_network *net = p->net;
+  for (int32_t j = g->members[0] + 1; j < g->head; j++) {
+    if (!p->live[j] || p->group_of[j] >= 0) continue;
+    bool member = false;
+    for (int k = 0; k < g->nmembers; k++) member |= g->members[k] == j;
+    if (member) continue;
+    for (int k = 0; k < net->nodes[j].nin; k++)
+      if (net->nodes[j].in[k] == g->x) return false;
+  }
+  return true;
+}
+
 static int elect_groups(topos_plan *p, topos_error *err) {
   const topos_network *net = p->net;
   int32_t *uses = count_consumers(net, p->live);
@@ -259,6 +279,15 @@ static int elect_groups(topos_plan *p, topos_error *err) {
     for (int k = 0; k < g.nmembers; k++)
       taken |= p->group_of[g.members[k]] >= 0;
     if (taken) continue;
+    if (g.kind != GROUP_ATTENTION && p->posture == TOPOS_POSTURE_TRAINING) {
+      /* Backward runs the group's adjoint fused: it reads x and the
+       * weight (or the head's value), never the interior. */
+      if (!grad_order_kept(p, &g)) continue;
+      g.fused_grad = true;
+      for (int k = 0; k < g.nmembers; k++) p->retain[g.members[k]] = false;
+      p->retain[g.x] = true;
+      p->retain[g.kind == GROUP_CONV ? g.weight : g.head] = true;
+    }
     if (p->ngroups == cap) {
       int more = cap ? cap * 2 : 4;
       plan_group *grown = realloc(p->groups, sizeof(plan_group) * (size_t)more);
@@ -496,6 +525,47 @@ static int plan_bounds(topos_plan *p, const int32_t *owner, const int32_t *end,
   return 0;
 }
 
+/* What the fused window adjoints (exec_group_grad) hold beside the
+ * buffers the metered unfused scan counts, at the worst group: x's
+ * zero-padded copy, the max-pool's window cotangents, the fold rows and
+ * the weight gradient's accumulators, each at malloc's rounding; with
+ * `remat`, every interior value a full field recomputes (eb_remat). */
+static size_t fused_grad_bytes(const topos_plan *p, bool remat) {
+  const topos_network *net = p->net;
+  size_t worst = 0, members = 0;
+  for (int k = 0; k < p->ngroups; k++) {
+    const plan_group *g = &p->groups[k];
+    if (!g->fused_grad) continue;
+    size_t es = topos_dtype_size(net->nodes[g->head].meta.dtype) < 8 ? 4 : 8;
+    size_t Hp = (size_t)(g->H + g->pad_top + g->pad_bottom);
+    size_t Wp = (size_t)(g->W + g->pad_left + g->pad_right);
+    size_t nc = (size_t)(g->N * g->C), L = (size_t)(g->kh * g->kw);
+    size_t t = malloc_block(size_mul(size_mul(nc, size_mul(Hp, Wp)), es));
+    t = size_add(t,
+                 malloc_block(size_mul(
+                     size_mul((size_t)g->C * (size_t)(g->oh * g->ow), L), es)));
+    t = size_add(t, malloc_block(size_mul((size_t)(g->oh * g->kh) * Wp, es)));
+    t = size_add(t, malloc_block(size_mul(Hp * Wp, es)));
+    t = size_add(t, 2 * malloc_block(size_mul((size_t)g->C * L, 8)));
+    t = size_add(t, malloc_block(size_mul((size_t)(8 * g->nout), es)));
+    if (net->nodes[g->head].meta.dtype == TOPOS_BF16) {
+      /* f32 compute copies of x, gy (and the pooled values) and da. */
+      size_t R = (size_t)(g->N * g->oh * g->ow);
+      t = size_add(t, malloc_block(size_mul(nc * (size_t)(g->H * g->W), 4)));
+      t = size_add(t,
+                   2 * malloc_block(size_mul(
+                           R, (size_t)(g->nout > g->C ? g->nout : g->C) * 4)));
+      t = size_add(t, malloc_block(size_mul(R, (size_t)g->C * L * 4)));
+    }
+    if (t > worst) worst = t;
+    for (int m = 0; m < g->nmembers; m++)
+      members = size_add(members,
+                         size_add(buffer_bytes(&net->nodes[g->members[m]].meta),
+                                  TENSOR_STRUCT_BYTES));
+  }
+  return remat ? size_add(worst, members) : worst;
+}
+
 /* A training plan's backward figures: the reverse scan metered with and
  * without params_only; a scan that cannot be metered (never expected) is
  * bounded by every value three times over.  Conformance keeps the
@@ -511,6 +581,8 @@ static void plan_meter(topos_plan *p) {
       backward_meter(net, loss, false, contig, &peak_b, &held_b))
     peak_g = peak_b = held_g = size_mul(p->interp_bytes, 3);
   free(contig);
+  peak_g = size_add(peak_g, fused_grad_bytes(p, false));
+  peak_b = size_add(peak_b, fused_grad_bytes(p, true));
   b->gradients = peak_g;
   b->backward = peak_b;
   b->gradients_held = held_g;

@@ -492,7 +492,32 @@ typedef struct chain {
   topos_value x; /* the chain's input */
   topos_value roots[2], observes[1];
   int nroots, nobs;
+  topos_value loss; /* with chain_with_loss */
 } chain;
+
+/* Set by the training tests: hand_conv and hand_pool end with a loss
+ * (window_loss) on their first root, kept as ch.loss. */
+static bool chain_with_loss;
+
+/* sum(y · c) for a constant c of y's shape with negative entries and
+ * zeros: the head's cotangent is c, so the fused adjoints meet both signs
+ * and g·0 = -0. */
+static topos_value window_loss(topos_tape *t, topos_dtype dt, topos_value y) {
+  int rank = 0;
+  const int64_t *sp = topos_value_shape(t, y, &rank);
+  ck_assert_ptr_nonnull(sp);
+  int64_t shape[TOPOS_MAX_RANK];
+  memcpy(shape, sp, sizeof(int64_t) * (size_t)rank);
+  int64_t n = shape_count(rank, shape);
+  double *v = malloc(sizeof(double) * (size_t)n);
+  static const double pick[7] = {-1.5, 0.0, 2.0, -0.0, 0.75, -3.0, 1.25};
+  for (int64_t i = 0; i < n; i++) v[i] = pick[(i * 5 + i / 7) % 7];
+  topos_tensor *ct = tt_tensor(dt, rank, shape, v);
+  free(v);
+  topos_value c = topos_constant(t, ct);
+  topos_tensor_release(ct);
+  return topos_sum(t, topos_mul(t, y, c));
+}
 
 /* A hand-recorded im2col convolution chain (no topos_conv2d). */
 static chain hand_conv(topos_dtype dt, variant v, uint64_t seed) {
@@ -597,6 +622,7 @@ static chain hand_conv(topos_dtype dt, variant v, uint64_t seed) {
         topos_sum(t, topos_reshape(t, pm, 1, S(N * oh * ow * C * kh * kw)));
   if (v == V_OBSERVE_PAD) ch.observes[ch.nobs++] = pad_node;
   if (v == V_OBSERVE_RESHAPE) ch.observes[ch.nobs++] = r;
+  if (chain_with_loss) ch.loss = window_loss(t, dt, y);
   ch.net = seal(t);
   return ch;
 }
@@ -684,6 +710,7 @@ static chain hand_pool(topos_dtype dt, pool_variant v, uint64_t seed) {
   }
   ch.roots[ch.nroots++] = y;
   if (v == P_OBSERVE) ch.observes[ch.nobs++] = pm;
+  if (chain_with_loss) ch.loss = window_loss(t, dt, y);
   ch.net = seal(t);
   return ch;
 }
@@ -731,8 +758,9 @@ START_TEST(groups_share_inputs) {
 }
 END_TEST
 
-/* In a training plan a chain off the loss's path still fuses, and the
- * loss's gradient is still the interpreter's. */
+/* In a training plan every window chain fuses - off the loss's path, and
+ * on it with its adjoint fused - and the loss's gradient is still the
+ * interpreter's. */
 START_TEST(training_fuses_off_the_loss) {
   topos_tape *t = topos_tape_new(TOPOS_F32);
   topos_value x = param_rand(t, TOPOS_F32, 4, S(2, 2, 6, 6), 1, -1, 1);
@@ -744,9 +772,10 @@ START_TEST(training_fuses_off_the_loss) {
   topos_network *net = seal(t);
   topos_value roots[2] = {loss, side};
   topos_plan *plan = lower(net, roots, 2, NULL, 0, TOPOS_POSTURE_TRAINING);
-  ck_assert_int_eq(topos_plan_group_count(plan), 2); /* side conv + pool */
-  for (int g = 0; g < plan->ngroups; g++)
-    ck_assert_int_ne(plan->groups[g].head, onpath.index);
+  /* the side conv and pool, and the conv on the loss's path, whose
+   * adjoint runs fused */
+  ck_assert_int_eq(topos_plan_group_count(plan), 3);
+  for (int g = 0; g < plan->ngroups; g++) ck_assert(plan->groups[g].fused_grad);
   expect_plan_matches(net, plan, NULL, NULL, 0, "training with groups");
   topos_error err = {0};
   topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, NULL, &err);
@@ -1151,6 +1180,156 @@ START_TEST(training_mlp_cnn) {
     m = cnn_model(float_dtypes[d]);
     training_matches(&m, "cnn training");
     model_free(&m);
+  }
+}
+END_TEST
+
+/* A training plan's fused window adjoints against the interpreter: the
+ * parameters' gradients (the fused path, topos_plan_gradients) and the
+ * full field (the unfused adjoints on recomputed interiors), bit for bit.
+ * Returns the number of groups whose adjoint ran fused. */
+static int expect_fused_training(const topos_network *net, topos_value loss,
+                                 const topos_feed *feeds, int nfeeds,
+                                 const char *what) {
+  topos_error err = {0};
+  topos_plan *plan = lower(net, &loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING);
+  int fused = 0;
+  for (int g = 0; g < plan->ngroups; g++) {
+    const plan_group *grp = &plan->groups[g];
+    if (!grp->fused_grad) continue;
+    fused++;
+    /* the interior is neither kept nor evaluated */
+    for (int k = 0; k < grp->nmembers; k++)
+      ck_assert(!plan->retain[grp->members[k]]);
+  }
+  topos_run *ref = topos_forward(net, NULL, feeds, nfeeds, NULL, &err);
+  ck_assert_msg(ref != NULL, "%s: %s", what, err.message);
+  topos_params *rg = topos_gradients(ref, loss, NULL, &err);
+  ck_assert_msg(rg != NULL, "%s: %s", what, err.message);
+  topos_field *rf = topos_backward(ref, loss, NULL, &err);
+  ck_assert_msg(rf != NULL, "%s: %s", what, err.message);
+  for (int threads = 1; threads <= 2; threads++) {
+    topos_exec ctx = topos_plan_exec(plan);
+    ctx.threads = threads;
+    topos_run *run = topos_plan_forward(plan, NULL, feeds, nfeeds, &ctx, &err);
+    ck_assert_msg(run != NULL, "%s: %s", what, err.message);
+    topos_params *pg = topos_plan_gradients(plan, run, &ctx, &err);
+    ck_assert_msg(pg != NULL, "%s: gradients: %s", what, err.message);
+    for (int k = 0; k < net->nparams; k++)
+      expect_bits(pg->t[k], rg->t[k], what, 1000 + k);
+    topos_field *pf = topos_plan_backward(plan, run, &ctx, &err);
+    ck_assert_msg(pf != NULL, "%s: backward: %s", what, err.message);
+    expect_same_fields(net, pf, rf, what);
+    topos_field_free(pf);
+    topos_params_free(pg);
+    topos_run_free(run);
+  }
+  topos_field_free(rf);
+  topos_params_free(rg);
+  topos_run_free(ref);
+  topos_plan_free(plan);
+  return fused;
+}
+
+START_TEST(training_fused_window_adjoints) {
+  chain_with_loss = true;
+  for (int d = 0; d < 3; d++) {
+    topos_dtype dt = float_dtypes[d];
+    char what[64];
+    for (int v = 0; v < V_COUNT; v++) {
+      if (!variant_groups[v]) continue;
+      chain ch = hand_conv(dt, (variant)v, 40 + (uint64_t)v);
+      snprintf(what, sizeof what, "training conv variant %d %s", v,
+               topos_dtype_name(dt));
+      ck_assert_int_eq(expect_fused_training(ch.net, ch.loss, NULL, 0, what),
+                       1);
+      topos_network_release(ch.net);
+    }
+    for (int v = 0; v < P_COUNT; v++) {
+      if (!pool_groups[v]) continue;
+      chain ch = hand_pool(dt, (pool_variant)v, 60 + (uint64_t)v);
+      snprintf(what, sizeof what, "training pool variant %d %s", v,
+               topos_dtype_name(dt));
+      ck_assert_int_eq(expect_fused_training(ch.net, ch.loss, NULL, 0, what),
+                       1);
+      topos_network_release(ch.net);
+    }
+    /* the CNN: conv over an input (only the weight's gradient), pools
+     * that do not overlap */
+    model m = cnn_model(dt);
+    snprintf(what, sizeof what, "training cnn %s", topos_dtype_name(dt));
+    ck_assert_int_eq(
+        expect_fused_training(m.net, m.loss, m.feeds, m.nfeeds, what), 4);
+    model_free(&m);
+  }
+  chain_with_loss = false;
+}
+END_TEST
+
+/* Ties, NaN, infinities and signed zeros through the fused adjoints: the
+ * max-pool's cotangent goes to the first maximum (none where the window
+ * holds a NaN), and zeros of either sign survive the folds. */
+START_TEST(training_fused_edges) {
+  for (int d = 0; d < 3; d++) {
+    topos_dtype dt = float_dtypes[d];
+    double xv[2 * 2 * 6 * 6];
+    for (int i = 0; i < 144; i++) {
+      static const double pick[7] = {1, 1, -0.0, 0.0, -3, 2, 2};
+      xv[i] = pick[i % 7];
+    }
+    xv[3] = NAN;
+    xv[14] = NAN;
+    xv[15] = -NAN;
+    xv[40] = INFINITY;
+    xv[41] = -INFINITY;
+    for (int i = 72; i < 90; i++) xv[i] = i % 2 ? 0.0 : -0.0;
+    topos_tensor *xt = tensor_f(dt, 4, S(2, 2, 6, 6), xv);
+    double wv[3 * 2 * 3 * 3];
+    for (int i = 0; i < 54; i++) wv[i] = (i % 3 == 0 ? -0.5 : 0.25) * (i % 5);
+    wv[7] = -0.0;
+    topos_tensor *wt = tensor_f(dt, 4, S(3, 2, 3, 3), wv);
+    const int ks[][2] = {{2, 2}, {3, 2}, {2, 1}, {3, 3}, {4, 1}};
+    for (int k = 0; k < 6; k++) {
+      topos_tape *t = topos_tape_new(dt);
+      topos_value x = topos_parameter(t, xt);
+      topos_value y;
+      char what[64];
+      if (k < 5) {
+        y = topos_max_pool2d(t, x, ks[k][0], ks[k][1]);
+        snprintf(what, sizeof what, "edges pool k%d s%d %s", ks[k][0], ks[k][1],
+                 topos_dtype_name(dt));
+      } else {
+        /* padded, over windows that overlap */
+        topos_value p = topos_pad(t, topos_pad(t, x, 2, 1, 1), 3, 1, 1);
+        topos_value u =
+            topos_unfold(t, topos_unfold(t, p, 2, 3, 2, 1), 4, 3, 2, 1);
+        topos_value pm = topos_permute(t, u, (const int[]){0, 1, 2, 4, 3, 5});
+        y = topos_max_along(t, topos_reshape(t, pm, 5, S(2, 2, 3, 3, 9)), 4);
+        snprintf(what, sizeof what, "edges padded pool %s",
+                 topos_dtype_name(dt));
+      }
+      topos_value loss = window_loss(t, dt, y);
+      topos_network *net = seal(t);
+      ck_assert_int_eq(expect_fused_training(net, loss, NULL, 0, what), 1);
+      topos_network_release(net);
+    }
+    for (int k = 0; k < 3; k++) {
+      static const int geo[3][3] = {{1, 1, 1}, {2, 1, 1}, {1, 2, 2}};
+      topos_tape *t = topos_tape_new(dt);
+      topos_value x = topos_parameter(t, xt);
+      topos_value w = topos_parameter(t, wt);
+      topos_value y =
+          topos_conv2d(t, x, w, TOPOS_NONE, geo[k][0], geo[k][1], geo[k][2]);
+      topos_value loss = window_loss(t, dt, y);
+      topos_network *net = seal(t);
+      char what[64];
+      snprintf(what, sizeof what, "edges conv s%d p%d d%d %s", geo[k][0],
+               geo[k][1], geo[k][2], topos_dtype_name(dt));
+      ck_assert_int_eq(expect_fused_training(net, loss, NULL, 0, what), 1);
+      topos_network_release(net);
+    }
+    topos_tensor_release(xt);
+    topos_tensor_release(wt);
   }
 }
 END_TEST
@@ -1763,6 +1942,8 @@ Suite *plan_suite(void) {
   tc = tcase_create("training");
   tcase_set_timeout(tc, 240);
   tcase_add_test(tc, training_mlp_cnn);
+  tcase_add_test(tc, training_fused_window_adjoints);
+  tcase_add_test(tc, training_fused_edges);
   tcase_add_test(tc, training_errors);
   suite_add_tcase(s, tc);
 

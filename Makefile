@@ -290,15 +290,20 @@ test-valgrind:
 export IREE_VENV ?= $(CURDIR)/.iree-venv
 export TOPOS_IREE_BIN ?= $(IREE_VENV)/bin
 export SCHEMATHESIS_VENV ?= $(CURDIR)/.schemathesis-venv
+# PyTorch from PyPI, bench/train's second PyTorch build: `make
+# bench-deps` (tools/torch-venv.sh) installs it here, and bench/train
+# finds its python through TORCH_VENV.
+export TORCH_VENV ?= $(CURDIR)/.torch-venv
 
 deps:
 	@sh tools/deps.sh
 
-# PyTorch (Debian's python3-torch, run with /usr/bin/python3): the peer
-# of bench/train and the GPT-2 and Llama suites' reference models.
-# `make deps` installs it now (tools/deps.sh), so after it this target is
-# a no-op; kept for those who want PyTorch alone.  Idempotent like
-# tools/deps.sh: nothing happens when the package is present.
+# The two PyTorch builds bench/train runs side by side (docs/bench.md):
+# Debian's python3-torch, run with /usr/bin/python3 (also the GPT-2 and
+# Llama suites' reference models, so `make deps` installs it too), and a
+# current torch from PyPI in $(TORCH_VENV) (tools/torch-venv.sh; ~5 GB,
+# which only this target installs).  Idempotent like tools/deps.sh:
+# nothing happens when both are present at their pins.
 bench-deps:
 	@dpkg -s python3-torch >/dev/null 2>&1 || { \
 	  echo "make bench-deps: installing python3-torch"; \
@@ -306,6 +311,7 @@ bench-deps:
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
 	    --no-install-recommends python3-torch; }
+	@sh tools/torch-venv.sh
 
 # Benchmarks print tables of figures measured side by side in one run.
 # bench/soak.c runs for minutes: `make soak`, not `make bench`.

@@ -22,11 +22,17 @@
  *     NUMERICS SECONDS), under numerics exact at the default thread count
  *     and at 1 thread (TOPOS_THREADS in the child's environment), and
  *     under fast at the default thread count;
- *   - PyTorch: /usr/bin/python3 bench/train_torch.py at 1 thread and at
- *     the default thread count, each with glibc's default malloc and with
- *     a malloc that keeps freed memory (GLIBC_TUNABLES), and each with
- *     OpenBLAS choosing its kernels and pinned to SkylakeX (setting
- *     "SKX", only on a CPU with AVX-512); the best wins.
+ *   - PyTorch: bench/train_torch.py under each of two builds, Debian's
+ *     python3-torch 1.13 (/usr/bin/python3) and a current torch from
+ *     PyPI ($TORCH_VENV/bin/python, by default .torch-venv; both from
+ *     `make bench-deps`), at 1 thread and at the default thread count,
+ *     each with glibc's default malloc and with a malloc that keeps freed
+ *     memory (GLIBC_TUNABLES), and for Debian's build each with OpenBLAS
+ *     choosing its kernels and pinned to SkylakeX (setting "SKX", only on
+ *     a CPU with AVX-512); each build's best wins, and on each row the
+ *     faster build is the anchor that the ratios are against.  A build
+ *     that cannot import torch is absent, not an error: its columns print
+ *     "-" and a last line says how to install it.
  * Every child runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed
  * from its environment (platform-notes.md), except the pinned PyTorch
  * runs, which set OPENBLAS_CORETYPE=SkylakeX.
@@ -45,10 +51,11 @@
  * /usr/share/datasets/fashion-mnist; 937 batches of 64 in a fixed seeded
  * order, SGD momentum 0.9 lr 0.01), one child each side (hidden
  * arguments --epoch DIR BATCHES here, --epoch in the script), each at the
- * setting that won its lenet row (--model fmnist-epoch runs the lenet row
- * too, for them).  It reports seconds per epoch and the mean loss of the
- * last 100 steps on both sides; without the data set it prints why it is
- * skipped.  --quick runs the epoch's first 50 batches.
+ * setting that won its lenet row, PyTorch in the build that was that
+ * row's anchor (--model fmnist-epoch runs the lenet row too, for them).  It
+ * reports seconds per epoch and the mean loss of the last 100 steps on both
+ * sides; without the data set it prints why it is skipped.  --quick runs the
+ * epoch's first 50 batches.
  */
 #include <errno.h>
 #include <math.h>
@@ -68,7 +75,10 @@
 #include "idx.h"
 #include "models.h"
 
+/* Debian's PyTorch (python3-torch) runs under Debian's python, not
+ * whatever python3 is first on PATH; PyPI's under TORCH_VENV's. */
 #define PYTHON "/usr/bin/python3"
+#define TORCH_VENV_DIR ".torch-venv"
 /* Keeps freed memory in the heap for the next step: no trimming, and no
  * mmap for large blocks (glibc 2.36 accepts both values). */
 #define MALLOC_KEEP                         \
@@ -489,6 +499,99 @@ static const char *torch_script(void) {
   return NULL;
 }
 
+/* The PyTorch builds, each run at its best setting; on every row the
+ * faster of them is the anchor that the ratios are against. */
+typedef struct torch_build {
+  const char *what;  /* for the lines that name it */
+  bool openblas;     /* its dense products go through OpenBLAS */
+  char python[4160]; /* the interpreter that runs train_torch.py */
+  bool have;         /* train_torch.py --version ran and named a torch */
+  char version[48];  /* torch.__version__, as train_torch.py printed it */
+  char label[16];    /* its columns' name: "PT 1.13", or which build */
+  char missing[160]; /* why it is absent: its last line of output */
+} torch_build;
+
+enum { NBUILDS = 2 };
+static torch_build builds[NBUILDS] = {
+    {.what = "Debian's python3-torch", .openblas = true, .label = "PT deb"},
+    {.what = "torch from PyPI", .openblas = false, .label = "PT pypi"},
+};
+
+/* The PyPI build's python: $TORCH_VENV/bin/python when TORCH_VENV is set
+ * (the Makefile exports it), else TORCH_VENV_DIR/bin/python in the
+ * working directory or above the binary, as torch_script() looks. */
+static void pypi_python(char *out, size_t n) {
+  const char *venv = getenv("TORCH_VENV");
+  if (venv && *venv) {
+    snprintf(out, n, "%s/bin/python", venv);
+    return;
+  }
+  char dir[4096];
+  if (getcwd(dir, sizeof dir) != NULL) {
+    snprintf(out, n, "%s/" TORCH_VENV_DIR "/bin/python", dir);
+    if (access(out, X_OK) == 0) return;
+  }
+  snprintf(dir, sizeof dir, "%s", self_exe());
+  for (int up = 0; up < 4; up++) {
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL) break;
+    *slash = '\0';
+    snprintf(out, n, "%s/" TORCH_VENV_DIR "/bin/python", dir);
+    if (access(out, X_OK) == 0) return;
+  }
+  snprintf(out, n, TORCH_VENV_DIR "/bin/python");
+}
+
+/* The last non-empty line of a child's output, for a message. */
+static void last_line(const char *output, char *out, size_t n) {
+  size_t len = strlen(output);
+  while (len > 0 && (output[len - 1] == '\n' || output[len - 1] == ' ')) len--;
+  size_t start = len;
+  while (start > 0 && output[start - 1] != '\n') start--;
+  snprintf(out, n, "%.*s", (int)(len - start), output + start);
+}
+
+/* Which builds can run train_torch.py (`--version` imports torch and
+ * prints torch=VERSION), their versions and column names. */
+static void probe_builds(void) {
+  const char *script = torch_script();
+  if (script == NULL) die("bench/train_torch.py not found", NULL);
+  snprintf(builds[0].python, sizeof builds[0].python, "%s", PYTHON);
+  pypi_python(builds[1].python, sizeof builds[1].python);
+  for (int i = 0; i < NBUILDS; i++) {
+    torch_build *b = &builds[i];
+    if (access(b->python, X_OK) != 0) {
+      snprintf(b->missing, sizeof b->missing, "%s: %s", b->python,
+               strerror(errno));
+      continue;
+    }
+    char *argv[] = {b->python, (char *)script, "--version", NULL};
+    child_result r;
+    spawn(argv, NULL, NULL, NULL, &r);
+    const char *v = strstr(r.output, "torch=");
+    int major = 0, minor = 0;
+    if (!r.ok || v == NULL || sscanf(v, "torch=%47s", b->version) != 1) {
+      last_line(r.output, b->missing, sizeof b->missing);
+      continue;
+    }
+    b->have = true;
+    if (sscanf(b->version, "%d.%d", &major, &minor) == 2)
+      snprintf(b->label, sizeof b->label, "PT %d.%d", major, minor);
+  }
+}
+
+/* Checks that a result line came from the torch that the probe found. */
+static void same_torch(const torch_build *b, const char *output) {
+  const char *v = strstr(output, "torch=");
+  char version[48] = "";
+  if (v == NULL || sscanf(v, "torch=%47s", version) != 1 ||
+      strcmp(version, b->version) != 0) {
+    fprintf(stderr, "%s: %s ran torch %s, not %s:\n%s\n", bench_prog, b->python,
+            version[0] ? version : "(none)", b->version, output);
+    exit(1);
+  }
+}
+
 typedef struct torch_best {
   bool have;
   double ms, rss_mb, minflt;
@@ -496,16 +599,6 @@ typedef struct torch_best {
   int threads; /* the setting that won */
   bool keep, skx;
 } torch_best;
-
-static int torch_state; /* 0 unknown, 1 usable, -1 not installed */
-
-static bool torch_importable(void) {
-  char *argv[] = {PYTHON, "-c", "import torch", NULL};
-  child_result r;
-  if (access(PYTHON, X_OK) != 0) return false;
-  spawn(argv, NULL, NULL, NULL, &r);
-  return r.ok;
-}
 
 /* Whether the CPU has AVX-512 (the "avx512f" flag of /proc/cpuinfo):
  * OpenBLAS's SkylakeX kernels need it, and a process pinned to them on a
@@ -526,30 +619,33 @@ static bool cpu_has_avx512(void) {
   return known;
 }
 
-/* Folds into *best the PyTorch times over threads {1, threads} x malloc
- * {default, keep} x OpenBLAS kernels {its own choice, SkylakeX} (in quick
- * mode: 1 thread, default malloc, its own choice; SkylakeX only on a CPU
- * with AVX-512).  Debian's torch does
- * its dense products through libblas.so.3, i.e. OpenBLAS 0.3.21, which
- * does not recognise this CPU and falls back to generic kernels unless
+/* Folds into *best build b's times over threads {1, threads} x malloc
+ * {default, keep}, and for Debian's build x OpenBLAS kernels {its own
+ * choice, SkylakeX} (in quick mode: 1 thread, default malloc, its own
+ * choice; SkylakeX only on a CPU with AVX-512).  Debian's torch does its
+ * dense products through libblas.so.3, i.e. OpenBLAS 0.3.21, which does
+ * not recognise this CPU and falls back to generic kernels unless
  * pinned; pinned, PyTorch's 784 MLP step is about twice as fast, so the
- * pinned runs are candidates too (PyTorch gets its best). */
-static void run_torch(const bench_model *bm, int threads, double seconds,
-                      bool quick, torch_best *best) {
-  if (torch_state < 0) return;
+ * pinned runs are candidates too (PyTorch gets its best).  PyPI's torch
+ * uses MKL and oneDNN, which choose their kernels from the CPU's flags
+ * (and turning oneDNN off made its LeNet step slower), so it runs the
+ * threads x malloc settings alone. */
+static void run_torch(const bench_model *bm, const torch_build *b, int threads,
+                      double seconds, bool quick, torch_best *best) {
+  if (!b->have) return;
   const char *script = torch_script();
-  if (script == NULL) die("bench/train_torch.py not found", NULL);
   int thread_set[2] = {1, threads};
   int nthreads = threads > 1 && !quick ? 2 : 1;
+  int ncores = quick || !b->openblas || !cpu_has_avx512() ? 1 : 2;
   for (int ti = 0; ti < nthreads; ti++) {
     for (int mi = 0; mi < (quick ? 1 : 2); mi++)
-      for (int ci = 0; ci < (quick || !cpu_has_avx512() ? 1 : 2); ci++) {
+      for (int ci = 0; ci < ncores; ci++) {
         char secs[32], thr[16];
         snprintf(secs, sizeof secs, "%g", seconds);
         snprintf(thr, sizeof thr, "%d", thread_set[ti]);
-        char *argv[] = {PYTHON,           (char *)script, "--model",
-                        (char *)bm->name, "--threads",    thr,
-                        "--seconds",      secs,           NULL};
+        char *argv[] = {(char *)b->python, (char *)script, "--model",
+                        (char *)bm->name,  "--threads",    thr,
+                        "--seconds",       secs,           NULL};
         child_result r;
         spawn(argv, NULL, mi ? MALLOC_KEEP : NULL, ci ? "SkylakeX" : NULL, &r);
         const char *line = strstr(r.output, "ms_per_step=");
@@ -558,15 +654,11 @@ static void run_torch(const bench_model *bm, int threads, double seconds,
             sscanf(line,
                    "ms_per_step=%lf steps=%*d threads=%*d minflt_per_step=%lf",
                    &ms, &minflt) != 2) {
-          if (torch_state == 0 && !torch_importable()) {
-            torch_state = -1;
-            return;
-          }
-          fprintf(stderr, "%s: %s failed for %s:\n%s\n", bench_prog, script,
-                  bm->name, r.output);
+          fprintf(stderr, "%s: %s %s failed for %s:\n%s\n", bench_prog,
+                  b->python, script, bm->name, r.output);
           exit(1);
         }
-        torch_state = 1;
+        same_torch(b, line);
         if (!best->have || ms < best->ms) {
           best->have = true;
           best->ms = ms;
@@ -595,6 +687,12 @@ static int default_threads(void) {
   return n > 0 ? (int)n : 1;
 }
 
+/* The width of build b's (setting) column: "(2T,default,SKX)" or
+ * "(2T,default)". */
+static int setting_width(const torch_build *b) {
+  return b->openblas ? 16 : 12;
+}
+
 static void header(int threads, double topos_s, double torch_s, int rounds,
                    bool quick) {
   char cpu[256];
@@ -607,16 +705,38 @@ static void header(int threads, double topos_s, double torch_s, int rounds,
       "ms per training step (fwd+bwd+update: SGD lr 0.01; the transformer "
       "AdamW lr 1e-3): median of timed blocks "
       "after warm-up, best of %d round(s); %.1f s per topos child, %.1f s per "
-      "PyTorch child%s; 1-min load average at start %.2f\n\n",
+      "PyTorch child%s; 1-min load average at start %.2f\n",
       rounds, topos_s, torch_s, quick ? " (--quick)" : "", load_average());
-  printf("%-11s %5s %8s %8s %8s %8s %-17s %7s %7s %-13s %-17s %s\n", "model",
-         "batch", "exact nT", "exact 1T", "fast nT", "PyTorch", "(setting)",
-         "ex/pt", "fast/pt", "target", "peak RSS MB e/f/p",
-         "faults/step e/f/p");
-  printf("%-11s %5s %8s %8s %8s %8s %-17s %7s %7s %-13s %-17s %s\n", "-----",
-         "-----", "--------", "--------", "-------", "-------", "---------",
-         "-----", "-------", "------", "-----------------",
-         "-----------------");
+  printf(
+      "PyTorch builds, each at its best setting; ex/pt and fast/pt are "
+      "against the faster of them on each row (the anchor, its ms marked "
+      "*):\n");
+  for (int i = 0; i < NBUILDS; i++) {
+    const torch_build *b = &builds[i];
+    if (b->have)
+      printf("  %s: %s, torch %s (%s)\n", b->label, b->what, b->version,
+             b->python);
+    else
+      printf("  %s: %s, absent (the last line says why)\n", b->label, b->what);
+  }
+  printf("\n");
+  char cols[2][160];
+  snprintf(cols[0], sizeof cols[0], "%-11s %5s %8s %8s %8s", "model", "batch",
+           "exact nT", "exact 1T", "fast nT");
+  snprintf(cols[1], sizeof cols[1], "%-11s %5s %8s %8s %8s", "-----", "-----",
+           "--------", "--------", "-------");
+  for (int i = 0; i < NBUILDS; i++) {
+    const torch_build *b = &builds[i];
+    size_t n0 = strlen(cols[0]), n1 = strlen(cols[1]);
+    snprintf(cols[0] + n0, sizeof cols[0] - n0, " %8s %-*s", b->label,
+             setting_width(b), "(setting)");
+    snprintf(cols[1] + n1, sizeof cols[1] - n1, " %8s %-*s", "-------",
+             setting_width(b), "---------");
+  }
+  printf("%s %7s %7s %-13s %-17s %s\n", cols[0], "ex/pt", "fast/pt", "target",
+         "peak RSS MB e/f/p", "faults/step e/f/p");
+  printf("%s %7s %7s %-13s %-17s %s\n", cols[1], "-----", "-------", "------",
+         "-----------------", "-----------------");
 }
 
 static void fmt(char *out, size_t n, bool have, const char *f, double v) {
@@ -628,10 +748,12 @@ static void fmt(char *out, size_t n, bool have, const char *f, double v) {
 
 /* ------------------------------------------------------ the epoch row */
 
-/* Where each side runs the epoch: the settings that won the lenet row. */
+/* Where each side runs the epoch: the settings that won the lenet row,
+ * and for PyTorch the build that was its anchor (-1: none ran). */
 typedef struct epoch_setting {
   int topos_threads, torch_threads;
   bool keep, skx;
+  int build;
 } epoch_setting;
 
 typedef struct epoch_result {
@@ -673,25 +795,25 @@ static bool epoch_row(const char *dir, int limit, const epoch_setting *es) {
     return false;
   }
 
-  const char *script = torch_script();
-  if (torch_state >= 0 && script != NULL) {
+  const torch_build *b = es->build >= 0 ? &builds[es->build] : NULL;
+  if (b != NULL) {
+    const char *script = torch_script();
     snprintf(thr, sizeof thr, "%d", es->torch_threads);
-    char *pargv[] = {PYTHON, (char *)script, "--epoch",   lim, "--threads",
-                     thr,    "--data",       (char *)dir, NULL};
+    char *pargv[] = {
+        (char *)b->python, (char *)script, "--epoch", lim, "--threads", thr,
+        "--data",          (char *)dir,    NULL};
     spawn(pargv, NULL, es->keep ? MALLOC_KEEP : NULL,
           es->skx ? "SkylakeX" : NULL, &r);
     if (!r.ok || !parse_epoch(r.output, "epoch_s=", &pe)) {
-      if (torch_state == 0 && !torch_importable()) {
-        torch_state = -1;
-      } else {
-        fprintf(stderr, "%s: %s --epoch failed:\n%s\n", bench_prog, script,
-                r.output);
-        return false;
-      }
+      fprintf(stderr, "%s: %s %s --epoch failed:\n%s\n", bench_prog, b->python,
+              script, r.output);
+      return false;
     }
+    same_torch(b, strstr(r.output, "epoch_s="));
   }
 
-  char tset[24], pset[40], pts[16], ratio[16], ploss[16];
+  const char *pname = b != NULL ? b->label : "PyTorch";
+  char tset[24], pset[40], pts[16], ratio[16], ploss[16], pcol[24], plcol[24];
   snprintf(tset, sizeof tset, "(exact %dT)", es->topos_threads);
   snprintf(pset, sizeof pset, "(%dT,%s%s)", es->torch_threads,
            es->keep ? "keep" : "default", es->skx ? ",SKX" : "");
@@ -699,17 +821,19 @@ static bool epoch_row(const char *dir, int limit, const epoch_setting *es) {
   fmt(ratio, sizeof ratio, pe.have, "%.2f", te.seconds / pe.seconds);
   fmt(ploss, sizeof ploss, pe.have, "%.4f", pe.loss);
   if (!pe.have) snprintf(pset, sizeof pset, "(-)");
+  snprintf(pcol, sizeof pcol, "%s s", pname);
+  snprintf(plcol, sizeof plcol, "loss %s", pname);
   printf("%-12s %5s %8s %-12s %9s %-17s %6s %-12s %s\n", "row", "steps",
-         "topos s", "(setting)", "PyTorch s", "(setting)", "ex/pt",
-         "loss topos", "loss PyTorch");
+         "topos s", "(setting)", pcol, "(setting)", "ex/pt", "loss topos",
+         plcol);
   printf("%-12s %5d %8.3f %-12s %9s %-17s %6s %-12.4f %s\n", EPOCH_ROW,
          te.steps, te.seconds, tset, pts, pset, ratio, te.loss, ploss);
   char pfirst[16];
   fmt(pfirst, sizeof pfirst, pe.have, "%.4f", pe.first);
   printf(
       "(loss: the mean of the last %d steps' losses; the first step's: "
-      "%.4f in topos, %s in PyTorch)\n",
-      te.steps < EPOCH_TAIL ? te.steps : EPOCH_TAIL, te.first, pfirst);
+      "%.4f in topos, %s in %s)\n",
+      te.steps < EPOCH_TAIL ? te.steps : EPOCH_TAIL, te.first, pfirst, pname);
   return true;
 }
 
@@ -753,29 +877,41 @@ int main(int argc, char **argv) {
   double torch_s = seconds > 0 ? seconds : quick ? 0.5 : 1.0;
   int rounds = quick ? 1 : 2;
   int threads = default_threads();
+  probe_builds();
   header(threads, topos_s, torch_s, rounds, quick);
 
   bool failed = false;
   char notes[NMODELS][256];
   int nnotes = 0;
-  epoch_setting es = {threads, threads, false, false};
+  epoch_setting es = {threads, threads, false, false, -1};
   for (int i = 0; i < NMODELS; i++) {
     const bench_model *bm = &MODELS[i];
     /* The epoch row alone still runs the lenet row, for its settings. */
     if (epoch_only ? bm->build != lenet_build : only && only != bm) continue;
-    /* Round 0 runs topos first, round 1 PyTorch first, so that a load
-     * that changes during the run weighs on both sides. */
+    /* Round 0 runs topos first, then the PyTorch builds in order; round 1
+     * the builds first, in reverse order, then topos, so that a load that
+     * changes during the run weighs on every side. */
     topos_figures en = {0}, e1 = {0}, fa = {0};
-    torch_best pt = {0};
+    torch_best pts[NBUILDS] = {0};
     for (int round = 0; round < rounds; round++) {
-      if (round % 2) run_torch(bm, threads, torch_s, quick, &pt);
+      if (round % 2)
+        for (int k = NBUILDS - 1; k >= 0; k--)
+          run_torch(bm, &builds[k], threads, torch_s, quick, &pts[k]);
       merge(&en, run_topos(bm, "exact", threads, topos_s));
       merge(&e1, run_topos(bm, "exact", 1, topos_s));
       merge(&fa, run_topos(bm, "fast", threads, topos_s));
-      if (round % 2 == 0) run_torch(bm, threads, torch_s, quick, &pt);
+      if (round % 2 == 0)
+        for (int k = 0; k < NBUILDS; k++)
+          run_torch(bm, &builds[k], threads, torch_s, quick, &pts[k]);
     }
 
-    /* Exact's figure against PyTorch's best: the better of its two thread
+    /* The anchor: the faster PyTorch build at its best setting. */
+    int anchor = -1;
+    for (int k = 0; k < NBUILDS; k++)
+      if (pts[k].have && (anchor < 0 || pts[k].ms < pts[anchor].ms)) anchor = k;
+    torch_best pt = anchor >= 0 ? pts[anchor] : (torch_best){0};
+
+    /* Exact's figure against the anchor: the better of its two thread
      * settings, as PyTorch gets the best of its own. */
     double exact = en.ms < e1.ms ? en.ms : e1.ms;
     if (bm->build == lenet_build) {
@@ -784,10 +920,24 @@ int main(int argc, char **argv) {
         es.torch_threads = pt.threads;
         es.keep = pt.keep;
         es.skx = pt.skx;
+        es.build = anchor;
       }
     }
-    char pms[16], ratio_e[16], ratio_f[16], target[24], rss_p[16], flt_p[16];
-    fmt(pms, sizeof pms, pt.have, "%.3f", pt.ms);
+    /* Each build's best ms (the anchor's marked *) and its setting. */
+    char cols[160] = "";
+    for (int k = 0; k < NBUILDS; k++) {
+      char ms[24], setting[40];
+      if (pts[k].have)
+        snprintf(ms, sizeof ms, "%.3f%s", pts[k].ms, k == anchor ? "*" : " ");
+      else
+        snprintf(ms, sizeof ms, "- ");
+      snprintf(setting, sizeof setting, "(%s)",
+               pts[k].have ? pts[k].setting : "-");
+      size_t n = strlen(cols);
+      snprintf(cols + n, sizeof cols - n, " %8s %-*s", ms,
+               setting_width(&builds[k]), setting);
+    }
+    char ratio_e[16], ratio_f[16], target[24], rss_p[16], flt_p[16];
     fmt(ratio_e, sizeof ratio_e, pt.have, "%.2f", exact / pt.ms);
     fmt(ratio_f, sizeof ratio_f, pt.have, "%.2f", fa.ms / pt.ms);
     fmt(rss_p, sizeof rss_p, pt.have, "%.0f", pt.rss_mb);
@@ -799,14 +949,13 @@ int main(int argc, char **argv) {
                exact / pt.ms <= bm->target ? "met" : "missed");
     else
       snprintf(target, sizeof target, "<=%.1fx -", bm->target);
-    char setting[40], rss[64], faults[64];
-    snprintf(setting, sizeof setting, "(%s)", pt.have ? pt.setting : "-");
+    char rss[64], faults[64];
     snprintf(rss, sizeof rss, "%.0f/%.0f/%s", en.rss_mb, fa.rss_mb, rss_p);
     snprintf(faults, sizeof faults, "%.2f/%.2f/%s", en.minflt, fa.minflt,
              flt_p);
-    printf("%-11s %5d %8.3f %8.3f %8.3f %8s %-17s %7s %7s %-13s %-17s %s\n",
-           bm->name, bm->batch, en.ms, e1.ms, fa.ms, pms, setting, ratio_e,
-           ratio_f, target, rss, faults);
+    printf("%-11s %5d %8.3f %8.3f %8.3f%s %7s %7s %-13s %-17s %s\n", bm->name,
+           bm->batch, en.ms, e1.ms, fa.ms, cols, ratio_e, ratio_f, target, rss,
+           faults);
     fflush(stdout);
 
     bool same_bits =
@@ -847,16 +996,17 @@ int main(int argc, char **argv) {
         " on the training set in %s, batches of 64 in a fixed seeded order "
         "(the last partial one dropped), SGD momentum 0.9 lr 0.01, from fresh "
         "parameters; one run each side, each at the setting that won its "
-        "lenet row\n",
+        "lenet row, PyTorch in the build that was that row's anchor\n",
         data);
     if (!epoch_row(data, limit, &es)) failed = true;
     printf("\n");
   }
   for (int i = 0; i < nnotes; i++) printf("check %s\n", notes[i]);
-  if (torch_state < 0)
-    printf(
-        "PyTorch: %s cannot import torch; run `make bench-deps` to install "
-        "python3-torch\n",
-        PYTHON);
+  for (int k = 0; k < NBUILDS; k++)
+    if (!builds[k].have)
+      printf(
+          "PyTorch: %s (%s) is missing, its columns print -: %s; run `make "
+          "bench-deps` to install it\n",
+          builds[k].label, builds[k].what, builds[k].missing);
   return failed ? 1 : 0;
 }

@@ -24,7 +24,10 @@ The data is random and seeded; a fixed set of batches is cycled.  After a warm-u
 (time.perf_counter, CLOCK_MONOTONIC on Linux) and the figure is the
 median block time divided by the block's steps.  Prints one line:
 
-  ms_per_step=0.1412 steps=12345 threads=1 minflt_per_step=0.00 loss=3.2958
+  ms_per_step=0.1412 steps=12345 threads=1 minflt_per_step=0.00 loss=3.2958 torch=1.13.0a0
+
+(torch: torch.__version__, the build that ran; --version prints only
+that field.)
 
 With --epoch N it instead trains LeNet for the first N batches (0: all
 937) of one Fashion-MNIST epoch (bench/train's fmnist-epoch row): the
@@ -34,13 +37,16 @@ as bench/train (a splitmix64 Fisher-Yates shuffle), SGD with momentum
 0.9 and lr 0.01, He-normal / Glorot-uniform initial weights as topos's.
 Prints one line:
 
-  epoch_s=5.123 steps=937 threads=2 loss=0.512345 first=2.301234
+  epoch_s=5.123 steps=937 threads=2 loss=0.512345 first=2.301234 torch=1.13.0a0
 
 (loss: the mean over the last 100 steps; first: the first step's).
 
-Run it with /usr/bin/python3 (Debian's python3-torch).  bench/train.c
-chooses the environment: it removes OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE
-and tries two malloc settings.
+bench/train.c runs it with each PyTorch build it finds: /usr/bin/python3
+(Debian's python3-torch 1.13) and the python of $TORCH_VENV (torch from
+PyPI, `make bench-deps`); it runs under both.  bench/train.c chooses the
+environment: it removes OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE and tries
+two malloc settings (and, for Debian's build, OpenBLAS pinned to
+SkylakeX).
 """
 import argparse
 import gzip
@@ -295,12 +301,12 @@ def run_epoch(args):
         loss = F.cross_entropy(net(x), labels[idx])
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     seconds = time.perf_counter() - t0
     tail = losses[-100:]
-    print("epoch_s=%.4f steps=%d threads=%d loss=%.6f first=%.6f"
+    print("epoch_s=%.4f steps=%d threads=%d loss=%.6f first=%.6f torch=%s"
           % (seconds, steps, torch.get_num_threads(), sum(tail) / len(tail),
-             losses[0]))
+             losses[0], torch.__version__))
     return 0
 
 
@@ -312,7 +318,12 @@ def main():
     ap.add_argument("--epoch", type=int, default=None,
                     help="time one Fashion-MNIST epoch's first N batches (0: all)")
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--version", action="store_true",
+                    help="print torch=VERSION (this build's) and exit")
     args = ap.parse_args()
+    if args.version:
+        print("torch=%s" % torch.__version__)
+        return 0
     if args.model is None and args.epoch is None:
         ap.error("--model or --epoch is required")
 
@@ -363,9 +374,10 @@ def main():
     times.sort()
     k = len(times)
     med = times[k // 2] if k % 2 else 0.5 * (times[k // 2 - 1] + times[k // 2])
-    print("ms_per_step=%.4f steps=%d threads=%d minflt_per_step=%.2f loss=%.6f"
+    print("ms_per_step=%.4f steps=%d threads=%d minflt_per_step=%.2f "
+          "loss=%.6f torch=%s"
           % (med * 1e3 / block, timed, torch.get_num_threads(),
-             (f1 - f0) / timed, float(loss)))
+             (f1 - f0) / timed, float(loss.detach()), torch.__version__))
     return 0
 
 

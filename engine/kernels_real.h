@@ -563,6 +563,18 @@ static void K(pool_grad)(const plan_group *g, const R *x, const R *y,
           int64_t r = (nc * g->oh + oi) * g->ow + oj;
           int64_t at = oi * g->stride_h * W + oj * g->stride_w;
           R yv = y[r], one = gy[r] * (R)1, zero = gy[r] * (R)0;
+          if (g->kh == 2 && kw == 2 && g->dil_h == 1 && g->dil_w == 1) {
+            /* The common 2x2 window, unrolled: the same choice. */
+            R *d0 = dc + at, *d1 = d0 + W;
+            const R *x0 = xc + at, *x1 = x0 + W;
+            bool m0 = x0[0] >= yv, m1 = x0[1] >= yv, m2 = x1[0] >= yv,
+                 m3 = x1[1] >= yv;
+            d0[0] = m0 ? one : zero;
+            d0[1] = m1 && !m0 ? one : zero;
+            d1[0] = m2 && !(m0 || m1) ? one : zero;
+            d1[1] = m3 && !(m0 || m1 || m2) ? one : zero;
+            continue;
+          }
           int64_t first = -1;
           for (int64_t a = 0; a < g->kh; a++)
             for (int64_t b = 0; b < kw; b++) {
@@ -610,9 +622,34 @@ static void K(pool_grad)(const plan_group *g, const R *x, const R *y,
 /* The fused max-pool (GROUP_POOL): out[n, c, oi, oj] is the first maximal
  * window element in lane order (a, b), the first NaN if any — what
  * max_along computes over the flattened window.  Padding reads 0. */
+/* max_rows' step: m takes val unless m is NaN, or val is no NaN and not
+ * greater. */
+static inline R K(max_step)(R m, R val) {
+  bool take = !isnan(m) && (isnan(val) || val > m);
+  return take ? val : m;
+}
+
 static void K(pool_window)(const plan_group *g, const void *xv, void *outv) {
   const R *x = xv;
   R *out = outv;
+  if (g->kh == 2 && g->kw == 2 && g->dil_h == 1 && g->dil_w == 1 &&
+      !g->pad_top && !g->pad_left && !g->pad_bottom && !g->pad_right) {
+    /* The common 2x2 window inside x, unrolled: the same steps. */
+    int64_t W = g->W;
+    for (int64_t nc = 0; nc < g->N * g->C; nc++) {
+      const R *xc = x + nc * g->H * W;
+      for (int64_t oi = 0; oi < g->oh; oi++) {
+        const R *r0 = xc + oi * g->stride_h * W, *r1 = r0 + W;
+        for (int64_t oj = 0; oj < g->ow; oj++) {
+          int64_t v = oj * g->stride_w;
+          R m = K(max_step)(r0[v], r0[v + 1]);
+          m = K(max_step)(m, r1[v]);
+          *out++ = K(max_step)(m, r1[v + 1]);
+        }
+      }
+    }
+    return;
+  }
   for (int64_t n = 0; n < g->N; n++)
     for (int64_t c = 0; c < g->C; c++)
       for (int64_t oi = 0; oi < g->oh; oi++)

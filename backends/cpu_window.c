@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "backends.h"
 #include "cpu_window.h"
 
 /* The smallest product split across threads (smaller runs on the caller). */
@@ -178,6 +179,131 @@ static void win_work(void *arg, int tid, int T) {
   }
 }
 
+/* ------------------------------------------- the direct path, small O */
+
+/*
+ * With few outputs per row (o <= 16: a LeNet's first layers) packing
+ * im2col panels costs more than the product.  For f32 with unit column
+ * stride on AVX-512 the rows are vectorised instead: 16 neighbouring
+ * output columns (oj) of one output row (n, oi) are the lanes, one
+ * accumulator per o, and for each kk = (c, a, b) in order one masked
+ * load of x's row (lanes outside x read 0, as the reference's padding)
+ * and one vfmadd231 per o with the x lanes first: lane l of acc[o] is
+ * output (n, oi, oj0 + l, o)'s chain, the same fmas in the same order.
+ */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define WIN_DIRECT 1
+#define DIRECT_MAX_O 16
+
+typedef struct direct_job {
+  const topos_window_task *t;
+  const float *wp; /* [K][no]: the weight, columns past o zero */
+  int no;
+  int64_t K, units;            /* units: output rows (n, oi) */
+  const int64_t *kc, *ka, *kb; /* per kk: c, a·dil_h, b·dil_w */
+} direct_job;
+
+__attribute__((target("avx512f"))) static inline __m512 direct_fma(__m512 a,
+                                                                   __m512 b,
+                                                                   __m512 acc) {
+  __asm__("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
+__attribute__((target("avx512f"), always_inline)) static inline void direct_row(
+    const direct_job *j, const int NO, int64_t u) {
+  const topos_window_task *t = j->t;
+  const float *x = t->x;
+  float *out = t->out;
+  int64_t n = u / t->oh, oi = u % t->oh, O = t->o, W = t->w;
+  for (int64_t oj0 = 0; oj0 < t->ow; oj0 += 16) {
+    __m512 acc[DIRECT_MAX_O];
+#pragma GCC unroll 16
+    for (int o = 0; o < NO; o++) acc[o] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < j->K; kk++) {
+      int64_t h = oi * t->stride_h + j->ka[kk] - t->pad_top;
+      int64_t v0 = oj0 + j->kb[kk] - t->pad_left;
+      __mmask16 m = 0;
+      if (h >= 0 && h < t->h) {
+        int64_t lo = v0 < 0 ? -v0 : 0, hi = W - v0;
+        if (hi > 16) hi = 16;
+        if (lo < hi) m = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+      }
+      const float *row = x + ((n * t->c + j->kc[kk]) * t->h + h) * W;
+      __m512 xv = m ? _mm512_maskz_loadu_ps(m, row + v0) : _mm512_setzero_ps();
+      const float *w = j->wp + kk * NO;
+#pragma GCC unroll 16
+      for (int o = 0; o < NO; o++)
+        acc[o] = direct_fma(xv, _mm512_set1_ps(w[o]), acc[o]);
+    }
+    float tile[DIRECT_MAX_O][16];
+#pragma GCC unroll 16
+    for (int o = 0; o < NO; o++) _mm512_storeu_ps(tile[o], acc[o]);
+    int64_t lanes = t->ow - oj0 < 16 ? t->ow - oj0 : 16;
+    float *dst = out + (u * t->ow + oj0) * O;
+    for (int64_t l = 0; l < lanes; l++)
+      for (int64_t o = 0; o < O; o++) dst[l * O + o] = tile[o][l];
+  }
+}
+
+__attribute__((target("avx512f"))) static void direct_work(void *arg, int tid,
+                                                           int T) {
+  const direct_job *j = arg;
+  int64_t ua = j->units * tid / T, ub = j->units * (tid + 1) / T;
+  for (int64_t u = ua; u < ub; u++) {
+    if (j->no == 4)
+      direct_row(j, 4, u);
+    else if (j->no == 8)
+      direct_row(j, 8, u);
+    else
+      direct_row(j, 16, u);
+  }
+}
+
+static bool direct_applies(const topos_window_task *t) {
+  return t->dtype == TOPOS_F32 && t->o <= DIRECT_MAX_O && t->stride_w == 1 &&
+         strcmp(topos_cpu_isa(), "avx512") == 0;
+}
+
+static int direct_run(const topos_window_task *t, int64_t K, int64_t work,
+                      int threads) {
+  direct_job j = {.t = t, .K = K, .units = t->n * t->oh};
+  j.no = t->o <= 4 ? 4 : t->o <= 8 ? 8 : 16;
+  float *wp = calloc((size_t)(K * j.no), sizeof(float));
+  int64_t *tabs = malloc(sizeof(int64_t) * (size_t)(3 * K));
+  if (!wp || !tabs) {
+    free(wp);
+    free(tabs);
+    return TOPOS_ERR_MEMORY;
+  }
+  const float *w = t->weight;
+  for (int64_t kk = 0; kk < K; kk++)
+    for (int64_t o = 0; o < t->o; o++)
+      wp[kk * j.no + o] = w[kk * t->w_row + o * t->w_col];
+  int64_t kk = 0;
+  for (int64_t c = 0; c < t->c; c++)
+    for (int64_t a = 0; a < t->kh; a++)
+      for (int64_t b = 0; b < t->kw; b++, kk++) {
+        tabs[kk] = c;
+        tabs[K + kk] = a * t->dil_h;
+        tabs[2 * K + kk] = b * t->dil_w;
+      }
+  j.wp = wp;
+  j.kc = tabs;
+  j.ka = tabs + K;
+  j.kb = tabs + 2 * K;
+  if (threads < 1 || work < WIN_MIN_PARALLEL_WORK) threads = 1;
+  if (threads > j.units) threads = (int)j.units;
+  cpu_parallel(threads, direct_work, &j);
+  free(wp);
+  free(tabs);
+  return TOPOS_OK;
+}
+#else
+#define WIN_DIRECT 0
+#endif
+
 /* Sizes that fit: every extent positive, products within int64, the
  * packed weight within WIN_MAX_WEIGHT_BYTES. */
 static bool win_sizes(const topos_window_task *t, int64_t *rows, int64_t *K,
@@ -220,6 +346,9 @@ int cpu_window_run(const topos_window_task *t, int threads) {
   if (t->dtype != TOPOS_F32 && t->dtype != TOPOS_F64) return TOPOS_ERR_DTYPE;
   int64_t rows, K, work;
   if (!win_sizes(t, &rows, &K, &work)) return TOPOS_ERR_ARGUMENT;
+#if WIN_DIRECT
+  if (direct_applies(t)) return direct_run(t, K, work, threads);
+#endif
   win_job j = {.t = t, .K = K, .rows = rows};
   cpu_gemm_kernels(t->dtype, &j.k);
   j.es = t->dtype == TOPOS_F64 ? sizeof(double) : sizeof(float);

@@ -38,6 +38,21 @@ static inline float bf16_trip(float v) {
   return topos_bf16_to_f32(bf16_from_f64(v));
 }
 
+/* The max-pool's 2x2 rows in f32 on AVX-512 (below): false where they
+ * do not apply, and the scalar rows of kernels_real.h run. */
+#if FMA_PINNED_X86
+static bool pool_row_512(const float *r0, const float *r1, float *out,
+                         int64_t ow);
+static bool pool_grad_row_512(const float *x0, const float *x1, const float *y,
+                              const float *gy, float *d0, float *d1,
+                              int64_t ow);
+#define POOL_ROW_512 pool_row_512
+#define POOL_GRAD_ROW_512 pool_grad_row_512
+#else
+#define POOL_ROW_512(...) false
+#define POOL_GRAD_ROW_512(...) false
+#endif
+
 #define R float
 #define K(name) name##_f32
 #define EXP expf
@@ -57,6 +72,11 @@ static inline float bf16_trip(float v) {
 #undef ERF
 #undef POW
 #undef FMA
+
+#undef POOL_ROW_512
+#undef POOL_GRAD_ROW_512
+#define POOL_ROW_512(...) false
+#define POOL_GRAD_ROW_512(...) false
 
 #define R double
 #define K(name) name##_f64
@@ -780,6 +800,110 @@ static bool dw_512_available(void) {
   if (known < 0)
     known = fma_pinned_available() && __builtin_cpu_supports("avx512f");
   return known;
+}
+
+/* The even and odd lanes of the 32 floats at p (n of them valid, the
+ * rest read as 0). */
+__attribute__((target("avx512f"))) static inline void pairs512(const float *p,
+                                                               int64_t n,
+                                                               __m512 *even,
+                                                               __m512 *odd) {
+  __mmask16 lo = n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
+  __mmask16 hi = n >= 32   ? 0xffff
+                 : n <= 16 ? 0
+                           : (__mmask16)((1u << (n - 16)) - 1);
+  __m512 a = _mm512_maskz_loadu_ps(lo, p);
+  __m512 b = _mm512_maskz_loadu_ps(hi, p + 16);
+  const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12,
+                                      10, 8, 6, 4, 2, 0);
+  const __m512i io = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13,
+                                      11, 9, 7, 5, 3, 1);
+  *even = _mm512_permutex2var_ps(a, ie, b);
+  *odd = _mm512_permutex2var_ps(a, io, b);
+}
+
+/* max_step per lane: m takes v unless m is NaN, or v is no NaN and not
+ * greater (the comparisons are quiet, as the scalar step's). */
+__attribute__((target("avx512f"))) static inline __m512 max_step512(__m512 m,
+                                                                    __m512 v) {
+  __mmask16 take = _mm512_cmp_ps_mask(m, m, _CMP_ORD_Q) &
+                   (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) |
+                    _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ));
+  return _mm512_mask_blend_ps(take, m, v);
+}
+
+/* K(pool_row2x2) for f32, 16 windows at once. */
+__attribute__((target("avx512f"))) static void pool_row_512_run(const float *r0,
+                                                                const float *r1,
+                                                                float *out,
+                                                                int64_t ow) {
+  for (int64_t j = 0; j < ow; j += 16) {
+    int64_t n = ow - j < 16 ? ow - j : 16;
+    __m512 e0, o0, e1, o1;
+    pairs512(r0 + 2 * j, 2 * n, &e0, &o0);
+    pairs512(r1 + 2 * j, 2 * n, &e1, &o1);
+    __m512 m = max_step512(max_step512(max_step512(e0, o0), e1), o1);
+    _mm512_mask_storeu_ps(out + j, (__mmask16)((1u << n) - 1), m);
+  }
+}
+
+/* Lanes a (even) and b (odd) interleaved into the 2n floats at p. */
+__attribute__((target("avx512f"))) static inline void store_pairs512(float *p,
+                                                                     int64_t n,
+                                                                     __m512 a,
+                                                                     __m512 b) {
+  const __m512i il =
+      _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i ih = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11,
+                                      26, 10, 25, 9, 24, 8);
+  int64_t m = 2 * n;
+  __mmask16 lo = m >= 16 ? 0xffff : (__mmask16)((1u << m) - 1);
+  __mmask16 hi = m >= 32   ? 0xffff
+                 : m <= 16 ? 0
+                           : (__mmask16)((1u << (m - 16)) - 1);
+  _mm512_mask_storeu_ps(p, lo, _mm512_permutex2var_ps(a, il, b));
+  _mm512_mask_storeu_ps(p + 16, hi, _mm512_permutex2var_ps(a, ih, b));
+}
+
+/* K(pool_grad_row2x2) for f32, 16 windows at once: the same products
+ * gy·1 and gy·0 and the same first position. */
+__attribute__((target("avx512f"))) static void pool_grad_row_512_run(
+    const float *x0, const float *x1, const float *y, const float *gy,
+    float *d0, float *d1, int64_t ow) {
+  for (int64_t j = 0; j < ow; j += 16) {
+    int64_t n = ow - j < 16 ? ow - j : 16;
+    __mmask16 k = (__mmask16)((1u << n) - 1);
+    __m512 e0, o0, e1, o1;
+    pairs512(x0 + 2 * j, 2 * n, &e0, &o0);
+    pairs512(x1 + 2 * j, 2 * n, &e1, &o1);
+    __m512 yv = _mm512_maskz_loadu_ps(k, y + j);
+    __m512 g = _mm512_maskz_loadu_ps(k, gy + j);
+    __m512 one = _mm512_mul_ps(g, _mm512_set1_ps(1.0f));
+    __m512 zero = _mm512_mul_ps(g, _mm512_setzero_ps());
+    __mmask16 m0 = _mm512_cmp_ps_mask(e0, yv, _CMP_GE_OQ);
+    __mmask16 m1 = _mm512_cmp_ps_mask(o0, yv, _CMP_GE_OQ) & ~m0;
+    __mmask16 m2 = _mm512_cmp_ps_mask(e1, yv, _CMP_GE_OQ) & ~(m0 | m1);
+    __mmask16 m3 = _mm512_cmp_ps_mask(o1, yv, _CMP_GE_OQ) & ~(m0 | m1 | m2);
+    store_pairs512(d0 + 2 * j, n, _mm512_mask_blend_ps(m0, zero, one),
+                   _mm512_mask_blend_ps(m1, zero, one));
+    store_pairs512(d1 + 2 * j, n, _mm512_mask_blend_ps(m2, zero, one),
+                   _mm512_mask_blend_ps(m3, zero, one));
+  }
+}
+
+static bool pool_row_512(const float *r0, const float *r1, float *out,
+                         int64_t ow) {
+  if (!dw_512_available()) return false;
+  pool_row_512_run(r0, r1, out, ow);
+  return true;
+}
+
+static bool pool_grad_row_512(const float *x0, const float *x1, const float *y,
+                              const float *gy, float *d0, float *d1,
+                              int64_t ow) {
+  if (!dw_512_available()) return false;
+  pool_grad_row_512_run(x0, x1, y, gy, d0, d1, ow);
+  return true;
 }
 #endif
 

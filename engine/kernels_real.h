@@ -542,6 +542,30 @@ static void K(window_fold)(const plan_group *g, const R *src,
     }
 }
 
+/* One output row of 2x2 windows at column stride 2 (as K(pool_row2x2)):
+ * the cotangent to the first position >= the window's maximum. */
+static void K(pool_grad_row2x2)(const R *restrict x0, const R *restrict x1,
+                                const R *restrict y, const R *restrict gy,
+                                R *restrict d0, R *restrict d1, int64_t ow) {
+  for (int64_t oj = 0; oj < ow; oj++) {
+    R yv = y[oj], one = gy[oj] * (R)1, zero = gy[oj] * (R)0;
+    bool m0 = isgreaterequal(x0[2 * oj], yv),
+         m1 = isgreaterequal(x0[2 * oj + 1], yv),
+         m2 = isgreaterequal(x1[2 * oj], yv),
+         m3 = isgreaterequal(x1[2 * oj + 1], yv);
+    d0[2 * oj] = m0 ? one : zero;
+    d0[2 * oj + 1] = m1 & !m0 ? one : zero;
+    d1[2 * oj] = m2 & !(m0 | m1) ? one : zero;
+    d1[2 * oj + 1] = m3 & !(m0 | m1 | m2) ? one : zero;
+  }
+}
+
+static void K(pool_grad_row2x2_best)(const R *x0, const R *x1, const R *y,
+                                     const R *gy, R *d0, R *d1, int64_t ow) {
+  if (!POOL_GRAD_ROW_512(x0, x1, y, gy, d0, d1, ow))
+    K(pool_grad_row2x2)(x0, x1, y, gy, d0, d1, ow);
+}
+
 /* The max-pool adjoint's window cotangents, v = g·first: first is 1 at
  * the first window position (a, b) whose value (0 at a pad) is >= y, the
  * pooled maximum, and 0 elsewhere - max_along's adjoint, whose mask is
@@ -552,6 +576,18 @@ static void K(window_fold)(const plan_group *g, const R *src,
  * W], which the caller has zeroed. */
 static void K(pool_grad)(const plan_group *g, const R *x, const R *y,
                          const R *gy, R *vout, R *dx) {
+  if (!vout && !g->pad_top && !g->pad_left && !g->pad_bottom && !g->pad_right &&
+      g->kh == 2 && g->kw == 2 && g->dil_h == 1 && g->dil_w == 1 &&
+      g->stride_w == 2) {
+    for (int64_t nc = 0; nc < g->N * g->C; nc++)
+      for (int64_t oi = 0; oi < g->oh; oi++) {
+        int64_t r = (nc * g->oh + oi) * g->ow;
+        int64_t at = nc * g->H * g->W + oi * g->stride_h * g->W;
+        K(pool_grad_row2x2_best)
+        (x + at, x + at + g->W, y + r, gy + r, dx + at, dx + at + g->W, g->ow);
+      }
+    return;
+  }
   if (!vout && !g->pad_top && !g->pad_left && !g->pad_bottom && !g->pad_right) {
     /* Every window inside x: the same choice, fewer branches. */
     int64_t W = g->W, kw = g->kw;
@@ -563,18 +599,6 @@ static void K(pool_grad)(const plan_group *g, const R *x, const R *y,
           int64_t r = (nc * g->oh + oi) * g->ow + oj;
           int64_t at = oi * g->stride_h * W + oj * g->stride_w;
           R yv = y[r], one = gy[r] * (R)1, zero = gy[r] * (R)0;
-          if (g->kh == 2 && kw == 2 && g->dil_h == 1 && g->dil_w == 1) {
-            /* The common 2x2 window, unrolled: the same choice. */
-            R *d0 = dc + at, *d1 = d0 + W;
-            const R *x0 = xc + at, *x1 = x0 + W;
-            bool m0 = x0[0] >= yv, m1 = x0[1] >= yv, m2 = x1[0] >= yv,
-                 m3 = x1[1] >= yv;
-            d0[0] = m0 ? one : zero;
-            d0[1] = m1 && !m0 ? one : zero;
-            d1[0] = m2 && !(m0 || m1) ? one : zero;
-            d1[1] = m3 && !(m0 || m1 || m2) ? one : zero;
-            continue;
-          }
           int64_t first = -1;
           for (int64_t a = 0; a < g->kh; a++)
             for (int64_t b = 0; b < kw; b++) {
@@ -625,27 +649,38 @@ static void K(pool_grad)(const plan_group *g, const R *x, const R *y,
 /* max_rows' step: m takes val unless m is NaN, or val is no NaN and not
  * greater. */
 static inline R K(max_step)(R m, R val) {
-  bool take = !isnan(m) && (isnan(val) || val > m);
+  bool take = !isnan(m) && (isnan(val) || isgreater(val, m));
   return take ? val : m;
+}
+
+/* One output row of 2x2 windows at column stride 2, unrolled (f32 on
+ * AVX-512: pool_row2x2_512 in kernels.c, 16 windows at once). */
+static void K(pool_row2x2)(const R *restrict r0, const R *restrict r1,
+                           R *restrict out, int64_t ow) {
+  for (int64_t oj = 0; oj < ow; oj++) {
+    R m = K(max_step)(r0[2 * oj], r0[2 * oj + 1]);
+    m = K(max_step)(m, r1[2 * oj]);
+    out[oj] = K(max_step)(m, r1[2 * oj + 1]);
+  }
+}
+
+static void K(pool_row2x2_best)(const R *r0, const R *r1, R *out, int64_t ow) {
+  if (!POOL_ROW_512(r0, r1, out, ow)) K(pool_row2x2)(r0, r1, out, ow);
 }
 
 static void K(pool_window)(const plan_group *g, const void *xv, void *outv) {
   const R *x = xv;
   R *out = outv;
   if (g->kh == 2 && g->kw == 2 && g->dil_h == 1 && g->dil_w == 1 &&
-      !g->pad_top && !g->pad_left && !g->pad_bottom && !g->pad_right) {
-    /* The common 2x2 window inside x, unrolled: the same steps. */
+      g->stride_w == 2 && !g->pad_top && !g->pad_left && !g->pad_bottom &&
+      !g->pad_right) {
+    /* The common 2x2 window inside x. */
     int64_t W = g->W;
     for (int64_t nc = 0; nc < g->N * g->C; nc++) {
       const R *xc = x + nc * g->H * W;
-      for (int64_t oi = 0; oi < g->oh; oi++) {
-        const R *r0 = xc + oi * g->stride_h * W, *r1 = r0 + W;
-        for (int64_t oj = 0; oj < g->ow; oj++) {
-          int64_t v = oj * g->stride_w;
-          R m = K(max_step)(r0[v], r0[v + 1]);
-          m = K(max_step)(m, r1[v]);
-          *out++ = K(max_step)(m, r1[v + 1]);
-        }
+      for (int64_t oi = 0; oi < g->oh; oi++, out += g->ow) {
+        const R *r0 = xc + oi * g->stride_h * W;
+        K(pool_row2x2_best)(r0, r0 + W, out, g->ow);
       }
     }
     return;

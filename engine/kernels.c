@@ -46,11 +46,15 @@ static bool pool_row_512(const float *r0, const float *r1, float *out,
 static bool pool_grad_row_512(const float *x0, const float *x1, const float *y,
                               const float *gy, float *d0, float *d1,
                               int64_t ow);
+static bool fold_row_512(const float *src, int64_t cs, int64_t count,
+                         int64_t size, int64_t extent, float *out);
 #define POOL_ROW_512 pool_row_512
 #define POOL_GRAD_ROW_512 pool_grad_row_512
+#define FOLD_ROW_512 fold_row_512
 #else
 #define POOL_ROW_512(...) false
 #define POOL_GRAD_ROW_512(...) false
+#define FOLD_ROW_512(...) false
 #endif
 
 #define R float
@@ -75,8 +79,10 @@ static bool pool_grad_row_512(const float *x0, const float *x1, const float *y,
 
 #undef POOL_ROW_512
 #undef POOL_GRAD_ROW_512
+#undef FOLD_ROW_512
 #define POOL_ROW_512(...) false
 #define POOL_GRAD_ROW_512(...) false
+#define FOLD_ROW_512(...) false
 
 #define R double
 #define K(name) name##_f64
@@ -889,6 +895,43 @@ __attribute__((target("avx512f"))) static void pool_grad_row_512_run(
     store_pairs512(d1 + 2 * j, n, _mm512_mask_blend_ps(m2, zero, one),
                    _mm512_mask_blend_ps(m3, zero, one));
   }
+}
+
+/* K(fold_rows) for one row at step 1, dilation 1, size <= 16: out[e] for
+ * 16 positions e at once, window c's size contiguous values landing at
+ * lanes [c, c + size) by one masked load; each lane's first
+ * contribution copied and the later ones added in window order (a left
+ * fold, as the scalar path), lanes no window reaches +0. */
+__attribute__((target("avx512f"))) static void fold_row_512_run(
+    const float *src, int64_t cs, int64_t count, int64_t size, int64_t extent,
+    float *out) {
+  for (int64_t e0 = 0; e0 < extent; e0 += 16) {
+    int64_t lanes = extent - e0 < 16 ? extent - e0 : 16;
+    __m512 acc = _mm512_setzero_ps();
+    __mmask16 started = 0;
+    /* Windows c reach positions [c, c + size): those meeting the block. */
+    int64_t c0 = e0 - size + 1 > 0 ? e0 - size + 1 : 0;
+    int64_t c1 = e0 + lanes < count ? e0 + lanes : count;
+    for (int64_t c = c0; c < c1; c++) {
+      int64_t off = c - e0; /* lane of the window's first value */
+      int64_t lo = off > 0 ? off : 0, hi = off + size < 16 ? off + size : 16;
+      __mmask16 m = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+      __m512 v = _mm512_maskz_loadu_ps(m, src + c * cs - off);
+      __m512 sum = _mm512_add_ps(acc, v);
+      acc = _mm512_mask_blend_ps(m & started, _mm512_mask_blend_ps(m, acc, v),
+                                 sum);
+      started |= m;
+    }
+    acc = _mm512_maskz_mov_ps(started, acc);
+    _mm512_mask_storeu_ps(out + e0, (__mmask16)((1u << lanes) - 1), acc);
+  }
+}
+
+static bool fold_row_512(const float *src, int64_t cs, int64_t count,
+                         int64_t size, int64_t extent, float *out) {
+  if (size > 16 || !dw_512_available()) return false;
+  fold_row_512_run(src, cs, count, size, extent, out);
+  return true;
 }
 
 static bool pool_row_512(const float *r0, const float *r1, float *out,

@@ -526,9 +526,12 @@ static void K(window_fold)(const plan_group *g, const R *src,
       for (int64_t i = 0; i < g->oh; i++)
         for (int64_t a = 0; a < g->kh; a++) {
           R *row = t1 + (i * g->kh + a) * Wp;
-          K(fold_rows)
-          (sb + i * st[2] + a * st[3], st[4], st[5], g->ow, g->kw, 1, Wp,
-           g->stride_w, g->dil_w, row, seen, tmp);
+          const R *s0 = sb + i * st[2] + a * st[3];
+          if (!(g->stride_w == 1 && g->dil_w == 1 && st[5] == 1 &&
+                FOLD_ROW_512(s0, st[4], g->ow, g->kw, Wp, row)))
+            K(fold_rows)
+          (s0, st[4], st[5], g->ow, g->kw, 1, Wp, g->stride_w, g->dil_w, row,
+           seen, tmp);
           if (bf16)
             for (int64_t w = 0; w < Wp; w++) row[w] = bf16_trip(row[w]);
         }

@@ -46,15 +46,16 @@ static bool pool_row_512(const float *r0, const float *r1, float *out,
 static bool pool_grad_row_512(const float *x0, const float *x1, const float *y,
                               const float *gy, float *d0, float *d1,
                               int64_t ow);
-static bool fold_row_512(const float *src, int64_t cs, int64_t count,
-                         int64_t size, int64_t extent, float *out);
+static bool fold_rows_512(const float *src, int64_t rs, int64_t cs,
+                          int64_t count, int64_t size, int64_t extent,
+                          float *out, int64_t nrows);
 #define POOL_ROW_512 pool_row_512
 #define POOL_GRAD_ROW_512 pool_grad_row_512
-#define FOLD_ROW_512 fold_row_512
+#define FOLD_ROWS_512 fold_rows_512
 #else
 #define POOL_ROW_512(...) false
 #define POOL_GRAD_ROW_512(...) false
-#define FOLD_ROW_512(...) false
+#define FOLD_ROWS_512(...) false
 #endif
 
 #define R float
@@ -79,10 +80,10 @@ static bool fold_row_512(const float *src, int64_t cs, int64_t count,
 
 #undef POOL_ROW_512
 #undef POOL_GRAD_ROW_512
-#undef FOLD_ROW_512
+#undef FOLD_ROWS_512
 #define POOL_ROW_512(...) false
 #define POOL_GRAD_ROW_512(...) false
-#define FOLD_ROW_512(...) false
+#define FOLD_ROWS_512(...) false
 
 #define R double
 #define K(name) name##_f64
@@ -897,40 +898,57 @@ __attribute__((target("avx512f"))) static void pool_grad_row_512_run(
   }
 }
 
-/* K(fold_rows) for one row at step 1, dilation 1, size <= 16: out[e] for
- * 16 positions e at once, window c's size contiguous values landing at
- * lanes [c, c + size) by one masked load; each lane's first
- * contribution copied and the later ones added in window order (a left
- * fold, as the scalar path), lanes no window reaches +0. */
-__attribute__((target("avx512f"))) static void fold_row_512_run(
-    const float *src, int64_t cs, int64_t count, int64_t size, int64_t extent,
-    float *out) {
+/* K(fold_rows) at step 1, dilation 1, size <= 16 for nrows rows (row k
+ * at src + k·rs into out + k·extent), 16 positions at once on AVX-512:
+ * window c's size contiguous values land at lanes [c, c + size) of a
+ * block by one masked load, each lane's first contribution is copied
+ * and the later ones added in window order (a left fold, as the scalar
+ * path), and lanes no window reaches are +0.  Four rows run together,
+ * so four add chains overlap. */
+__attribute__((target("avx512f"))) static void fold_rows_512_run(
+    const float *src, int64_t rs, int64_t cs, int64_t count, int64_t size,
+    int64_t extent, float *out, int64_t nrows) {
   for (int64_t e0 = 0; e0 < extent; e0 += 16) {
     int64_t lanes = extent - e0 < 16 ? extent - e0 : 16;
-    __m512 acc = _mm512_setzero_ps();
-    __mmask16 started = 0;
+    __mmask16 keep = (__mmask16)((1u << lanes) - 1);
     /* Windows c reach positions [c, c + size): those meeting the block. */
     int64_t c0 = e0 - size + 1 > 0 ? e0 - size + 1 : 0;
     int64_t c1 = e0 + lanes < count ? e0 + lanes : count;
-    for (int64_t c = c0; c < c1; c++) {
-      int64_t off = c - e0; /* lane of the window's first value */
-      int64_t lo = off > 0 ? off : 0, hi = off + size < 16 ? off + size : 16;
-      __mmask16 m = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-      __m512 v = _mm512_maskz_loadu_ps(m, src + c * cs - off);
-      __m512 sum = _mm512_add_ps(acc, v);
-      acc = _mm512_mask_blend_ps(m & started, _mm512_mask_blend_ps(m, acc, v),
-                                 sum);
-      started |= m;
+    for (int64_t r = 0; r < nrows; r += 4) {
+      int nr = nrows - r < 4 ? (int)(nrows - r) : 4;
+      const float *sr[4];
+      for (int k = 0; k < 4; k++) sr[k] = src + (r + (k < nr ? k : 0)) * rs;
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      __mmask16 started = 0;
+      for (int64_t c = c0; c < c1; c++) {
+        int64_t off = c - e0; /* lane of the window's first value */
+        int64_t lo = off > 0 ? off : 0, hi = off + size < 16 ? off + size : 16;
+        __mmask16 m = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+        __mmask16 add = m & started, copy = m & ~started;
+        int64_t at = c * cs - off;
+        __m512 v0 = _mm512_maskz_loadu_ps(m, sr[0] + at);
+        __m512 v1 = _mm512_maskz_loadu_ps(m, sr[1] + at);
+        __m512 v2 = _mm512_maskz_loadu_ps(m, sr[2] + at);
+        __m512 v3 = _mm512_maskz_loadu_ps(m, sr[3] + at);
+        a0 = _mm512_mask_add_ps(_mm512_mask_mov_ps(a0, copy, v0), add, a0, v0);
+        a1 = _mm512_mask_add_ps(_mm512_mask_mov_ps(a1, copy, v1), add, a1, v1);
+        a2 = _mm512_mask_add_ps(_mm512_mask_mov_ps(a2, copy, v2), add, a2, v2);
+        a3 = _mm512_mask_add_ps(_mm512_mask_mov_ps(a3, copy, v3), add, a3, v3);
+        started |= m;
+      }
+      const __m512 acc[4] = {a0, a1, a2, a3};
+      for (int k = 0; k < nr; k++)
+        _mm512_mask_storeu_ps(out + (r + k) * extent + e0, keep,
+                              _mm512_maskz_mov_ps(started, acc[k]));
     }
-    acc = _mm512_maskz_mov_ps(started, acc);
-    _mm512_mask_storeu_ps(out + e0, (__mmask16)((1u << lanes) - 1), acc);
   }
 }
 
-static bool fold_row_512(const float *src, int64_t cs, int64_t count,
-                         int64_t size, int64_t extent, float *out) {
+static bool fold_rows_512(const float *src, int64_t rs, int64_t cs,
+                          int64_t count, int64_t size, int64_t extent,
+                          float *out, int64_t nrows) {
   if (size > 16 || !dw_512_available()) return false;
-  fold_row_512_run(src, cs, count, size, extent, out);
+  fold_rows_512_run(src, rs, cs, count, size, extent, out, nrows);
   return true;
 }
 

@@ -523,18 +523,21 @@ static void K(window_fold)(const plan_group *g, const R *src,
   for (int64_t n = 0; n < g->N; n++)
     for (int64_t c = 0; c < g->C; c++) {
       const R *sb = src + n * st[0] + c * st[1];
-      for (int64_t i = 0; i < g->oh; i++)
-        for (int64_t a = 0; a < g->kh; a++) {
-          R *row = t1 + (i * g->kh + a) * Wp;
-          const R *s0 = sb + i * st[2] + a * st[3];
-          if (!(g->stride_w == 1 && g->dil_w == 1 && st[5] == 1 &&
-                FOLD_ROW_512(s0, st[4], g->ow, g->kw, Wp, row)))
-            K(fold_rows)
-          (s0, st[4], st[5], g->ow, g->kw, 1, Wp, g->stride_w, g->dil_w, row,
-           seen, tmp);
-          if (bf16)
-            for (int64_t w = 0; w < Wp; w++) row[w] = bf16_trip(row[w]);
-        }
+      for (int64_t i = 0; i < g->oh; i++) {
+        /* The kh rows (a) of window row i: at once where a vector path
+         * takes them, else one by one. */
+        R *rows = t1 + i * g->kh * Wp;
+        const R *s0 = sb + i * st[2];
+        if (g->stride_w == 1 && g->dil_w == 1 && st[5] == 1 &&
+            FOLD_ROWS_512(s0, st[3], st[4], g->ow, g->kw, Wp, rows, g->kh))
+          continue;
+        for (int64_t a = 0; a < g->kh; a++) K(fold_rows)
+        (s0 + a * st[3], st[4], st[5], g->ow, g->kw, 1, Wp, g->stride_w,
+         g->dil_w, rows + a * Wp, seen, tmp);
+      }
+      if (bf16)
+        for (int64_t k = 0; k < g->oh * g->kh * Wp; k++)
+          t1[k] = bf16_trip(t1[k]);
       K(fold_rows)
       (t1, g->kh * Wp, Wp, g->oh, g->kh, Wp, Hp, g->stride_h, g->dil_h, t2,
        seen, tmp);

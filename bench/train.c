@@ -113,8 +113,8 @@ typedef struct bench_model {
 static const bench_model MODELS[] = {
     {"makemore", BATCH, 40, 0.5, makemore_build, false},
     {"lenet", LENET_BATCH, 3, 1.0, lenet_build, false},
-    {"mlp784", MLP_BATCH, 10, 1.0, mlp784_build, false},
-    {"transformer", GPT_BATCH, 10, 0.0, transformer_build, true},
+    {"mlp784", MLP_BATCH, 10, 0.8, mlp784_build, false},
+    {"transformer", GPT_BATCH, 10, 1.0, transformer_build, true},
 };
 enum { NMODELS = sizeof MODELS / sizeof MODELS[0] };
 

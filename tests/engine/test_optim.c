@@ -173,6 +173,56 @@ START_TEST(test_constructors) {
 }
 END_TEST
 
+/* Plain f32 SGD over lengths around the vector width (the AVX-512 loop
+ * and its tail) and special values: each element is the scalar
+ * formula's, (float)((double)p - lr*g'), g' = g + wd*p with L2. */
+START_TEST(test_sgd_f32_elements) {
+  static const double special[8] = {NAN, INFINITY, -INFINITY, -0.0,
+                                    0.0, 1e-42,    3e38,      -7.25};
+  for (int l2 = 0; l2 < 2; l2++) {
+    topos_optimizer opt = topos_sgd(0.37, 0);
+    opt.weight_decay = l2 ? 0.05 : 0;
+    for (int64_t n = 1; n <= 41; n += 4) {
+      double pv[41], gv[41];
+      uint64_t r = 0x9E3779B97F4A7C15ull * (uint64_t)(n + 7 * l2);
+      for (int64_t i = 0; i < n; i++) {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        pv[i] = r % 5 == 0 ? special[r % 8] : (double)(r % 2001) / 97 - 10;
+        gv[i] = r % 7 == 0 ? special[(r >> 9) % 8] : (double)(r % 1999) / 13;
+      }
+      topos_params *p = set1(TOPOS_F32, n, pv);
+      topos_params *g = set1(TOPOS_F32, n, gv);
+      topos_opt_state *s = state_ok(&opt, p);
+      topos_params *p1;
+      topos_opt_state *s1;
+      step_ok(&opt, p, g, s, &p1, &s1);
+      /* The f32 values, widened exactly. */
+      double *pf = tt_values(topos_params_get(p, 0));
+      double *gf = tt_values(topos_params_get(g, 0));
+      double *got = tt_values(topos_params_get(p1, 0));
+      for (int64_t i = 0; i < n; i++) {
+        double gd = gf[i];
+        if (l2) gd = gd + opt.weight_decay * pf[i];
+        float want = (float)(pf[i] - opt.lr * gd), have = (float)got[i];
+        ck_assert_msg(memcmp(&want, &have, sizeof want) == 0,
+                      "l2 %d n %lld element %lld: got %a want %a", l2,
+                      (long long)n, (long long)i, got[i], (double)want);
+      }
+      free(pf);
+      free(gf);
+      free(got);
+      topos_params_free(p);
+      topos_params_free(g);
+      topos_params_free(p1);
+      topos_opt_state_free(s);
+      topos_opt_state_free(s1);
+    }
+  }
+}
+END_TEST
+
 START_TEST(test_sgd_plain) {
   topos_optimizer opt = topos_sgd(0.1, 0);
   topos_params *p = set1(TOPOS_F64, 2, (double[]){1, -3});
@@ -1138,6 +1188,7 @@ Suite *optim_suite(void) {
   TCase *tc = tcase_create("sgd");
   tcase_add_test(tc, test_constructors);
   tcase_add_test(tc, test_sgd_plain);
+  tcase_add_test(tc, test_sgd_f32_elements);
   tcase_add_test(tc, test_sgd_momentum_three_steps);
   tcase_add_test(tc, test_sgd_weight_decay);
   tcase_add_test(tc, test_sgd_bf16_rounds_once);

@@ -41,25 +41,6 @@ static void store_dir(const daemon_proc *d) {
   mkdir(var, 0700);
 }
 
-static topos_client *connect_with(int port, const char *token) {
-  char addr[64];
-  snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-  topos_error err = {0};
-  topos_client *c = topos_client_connect(addr, &err);
-  ck_assert_msg(c != NULL, "%s", err.message);
-  if (token) ck_assert_int_eq(topos_client_set_token(c, token, &err), TOPOS_OK);
-  return c;
-}
-
-/* Stats through the client library: its gRPC status, and the message. */
-static int stats_status(topos_client *c, char *msg, size_t len) {
-  topos_client_stats_info info;
-  topos_error err = {0};
-  int rc = topos_client_stats(c, &info, &err);
-  if (msg) snprintf(msg, len, "%s", rc == TOPOS_OK ? "" : err.message);
-  return topos_client_grpc_status(rc);
-}
-
 /* The gRPC status of a client call's result. */
 #define STATUS(rc) topos_client_grpc_status(rc)
 
@@ -82,28 +63,7 @@ static int run_topos(const char *dir, const char *env, const char *args,
            "env -u TOPOS_STORE -u TOPOS_SERVER -u TOPOS_TOKEN -u TOPOS_TLS_CA "
            "%s %s/bin/topos %s 2>'%s'",
            env, build_dir(), args, errfile);
-  FILE *p = popen(cmd, "r");
-  ck_assert_ptr_nonnull(p);
-  char buf[8192];
-  size_t n = fread(buf, 1, sizeof buf - 1, p);
-  buf[n] = '\0';
-  int status = pclose(p);
-  if (out) {
-    size_t k = n < outlen - 1 ? n : outlen - 1;
-    memcpy(out, buf, k);
-    out[k] = '\0';
-  }
-  if (err) {
-    err[0] = '\0';
-    FILE *f = fopen(errfile, "r");
-    if (f) {
-      size_t m = fread(err, 1, errlen - 1, f);
-      err[m] = '\0';
-      fclose(f);
-    }
-  }
-  unlink(errfile);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run_captured(cmd, errfile, out, outlen, err, errlen);
 }
 
 /* A daemon over a store with an admin tenant `ops` and a plain tenant

@@ -90,14 +90,6 @@ static int raw_bytes(topos_client *c, const char *method, const uint8_t *req,
   return rc == TOPOS_OK ? 0 : status;
 }
 
-static int stats_status(topos_client *c, char *msg, size_t len) {
-  topos_client_stats_info info;
-  topos_error err = {0};
-  int rc = topos_client_stats(c, &info, &err);
-  if (msg) snprintf(msg, len, "%s", rc == TOPOS_OK ? "" : err.message);
-  return topos_client_grpc_status(rc);
-}
-
 static topos_client_stats_info stats_of(topos_client *c) {
   topos_client_stats_info s;
   topos_error err = {0};

@@ -69,25 +69,6 @@ static bool store_bytes_hold(const char *store, const char *needle) {
   return false;
 }
 
-static topos_client *connect_with(int port, const char *token) {
-  char addr[64];
-  snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-  topos_error err = {0};
-  topos_client *c = topos_client_connect(addr, &err);
-  ck_assert_msg(c != NULL, "%s", err.message);
-  if (token) ck_assert_int_eq(topos_client_set_token(c, token, &err), TOPOS_OK);
-  return c;
-}
-
-/* Stats through the client library: its status, and the message. */
-static int stats_status(topos_client *c, char *msg, size_t len) {
-  topos_client_stats_info info;
-  topos_error err = {0};
-  int rc = topos_client_stats(c, &info, &err);
-  if (msg) snprintf(msg, len, "%s", rc == TOPOS_OK ? "" : err.message);
-  return topos_client_grpc_status(rc);
-}
-
 #define UNAUTHENTICATED 16
 
 START_TEST(test_tokens_on_grpc) {

@@ -476,21 +476,18 @@ static topos_tensor *eval_fold(const node_attrs *at, const topos_tensor *a,
   int64_t inner = shape_count(a->rank - at->axis - 2, a->shape + at->axis + 2);
   compute_view v;
   out_buf ob;
-  scratch tmp = {0}, src = {0}, seen = {0};
+  scratch tmp = {0}, seen = {0};
   if (compute_view_of(a, &v, err)) return NULL;
   if (out_begin(&ob, out, err)) goto fail_v;
   if (!scratch_get(&tmp, count, compute_size(a->dtype), err) ||
-      !scratch_get(&src, count, sizeof(int64_t), err) ||
       !scratch_get(&seen, at->extent, 1, err)) {
     scratch_done(&seen);
-    scratch_done(&src);
     scratch_done(&tmp);
     goto fail_out;
   }
   DISPATCH(a->dtype, fold, v.data, ob.data, outer, count, size, inner,
-           at->extent, at->step, at->dilation, tmp.p, src.p, seen.p);
+           at->extent, at->step, at->dilation, tmp.p, seen.p);
   scratch_done(&seen);
-  scratch_done(&src);
   scratch_done(&tmp);
   compute_view_done(&v);
   return out_end(&ob);
@@ -1302,7 +1299,6 @@ size_t op_scratch_bytes(op_code op, const node_attrs *at, int nin,
       s = size_add(view_bytes(&in[0], contig[0]), out_scratch_bytes(out));
       s = size_add(
           s, pool_bytes_of(count > 0 ? count : 1, compute_size(in[0].dtype)));
-      s = size_add(s, pool_bytes_of(count > 0 ? count : 1, sizeof(int64_t)));
       return size_add(s, pool_bytes_of(at->extent > 0 ? at->extent : 1, 1));
     }
     case OP_GATHER:

@@ -247,81 +247,82 @@ static void K(lse_rows)(const void *xv, void *yv, int64_t outer, int64_t L,
     }
 }
 
-/* x is [outer, count, size, inner] -> y[outer, extent, inner]; window c's
- * element s lands at c·step + s·dilation.  Contributions to one output are
- * reduced in window order.  When no position is covered by more than 16
- * windows that order is a left fold, and the kernel streams x once: window
- * by window, the first contribution to a position is copied and the later
- * ones added (each position sees them in increasing c, as the fold
- * requires).  Otherwise each position gathers its windows (found from a
- * range of c) and reduces them.  tmp holds count values, src count
- * offsets, seen extent flags. */
-static void K(fold)(const void *xv, void *yv, int64_t outer, int64_t count,
-                    int64_t size, int64_t inner, int64_t extent, int64_t step,
-                    int64_t dilation, R *tmp, int64_t *src, char *seen) {
-  const R *x = xv;
-  R *y = yv;
-  int64_t reach = (size - 1) * dilation;
-  if (inner == 1 && dilation == 1 && reach / step + 1 <= 16) {
-    /* Windows are contiguous runs: window c covers [c·step, c·step+size),
-     * and its positions from the end of window c−1 on are new to it. */
-    for (int64_t o = 0; o < outer; o++) {
-      const R *xo = x + o * count * size;
-      R *yo = y + o * extent;
-      int64_t covered = 0; /* positions [0, covered) have been written */
-      for (int64_t c = 0; c < count; c++) {
-        int64_t e0 = c * step;
-        const R *xs = xo + c * size;
-        for (int64_t e = covered; e < e0; e++) yo[e] = (R)0; /* a gap */
-        int64_t old = covered > e0 ? covered - e0 : 0;
-        for (int64_t s = 0; s < old; s++) yo[e0 + s] = yo[e0 + s] + xs[s];
-        for (int64_t s = old; s < size; s++) yo[e0 + s] = xs[s];
-        if (e0 + size > covered) covered = e0 + size;
-      }
-      for (int64_t e = covered; e < extent; e++) yo[e] = (R)0;
+/* One fold (numerics.md's reduction of the contributions in window
+ * order) of rows: out[e·inner + i] for e < extent sums src[(c·cs + s·ss)
+ * + i] over windows c < count and s < size with c·step + s·dil = e.
+ * Where no position is covered by more than 16 windows that is a left
+ * fold, streamed window by window (the first contribution copied, later
+ * ones added, as K(fold)); otherwise each position gathers its windows
+ * into tmp and reduces them.  seen holds extent flags. */
+static void K(fold_rows)(const R *src, int64_t cs, int64_t ss, int64_t count,
+                         int64_t size, int64_t inner, int64_t extent,
+                         int64_t step, int64_t dil, R *out, char *seen,
+                         R *tmp) {
+  int64_t reach = (size - 1) * dil;
+  if (inner == 1 && dil == 1 && reach / step + 1 <= 16) {
+    /* Windows are runs: window c's positions from the end of window c−1
+     * on are new to it (K(fold)'s first path, on a strided source). */
+    int64_t covered = 0;
+    for (int64_t c = 0; c < count; c++) {
+      int64_t e0 = c * step;
+      const R *xs = src + c * cs;
+      for (int64_t e = covered; e < e0; e++) out[e] = (R)0;
+      int64_t old = covered > e0 ? covered - e0 : 0;
+      if (old > size) old = size;
+      for (int64_t s = 0; s < old; s++) out[e0 + s] = out[e0 + s] + xs[s * ss];
+      for (int64_t s = old; s < size; s++) out[e0 + s] = xs[s * ss];
+      if (e0 + size > covered) covered = e0 + size;
     }
+    for (int64_t e = covered; e < extent; e++) out[e] = (R)0;
     return;
   }
   if (reach / step + 1 <= 16) {
-    for (int64_t o = 0; o < outer; o++) {
-      R *yo = y + o * extent * inner;
-      memset(seen, 0, (size_t)extent);
-      for (int64_t c = 0; c < count; c++)
-        for (int64_t s = 0; s < size; s++) {
-          int64_t e = c * step + s * dilation;
-          const R *xs = x + ((o * count + c) * size + s) * inner;
-          R *ye = yo + e * inner;
-          if (!seen[e]) {
-            seen[e] = 1;
-            for (int64_t i = 0; i < inner; i++) ye[i] = xs[i];
-          } else {
-            for (int64_t i = 0; i < inner; i++) ye[i] = ye[i] + xs[i];
-          }
+    memset(seen, 0, (size_t)extent);
+    for (int64_t c = 0; c < count; c++)
+      for (int64_t s = 0; s < size; s++) {
+        int64_t e = c * step + s * dil;
+        const R *xs = src + c * cs + s * ss;
+        R *ye = out + e * inner;
+        if (!seen[e]) {
+          seen[e] = 1;
+          for (int64_t i = 0; i < inner; i++) ye[i] = xs[i];
+        } else {
+          for (int64_t i = 0; i < inner; i++) ye[i] = ye[i] + xs[i];
         }
-      for (int64_t e = 0; e < extent; e++)
-        if (!seen[e])
-          for (int64_t i = 0; i < inner; i++) yo[e * inner + i] = (R)0;
-    }
+      }
+    for (int64_t e = 0; e < extent; e++)
+      if (!seen[e])
+        for (int64_t i = 0; i < inner; i++) out[e * inner + i] = (R)0;
     return;
   }
-  for (int64_t o = 0; o < outer; o++)
-    for (int64_t e = 0; e < extent; e++) {
-      /* c·step <= e and e − c·step <= (size−1)·dilation. */
-      int64_t c0 = e > reach ? (e - reach + step - 1) / step : 0;
-      int64_t c1 = e / step;
-      if (c1 > count - 1) c1 = count - 1;
-      int64_t nt = 0;
+  for (int64_t e = 0; e < extent; e++) {
+    /* c·step <= e and e − c·step <= (size−1)·dilation. */
+    int64_t c0 = e > reach ? (e - reach + step - 1) / step : 0;
+    int64_t c1 = e / step;
+    if (c1 > count - 1) c1 = count - 1;
+    for (int64_t i = 0; i < inner; i++) {
+      int64_t n = 0;
       for (int64_t c = c0; c <= c1; c++) {
         int64_t d = e - c * step;
-        if (d % dilation != 0) continue;
-        src[nt++] = ((o * count + c) * size + d / dilation) * inner;
+        if (d % dil == 0) tmp[n++] = src[c * cs + (d / dil) * ss + i];
       }
-      R *out = y + (o * extent + e) * inner;
-      for (int64_t i = 0; i < inner; i++) {
-        for (int64_t t = 0; t < nt; t++) tmp[t] = x[src[t] + i];
-        out[i] = K(reduce)(tmp, nt, 1);
-      }
+      out[e * inner + i] = K(reduce)(tmp, n, 1);
     }
+  }
+}
+
+/* x is [outer, count, size, inner] -> y[outer, extent, inner]; window c's
+ * element s lands at c·step + s·dilation, and contributions to one output
+ * are reduced in window order: K(fold_rows) per outer index.  tmp holds
+ * count values, seen extent flags. */
+static void K(fold)(const void *xv, void *yv, int64_t outer, int64_t count,
+                    int64_t size, int64_t inner, int64_t extent, int64_t step,
+                    int64_t dilation, R *tmp, char *seen) {
+  const R *x = xv;
+  R *y = yv;
+  for (int64_t o = 0; o < outer; o++) K(fold_rows)
+  (x + o * count * size * inner, size * inner, inner, count, size, inner,
+   extent, step, dilation, y + o * extent * inner, seen, tmp);
 }
 
 /* rows[n,d] scattered by idx into y[V,d]; `order` lists row numbers grouped
@@ -445,66 +446,6 @@ static void K(window_dw)(const plan_group *g, const R *xp, int64_t Hp,
   }
 #endif
   K(window_dw_with)(FMA, g, xp, Hp, Wp, koff, gy, dw, k0, k1, acc);
-}
-
-/* One fold (numerics.md's reduction of the contributions in window
- * order) of rows: out[e·inner + i] for e < extent sums src[(c·cs + s·ss)
- * + i] over windows c < count and s < size with c·step + s·dil = e.
- * Where no position is covered by more than 16 windows that is a left
- * fold, streamed window by window (the first contribution copied, later
- * ones added, as K(fold)); otherwise each position gathers its windows
- * into tmp and reduces them.  seen holds extent flags. */
-static void K(fold_rows)(const R *src, int64_t cs, int64_t ss, int64_t count,
-                         int64_t size, int64_t inner, int64_t extent,
-                         int64_t step, int64_t dil, R *out, char *seen,
-                         R *tmp) {
-  int64_t reach = (size - 1) * dil;
-  if (inner == 1 && dil == 1 && reach / step + 1 <= 16) {
-    /* Windows are runs: window c's positions from the end of window c−1
-     * on are new to it (K(fold)'s first path, on a strided source). */
-    int64_t covered = 0;
-    for (int64_t c = 0; c < count; c++) {
-      int64_t e0 = c * step;
-      const R *xs = src + c * cs;
-      for (int64_t e = covered; e < e0; e++) out[e] = (R)0;
-      int64_t old = covered > e0 ? covered - e0 : 0;
-      if (old > size) old = size;
-      for (int64_t s = 0; s < old; s++) out[e0 + s] = out[e0 + s] + xs[s * ss];
-      for (int64_t s = old; s < size; s++) out[e0 + s] = xs[s * ss];
-      if (e0 + size > covered) covered = e0 + size;
-    }
-    for (int64_t e = covered; e < extent; e++) out[e] = (R)0;
-    return;
-  }
-  if (reach / step + 1 <= 16) {
-    memset(seen, 0, (size_t)extent);
-    for (int64_t c = 0; c < count; c++)
-      for (int64_t s = 0; s < size; s++) {
-        int64_t e = c * step + s * dil;
-        const R *xs = src + c * cs + s * ss;
-        R *ye = out + e * inner;
-        if (!seen[e]) {
-          seen[e] = 1;
-          for (int64_t i = 0; i < inner; i++) ye[i] = xs[i];
-        } else {
-          for (int64_t i = 0; i < inner; i++) ye[i] = ye[i] + xs[i];
-        }
-      }
-    for (int64_t e = 0; e < extent; e++)
-      if (!seen[e])
-        for (int64_t i = 0; i < inner; i++) out[e * inner + i] = (R)0;
-    return;
-  }
-  for (int64_t e = 0; e < extent; e++)
-    for (int64_t i = 0; i < inner; i++) {
-      int64_t n = 0;
-      for (int64_t c = 0; c < count && c * step <= e; c++) {
-        int64_t d = e - c * step;
-        if (d % dil == 0 && d / dil < size)
-          tmp[n++] = src[c * cs + (d / dil) * ss + i];
-      }
-      out[e * inner + i] = K(reduce)(tmp, n, 1);
-    }
 }
 
 /* The unfused chain's adjoint below a window group's head: the

@@ -248,11 +248,12 @@ static bool match_attention(const topos_plan *p, const int32_t *uses,
 /* A window group's fused adjoint adds x's cotangent at the head's step of
  * the reverse scan, where the unfused chain adds it at its first link's;
  * the sums are the same when no other reader of x lies between the two
- * (they would see x's cotangent accumulate in another order). */
+ * (they would see x's cotangent accumulate in another order) - a link
+ * of another group included, whose own contribution may move too. */
 static bool grad_order_kept(const topos_plan *p, const plan_group *g) {
   const topos_network *net = p->net;
   for (int32_t j = g->members[0] + 1; j < g->head; j++) {
-    if (!p->live[j] || p->group_of[j] >= 0) continue;
+    if (!p->live[j]) continue;
     bool member = false;
     for (int k = 0; k < g->nmembers; k++) member |= g->members[k] == j;
     if (member) continue;

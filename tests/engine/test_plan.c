@@ -1266,6 +1266,33 @@ START_TEST(training_fused_window_adjoints) {
 }
 END_TEST
 
+/* Two conv chains on one x, the second recorded inside the first (its
+ * links between the first's unfold and matmul), and a third reader of x:
+ * fusing the outer chain would move its contribution to x's cotangent past
+ * the inner one's, so only the inner chain's adjoint runs fused, and the
+ * gradients are still the interpreter's. */
+START_TEST(training_fused_interleaved) {
+  topos_tape *t = topos_tape_new(TOPOS_F32);
+  topos_value x = param_rand(t, TOPOS_F32, 4, S(2, 3, 8, 8), 81, -1, 1);
+  topos_value wa = param_rand(t, TOPOS_F32, 2, S(3 * 3 * 3, 4), 82, -1, 1);
+  topos_value wb = param_rand(t, TOPOS_F32, 4, S(5, 3, 3, 3), 83, -1, 1);
+  topos_value u = topos_unfold(t, x, 2, 3, 1, 1); /* the outer chain */
+  topos_value inner = topos_conv2d(t, x, wb, TOPOS_NONE, 1, 1, 1);
+  u = topos_unfold(t, u, 4, 3, 1, 1);
+  u = topos_permute(t, u, (const int[]){0, 2, 4, 1, 3, 5});
+  topos_value outer =
+      topos_matmul(t, topos_reshape(t, u, 2, S(2 * 6 * 6, 27)), wa);
+  topos_value loss = topos_add(t,
+                               topos_add(t, window_loss(t, TOPOS_F32, outer),
+                                         window_loss(t, TOPOS_F32, inner)),
+                               window_loss(t, TOPOS_F32, topos_tanh(t, x)));
+  topos_network *net = seal(t);
+  ck_assert_int_eq(
+      expect_fused_training(net, loss, NULL, 0, "interleaved chains"), 1);
+  topos_network_release(net);
+}
+END_TEST
+
 /* Ties, NaN, infinities and signed zeros through the fused adjoints: the
  * max-pool's cotangent goes to the first maximum (none where the window
  * holds a NaN), and zeros of either sign survive the folds. */
@@ -1944,6 +1971,7 @@ Suite *plan_suite(void) {
   tcase_add_test(tc, training_mlp_cnn);
   tcase_add_test(tc, training_fused_window_adjoints);
   tcase_add_test(tc, training_fused_edges);
+  tcase_add_test(tc, training_fused_interleaved);
   tcase_add_test(tc, training_errors);
   suite_add_tcase(s, tc);
 

@@ -89,30 +89,6 @@ DEFINE_ROWS_C(float, uint16_t, cpu_bf16_widen, cpu_fmaf, bf16)
 
 /* ------------------------------------------------------ SIMD kernels */
 
-/* vfmadd231 with a first: acc = a·b + acc, rounded once (fma_pinned.h). */
-__attribute__((target("avx512f"))) static inline __m512 fma512_ps(__m512 a,
-                                                                  __m512 b,
-                                                                  __m512 acc) {
-  __asm__("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-  return acc;
-}
-__attribute__((target("avx512f"))) static inline __m512d fma512_pd(
-    __m512d a, __m512d b, __m512d acc) {
-  __asm__("vfmadd231pd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-  return acc;
-}
-__attribute__((target("avx2,fma"))) static inline __m256 fma256_ps(__m256 a,
-                                                                   __m256 b,
-                                                                   __m256 acc) {
-  __asm__("vfmadd231ps %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
-  return acc;
-}
-__attribute__((target("avx2,fma"))) static inline __m256d fma256_pd(
-    __m256d a, __m256d b, __m256d acc) {
-  __asm__("vfmadd231pd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
-  return acc;
-}
-
 /* Sixteen (eight) bf16 bit patterns widened exactly to f32 lanes. */
 __attribute__((target("avx512f"))) static inline __m512 ld512_bf16(
     const uint16_t *p) {
@@ -176,23 +152,27 @@ __attribute__((target("avx2"))) static inline __m256 ld256_bf16(
 
 DEFINE_ROWS_SIMD(rows_512_f32, "avx512f,fma", float, float, __m512, 16,
                  _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps,
-                 _mm512_set1_ps, _mm512_loadu_ps, f32_id, fma512_ps, fma231_f32)
+                 _mm512_set1_ps, _mm512_loadu_ps, f32_id, fma231_ps512,
+                 fma231_f32)
 DEFINE_ROWS_SIMD(rows_512_f64, "avx512f,fma", double, double, __m512d, 8,
                  _mm512_setzero_pd, _mm512_loadu_pd, _mm512_storeu_pd,
-                 _mm512_set1_pd, _mm512_loadu_pd, f64_id, fma512_pd, fma231_f64)
+                 _mm512_set1_pd, _mm512_loadu_pd, f64_id, fma231_pd512,
+                 fma231_f64)
 DEFINE_ROWS_SIMD(rows_512_bf16, "avx512f,fma", float, uint16_t, __m512, 16,
                  _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps,
-                 _mm512_set1_ps, ld512_bf16, cpu_bf16_widen, fma512_ps,
+                 _mm512_set1_ps, ld512_bf16, cpu_bf16_widen, fma231_ps512,
                  fma231_f32)
 DEFINE_ROWS_SIMD(rows_256_f32, "avx2,fma", float, float, __m256, 8,
                  _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps,
-                 _mm256_set1_ps, _mm256_loadu_ps, f32_id, fma256_ps, fma231_f32)
+                 _mm256_set1_ps, _mm256_loadu_ps, f32_id, fma231_ps256,
+                 fma231_f32)
 DEFINE_ROWS_SIMD(rows_256_f64, "avx2,fma", double, double, __m256d, 4,
                  _mm256_setzero_pd, _mm256_loadu_pd, _mm256_storeu_pd,
-                 _mm256_set1_pd, _mm256_loadu_pd, f64_id, fma256_pd, fma231_f64)
+                 _mm256_set1_pd, _mm256_loadu_pd, f64_id, fma231_pd256,
+                 fma231_f64)
 DEFINE_ROWS_SIMD(rows_256_bf16, "avx2,fma", float, uint16_t, __m256, 8,
                  _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps,
-                 _mm256_set1_ps, ld256_bf16, cpu_bf16_widen, fma256_ps,
+                 _mm256_set1_ps, ld256_bf16, cpu_bf16_widen, fma231_ps256,
                  fma231_f32)
 
 /* Transposed B without the 16x16 tile: four outputs' scalar chains side
@@ -308,7 +288,7 @@ __attribute__((target("avx512f"))) static inline __m512 part_bf16(
           }                                                                   \
           transpose16(r);                                                     \
           _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++) acc =         \
-              fma512_ps(_mm512_set1_ps(SA(a[(k0 + t) * acs])), r[t], acc);    \
+              fma231_ps512(_mm512_set1_ps(SA(a[(k0 + t) * acs])), r[t], acc); \
         }                                                                     \
       for (; k0 < K; k0 += 16) {                                              \
         int kt = K - k0 < 16 ? (int)(K - k0) : 16;                            \
@@ -317,7 +297,8 @@ __attribute__((target("avx512f"))) static inline __m512 part_bf16(
               i < rows ? PART(base + i * ldb + k0, kt) : _mm512_setzero_ps(); \
         transpose16(r);                                                       \
         for (int t = 0; t < kt; t++)                                          \
-          acc = fma512_ps(_mm512_set1_ps(SA(a[(k0 + t) * acs])), r[t], acc);  \
+          acc =                                                               \
+              fma231_ps512(_mm512_set1_ps(SA(a[(k0 + t) * acs])), r[t], acc); \
       }                                                                       \
       float out[16];                                                          \
       _mm512_storeu_ps(out, acc);                                             \

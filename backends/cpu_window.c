@@ -26,6 +26,7 @@
 #include "backend.h"
 #include "backends.h"
 #include "cpu_window.h"
+#include "fma_pinned.h"
 
 /* The smallest product split across threads (smaller runs on the caller). */
 #define WIN_MIN_PARALLEL_WORK ((int64_t)128 * 128 * 64)
@@ -191,8 +192,7 @@ static void win_work(void *arg, int tid, int T) {
  * and one vfmadd231 per o with the x lanes first: lane l of acc[o] is
  * output (n, oi, oj0 + l, o)'s chain, the same fmas in the same order.
  */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
+#if FMA_PINNED_X86
 #define WIN_DIRECT 1
 #define DIRECT_MAX_O 16
 
@@ -203,13 +203,6 @@ typedef struct direct_job {
   int64_t K, units;            /* units: output rows (n, oi) */
   const int64_t *kc, *ka, *kb; /* per kk: c, a·dil_h, b·dil_w */
 } direct_job;
-
-__attribute__((target("avx512f"))) static inline __m512 direct_fma(__m512 a,
-                                                                   __m512 b,
-                                                                   __m512 acc) {
-  __asm__("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-  return acc;
-}
 
 __attribute__((target("avx512f"), always_inline)) static inline void direct_row(
     const direct_job *j, const int NO, int64_t u) {
@@ -235,7 +228,7 @@ __attribute__((target("avx512f"), always_inline)) static inline void direct_row(
       const float *w = j->wp + kk * NO;
 #pragma GCC unroll 16
       for (int o = 0; o < NO; o++)
-        acc[o] = direct_fma(xv, _mm512_set1_ps(w[o]), acc[o]);
+        acc[o] = fma231_ps512(xv, _mm512_set1_ps(w[o]), acc[o]);
     }
     float tile[DIRECT_MAX_O][16];
 #pragma GCC unroll 16

@@ -31,6 +31,28 @@ __attribute__((target("fma"))) static inline double fma231_f64(double a,
   __asm__("vfmadd231sd %2, %1, %0" : "+x"(acc) : "x"(a), "xm"(b));
   return acc;
 }
+/* The same, lane by lane, for the vector kernels (AVX-512 and AVX2). */
+#include <immintrin.h>
+__attribute__((target("avx512f"))) static inline __m512 fma231_ps512(
+    __m512 a, __m512 b, __m512 acc) {
+  __asm__("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+__attribute__((target("avx512f"))) static inline __m512d fma231_pd512(
+    __m512d a, __m512d b, __m512d acc) {
+  __asm__("vfmadd231pd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+__attribute__((target("avx2,fma"))) static inline __m256 fma231_ps256(
+    __m256 a, __m256 b, __m256 acc) {
+  __asm__("vfmadd231ps %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+  return acc;
+}
+__attribute__((target("avx2,fma"))) static inline __m256d fma231_pd256(
+    __m256d a, __m256d b, __m256d acc) {
+  __asm__("vfmadd231pd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+  return acc;
+}
 static inline bool fma_pinned_available(void) {
   return __builtin_cpu_supports("fma");
 }

@@ -410,8 +410,8 @@ static int eb_group_adjoint(builder *b, int32_t i, int32_t g,
   const plan_group *grp = &p->groups[p->group_of[i]];
   if (!grp->fused_grad || grp->head != i) return 0;
   int32_t other = grp->kind == GROUP_CONV ? grp->weight : i;
-  bool want_x = !wanted || wanted[grp->x];
-  bool want_w = grp->kind == GROUP_CONV && (!wanted || wanted[grp->weight]);
+  bool want_x = wanted[grp->x];
+  bool want_w = grp->kind == GROUP_CONV && wanted[grp->weight];
   const topos_tensor *x = run->vals[grp->x], *o = run->vals[other];
   if (!x || !o || g < 0 || !eb->t[g]) {
     error_set(eb->err, TOPOS_ERR_STATE,

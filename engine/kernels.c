@@ -747,14 +747,20 @@ int kernel_window(const exec_env *env, const plan_group *g, topos_dtype dtype,
 /* ---------------------------------------------- fused window adjoints */
 
 #if FMA_PINNED_X86
-#include <immintrin.h>
 
-/* vfmadd231ps with a first: acc = a·b + acc, a's NaN first (fma_pinned.h). */
-__attribute__((target("avx512f"))) static inline __m512 dw_fma512(__m512 a,
-                                                                  __m512 b,
-                                                                  __m512 acc) {
-  __asm__("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-  return acc;
+/* Whether the AVX-512 kernels below (pinned fmas included) may run. */
+static bool avx512_available(void) {
+  static int known = -1;
+  if (known < 0)
+    known = fma_pinned_available() && __builtin_cpu_supports("avx512f");
+  return known;
+}
+
+/* A mask of the first n lanes of 16 (n clamped to [0, 16]). */
+static inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16  ? (__mmask16)0xffff
+         : n <= 0 ? (__mmask16)0
+                  : (__mmask16)((1u << n) - 1);
 }
 
 /* K(window_dw) for f32, 16 outputs o at once: lane l of acc[q] is
@@ -764,8 +770,7 @@ __attribute__((target("avx512f"))) static void window_dw_512(
     const int64_t *koff, const float *gy, float *dw, int64_t k0, int64_t k1) {
   int64_t O = g->nout;
   for (int64_t o0 = 0; o0 < O; o0 += 16) {
-    __mmask16 m =
-        O - o0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (O - o0)) - 1);
+    __mmask16 m = first_lanes(O - o0);
     for (int64_t q0 = k0; q0 < k1; q0 += 8) {
       int nq = k1 - q0 < 8 ? (int)(k1 - q0) : 8;
       int64_t off[8];
@@ -782,14 +787,14 @@ __attribute__((target("avx512f"))) static void window_dw_512(
           for (int64_t oj = 0; oj < g->ow; oj++, gr += O) {
             const float *xb = xr + oj * g->stride_w;
             __m512 gv = _mm512_maskz_loadu_ps(m, gr);
-            c0 = dw_fma512(_mm512_set1_ps(xb[f0]), gv, c0);
-            c1 = dw_fma512(_mm512_set1_ps(xb[f1]), gv, c1);
-            c2 = dw_fma512(_mm512_set1_ps(xb[f2]), gv, c2);
-            c3 = dw_fma512(_mm512_set1_ps(xb[f3]), gv, c3);
-            c4 = dw_fma512(_mm512_set1_ps(xb[f4]), gv, c4);
-            c5 = dw_fma512(_mm512_set1_ps(xb[f5]), gv, c5);
-            c6 = dw_fma512(_mm512_set1_ps(xb[f6]), gv, c6);
-            c7 = dw_fma512(_mm512_set1_ps(xb[f7]), gv, c7);
+            c0 = fma231_ps512(_mm512_set1_ps(xb[f0]), gv, c0);
+            c1 = fma231_ps512(_mm512_set1_ps(xb[f1]), gv, c1);
+            c2 = fma231_ps512(_mm512_set1_ps(xb[f2]), gv, c2);
+            c3 = fma231_ps512(_mm512_set1_ps(xb[f3]), gv, c3);
+            c4 = fma231_ps512(_mm512_set1_ps(xb[f4]), gv, c4);
+            c5 = fma231_ps512(_mm512_set1_ps(xb[f5]), gv, c5);
+            c6 = fma231_ps512(_mm512_set1_ps(xb[f6]), gv, c6);
+            c7 = fma231_ps512(_mm512_set1_ps(xb[f7]), gv, c7);
           }
         }
       const __m512 acc[8] = {c0, c1, c2, c3, c4, c5, c6, c7};
@@ -799,25 +804,14 @@ __attribute__((target("avx512f"))) static void window_dw_512(
   }
 }
 
-static bool dw_512_available(void) {
-  static int known = -1;
-  if (known < 0)
-    known = fma_pinned_available() && __builtin_cpu_supports("avx512f");
-  return known;
-}
-
 /* The even and odd lanes of the 32 floats at p (n of them valid, the
  * rest read as 0). */
 __attribute__((target("avx512f"))) static inline void pairs512(const float *p,
                                                                int64_t n,
                                                                __m512 *even,
                                                                __m512 *odd) {
-  __mmask16 lo = n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
-  __mmask16 hi = n >= 32   ? 0xffff
-                 : n <= 16 ? 0
-                           : (__mmask16)((1u << (n - 16)) - 1);
-  __m512 a = _mm512_maskz_loadu_ps(lo, p);
-  __m512 b = _mm512_maskz_loadu_ps(hi, p + 16);
+  __m512 a = _mm512_maskz_loadu_ps(first_lanes(n), p);
+  __m512 b = _mm512_maskz_loadu_ps(first_lanes(n - 16), p + 16);
   const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12,
                                       10, 8, 6, 4, 2, 0);
   const __m512i io = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13,
@@ -847,7 +841,7 @@ __attribute__((target("avx512f"))) static void pool_row_512_run(const float *r0,
     pairs512(r0 + 2 * j, 2 * n, &e0, &o0);
     pairs512(r1 + 2 * j, 2 * n, &e1, &o1);
     __m512 m = max_step512(max_step512(max_step512(e0, o0), e1), o1);
-    _mm512_mask_storeu_ps(out + j, (__mmask16)((1u << n) - 1), m);
+    _mm512_mask_storeu_ps(out + j, first_lanes(n), m);
   }
 }
 
@@ -860,13 +854,10 @@ __attribute__((target("avx512f"))) static inline void store_pairs512(float *p,
       _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512i ih = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11,
                                       26, 10, 25, 9, 24, 8);
-  int64_t m = 2 * n;
-  __mmask16 lo = m >= 16 ? 0xffff : (__mmask16)((1u << m) - 1);
-  __mmask16 hi = m >= 32   ? 0xffff
-                 : m <= 16 ? 0
-                           : (__mmask16)((1u << (m - 16)) - 1);
-  _mm512_mask_storeu_ps(p, lo, _mm512_permutex2var_ps(a, il, b));
-  _mm512_mask_storeu_ps(p + 16, hi, _mm512_permutex2var_ps(a, ih, b));
+  _mm512_mask_storeu_ps(p, first_lanes(2 * n),
+                        _mm512_permutex2var_ps(a, il, b));
+  _mm512_mask_storeu_ps(p + 16, first_lanes(2 * n - 16),
+                        _mm512_permutex2var_ps(a, ih, b));
 }
 
 /* K(pool_grad_row2x2) for f32, 16 windows at once: the same products
@@ -876,7 +867,7 @@ __attribute__((target("avx512f"))) static void pool_grad_row_512_run(
     float *d0, float *d1, int64_t ow) {
   for (int64_t j = 0; j < ow; j += 16) {
     int64_t n = ow - j < 16 ? ow - j : 16;
-    __mmask16 k = (__mmask16)((1u << n) - 1);
+    __mmask16 k = first_lanes(n);
     __m512 e0, o0, e1, o1;
     pairs512(x0 + 2 * j, 2 * n, &e0, &o0);
     pairs512(x1 + 2 * j, 2 * n, &e1, &o1);
@@ -907,7 +898,7 @@ __attribute__((target("avx512f"))) static void fold_rows_512_run(
     int64_t extent, float *out, int64_t nrows) {
   for (int64_t e0 = 0; e0 < extent; e0 += 16) {
     int64_t lanes = extent - e0 < 16 ? extent - e0 : 16;
-    __mmask16 keep = (__mmask16)((1u << lanes) - 1);
+    __mmask16 keep = first_lanes(lanes);
     /* Windows c reach positions [c, c + size): those meeting the block. */
     int64_t c0 = e0 - size + 1 > 0 ? e0 - size + 1 : 0;
     int64_t c1 = e0 + lanes < count ? e0 + lanes : count;
@@ -944,14 +935,14 @@ __attribute__((target("avx512f"))) static void fold_rows_512_run(
 static bool fold_rows_512(const float *src, int64_t rs, int64_t cs,
                           int64_t count, int64_t size, int64_t extent,
                           float *out, int64_t nrows) {
-  if (size > 16 || !dw_512_available()) return false;
+  if (size > 16 || !avx512_available()) return false;
   fold_rows_512_run(src, rs, cs, count, size, extent, out, nrows);
   return true;
 }
 
 static bool pool_row_512(const float *r0, const float *r1, float *out,
                          int64_t ow) {
-  if (!dw_512_available()) return false;
+  if (!avx512_available()) return false;
   pool_row_512_run(r0, r1, out, ow);
   return true;
 }
@@ -959,7 +950,7 @@ static bool pool_row_512(const float *r0, const float *r1, float *out,
 static bool pool_grad_row_512(const float *x0, const float *x1, const float *y,
                               const float *gy, float *d0, float *d1,
                               int64_t ow) {
-  if (!dw_512_available()) return false;
+  if (!avx512_available()) return false;
   pool_grad_row_512_run(x0, x1, y, gy, d0, d1, ow);
   return true;
 }
@@ -1016,7 +1007,7 @@ int kernel_window_dw(const exec_env *env, const plan_group *g,
     }
     int64_t k1 = K - k0 < 8 ? K : k0 + 8;
 #if FMA_PINNED_X86
-    if (dtype != TOPOS_F64 && dw_512_available()) {
+    if (dtype != TOPOS_F64 && avx512_available()) {
       window_dw_512(g, xp, Hp, Wp, koff, gy, dw, k0, k1);
       continue;
     }

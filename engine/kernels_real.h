@@ -535,32 +535,6 @@ static void K(pool_grad)(const plan_group *g, const R *x, const R *y,
       }
     return;
   }
-  if (!vout && !g->pad_top && !g->pad_left && !g->pad_bottom && !g->pad_right) {
-    /* Every window inside x: the same choice, fewer branches. */
-    int64_t W = g->W, kw = g->kw;
-    for (int64_t nc = 0; nc < g->N * g->C; nc++) {
-      const R *xc = x + nc * g->H * W;
-      R *dc = dx + nc * g->H * W;
-      for (int64_t oi = 0; oi < g->oh; oi++)
-        for (int64_t oj = 0; oj < g->ow; oj++) {
-          int64_t r = (nc * g->oh + oi) * g->ow + oj;
-          int64_t at = oi * g->stride_h * W + oj * g->stride_w;
-          R yv = y[r], one = gy[r] * (R)1, zero = gy[r] * (R)0;
-          int64_t first = -1;
-          for (int64_t a = 0; a < g->kh; a++)
-            for (int64_t b = 0; b < kw; b++) {
-              int64_t p = at + a * g->dil_h * W + b * g->dil_w;
-              bool hit = first < 0 && xc[p] >= yv;
-              first = hit ? a * kw + b : first;
-            }
-          for (int64_t a = 0; a < g->kh; a++)
-            for (int64_t b = 0; b < kw; b++)
-              dc[at + a * g->dil_h * W + b * g->dil_w] =
-                  a * kw + b == first ? one : zero;
-        }
-    }
-    return;
-  }
   for (int64_t n = 0; n < g->N; n++)
     for (int64_t c = 0; c < g->C; c++) {
       const R *xc = x + (n * g->C + c) * g->H * g->W;

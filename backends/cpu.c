@@ -920,6 +920,8 @@ static bool cpu_supports(const topos_backend *self, const topos_task *task) {
     return cpu_window_supports(&task->u.window);
   if (task && task->kind == TOPOS_TASK_ATTENTION)
     return cpu_attention_supports(&task->u.attention);
+  if (task && task->kind == TOPOS_TASK_UNITS)
+    return task->threads > 1 && task->u.units.units > 1;
   if (!task || task->kind != TOPOS_TASK_GEMM) return false;
   const topos_gemm_task *g = &task->u.gemm;
   if (g->dtype != TOPOS_F32 && g->dtype != TOPOS_F64 && g->dtype != TOPOS_BF16)
@@ -943,6 +945,11 @@ static int cpu_run(const topos_backend *self, const topos_task *task,
     if (arc == TOPOS_OK)
       atomic_fetch_add_explicit(&tasks_run, 1, memory_order_relaxed);
     return arc;
+  }
+  if (task->kind == TOPOS_TASK_UNITS) {
+    cpu_units_run(&task->u.units, task->threads);
+    atomic_fetch_add_explicit(&tasks_run, 1, memory_order_relaxed);
+    return TOPOS_OK;
   }
   if (task->kind == TOPOS_TASK_WINDOW) {
     int wrc = cpu_window_run(&task->u.window, task->threads);
@@ -1018,7 +1025,7 @@ static const topos_backend cpu_backend = {
     .ctx = NULL,
     .tasks = (1u << TOPOS_TASK_GEMM) | (1u << TOPOS_TASK_WINDOW) |
              (1u << TOPOS_TASK_REDUCE) | (1u << TOPOS_TASK_MAP) |
-             (1u << TOPOS_TASK_ATTENTION),
+             (1u << TOPOS_TASK_ATTENTION) | (1u << TOPOS_TASK_UNITS),
     .dtypes = (1u << TOPOS_F32) | (1u << TOPOS_F64) | (1u << TOPOS_BF16),
     .device = cpu_device,
     .max_threads = cpu_max_threads,

@@ -18,6 +18,7 @@
  * The bits therefore equal the reference's for every input, thread count
  * and ISA.
  */
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -385,4 +386,30 @@ int cpu_window_run(const topos_window_task *t, int threads) {
   cpu_parallel(threads, win_work, &j);
   free(buf);
   return TOPOS_OK;
+}
+
+/* ------------------------------------------------- units of engine work */
+
+typedef struct units_job {
+  const topos_units_task *t;
+  atomic_llong next;
+} units_job;
+
+/* Each thread takes the next unit until none is left: units differ in
+ * size (a last short block), so they are handed out, not split. */
+static void units_work(void *arg, int tid, int T) {
+  (void)T;
+  units_job *j = arg;
+  for (;;) {
+    int64_t u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+    if (u >= j->t->units) return;
+    j->t->fn(j->t->arg, u, tid);
+  }
+}
+
+void cpu_units_run(const topos_units_task *t, int threads) {
+  units_job j = {.t = t};
+  atomic_init(&j.next, 0);
+  int T = threads < t->units ? threads : (int)t->units;
+  cpu_parallel(T > 0 ? T : 1, units_work, &j);
 }

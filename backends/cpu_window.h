@@ -26,6 +26,10 @@ int cpu_gemm_kernels(topos_dtype dtype, cpu_kernels *out);
 void cpu_parallel(int threads, void (*fn)(void *arg, int tid, int T),
                   void *arg);
 
+/* Runs every unit of t on up to `threads` threads of the pool
+ * (cpu_window.c). */
+void cpu_units_run(const topos_units_task *t, int threads);
+
 /* The windowed product (cpu_window.c). */
 bool cpu_window_supports(const topos_window_task *t);
 int cpu_window_run(const topos_window_task *t, int threads);

@@ -258,6 +258,60 @@ int exec_offer(const exec_env *env, topos_task *t) {
   return -1;
 }
 
+/* exec_units' wrapper around the kernel's units: the calling thread (slot
+ * 0, in the serial loop and in every backend's pool) looks at the context
+ * between units; once it has stopped, the units left return at once. */
+typedef struct units_ctx {
+  const exec_env *env;
+  void (*fn)(void *arg, int64_t unit, int slot);
+  void *arg;
+  atomic_bool stopped;
+  topos_error e; /* written by slot 0 only */
+} units_ctx;
+
+static void units_step(void *arg, int64_t unit, int slot) {
+  units_ctx *c = arg;
+  if (atomic_load_explicit(&c->stopped, memory_order_acquire)) return;
+  if (slot == 0 && unit > 0 && kernel_stop(c->env, &c->e)) {
+    atomic_store_explicit(&c->stopped, true, memory_order_release);
+    return;
+  }
+  c->fn(c->arg, unit, slot);
+}
+
+int exec_unit_slots(const exec_env *env) {
+  return env && env->threads > 1 ? env->threads : 1;
+}
+
+int exec_units(const exec_env *env,
+               void (*fn)(void *arg, int64_t unit, int slot), void *arg,
+               int64_t units, topos_error *err) {
+  units_ctx c = {.env = env, .fn = fn, .arg = arg};
+  atomic_init(&c.stopped, false);
+  bool ran = false;
+  /* Offered only where more than one thread could take it; a decline is
+   * not counted as the reference's (the units are its kernel either way). */
+  if (env && env->threads > 1 && units > 1) {
+    topos_task t = {.kind = TOPOS_TASK_UNITS, .threads = env->threads};
+    t.u.units = (topos_units_task){units_step, &c, units};
+    offer_hook_fn hook =
+        atomic_load_explicit(&offer_hook, memory_order_acquire);
+    if (hook) hook(&t, atomic_load(&offer_hook_ctx));
+    for (int i = 0; i < env->nchain && !ran; i++) {
+      const topos_backend *b = env->chain[i];
+      topos_error e = {0};
+      if (b->supports(b, &t) && b->run(b, &t, &e) == TOPOS_OK) {
+        count(env, env->chain_index[i]);
+        ran = true;
+      }
+    }
+  }
+  for (int64_t u = 0; !ran && u < units; u++) units_step(&c, u, 0);
+  if (!atomic_load(&c.stopped)) return 0;
+  if (err) *err = c.e;
+  return -1;
+}
+
 /* ------------------------------------------------------------ listing */
 
 const char *topos_task_ops(int kind) {
@@ -273,6 +327,8 @@ const char *topos_task_ops(int kind) {
              "maximum, step";
     case TOPOS_TASK_ATTENTION:
       return "fused attention (matmul, mul, add, log_softmax, exp, matmul)";
+    case TOPOS_TASK_UNITS:
+      return "units of a reference kernel (fused conv and max-pool adjoints)";
   }
   return "?";
 }
@@ -289,7 +345,7 @@ int topos_backends_list(topos_backend_info *out, int max) {
       snprintf(b->fidelity, sizeof b->fidelity, "exact");
       b->tasks = (1u << TOPOS_TASK_GEMM) | (1u << TOPOS_TASK_WINDOW) |
                  (1u << TOPOS_TASK_REDUCE) | (1u << TOPOS_TASK_MAP) |
-                 (1u << TOPOS_TASK_ATTENTION);
+                 (1u << TOPOS_TASK_ATTENTION) | (1u << TOPOS_TASK_UNITS);
       b->dtypes = (1u << TOPOS_F32) | (1u << TOPOS_F64) | (1u << TOPOS_BF16) |
                   (1u << TOPOS_I32);
       snprintf(b->device, sizeof b->device,

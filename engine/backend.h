@@ -33,6 +33,7 @@ typedef enum topos_task_kind {
   TOPOS_TASK_REDUCE,    /* topos_reduce_task: sums in the striped-16 order */
   TOPOS_TASK_MAP,       /* topos_map_task: an elementwise map */
   TOPOS_TASK_ATTENTION, /* topos_attention_task: the fused attention chain */
+  TOPOS_TASK_UNITS,     /* topos_units_task: independent units of a kernel */
   TOPOS_TASK_COUNT
 } topos_task_kind;
 
@@ -164,6 +165,23 @@ typedef struct topos_attention_task {
   void *raw, *scaled, *masked, *logp, *probs; /* each NULL or written */
 } topos_attention_task;
 
+/*
+ * Units of one reference kernel's work (the fused conv and max-pool
+ * adjoints: blocks of the weight's cotangent rows, images of x's), with
+ * no arithmetic of their own to promise: fn(arg, unit, slot) for every
+ * unit < units, each exactly once, in any order, on any threads.  slot <
+ * the task's threads names the caller's scratch: no two calls running at
+ * once share a slot.  The engine splits work so that no unit's result
+ * depends on which others ran or where, so the bits are the same on one
+ * thread or many; a backend that takes the task runs every unit before
+ * returning TOPOS_OK (and must not fail after running any).
+ */
+typedef struct topos_units_task {
+  void (*fn)(void *arg, int64_t unit, int slot);
+  void *arg;
+  int64_t units;
+} topos_units_task;
+
 typedef struct topos_task {
   topos_task_kind kind;
   int threads; /* the most threads the task may use (>= 1) */
@@ -173,6 +191,7 @@ typedef struct topos_task {
     topos_reduce_task reduce;
     topos_map_task map;
     topos_attention_task attention;
+    topos_units_task units;
   } u;
 } topos_task;
 

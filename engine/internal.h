@@ -596,6 +596,15 @@ bool exec_stop(const exec_env *env, topos_error *err);
  * ran it; non-zero when the caller must run the reference kernel (counted
  * as a reference task). */
 int exec_offer(const exec_env *env, topos_task *t);
+/* Runs fn(arg, unit, slot) for every unit < units (a reference kernel's
+ * independent pieces): on the chain's threads when a backend takes the
+ * TOPOS_TASK_UNITS task, else in order on this thread.  slot <
+ * exec_unit_slots(env) names per-thread scratch.  A cancel or a passed
+ * deadline (looked at between units) skips the rest: -1 with err. */
+int exec_units(const exec_env *env,
+               void (*fn)(void *arg, int64_t unit, int slot), void *arg,
+               int64_t units, topos_error *err);
+int exec_unit_slots(const exec_env *env);
 /* Counts a task the reference ran without an offer (an empty chain). */
 void exec_reference_ran(const exec_env *env);
 

@@ -979,46 +979,117 @@ static const void *padded_x(const plan_group *g, const void *x, size_t es,
   return xp;
 }
 
+/* The weight's cotangent in units of DW_BLOCK rows (kk): each unit reads
+ * all of x and gy and writes its own rows, so units may run anywhere. */
+enum { DW_BLOCK = 8 };
+
+typedef struct dw_job {
+  const plan_group *g;
+  topos_dtype dtype;
+  const void *xp, *gy;
+  void *dw;
+  int64_t Hp, Wp, K;
+  const int64_t *koff;
+  char *acc; /* per slot: DW_BLOCK·O values */
+  size_t acc_bytes;
+} dw_job;
+
+static void dw_unit(void *arg, int64_t unit, int slot) {
+  const dw_job *d = arg;
+  int64_t k0 = unit * DW_BLOCK;
+  int64_t k1 = d->K - k0 < DW_BLOCK ? d->K : k0 + DW_BLOCK;
+#if FMA_PINNED_X86
+  if (d->dtype != TOPOS_F64 && avx512_available()) {
+    window_dw_512(d->g, d->xp, d->Hp, d->Wp, d->koff, d->gy, d->dw, k0, k1);
+    return;
+  }
+#endif
+  void *acc = d->acc + (size_t)slot * d->acc_bytes;
+  DISPATCH(d->dtype, window_dw, d->g, d->xp, d->Hp, d->Wp, d->koff, d->gy,
+           d->dw, k0, k1, acc);
+}
+
 int kernel_window_dw(const exec_env *env, const plan_group *g,
                      topos_dtype dtype, const void *x, const void *gy, void *dw,
                      topos_error *err) {
   size_t es = compute_size(dtype);
-  int64_t Hp = g->H + g->pad_top + g->pad_bottom;
-  int64_t Wp = g->W + g->pad_left + g->pad_right;
   int64_t K = g->C * g->kh * g->kw, O = g->nout;
+  int slots = exec_unit_slots(env);
+  dw_job d = {.g = g,
+              .dtype = dtype,
+              .gy = gy,
+              .dw = dw,
+              .Hp = g->H + g->pad_top + g->pad_bottom,
+              .Wp = g->W + g->pad_left + g->pad_right,
+              .K = K,
+              .acc_bytes = es * (size_t)(DW_BLOCK * (O > 0 ? O : 1))};
   void *owned;
-  const void *xp = padded_x(g, x, es, &owned, err);
-  if (!xp) return -1;
+  d.xp = padded_x(g, x, es, &owned, err);
+  if (!d.xp) return -1;
   int64_t *koff = malloc(sizeof(int64_t) * (size_t)(K > 0 ? K : 1));
-  void *acc = malloc(es * (size_t)(8 * (O > 0 ? O : 1)));
+  d.acc = malloc(d.acc_bytes * (size_t)slots);
   int rc = 0;
-  if (!koff || !acc) {
+  if (!koff || !d.acc) {
     rc = error_set(err, TOPOS_ERR_MEMORY, "out of memory");
     goto done;
   }
   for (int64_t kk = 0; kk < K; kk++) {
     int64_t c = kk / (g->kh * g->kw), a = kk / g->kw % g->kh, b = kk % g->kw;
-    koff[kk] = (c * Hp + a * g->dil_h) * Wp + b * g->dil_w;
+    koff[kk] = (c * d.Hp + a * g->dil_h) * d.Wp + b * g->dil_w;
   }
-  for (int64_t k0 = 0; k0 < K; k0 += 8) {
-    if (k0 > 0 && kernel_stop(env, err)) {
-      rc = -1;
-      break;
-    }
-    int64_t k1 = K - k0 < 8 ? K : k0 + 8;
-#if FMA_PINNED_X86
-    if (dtype != TOPOS_F64 && avx512_available()) {
-      window_dw_512(g, xp, Hp, Wp, koff, gy, dw, k0, k1);
-      continue;
-    }
-#endif
-    DISPATCH(dtype, window_dw, g, xp, Hp, Wp, koff, gy, dw, k0, k1, acc);
-  }
+  d.koff = koff;
+  if (exec_units(env, dw_unit, &d, (K + DW_BLOCK - 1) / DW_BLOCK, err)) rc = -1;
 done:
   free(koff);
-  free(acc);
+  free(d.acc);
   free(owned);
   return rc;
+}
+
+/* x's cotangent one image per unit, each with its slot's scratch. */
+typedef struct dx_job {
+  const plan_group *g;
+  plan_group one; /* g for one image */
+  topos_dtype dtype;
+  size_t es;
+  const void *da, *x, *y, *gy;
+  void *dx;
+  int64_t st[6], per_image, image;
+  bool pool_only; /* a max-pool whose windows do not overlap */
+  /* per slot: t1 oh·kh·Wp, t2 Hp·Wp, tmp max(oh, ow) values, seen
+   * max(Hp, Wp) bytes, v per_image values (a max-pool's) */
+  char *t1, *t2, *tmp, *seen, *v;
+  size_t t1_bytes, t2_bytes, tmp_bytes, seen_bytes, v_bytes;
+} dx_job;
+
+static void dx_unit(void *arg, int64_t n, int slot) {
+  const dx_job *d = arg;
+  size_t es = d->es;
+  char *dxn = (char *)d->dx + n * d->image * (int64_t)es;
+  const char *xn = (const char *)d->x + n * d->image * (int64_t)es;
+  int64_t pooled = d->g->C * d->g->oh * d->g->ow * (int64_t)es;
+  if (d->pool_only) {
+    memset(dxn, 0, (size_t)d->image * es);
+    DISPATCH(d->dtype, pool_grad, &d->one, (const void *)xn,
+             (const void *)((const char *)d->y + n * pooled),
+             (const void *)((const char *)d->gy + n * pooled), NULL,
+             (void *)dxn);
+    return;
+  }
+  const char *src = (const char *)d->da + n * d->per_image * (int64_t)es;
+  if (d->g->kind == GROUP_POOL) {
+    void *v = d->v + (size_t)slot * d->v_bytes;
+    DISPATCH(d->dtype, pool_grad, &d->one, (const void *)xn,
+             (const void *)((const char *)d->y + n * pooled),
+             (const void *)((const char *)d->gy + n * pooled), v, NULL);
+    src = v;
+  }
+  DISPATCH(d->dtype, window_fold, &d->one, (const void *)src, d->st,
+           d->dtype == TOPOS_BF16, (void *)dxn,
+           (void *)(d->t1 + (size_t)slot * d->t1_bytes),
+           (void *)(d->t2 + (size_t)slot * d->t2_bytes),
+           (void *)(d->tmp + (size_t)slot * d->tmp_bytes),
+           d->seen + (size_t)slot * d->seen_bytes);
 }
 
 int kernel_window_dx(const exec_env *env, const plan_group *g,
@@ -1028,67 +1099,60 @@ int kernel_window_dx(const exec_env *env, const plan_group *g,
   size_t es = compute_size(dtype);
   int64_t Hp = g->H + g->pad_top + g->pad_bottom;
   int64_t Wp = g->W + g->pad_left + g->pad_right;
-  int64_t L = g->kh * g->kw, image = g->C * g->H * g->W;
+  int64_t L = g->kh * g->kw;
   bool overlap = (g->kh - 1) * g->dil_h >= g->stride_h ||
                  (g->kw - 1) * g->dil_w >= g->stride_w;
-  if (g->kind == GROUP_POOL && !overlap) {
-    memset(dx, 0, (size_t)(g->N * image) * es);
-    DISPATCH(dtype, pool_grad, g, x, y, gy, NULL, dx);
-    return 0;
-  }
-  int64_t most = g->oh > g->ow ? g->oh : g->ow;
-  int64_t reach = Hp > Wp ? Hp : Wp;
-  char *t1 = malloc(es * (size_t)(g->oh * g->kh * Wp));
-  char *t2 = malloc(es * (size_t)(Hp * Wp));
-  char *tmp = malloc(es * (size_t)most);
-  char *seen = malloc((size_t)reach);
-  char *v = NULL;
-  int64_t st[6], per_image;
-  if (g->kind == GROUP_CONV) {
-    int64_t K = g->C * L; /* da: [N, oh, ow, C, kh, kw] */
-    int64_t s[6] = {g->oh * g->ow * K, L, g->ow * K, g->kw, K, 1};
-    memcpy(st, s, sizeof st);
-    per_image = g->oh * g->ow * K;
-  } else { /* v: [N, C, oh, ow, kh, kw] */
-    int64_t s[6] = {
-        g->C * g->oh * g->ow * L, g->oh * g->ow * L, g->ow * L, g->kw, L, 1};
-    memcpy(st, s, sizeof st);
-    per_image = g->C * g->oh * g->ow * L;
-    v = malloc(es * (size_t)per_image);
-    da = v;
-  }
+  dx_job d = {.g = g,
+              .one = *g,
+              .dtype = dtype,
+              .es = es,
+              .da = da,
+              .x = x,
+              .y = y,
+              .gy = gy,
+              .dx = dx,
+              .image = g->C * g->H * g->W,
+              .pool_only = g->kind == GROUP_POOL && !overlap};
+  d.one.N = 1;
+  int slots = exec_unit_slots(env);
   int rc = 0;
-  if (!t1 || !t2 || !tmp || !seen || (g->kind == GROUP_POOL && !v)) {
-    rc = error_set(err, TOPOS_ERR_MEMORY, "out of memory");
-    goto done;
-  }
-  plan_group one = *g;
-  one.N = 1;
-  for (int64_t n = 0; n < g->N; n++) {
-    if (n > 0 && kernel_stop(env, err)) {
-      rc = -1;
-      break;
+  if (!d.pool_only) {
+    int64_t most = g->oh > g->ow ? g->oh : g->ow;
+    int64_t reach = Hp > Wp ? Hp : Wp;
+    if (g->kind == GROUP_CONV) {
+      int64_t K = g->C * L; /* da: [N, oh, ow, C, kh, kw] */
+      int64_t s[6] = {g->oh * g->ow * K, L, g->ow * K, g->kw, K, 1};
+      memcpy(d.st, s, sizeof d.st);
+      d.per_image = g->oh * g->ow * K;
+    } else { /* v: [N, C, oh, ow, kh, kw] */
+      int64_t s[6] = {
+          g->C * g->oh * g->ow * L, g->oh * g->ow * L, g->ow * L, g->kw, L, 1};
+      memcpy(d.st, s, sizeof d.st);
+      d.per_image = g->C * g->oh * g->ow * L;
+      d.v_bytes = es * (size_t)d.per_image;
+      d.v = malloc(d.v_bytes * (size_t)slots);
     }
-    const char *src = (const char *)da + n * per_image * (int64_t)es;
-    if (g->kind == GROUP_POOL) {
-      int64_t pooled = g->C * g->oh * g->ow * (int64_t)es;
-      DISPATCH(dtype, pool_grad, &one,
-               (const void *)((const char *)x + n * image * (int64_t)es),
-               (const void *)((const char *)y + n * pooled),
-               (const void *)((const char *)gy + n * pooled), (void *)v, NULL);
-      src = v;
+    d.t1_bytes = es * (size_t)(g->oh * g->kh * Wp);
+    d.t2_bytes = es * (size_t)(Hp * Wp);
+    d.tmp_bytes = es * (size_t)most;
+    d.seen_bytes = (size_t)reach;
+    d.t1 = malloc(d.t1_bytes * (size_t)slots);
+    d.t2 = malloc(d.t2_bytes * (size_t)slots);
+    d.tmp = malloc(d.tmp_bytes * (size_t)slots);
+    d.seen = malloc(d.seen_bytes * (size_t)slots);
+    if (!d.t1 || !d.t2 || !d.tmp || !d.seen ||
+        (g->kind == GROUP_POOL && !d.v)) {
+      rc = error_set(err, TOPOS_ERR_MEMORY, "out of memory");
+      goto done;
     }
-    DISPATCH(dtype, window_fold, &one, (const void *)src, st,
-             dtype == TOPOS_BF16,
-             (void *)((char *)dx + n * image * (int64_t)es), (void *)t1,
-             (void *)t2, (void *)tmp, seen);
   }
+  if (exec_units(env, dx_unit, &d, g->N, err)) rc = -1;
 done:
-  free(t1);
-  free(t2);
-  free(tmp);
-  free(seen);
-  free(v);
+  free(d.t1);
+  free(d.t2);
+  free(d.tmp);
+  free(d.seen);
+  free(d.v);
   return rc;
 }
 

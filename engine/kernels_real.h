@@ -100,6 +100,53 @@ ELEMENTWISE_CLONES static void K(binary)(op_code op, const void *av,
   }
 }
 
+/* K(binary) with one operand a single value repeated: y[i] = a[i·sa] op
+ * v (v_right) or v op a[i·sa] - the loops of K(binary) with a
+ * loop-invariant operand, so they vectorise (a broadcast scalar: ReLU's
+ * adjoint steps x, often a permuted view, against a filled 0). */
+ELEMENTWISE_CLONES static void K(binary_scalar)(op_code op, const R *a,
+                                                int64_t sa, R v, bool v_right,
+                                                R *y, int64_t n) {
+#define SCALAR_LOOP_1(EXPR, U, W, AT)  \
+  for (int64_t i = 0; i < n; i++) {    \
+    R U = a[AT], W = v;                \
+    y[i] = EXPR;                       \
+  }
+#define SCALAR_LOOP(EXPR)                   \
+  if (v_right && sa == 1)                   \
+    SCALAR_LOOP_1(EXPR, u, w, i)            \
+  else if (v_right)                         \
+    SCALAR_LOOP_1(EXPR, u, w, i * sa)       \
+  else if (sa == 1)                         \
+    SCALAR_LOOP_1(EXPR, w, u, i)            \
+  else                                      \
+    SCALAR_LOOP_1(EXPR, w, u, i * sa)
+  switch (op) {
+    case OP_ADD:
+      SCALAR_LOOP(u + w)
+      break;
+    case OP_SUB:
+      SCALAR_LOOP(u - w)
+      break;
+    case OP_MUL:
+      SCALAR_LOOP(u * w)
+      break;
+    case OP_DIV:
+      SCALAR_LOOP(u / w)
+      break;
+    case OP_MAXIMUM:
+      SCALAR_LOOP(isnan(u) ? u : isnan(w) ? w : u >= w ? u : w)
+      break;
+    case OP_STEP:
+      SCALAR_LOOP(u >= w ? (R)1 : (R)0)
+      break;
+    default:
+      assert(!"not a binary op");
+  }
+#undef SCALAR_LOOP
+#undef SCALAR_LOOP_1
+}
+
 /* K(binary) on strided operands over an n1 x n0 block: y[i1·n0 + i0] =
  * a[i1·sa1 + i0·sa0] op b[i1·sb1 + i0·sb0] (a stride 0 repeats one
  * element: a broadcast).  The same per-element arithmetic. */
@@ -113,8 +160,34 @@ static void K(binary_block)(op_code op, const R *a, int64_t sa1, int64_t sa0,
                             const R *b, int64_t sb1, int64_t sb0, R *y,
                             int64_t n1, int64_t n0) {
   if (sa0 == 1 && sb0 == 1) {
+    /* Short rows of a contiguous operand against one repeated row (a bias
+     * added to [rows, features]): the repeated row tiled into a buffer,
+     * so one K(binary) call covers many rows (the same element pairs). */
+    enum { TILE = 1024 };
+    bool rep_b = sb1 == 0 && sa1 == n0, rep_a = sa1 == 0 && sb1 == n0;
+    if ((rep_a || rep_b) && n0 > 0 && n0 <= TILE / 8 && n1 > 1) {
+      R tile[TILE];
+      int64_t per = TILE / n0; /* rows per call */
+      const R *row = rep_b ? b : a;
+      for (int64_t r = 0; r < per; r++)
+        memcpy(tile + r * n0, row, sizeof(R) * (size_t)n0);
+      for (int64_t i1 = 0; i1 < n1; i1 += per) {
+        int64_t rows = n1 - i1 < per ? n1 - i1 : per;
+        const R *full = (rep_b ? a : b) + i1 * n0;
+        K(binary)(op, rep_b ? full : tile, rep_b ? tile : full, y + i1 * n0,
+                  rows * n0);
+      }
+      return;
+    }
     for (int64_t i1 = 0; i1 < n1; i1++, a += sa1, b += sb1, y += n0)
       K(binary)(op, a, b, y, n0);
+    return;
+  }
+  if (sb0 == 0 || sa0 == 0) {
+    bool v_right = sb0 == 0;
+    for (int64_t i1 = 0; i1 < n1; i1++, a += sa1, b += sb1, y += n0)
+      K(binary_scalar)(op, v_right ? a : b, v_right ? sa0 : sb0,
+                       v_right ? *b : *a, v_right, y, n0);
     return;
   }
   switch (op) {

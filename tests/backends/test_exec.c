@@ -228,9 +228,10 @@ START_TEST(registry_lists_capabilities) {
   }
   ck_assert(cpu && blas);
   ck_assert_str_eq(cpu->fidelity, "exact");
-  ck_assert_uint_eq(cpu->tasks,
-                    0x1F); /* GEMM, WINDOW, REDUCE, MAP, ATTENTION */
-  ck_assert_uint_eq(info[0].tasks, 0x1F);
+  /* GEMM, WINDOW, REDUCE, MAP, ATTENTION, UNITS */
+  ck_assert_uint_eq(cpu->tasks, 0x3F);
+  ck_assert_uint_eq(info[0].tasks, 0x3F);
+  ck_assert_ptr_nonnull(strstr(topos_task_ops(TOPOS_TASK_UNITS), "units"));
   ck_assert_ptr_nonnull(
       strstr(topos_task_ops(TOPOS_TASK_ATTENTION), "attention"));
   ck_assert_ptr_nonnull(strstr(cpu->device, topos_cpu_isa()));

@@ -1208,7 +1208,7 @@ static int expect_fused_training(const topos_network *net, topos_value loss,
   ck_assert_msg(rg != NULL, "%s: %s", what, err.message);
   topos_field *rf = topos_backward(ref, loss, NULL, &err);
   ck_assert_msg(rf != NULL, "%s: %s", what, err.message);
-  for (int threads = 1; threads <= 2; threads++) {
+  for (int threads = 1; threads <= 3; threads++) {
     topos_exec ctx = topos_plan_exec(plan);
     ctx.threads = threads;
     topos_run *run = topos_plan_forward(plan, NULL, feeds, nfeeds, &ctx, &err);
@@ -1231,7 +1231,12 @@ static int expect_fused_training(const topos_network *net, topos_value loss,
   return fused;
 }
 
-START_TEST(training_fused_window_adjoints) {
+/* Counts the TOPOS_TASK_UNITS tasks offered (the fused adjoints' pieces). */
+static void units_spy(const topos_task *t, void *ctx) {
+  if (t->kind == TOPOS_TASK_UNITS) atomic_fetch_add((atomic_int *)ctx, 1);
+}
+
+static void fused_window_adjoint_cases(void) {
   chain_with_loss = true;
   for (int d = 0; d < 3; d++) {
     topos_dtype dt = float_dtypes[d];
@@ -1263,6 +1268,24 @@ START_TEST(training_fused_window_adjoints) {
     model_free(&m);
   }
   chain_with_loss = false;
+}
+
+START_TEST(training_fused_window_adjoints) {
+  fused_window_adjoint_cases();
+}
+END_TEST
+
+/* The same with the default backends: the fused adjoints' units (weight
+ * rows, images) then run on the cpu backend's threads, and every bit is
+ * still the reference's at 1, 2 and 3 threads. */
+START_TEST(training_fused_adjoints_threads) {
+  topos_backends_register_defaults();
+  static atomic_int units;
+  atomic_store(&units, 0);
+  backend_set_offer_hook(units_spy, &units);
+  fused_window_adjoint_cases();
+  backend_set_offer_hook(NULL, NULL);
+  ck_assert_int_gt(atomic_load(&units), 0);
 }
 END_TEST
 
@@ -1970,6 +1993,7 @@ Suite *plan_suite(void) {
   tcase_set_timeout(tc, 240);
   tcase_add_test(tc, training_mlp_cnn);
   tcase_add_test(tc, training_fused_window_adjoints);
+  tcase_add_test(tc, training_fused_adjoints_threads);
   tcase_add_test(tc, training_fused_edges);
   tcase_add_test(tc, training_fused_interleaved);
   tcase_add_test(tc, training_errors);

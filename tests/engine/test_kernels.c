@@ -635,6 +635,73 @@ START_TEST(binary_on_views) {
 }
 END_TEST
 
+/* The broadcast fast paths of binary views, on either side: a short row
+ * repeated over many rows (tiled, more rows than one tile holds) and a
+ * scalar against a contiguous or a transposed operand.  Same bits as the
+ * op on the named elements. */
+START_TEST(binary_broadcast_sides) {
+  const int64_t R = 300, C = 5;
+  double *x = wide_array(R * C, 330), *w = wide_array(C, 331);
+  x[7] = NAN;
+  x[8] = -0.0;
+  w[1] = -0.0;
+  w[3] = NAN;
+  struct {
+    const char *name;
+    topos_value (*fn)(topos_tape *, topos_value, topos_value);
+    double (*r64)(double, double);
+  } ops[6] = {
+      {"add", topos_add, b_add},           {"sub", topos_sub, b_sub},
+      {"mul", topos_mul, b_mul},           {"div", topos_div, b_div},
+      {"maximum", topos_maximum, r_max64}, {"step", topos_step, r_step64}};
+  for (int k = 0; k < 2; k++) {
+    topos_dtype d = float_dtypes[k];
+    for (int o = 0; o < 6; o++)
+      for (int shape = 0; shape < 3; shape++)
+        for (int left = 0; left < 2; left++) {
+          topos_tape *tp = topos_tape_new(d);
+          /* a: x [R,C] (shape 2: the transpose of x seen as [C,R]) */
+          topos_value a =
+              shape == 2
+                  ? topos_transpose(tp, cst(tp, tt_tensor(d, 2, S(C, R), x)))
+                  : cst(tp, tt_tensor(d, 2, S(R, C), x));
+          /* b: w along rows (shape 0) or the scalar w[0] (1, 2) */
+          topos_value b =
+              shape == 0
+                  ? topos_broadcast_along(tp, cst(tp, tt_tensor(d, 1, S(C), w)),
+                                          0, R)
+                  : topos_broadcast(tp, cst(tp, tt_tensor(d, 0, NULL, w)), 2,
+                                    S(R, C));
+          topos_tensor *y =
+              eval(tp, left ? ops[o].fn(tp, b, a) : ops[o].fn(tp, a, b));
+          double *got = tt_values(y);
+          for (int64_t i = 0; i < R; i++)
+            for (int64_t j = 0; j < C; j++) {
+              double av = shape == 2 ? x[j * R + i] : x[i * C + j];
+              double bv = shape == 0 ? w[j] : w[0];
+              if (d == TOPOS_F32) {
+                av = (float)av;
+                bv = (float)bv;
+              }
+              double want = left ? ops[o].r64(bv, av) : ops[o].r64(av, bv);
+              if (d == TOPOS_F32) want = (float)want;
+              double g = got[i * C + j];
+              ck_assert_msg((isnan(want) && isnan(g)) ||
+                                (memcmp(&want, &g, sizeof g) == 0),
+                            "%s %s shape %d left %d at (%lld,%lld): got %a "
+                            "want %a",
+                            ops[o].name, topos_dtype_name(d), shape, left,
+                            (long long)i, (long long)j, g, want);
+            }
+          free(got);
+          topos_tensor_release(y);
+        }
+  }
+  free(x);
+  free(w);
+}
+END_TEST
+
 /* Rank 4: the two innermost axes go to one kernel call and an odometer
  * walks the other two.  a is x [2,3,4,5] permuted to [3,2,5,4]; b is w
  * [3,5] broadcast along axes 1 and 3 (to [3,2,5,4]). */
@@ -1914,6 +1981,7 @@ Suite *kernels_suite(void) {
   tcase_add_test(tc, layout_fold);
   tcase_add_test(tc, binary_on_views);
   tcase_add_test(tc, binary_on_views_rank4);
+  tcase_add_test(tc, binary_broadcast_sides);
   tcase_add_test(tc, fold_matches_naive);
   tcase_add_test(tc, fold_striped_bits);
   tcase_add_test(tc, layout_concat);

@@ -155,9 +155,11 @@ static inline void train_step(trainer *t, const topos_optimizer *opt,
                               const topos_feed *feeds, int nfeeds) {
   topos_error err = {0};
   if (t->plan) {
+    /* The old parameters and state are dropped after the step anyway:
+     * donated, so plain SGD updates them in place (as PyTorch's does). */
     topos_step_result r;
-    if (topos_plan_step(t->plan, t->params, feeds, nfeeds, opt, t->state, NULL,
-                        &r, &err) != TOPOS_OK)
+    if (topos_plan_step_donated(t->plan, &t->params, feeds, nfeeds, opt,
+                                &t->state, NULL, &r, &err) != TOPOS_OK)
       die("plan step", &err);
     /* f32 models: the loss widened exactly, so narrowing restores it. */
     if (t->keep_loss) t->last_loss = (float)r.loss;

@@ -605,6 +605,17 @@ int exec_units(const exec_env *env,
                void (*fn)(void *arg, int64_t unit, int slot), void *arg,
                int64_t units, topos_error *err);
 int exec_unit_slots(const exec_env *env);
+
+/* topos_optimizer_step on a donated *params (optim.c): plain SGD writes
+ * each slot nothing else holds in place, and every other slot (and every
+ * other optimizer) into new buffers.  On success *params is consumed (set
+ * to NULL; its tensors freed or moved into *params_out); on failure it is
+ * unchanged. */
+int optimizer_step_donated(const topos_optimizer *opt, topos_params **params,
+                           const topos_params *grads,
+                           const topos_opt_state *state,
+                           topos_params **params_out,
+                           topos_opt_state **state_out, topos_error *err);
 /* Counts a task the reference ran without an offer (an empty chain). */
 void exec_reference_ran(const exec_env *env);
 

@@ -448,6 +448,23 @@ static bool sgd_512_available(void) {
 }
 #endif
 
+/* Plain SGD over n contiguous values of pd (f32 or f64): d = p − lr·g
+ * (with L2: g + wd·p), d may be p itself (each element is read before it
+ * is written). */
+static void sgd_plain(topos_dtype pd, const void *p, const void *g, void *d,
+                      int64_t n, bool l2, double wd, double lr) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (pd == TOPOS_F32 && sgd_512_available()) {
+    sgd_f32_512(p, g, d, n, l2, wd, lr);
+    return;
+  }
+#endif
+  if (pd == TOPOS_F32)
+    SGD_LOOP(float, p, g, d, n, l2, wd, lr);
+  else
+    SGD_LOOP(double, p, g, d, n, l2, wd, lr);
+}
+
 /* One slot: new parameter and moments into *po, *mo, *vo (mo/vo NULL
  * when the optimizer keeps no such moment).  Returns a status. */
 static int step_slot(const step_ctx *c, int slot, const topos_tensor *p,
@@ -482,16 +499,7 @@ static int step_slot(const step_ctx *c, int slot, const topos_tensor *p,
   /* Plain SGD on f32/f64, the common training step: the same double
    * arithmetic as the loop below, written so the compiler vectorises it. */
   if (opt->kind == TOPOS_SGD && !mo && (pd == TOPOS_F32 || pd == TOPOS_F64)) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (pd == TOPOS_F32 && sgd_512_available()) {
-      sgd_f32_512(vp.data, vg.data, dp, n, l2, wd, lr);
-      goto done;
-    }
-#endif
-    if (pd == TOPOS_F32)
-      SGD_LOOP(float, vp.data, vg.data, dp, n, l2, wd, lr);
-    else
-      SGD_LOOP(double, vp.data, vg.data, dp, n, l2, wd, lr);
+    sgd_plain(pd, vp.data, vg.data, dp, n, l2, wd, lr);
     goto done;
   }
   for (int64_t i = 0; i < n; i++) {
@@ -664,5 +672,83 @@ fail:
   topos_params_free(po);
   topos_params_free(mo);
   topos_params_free(vo);
+  return rc;
+}
+
+/* ------------------------------------------------------------- donation */
+
+/* Whether plain SGD may write slot tensor p in place: p is held by the
+ * donated set alone (one reference, its buffer unshared), and p and its
+ * gradient g are contiguous arrays of the same f32/f64 dtype (so the
+ * update reads them where they are and allocates nothing). */
+static bool donatable(const topos_tensor *p, const topos_tensor *g) {
+  return (p->dtype == TOPOS_F32 || p->dtype == TOPOS_F64) &&
+         g->dtype == p->dtype && atomic_load(&p->refs) == 1 &&
+         atomic_load(&p->buf->refs) == 1 && topos_tensor_is_contiguous(p) &&
+         topos_tensor_is_contiguous(g);
+}
+
+int optimizer_step_donated(const topos_optimizer *opt, topos_params **params,
+                           const topos_params *grads,
+                           const topos_opt_state *state,
+                           topos_params **params_out,
+                           topos_opt_state **state_out, topos_error *err) {
+  const char *fn = "optimizer_step";
+  topos_params *p = *params;
+  int rc = check_optimizer(opt, fn, err);
+  if (rc != TOPOS_OK) return rc;
+  if (needs_first_moment(opt)) { /* moments: the update can fault midway */
+    rc = topos_optimizer_step(opt, p, grads, state, params_out, state_out, err);
+    if (rc == TOPOS_OK) {
+      topos_params_free(p);
+      *params = NULL;
+    }
+    return rc;
+  }
+  if (state == NULL)
+    return error_set(err, TOPOS_ERR_ARGUMENT, "%s: state is NULL", fn);
+  if ((rc = check_float_set(p, "params", fn, err)) != TOPOS_OK ||
+      (rc = check_matches(p, grads, "grads", false, fn, err)) != TOPOS_OK ||
+      (rc = check_state(opt, p, state, false, fn, err)) != TOPOS_OK)
+    return rc;
+  int n = p->n;
+  step_ctx c = {.opt = opt, .bc1 = 1, .bc2 = 1, .fn = fn};
+  topos_params *po = params_alloc(n);
+  bool *in_place = calloc((size_t)(n > 0 ? n : 1), sizeof *in_place);
+  topos_opt_state *so = state_make(state->step + 1, NULL, NULL);
+  if (!po || !in_place || !so) {
+    rc = error_set(err, TOPOS_ERR_MEMORY, "%s: out of memory", fn);
+    goto fail;
+  }
+  /* Every slot that needs a new buffer first: a failure there leaves the
+   * donated set as it was. */
+  for (int s = 0; s < n; s++) {
+    in_place[s] = donatable(p->t[s], grads->t[s]);
+    if (in_place[s]) continue;
+    rc = step_slot(&c, s, p->t[s], grads->t[s], NULL, NULL, &po->t[s], NULL,
+                   NULL, err);
+    if (rc != TOPOS_OK) goto fail;
+  }
+  /* Then the rest in place, which cannot fail; their tensors move over. */
+  bool l2 = opt->weight_decay != 0;
+  for (int s = 0; s < n; s++) {
+    if (!in_place[s]) continue;
+    topos_tensor *t = p->t[s];
+    sgd_plain(t->dtype, tensor_data(t), tensor_data(grads->t[s]),
+              tensor_data(t), shape_count(t->rank, t->shape), l2,
+              opt->weight_decay, opt->lr);
+    po->t[s] = t;
+    p->t[s] = NULL;
+  }
+  free(in_place);
+  topos_params_free(p);
+  *params = NULL;
+  *params_out = po;
+  *state_out = so;
+  return TOPOS_OK;
+fail:
+  free(in_place);
+  topos_params_free(po);
+  topos_opt_state_free(so);
   return rc;
 }

@@ -50,11 +50,15 @@ static int code_of(const topos_error *e) {
   return e->code != TOPOS_OK ? e->code : TOPOS_ERR_MEMORY;
 }
 
-int topos_plan_step(const topos_plan *plan, const topos_params *params,
-                    const topos_feed *feeds, int nfeeds,
-                    const topos_optimizer *opt, const topos_opt_state *state,
-                    const topos_exec *ctx, topos_step_result *out,
-                    topos_error *err) {
+/* topos_plan_step, and with donate_params / donate_state (both or
+ * neither) topos_plan_step_donated: params and state are then
+ * *donate_params and *donate_state. */
+static int plan_step(const topos_plan *plan, const topos_params *params,
+                     const topos_feed *feeds, int nfeeds,
+                     const topos_optimizer *opt, const topos_opt_state *state,
+                     const topos_exec *ctx, topos_step_result *out,
+                     topos_params **donate_params,
+                     topos_opt_state **donate_state, topos_error *err) {
   if (!out) return error_set(err, TOPOS_ERR_ARGUMENT, "plan step: out is NULL");
   memset(out, 0, sizeof *out);
   if (!plan || !opt)
@@ -106,10 +110,34 @@ int topos_plan_step(const topos_plan *plan, const topos_params *params,
     if (exec_resolve(ctx, &env, &e) == TOPOS_OK && exec_stop(&env, &e))
       rc = e.code;
   }
-  if (rc == TOPOS_OK)
-    rc = topos_optimizer_step(opt, params, grads, state, &out->params,
-                              &out->state, &e);
-  if (rc == TOPOS_OK) rc = take_observes(plan, run, out, &e);
+  bool donating = donate_params != NULL;
+  if (!donating) {
+    if (rc == TOPOS_OK)
+      rc = topos_optimizer_step(opt, params, grads, state, &out->params,
+                                &out->state, &e);
+    if (rc == TOPOS_OK) rc = take_observes(plan, run, out, &e);
+  } else {
+    /* The run lets go of the parameters before the update, so that the
+     * donated set may be the only holder of its tensors. */
+    if (rc == TOPOS_OK) rc = take_observes(plan, run, out, &e);
+    if (rc == TOPOS_OK) {
+      topos_run_free(run);
+      run = NULL;
+      topos_params *given = initial ? initial : *donate_params;
+      rc = optimizer_step_donated(opt, &given, grads, state, &out->params,
+                                  &out->state, &e);
+      if (rc == TOPOS_OK) {
+        if (initial)
+          initial = NULL; /* consumed */
+        else
+          *donate_params = NULL;
+        if (!fresh) {
+          topos_opt_state_free(*donate_state);
+          *donate_state = NULL;
+        }
+      }
+    }
+  }
   topos_params_free(grads);
   topos_opt_state_free(fresh);
   topos_params_free(initial);
@@ -121,6 +149,29 @@ int topos_plan_step(const topos_plan *plan, const topos_params *params,
   topos_step_result_clear(out);
   if (err) *err = e;
   return rc;
+}
+
+int topos_plan_step(const topos_plan *plan, const topos_params *params,
+                    const topos_feed *feeds, int nfeeds,
+                    const topos_optimizer *opt, const topos_opt_state *state,
+                    const topos_exec *ctx, topos_step_result *out,
+                    topos_error *err) {
+  return plan_step(plan, params, feeds, nfeeds, opt, state, ctx, out, NULL,
+                   NULL, err);
+}
+
+int topos_plan_step_donated(const topos_plan *plan, topos_params **params,
+                            const topos_feed *feeds, int nfeeds,
+                            const topos_optimizer *opt, topos_opt_state **state,
+                            const topos_exec *ctx, topos_step_result *out,
+                            topos_error *err) {
+  if (out) memset(out, 0, sizeof *out);
+  if (!params || !state)
+    return error_set(err, TOPOS_ERR_ARGUMENT,
+                     "plan step: the donated %s pointer is NULL",
+                     params ? "state" : "params");
+  return plan_step(plan, *params, feeds, nfeeds, opt, *state, ctx, out, params,
+                   state, err);
 }
 
 /* ----------------------------------------------------------------- trainers */

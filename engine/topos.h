@@ -879,6 +879,26 @@ int topos_plan_step(const topos_plan *plan, const topos_params *params,
                     topos_error *err);
 
 /*
+ * topos_plan_step with the caller's parameters and state *donated*, for
+ * loops that drop the old values after every step: the bits are
+ * topos_plan_step's, but the update may reuse the donated buffers.  Where
+ * a donated parameter tensor is held by nothing else (no other reference
+ * to it, no view of its buffer, not an observe), plain SGD on f32/f64
+ * writes it in place - the update that allocates nothing and cannot fail
+ * midway; every other slot, and every other optimizer, goes to new
+ * buffers.  On success *params and *state are consumed and set to NULL
+ * (out holds the new values) and out->run is NULL (the run lets go of
+ * the parameters before the update; the loss and observes are in out).
+ * On failure nothing is consumed or changed.  *params NULL means the
+ * network's initials, *state NULL a fresh state, as in topos_plan_step.
+ */
+int topos_plan_step_donated(const topos_plan *plan, topos_params **params,
+                            const topos_feed *feeds, int nfeeds,
+                            const topos_optimizer *opt, topos_opt_state **state,
+                            const topos_exec *ctx, topos_step_result *out,
+                            topos_error *err);
+
+/*
  * A trainer: where training steps run, behind one call, so a training loop
  * is written once and runs in-process (topos_trainer_local) or on a daemon
  * (topos_client_trainer in topos_client.h) with the same bits.  The state

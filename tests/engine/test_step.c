@@ -329,6 +329,108 @@ END_TEST
 
 /* ------------------------------------------------------------ contexts */
 
+/* Donated steps (topos_plan_step_donated) give topos_plan_step's bits
+ * for every optimizer, from the initials on; plain SGD reuses the
+ * donated tensors nothing else holds (the same tensor comes back), and
+ * one the caller still holds keeps its values; a failed donated step
+ * consumes and changes nothing. */
+START_TEST(step_donated) {
+  topos_backends_register_defaults();
+  mlp m = mlp_build(TOPOS_F32);
+  topos_plan *plan = lower_training(m.net, m.loss, &m.hidden, 1);
+  topos_optimizer opts[8];
+  int nopts = optimizers(opts);
+  opts[nopts] = topos_sgd(0.1, 0.0);
+  opts[nopts++].weight_decay = 1e-2; /* plain SGD with L2 */
+  topos_error err = {0};
+  for (int o = 0; o < nopts; o++) {
+    bool plain = opts[o].kind == TOPOS_SGD && opts[o].momentum == 0;
+    topos_params *rp = NULL, *dp = NULL;
+    topos_opt_state *rs = NULL, *ds = NULL;
+    for (int k = 0; k < STEPS; k++) {
+      batch b = batch_make(&m, TOPOS_F32, k);
+      topos_step_result r, d;
+      ck_assert_int_eq(
+          topos_plan_step(plan, rp, b.feeds, 2, &opts[o], rs, NULL, &r, &err),
+          TOPOS_OK);
+      /* step 2: the caller still holds slot 0; it must not change */
+      topos_tensor *held = NULL;
+      float before[IN * HID], after[IN * HID];
+      if (k == 2) {
+        held = topos_tensor_retain(topos_params_get(dp, 0));
+        ck_assert_int_eq(topos_tensor_read(held, before, sizeof before, &err),
+                         TOPOS_OK);
+      }
+      const topos_tensor *slot1 = dp ? topos_params_get(dp, 1) : NULL;
+      ck_assert_msg(topos_plan_step_donated(plan, &dp, b.feeds, 2, &opts[o],
+                                            &ds, NULL, &d, &err) == TOPOS_OK,
+                    "%s", err.message);
+      ck_assert_ptr_null(dp);
+      ck_assert_ptr_null(ds);
+      ck_assert_ptr_null(d.run);
+      ck_assert_msg(topos_params_bitwise_equal(d.params, r.params),
+                    "optimizer %d step %d: params differ", o, k);
+      expect_state_equal(d.state, r.state, "donated");
+      expect_bits(d.loss, r.loss, "donated loss");
+      ck_assert_int_eq(d.nobserves, 1);
+      if (slot1) /* reused exactly when the update can run in place */
+        ck_assert_int_eq(topos_params_get(d.params, 1) == slot1, plain);
+      if (held) {
+        ck_assert_ptr_ne(topos_params_get(d.params, 0), held);
+        ck_assert_int_eq(topos_tensor_read(held, after, sizeof after, &err),
+                         TOPOS_OK);
+        ck_assert(memcmp(before, after, sizeof before) == 0);
+        topos_tensor_release(held);
+      }
+      topos_params_free(rp);
+      topos_opt_state_free(rs);
+      rp = r.params;
+      rs = r.state;
+      r.params = NULL;
+      r.state = NULL;
+      topos_step_result_clear(&r);
+      dp = d.params;
+      ds = d.state;
+      d.params = NULL;
+      d.state = NULL;
+      topos_step_result_clear(&d);
+      batch_free(&b);
+    }
+    /* A failure (a feed of the wrong shape) consumes nothing. */
+    topos_tensor *bad = tt_random(TOPOS_F32, 2, S(BATCH, IN + 1), 9, -1, 1);
+    topos_feed feeds[1] = {{m.x, bad}};
+    topos_params *keep = dp;
+    topos_opt_state *keep_s = ds;
+    topos_step_result d;
+    junk(&d);
+    int rc = topos_plan_step_donated(plan, &dp, feeds, 1, &opts[o], &ds, NULL,
+                                     &d, &err);
+    expect_failed(rc, &err, &d, 0, "x");
+    ck_assert_ptr_eq(dp, keep);
+    ck_assert_ptr_eq(ds, keep_s);
+    ck_assert(topos_params_bitwise_equal(dp, rp));
+    topos_tensor_release(bad);
+    topos_params_free(rp);
+    topos_opt_state_free(rs);
+    topos_params_free(dp);
+    topos_opt_state_free(ds);
+  }
+  /* The donated pointers themselves are required. */
+  topos_params *none = NULL;
+  topos_step_result d;
+  junk(&d);
+  int rc = topos_plan_step_donated(plan, NULL, NULL, 0, &opts[0], NULL, NULL,
+                                   &d, &err);
+  expect_failed(rc, &err, &d, TOPOS_ERR_ARGUMENT, "donated params");
+  junk(&d);
+  rc = topos_plan_step_donated(plan, &none, NULL, 0, &opts[0], NULL, NULL, &d,
+                               &err);
+  expect_failed(rc, &err, &d, TOPOS_ERR_ARGUMENT, "donated state");
+  topos_plan_free(plan);
+  topos_network_release(m.net);
+}
+END_TEST
+
 static int cancel_calls;
 static bool count_cancel(void *ctx) {
   (void)ctx;
@@ -760,6 +862,7 @@ Suite *step_suite(void) {
   tcase_add_test(bits, step_bits_mlp);
   tcase_add_test(bits, step_bits_conv);
   tcase_add_test(bits, step_context);
+  tcase_add_test(bits, step_donated);
   suite_add_tcase(s, bits);
   TCase *errors = tcase_create("errors");
   tcase_add_test(errors, step_errors);

@@ -235,10 +235,12 @@ static void no_free(void *p) {
 }
 
 /* One unary call; the request bytes are sent without a copy.  Returns the
- * status; *out (malloc'd, may be NULL) and *out_len get the reply. */
-static int call(client *c, int method, const uint8_t *msg, size_t len,
-                uint8_t **out, size_t *out_len, char *details,
-                size_t details_len) {
+ * status; *out (malloc'd, may be NULL) and *out_len get the reply, or,
+ * when out is NULL and slice is not, *slice gets it without a copy of its
+ * own (one slice; grpc_slice_unref it). */
+static int call_to(client *c, int method, const uint8_t *msg, size_t len,
+                   uint8_t **out, size_t *out_len, grpc_slice *slice,
+                   char *details, size_t details_len) {
   grpc_call *call = grpc_channel_create_registered_call(
       c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq, c->methods[method],
       gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
@@ -275,8 +277,14 @@ static int call(client *c, int method, const uint8_t *msg, size_t len,
                               NULL);
   if (out) *out = NULL;
   if (out_len) *out_len = 0;
+  if (slice) *slice = grpc_empty_slice();
   if (recv != NULL) {
-    if (out) {
+    if (slice && !out) {
+      grpc_byte_buffer_reader rd;
+      grpc_byte_buffer_reader_init(&rd, recv);
+      *slice = grpc_byte_buffer_reader_readall(&rd);
+      grpc_byte_buffer_reader_destroy(&rd);
+    } else if (out) {
       grpc_byte_buffer_reader rd;
       grpc_byte_buffer_reader_init(&rd, recv);
       grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
@@ -301,6 +309,12 @@ static int call(client *c, int method, const uint8_t *msg, size_t len,
   return (int)status;
 }
 
+static int call(client *c, int method, const uint8_t *msg, size_t len,
+                uint8_t **out, size_t *out_len, char *details,
+                size_t details_len) {
+  return call_to(c, method, msg, len, out, out_len, NULL, details, details_len);
+}
+
 static uint8_t *pack(const ProtobufCMessage *m, size_t *len) {
   *len = protobuf_c_message_get_packed_size(m);
   uint8_t *buf = malloc(*len ? *len : 1);
@@ -314,15 +328,16 @@ static void *call_msg(client *c, int method, const ProtobufCMessage *m,
                       const ProtobufCMessageDescriptor *desc) {
   size_t len = 0;
   uint8_t *bytes = pack(m, &len);
-  uint8_t *out = NULL;
-  size_t out_len = 0;
   char details[512];
-  int status =
-      call(c, method, bytes, len, &out, &out_len, details, sizeof details);
+  /* The reply is unpacked from gRPC's slice, as libtoposclient does. */
+  grpc_slice reply;
+  int status = call_to(c, method, bytes, len, NULL, NULL, &reply, details,
+                       sizeof details);
   free(bytes);
   if (status != GRPC_STATUS_OK) die(method_names[method], details);
-  void *r = protobuf_c_message_unpack(desc, NULL, out_len, out);
-  free(out);
+  void *r = protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(reply),
+                                      GRPC_SLICE_START_PTR(reply));
+  grpc_slice_unref(reply);
   if (r == NULL) die(method_names[method], "reply does not parse");
   return r;
 }

@@ -5,12 +5,16 @@
  * its own (WAL readers never wait for writers), measured at a few
  * microseconds (docs/operations.md), against a round trip of 55 us or
  * more; a cache would need invalidation across processes (the CLI revokes
- * on the file while the daemon runs) for no visible gain.
+ * on the file while the daemon runs) for no visible gain.  The check every
+ * call without a token makes (is there any tenant?) keeps its statement
+ * prepared on a read-only connection of its own: on the daemon's Step
+ * path the per-call prepare was most of the check's cost.
  */
 #include "auth.h"
 
 #include <grpc/status.h>
 #include <pthread.h>
+#include <sqlite3.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,7 +45,47 @@ struct auth {
   int fail_limit;
   pthread_mutex_t peers_lock;
   peer_slot peers[AUTH_PEERS];
+  /* Whether any tenant exists is asked on every call without a token: a
+   * read-only connection of the checker's own with the statement
+   * prepared once (store_tenant_count prepares it on each call, several
+   * times the cost).  Still a read of the file on every call, so a tenant
+   * the CLI adds counts from the next call.  NULL when it could not be
+   * opened: the store's count is used. */
+  pthread_mutex_t any_lock;
+  sqlite3 *any_db;
+  sqlite3_stmt *any_stmt;
 };
+
+/* The tenant check's own connection; leaves it NULL on any failure. */
+static void any_open(auth *a, const char *store_path) {
+  sqlite3 *db = NULL;
+  sqlite3_stmt *stmt = NULL;
+  if (sqlite3_open_v2(store_path, &db,
+                      SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX,
+                      NULL) != SQLITE_OK ||
+      sqlite3_busy_timeout(db, 10000) != SQLITE_OK ||
+      sqlite3_prepare_v3(db, "SELECT EXISTS (SELECT 1 FROM tenants)", -1,
+                         SQLITE_PREPARE_PERSISTENT, &stmt, NULL) != SQLITE_OK) {
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+    return;
+  }
+  a->any_db = db;
+  a->any_stmt = stmt;
+}
+
+/* 1 when the store holds a tenant, 0 when not, -1 when the own
+ * connection is missing or failed (the caller asks the store). */
+static int any_tenant(auth *a) {
+  if (a->any_stmt == NULL) return -1;
+  pthread_mutex_lock(&a->any_lock);
+  int any = -1;
+  if (sqlite3_step(a->any_stmt) == SQLITE_ROW)
+    any = sqlite3_column_int(a->any_stmt, 0) != 0;
+  sqlite3_reset(a->any_stmt); /* ends the read transaction */
+  pthread_mutex_unlock(&a->any_lock);
+  return any;
+}
 
 auth *auth_open(const char *store_path, bool always, topos_error *err) {
   auth *a = calloc(1, sizeof *a);
@@ -60,6 +104,8 @@ auth *auth_open(const char *store_path, bool always, topos_error *err) {
   a->always = always;
   a->fail_limit = 20;
   pthread_mutex_init(&a->peers_lock, NULL);
+  pthread_mutex_init(&a->any_lock, NULL);
+  any_open(a, store_path);
   return a;
 }
 
@@ -146,6 +192,9 @@ void auth_peer_failed(auth *a, const char *peer, int64_t now_ms) {
 void auth_close(auth *a) {
   if (a == NULL) return;
   pthread_mutex_destroy(&a->peers_lock);
+  sqlite3_finalize(a->any_stmt);
+  sqlite3_close(a->any_db);
+  pthread_mutex_destroy(&a->any_lock);
   store_close(a->store);
   free(a);
 }
@@ -183,6 +232,11 @@ static void refuse(auth_result *out, const char *reason, const char *fmt, ...) {
 static bool auth_required(auth *a, auth_result *out, bool *required) {
   if (a->always) {
     *required = true;
+    return true;
+  }
+  int any = any_tenant(a);
+  if (any >= 0) {
+    *required = any != 0;
     return true;
   }
   int64_t n = 0;

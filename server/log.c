@@ -36,19 +36,6 @@ static void put_raw(line_buf *b, const char *s, size_t n) {
   b->len += n;
 }
 
-static void put_fmt(line_buf *b, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static void put_fmt(line_buf *b, const char *fmt, ...) {
-  size_t room = sizeof b->data - 1 - b->len;
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(b->data + b->len, room + 1, fmt, ap);
-  va_end(ap);
-  if (n < 0) return;
-  b->len += (size_t)n < room ? (size_t)n : room;
-}
-
 /* A string value: JSON-escaped in quotes, or in text a bare word when it
  * is one, else quoted with the same escapes. */
 static void put_string(line_buf *b, const char *s, bool json) {
@@ -82,11 +69,38 @@ static void put_string(line_buf *b, const char *s, bool json) {
   put_raw(b, "\"", 1);
 }
 
+/* Keys and numbers are written without printf: a request line is on every
+ * call's path, and a dozen vsnprintf calls cost microseconds. */
 static void put_key(line_buf *b, const char *key, bool json, bool first) {
-  if (json) {
-    put_fmt(b, "%s\"%s\":", first ? "" : ",", key);
-  } else {
-    put_fmt(b, "%s%s=", first ? "" : " ", key);
+  if (!first) put_raw(b, json ? "," : " ", 1);
+  if (json) put_raw(b, "\"", 1);
+  put_raw(b, key, strlen(key));
+  put_raw(b, json ? "\":" : "=", json ? 2 : 1);
+}
+
+/* u in decimal (%llu), after a '-' when negative. */
+static void put_decimal(line_buf *b, unsigned long long u, bool negative) {
+  char digits[24];
+  int n = sizeof digits;
+  do {
+    digits[--n] = (char)('0' + u % 10);
+    u /= 10;
+  } while (u != 0);
+  if (negative) digits[--n] = '-';
+  put_raw(b, digits + n, sizeof digits - (size_t)n);
+}
+
+/* v as %lld writes it. */
+static void put_int(line_buf *b, long long v) {
+  put_decimal(b, v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v,
+              v < 0);
+}
+
+/* v as exactly width digits (zero-padded; v fits). */
+static void put_digits(char *out, long v, int width) {
+  for (int i = width - 1; i >= 0; i--) {
+    out[i] = (char)('0' + v % 10);
+    v /= 10;
   }
 }
 
@@ -95,10 +109,15 @@ static void put_time(line_buf *b, bool json) {
   clock_gettime(CLOCK_REALTIME, &ts);
   struct tm tm;
   gmtime_r(&ts.tv_sec, &tm);
-  char when[64];
-  snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ",
-           tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-           tm.tm_sec, ts.tv_nsec / 1000);
+  /* "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ"; a year past 9999 is cut. */
+  char when[28] = "0000-00-00T00:00:00.000000Z";
+  put_digits(when, (long)(tm.tm_year + 1900) % 10000, 4);
+  put_digits(when + 5, tm.tm_mon + 1, 2);
+  put_digits(when + 8, tm.tm_mday, 2);
+  put_digits(when + 11, tm.tm_hour, 2);
+  put_digits(when + 14, tm.tm_min, 2);
+  put_digits(when + 17, tm.tm_sec, 2);
+  put_digits(when + 20, ts.tv_nsec / 1000, 6);
   if (json) put_raw(b, "{", 1);
   put_key(b, "ts", json, true);
   put_string(b, when, json);
@@ -125,7 +144,7 @@ void log_request(const log_request_line *r) {
   put_key(&b, "event", json, false);
   put_string(&b, "request", json);
   put_key(&b, "req", json, false);
-  put_fmt(&b, "%llu", (unsigned long long)r->request_id);
+  put_decimal(&b, (unsigned long long)r->request_id, false);
   put_key(&b, "method", json, false);
   put_string(&b, r->method, json);
   put_key(&b, "spec", json, false);
@@ -135,16 +154,16 @@ void log_request(const log_request_line *r) {
   put_key(&b, "status", json, false);
   put_string(&b, wire_grpc_status_name(r->status), json);
   put_key(&b, "in", json, false);
-  put_fmt(&b, "%lld", (long long)r->bytes_in);
+  put_int(&b, (long long)r->bytes_in);
   put_key(&b, "out", json, false);
-  put_fmt(&b, "%lld", (long long)r->bytes_out);
+  put_int(&b, (long long)r->bytes_out);
   put_key(&b, "queue_us", json, false);
-  put_fmt(&b, "%lld", (long long)r->queue_us);
+  put_int(&b, (long long)r->queue_us);
   put_key(&b, "us", json, false);
-  put_fmt(&b, "%lld", (long long)r->duration_us);
+  put_int(&b, (long long)r->duration_us);
   if (r->cpu_us >= 0) {
     put_key(&b, "cpu_us", json, false);
-    put_fmt(&b, "%lld", (long long)r->cpu_us);
+    put_int(&b, (long long)r->cpu_us);
   }
   if (r->message != NULL && r->message[0] != '\0') {
     put_key(&b, "msg", json, false);

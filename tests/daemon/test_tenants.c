@@ -12,6 +12,8 @@
  *  - the CLI adds, lists and removes tenants, creates, lists and revokes
  *    tokens, and the store file never holds a secret;
  *  - without tenants a non-loopback --listen or --http is refused;
+ *  - a first tenant added (and removed) on the file while the daemon runs
+ *    switches tokens on (and off) from the next call;
  *  - what one token lookup costs (printed).
  */
 #include <sys/resource.h>
@@ -420,6 +422,44 @@ START_TEST(test_auth_failures_throttled) {
 }
 END_TEST
 
+/* A daemon started without tenants answers calls without a token; the
+ * CLI adds the first tenant on the file while it runs, and the very next
+ * call needs a token; the CLI removes it again, and the next call is free
+ * again.  The "is there any tenant" check runs on a connection of the
+ * checker's own with its statement prepared once (auth.c), so this is
+ * the check that it sees another process's commits, both ways. */
+START_TEST(test_first_tenant_while_running) {
+  daemon_proc d = {0};
+  daemon_dir(&d);
+  store_dir(&d);
+  daemon_start(&d, NULL);
+  grpc_up();
+  topos_client *none = connect_with(d.port, NULL);
+  char msg[600];
+  for (int i = 0; i < 20; i++) /* the statement, stepped and reset */
+    ck_assert_int_eq(stats_status(none, msg, sizeof msg), 0);
+  char out[4096], err[4096];
+  ck_assert_int_eq(run_cli(d.store, "tenant add zed --admin", out, sizeof out,
+                           err, sizeof err),
+                   0);
+  ck_assert_int_eq(stats_status(none, msg, sizeof msg), UNAUTHENTICATED);
+  ck_assert_msg(strstr(msg, "requires a token"), "%s", msg);
+  char tz[80], idz[20];
+  token_create(d.store, "zed", tz, idz);
+  topos_client *z = connect_with(d.port, tz);
+  ck_assert_int_eq(stats_status(z, msg, sizeof msg), 0);
+  ck_assert_int_eq(stats_status(none, msg, sizeof msg), UNAUTHENTICATED);
+  ck_assert_int_eq(
+      run_cli(d.store, "tenant remove zed", out, sizeof out, err, sizeof err),
+      0);
+  ck_assert_int_eq(stats_status(none, msg, sizeof msg), 0);
+  topos_client_close(z);
+  topos_client_close(none);
+  assert_clean_exit(daemon_stop(&d, SIGTERM, 20), 20);
+  daemon_cleanup(&d);
+}
+END_TEST
+
 /* One lookup, measured on a store with 1000 tokens: the daemon pays this
  * once per call. */
 START_TEST(test_lookup_cost) {
@@ -471,6 +511,7 @@ Suite *tenants_suite(void) {
   tcase_add_test(tc, test_cli_admin);
   tcase_add_test(tc, test_loopback_rule);
   tcase_add_test(tc, test_auth_failures_throttled);
+  tcase_add_test(tc, test_first_tenant_while_running);
   tcase_add_test(tc, test_lookup_cost);
   suite_add_tcase(s, tc);
   return s;

@@ -13,8 +13,8 @@
  *     batch, Step, client decodes parameters and state) over the
  *     in-process step of examples/makemore (a local trainer's
  *     topos_plan_step: forward + backward + SGD),
- *     target <= 1.5x; the parameters of both paths are checked to be
- *     bit-identical afterwards.
+ *     target <= 1.3x (issue 16; 1.5x before); the parameters of both
+ *     paths are checked to be bit-identical afterwards.
  *  5. The HTTP gateway's GET /healthz under wrk (one thread, 8
  *     keep-alive connections, 5 s): requests/s and p99 latency, as wrk
  *     reports them (issue 12, item 7).
@@ -1136,7 +1136,7 @@ int main(void) {
   if (WANT("makemore")) {
     snprintf(m, sizeof m, "%.2fx (%.0f / %.0f us)", ratio, remote_us, local_us);
     printf("%-44s %-22s %-14s %s\n", "makemore step, remote / in-process", m,
-           "<= 1.5x", ratio <= 1.5 ? "met" : "MISSED");
+           "<= 1.3x", ratio <= 1.3 ? "met" : "MISSED");
   }
   bool http_failed = false;
   if (gw.grpc_describe.measured) {

@@ -58,6 +58,10 @@ const char *topos_cpu_isa(void);
 int topos_cpu_force_isa(const char *isa);
 /* Tests: how many tasks the cpu backend has run in this process. */
 unsigned long long topos_cpu_tasks_run(void);
+/* For tests: caps the cpu GEMM's shared packed-A block at `bytes` (0
+ * restores the default, 8 MiB), so that small products cross row-block
+ * edges.  The bits never depend on it. */
+void topos_cpu_test_ablock_bytes(size_t bytes);
 /* Tests: how many of them were attention tasks (cpu_attention.c). */
 unsigned long long topos_cpu_attention_tasks_run(void);
 

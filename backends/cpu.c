@@ -58,6 +58,9 @@
 /* Products with at most this many NR-wide column panels read A in place. */
 #define CPU_DIRECT_A_PANELS 4
 
+/* The most bytes of packed A shared by one row block's column blocks. */
+#define CPU_ABLOCK_BYTES ((size_t)8 << 20)
+
 #define MR_MAX 14
 #define NR_MAX 32
 
@@ -470,6 +473,178 @@ static void pack_b_bf16(const uint16_t *src, int64_t rs, int64_t cs, int64_t kc,
   }
 }
 
+#if CPU_X86
+/* Sixteen rows of sixteen f32 transposed in registers: r[i][c] -> r[c][i]. */
+static inline __attribute__((always_inline, target("avx512f"))) void tr16_f32(
+    __m512 *r) {
+  __m512 t[16], u[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  /* u[4q + c]: rows 4q..4q+3 of columns 4L + c in 128-bit lane L */
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; q++) {
+    __m512d x0 = _mm512_castps_pd(t[4 * q]),
+            x1 = _mm512_castps_pd(t[4 * q + 1]);
+    __m512d x2 = _mm512_castps_pd(t[4 * q + 2]),
+            x3 = _mm512_castps_pd(t[4 * q + 3]);
+    u[4 * q] = _mm512_castpd_ps(_mm512_unpacklo_pd(x0, x2));
+    u[4 * q + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x0, x2));
+    u[4 * q + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(x1, x3));
+    u[4 * q + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(x1, x3));
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; c++) {
+    __m512 va = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
+    __m512 vb = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
+    __m512 vc = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+    __m512 vd = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
+    r[c] = _mm512_shuffle_f32x4(va, vc, 0x88);
+    r[c + 8] = _mm512_shuffle_f32x4(va, vc, 0xdd);
+    r[c + 4] = _mm512_shuffle_f32x4(vb, vd, 0x88);
+    r[c + 12] = _mm512_shuffle_f32x4(vb, vd, 0xdd);
+  }
+}
+
+/* Eight rows of eight f64 transposed in registers: r[i][c] -> r[c][i]. */
+static inline __attribute__((always_inline, target("avx512f"))) void tr8_f64(
+    __m512d *r) {
+  __m512d t[8], u[8];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {
+    t[2 * i] = _mm512_unpacklo_pd(r[2 * i], r[2 * i + 1]);     /* even k */
+    t[2 * i + 1] = _mm512_unpackhi_pd(r[2 * i], r[2 * i + 1]); /* odd k */
+  }
+#pragma GCC unroll 2
+  for (int o = 0; o < 2; o++) {
+    u[4 * o] = _mm512_shuffle_f64x2(t[o], t[2 + o], 0x88);
+    u[4 * o + 1] = _mm512_shuffle_f64x2(t[4 + o], t[6 + o], 0x88);
+    u[4 * o + 2] = _mm512_shuffle_f64x2(t[o], t[2 + o], 0xdd);
+    u[4 * o + 3] = _mm512_shuffle_f64x2(t[4 + o], t[6 + o], 0xdd);
+    r[o] = _mm512_shuffle_f64x2(u[4 * o], u[4 * o + 1], 0x88);
+    r[o + 4] = _mm512_shuffle_f64x2(u[4 * o], u[4 * o + 1], 0xdd);
+    r[o + 2] = _mm512_shuffle_f64x2(u[4 * o + 2], u[4 * o + 3], 0x88);
+    r[o + 6] = _mm512_shuffle_f64x2(u[4 * o + 2], u[4 * o + 3], 0xdd);
+  }
+}
+
+/*
+ * pack_a for an A whose k runs contiguous (cs 1, rows rs apart) on
+ * AVX-512, MR <= 16: sixteen (f32) or eight (f64) k at a time through one
+ * register transpose, each k's MR values one masked store, instead of MR
+ * scalar stores a panel row apart per k.  Rows mr..MR are zero.  A copy:
+ * no bits change.
+ */
+static __attribute__((target("avx512f"))) void pack_a_rows_512_f32(
+    const float *src, int64_t rs, int64_t mr, int64_t kc, int MR, float *dst) {
+  const __mmask16 mo = (__mmask16)((1u << MR) - 1u);
+  __m512 r[16];
+  int64_t k0 = 0;
+  for (; k0 + 16 <= kc; k0 += 16) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+      r[i] = i < mr ? _mm512_loadu_ps(src + i * rs + k0) : _mm512_setzero_ps();
+    tr16_f32(r);
+#pragma GCC unroll 16
+    for (int t = 0; t < 16; t++)
+      _mm512_mask_storeu_ps(dst + (k0 + t) * MR, mo, r[t]);
+  }
+  if (k0 < kc) {
+    int kt = (int)(kc - k0);
+    const __mmask16 mk = (__mmask16)((1u << kt) - 1u);
+    for (int i = 0; i < 16; i++)
+      r[i] = i < mr ? _mm512_maskz_loadu_ps(mk, src + i * rs + k0)
+                    : _mm512_setzero_ps();
+    tr16_f32(r);
+    for (int t = 0; t < kt; t++)
+      _mm512_mask_storeu_ps(dst + (k0 + t) * MR, mo, r[t]);
+  }
+}
+
+static __attribute__((target("avx512f"))) void pack_a_rows_512_f64(
+    const double *src, int64_t rs, int64_t mr, int64_t kc, int MR,
+    double *dst) {
+  /* rows 0..7 and 8..15, each through its own 8 x 8 transpose */
+  const __mmask8 m0 = (__mmask8)(MR >= 8 ? 0xffu : (1u << MR) - 1u);
+  const __mmask8 m1 = (__mmask8)(MR > 8 ? (1u << (MR - 8)) - 1u : 0u);
+  const int groups = MR > 8 ? 2 : 1;
+  __m512d r[8];
+  for (int64_t k0 = 0; k0 < kc; k0 += 8) {
+    int kt = kc - k0 < 8 ? (int)(kc - k0) : 8;
+    const __mmask8 mk = (__mmask8)((1u << kt) - 1u);
+    for (int gi = 0; gi < groups; gi++) {
+      const __mmask8 mo = gi ? m1 : m0;
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; i++) {
+        int64_t row = 8 * gi + i;
+        r[i] = row < mr ? _mm512_maskz_loadu_pd(mk, src + row * rs + k0)
+                        : _mm512_setzero_pd();
+      }
+      tr8_f64(r);
+      for (int t = 0; t < kt; t++)
+        _mm512_mask_storeu_pd(dst + (k0 + t) * MR + 8 * gi, mo, r[t]);
+    }
+  }
+}
+
+/* pack_b for a row-major B (cs 1) on AVX-512, NR a multiple of the
+ * vector: each k's NR columns as whole-vector loads and stores, the last
+ * panel's columns past nc zero through masked loads (instead of a memcpy
+ * call and a zeroing loop per k).  A copy: no bits change. */
+static __attribute__((target("avx512f"))) void pack_b_rows_512_f32(
+    const float *src, int64_t rs, int64_t kc, int64_t nc, int NR, float *dst) {
+  for (int64_t j0 = 0; j0 < nc; j0 += NR) {
+    float *d = dst + j0 * kc;
+    const float *s = src + j0;
+    if (nc - j0 >= NR && NR == 32) {
+      for (int64_t k = 0; k < kc; k++) {
+        __m512 x0 = _mm512_loadu_ps(s + k * rs);
+        __m512 x1 = _mm512_loadu_ps(s + k * rs + 16);
+        _mm512_storeu_ps(d + k * 32, x0);
+        _mm512_storeu_ps(d + k * 32 + 16, x1);
+      }
+      continue;
+    }
+    for (int jv = 0; jv < NR; jv += 16) {
+      int64_t left = nc - j0 - jv;
+      int w = left <= 0 ? 0 : left < 16 ? (int)left : 16;
+      const __mmask16 mk = (__mmask16)((1u << w) - 1u);
+      for (int64_t k = 0; k < kc; k++)
+        _mm512_storeu_ps(d + k * NR + jv,
+                         _mm512_maskz_loadu_ps(mk, s + k * rs + jv));
+    }
+  }
+}
+
+static __attribute__((target("avx512f"))) void pack_b_rows_512_f64(
+    const double *src, int64_t rs, int64_t kc, int64_t nc, int NR,
+    double *dst) {
+  for (int64_t j0 = 0; j0 < nc; j0 += NR) {
+    double *d = dst + j0 * kc;
+    const double *s = src + j0;
+    if (nc - j0 >= NR && NR == 16) {
+      for (int64_t k = 0; k < kc; k++) {
+        __m512d x0 = _mm512_loadu_pd(s + k * rs);
+        __m512d x1 = _mm512_loadu_pd(s + k * rs + 8);
+        _mm512_storeu_pd(d + k * 16, x0);
+        _mm512_storeu_pd(d + k * 16 + 8, x1);
+      }
+      continue;
+    }
+    for (int jv = 0; jv < NR; jv += 8) {
+      int64_t left = nc - j0 - jv;
+      int w = left <= 0 ? 0 : left < 8 ? (int)left : 8;
+      const __mmask8 mk = (__mmask8)((1u << w) - 1u);
+      for (int64_t k = 0; k < kc; k++)
+        _mm512_storeu_pd(d + k * NR + jv,
+                         _mm512_maskz_loadu_pd(mk, s + k * rs + jv));
+    }
+  }
+}
+#endif /* CPU_X86 */
+
 /* --------------------------------------------------- per-thread scratch */
 
 typedef struct scratch {
@@ -534,18 +709,28 @@ typedef struct gemm_job {
   int T;           /* threads taking part */
   int64_t nc;      /* columns per block (a multiple of nr) */
   int64_t nblocks; /* column blocks per matrix */
-  char *bpack;     /* shared B panel: nc x KC */
+  char *bpack;     /* two shared B panel buffers: nc x KC each */
+  size_t bbytes;   /* bytes per B panel buffer */
   char *abufs;     /* per thread: A micro-panel (MR x KC) + a C tile */
+  char *ablock;    /* shared packed A of one row block (mc x KC), or NULL */
+  int64_t mc;      /* rows per row block (a multiple of mr) */
+  int64_t kc;      /* k per block */
   size_t abytes;   /* bytes per thread in abufs */
-  /* Work is claimed, not assigned: B panels and output units carry
-   * tickets that only grow over the job (phase after phase), so a thread
-   * that is late or descheduled holds up at most the item it claimed. */
-  atomic_llong pack_next, pack_done, unit_next, unit_done;
-  bool direct_a; /* the kernels read A in place (kern_s), no packing */
+  bool direct_a;   /* the kernels read A in place (kern_s), no packing */
   /* Other task kinds (cpu_window.c): when set, each thread runs
    * fn(arg, tid, T) instead of the GEMM. */
   void (*fn)(void *arg, int tid, int T);
   void *arg;
+  /* Work is claimed, not assigned: B panels and output units carry
+   * tickets that only grow over the job (phase after phase), so a thread
+   * that is late or descheduled holds up at most the item it claimed.
+   * Each counter has its own cache line, away from the read-only fields
+   * above, which claims from one core would otherwise take from the
+   * other's cache. */
+  _Alignas(64) atomic_llong pack_next;
+  _Alignas(64) atomic_llong pack_done;
+  _Alignas(64) atomic_llong unit_next;
+  _Alignas(64) atomic_llong unit_done;
 } gemm_job;
 
 static inline void cpu_relax(void) {
@@ -590,6 +775,19 @@ static void wait_done(atomic_llong *done, int64_t end) {
 static void pack_a(const gemm_job *j, const char *src, int64_t mr, int64_t kc,
                    char *dst) {
   const topos_gemm_task *g = j->g;
+#if CPU_X86
+  /* k contiguous in A, rows apart: through register transposes. */
+  if (g->a_col == 1 && g->a_row != 1 && j->im->mr <= 16 &&
+      current_isa() == ISA_AVX512 && g->dtype != TOPOS_BF16) {
+    if (g->dtype == TOPOS_F64)
+      pack_a_rows_512_f64((const double *)src, g->a_row, mr, kc, j->im->mr,
+                          (double *)dst);
+    else
+      pack_a_rows_512_f32((const float *)src, g->a_row, mr, kc, j->im->mr,
+                          (float *)dst);
+    return;
+  }
+#endif
   if (g->dtype == TOPOS_F64)
     pack_a_f64((const double *)src, g->a_row, g->a_col, mr, kc, j->im->mr,
                (double *)dst);
@@ -613,6 +811,17 @@ static void pack_b(const gemm_job *j, const char *src, int64_t kc, int64_t nc,
                            (float *)dst);
     else
       cpu_pack_bt_512_f32((const float *)src, g->b_col, kc, nc, j->im->nr,
+                          (float *)dst);
+    return;
+  }
+  /* A row-major B on AVX-512: whole-vector copies. */
+  if (g->b_col == 1 && current_isa() == ISA_AVX512 && g->dtype != TOPOS_BF16 &&
+      j->im->nr % (g->dtype == TOPOS_F64 ? 8 : 16) == 0) {
+    if (g->dtype == TOPOS_F64)
+      pack_b_rows_512_f64((const double *)src, g->b_row, kc, nc, j->im->nr,
+                          (double *)dst);
+    else
+      pack_b_rows_512_f32((const float *)src, g->b_row, kc, nc, j->im->nr,
                           (float *)dst);
     return;
   }
@@ -648,6 +857,36 @@ static void tile_copy(char *dst, int64_t drow, int64_t dcol, const char *src,
   }
 }
 
+/* Asks for rows [0, mr) of a C tile, `bytes` wide, rows `row` bytes
+ * apart, with intent to write (a hint: no bits change). */
+static inline void prefetch_tile(const char *c, int64_t row, int64_t mr,
+                                 size_t bytes) {
+  for (int64_t i = 0; i < mr; i++)
+    for (size_t o = 0; o < bytes; o += 64)
+      __builtin_prefetch(c + i * row + o, 1, 3);
+}
+
+/* Claims and packs the B panels of phase (bi, p0, jb) - tickets [base,
+ * base + its panel count) - into buf. */
+static void pack_panels(gemm_job *j, int64_t bi, int64_t p0, int64_t jb,
+                        int64_t base, char *buf) {
+  const topos_gemm_task *g = j->g;
+  const int64_t NR = j->im->nr;
+  const char *B = (const char *)g->b + (size_t)(bi * g->b_batch) * j->ies;
+  int64_t kc = g->k - p0 < j->kc ? g->k - p0 : j->kc;
+  int64_t j0 = jb * j->nc;
+  int64_t j1 = j0 + j->nc < g->n ? j0 + j->nc : g->n;
+  int64_t npan = (j1 - j0 + NR - 1) / NR, t;
+  while (claim(&j->pack_next, base + npan, &t)) {
+    int64_t q = t - base;
+    int64_t c0 = j0 + q * NR;
+    int64_t c1 = c0 + NR < j1 ? c0 + NR : j1;
+    pack_b(j, B + (size_t)(p0 * g->b_row + c0 * g->b_col) * j->ies, kc, c1 - c0,
+           buf + (size_t)(q * kc * NR) * j->es);
+    finish(&j->pack_done);
+  }
+}
+
 static void job_work(gemm_job *j, int tid) {
   if (j->fn) {
     j->fn(j->arg, tid, j->T);
@@ -657,78 +896,121 @@ static void job_work(gemm_job *j, int tid) {
   const gemm_impl *im = j->im;
   const size_t es = j->es, ies = j->ies;
   const int MR = im->mr, NR = im->nr, T = j->T;
-  const int64_t KC = im->kc;
+  const int64_t KC = j->kc;
   char *apack = j->abufs + (size_t)tid * j->abytes;
   char *tile = apack + (size_t)(MR * KC) * es;
-  int64_t rowpanels = (g->m + MR - 1) / MR;
-  /* Every thread walks the same phases (batch, column block, k block) and
-   * keeps the same running ticket bases, so tickets name the same item
-   * for all of them.  A phase's units start after all of its B panels are
-   * packed; the next phase starts after all of its units are done (they
-   * reuse the panel buffer and extend C's chains). */
-  int64_t pbase = 0, ubase = 0, t;
+  /* Every thread walks the same phases (batch, row block, k block, column
+   * block) and keeps the same running ticket bases, so tickets name the
+   * same item for all of them.  A phase's units start after all of its B
+   * panels are packed; the next phase's units start after all of this
+   * one's are done (they extend C's chains - for one output the k blocks
+   * still come in order, p0 being the outer loop - and read the A block
+   * the first column block packs).  B panels alternate between two
+   * buffers, phase ph in buffer ph % 2. */
+  int64_t pbase = 0, ubase = 0, ph = 0, t;
   for (int64_t bi = 0; bi < g->batch; bi++) {
     const char *A = (const char *)g->a + (size_t)(bi * g->a_batch) * ies;
-    const char *B = (const char *)g->b + (size_t)(bi * g->b_batch) * ies;
     char *C = (char *)g->c + (size_t)(bi * g->c_batch) * es;
-    for (int64_t jb = 0; jb < j->nblocks; jb++) {
-      int64_t j0 = jb * j->nc;
-      int64_t j1 = j0 + j->nc < g->n ? j0 + j->nc : g->n;
-      int64_t npan = (j1 - j0 + NR - 1) / NR;
+    for (int64_t i0 = 0; i0 < g->m; i0 += j->mc) {
+      int64_t i1 = i0 + j->mc < g->m ? i0 + j->mc : g->m;
+      int64_t rowpanels = (i1 - i0 + MR - 1) / MR;
       /* Column groups: enough units for every thread to have two. */
-      int64_t groups = 1;
+      int64_t groups0 = 1;
       if (rowpanels < 2 * (int64_t)T)
-        groups = (2 * (int64_t)T + rowpanels - 1) / rowpanels;
-      if (groups > npan) groups = npan;
-      int64_t units = rowpanels * groups;
+        groups0 = (2 * (int64_t)T + rowpanels - 1) / rowpanels;
+      /* With one unit per row panel, the first column block packs each A
+       * micro-panel into the shared A block and the others read it. */
+      bool shared_a = j->ablock && groups0 == 1;
       for (int64_t p0 = 0; p0 < g->k; p0 += KC) {
         int64_t kc = g->k - p0 < KC ? g->k - p0 : KC;
         int first = p0 == 0;
-        while (claim(&j->pack_next, pbase + npan, &t)) {
-          int64_t q = t - pbase;
-          int64_t c0 = j0 + q * NR;
-          int64_t c1 = c0 + NR < j1 ? c0 + NR : j1;
-          pack_b(j, B + (size_t)(p0 * g->b_row + c0 * g->b_col) * ies, kc,
-                 c1 - c0, j->bpack + (size_t)(q * kc * NR) * es);
-          finish(&j->pack_done);
-        }
-        pbase += npan;
-        wait_done(&j->pack_done, pbase);
-        while (claim(&j->unit_next, ubase + units, &t)) {
-          int64_t u = t - ubase;
-          int64_t rp = u / groups, cg = u % groups;
-          int64_t ir = rp * MR;
-          int64_t mr = g->m - ir < MR ? g->m - ir : MR;
-          const char *asrc = A + (size_t)(ir * g->a_row + p0 * g->a_col) * ies;
-          kern_fn kern = im->kern[mr];
-          kern_s_fn kern_s = j->direct_a ? im->kern_s[mr] : NULL;
-          if (!kern_s) pack_a(j, asrc, mr, kc, apack);
-          int64_t qa = npan * cg / groups, qb = npan * (cg + 1) / groups;
-          for (int64_t q = qa; q < qb; q++) {
-            int64_t jj = j0 + q * NR;
-            int64_t nr = j1 - jj < NR ? j1 - jj : NR;
-            const char *bp = j->bpack + (size_t)(q * kc * NR) * es;
-            char *cp = C + (size_t)(ir * g->c_row + jj * g->c_col) * es;
-            if (nr == NR && g->c_col == 1) {
-              if (kern_s)
-                kern_s(kc, asrc, g->a_row, g->a_col, bp, cp, g->c_row, first);
-              else
-                kern(kc, apack, bp, cp, g->c_row, first);
-              continue;
+        for (int64_t jb = 0; jb < j->nblocks; jb++) {
+          int64_t j0 = jb * j->nc;
+          int64_t j1 = j0 + j->nc < g->n ? j0 + j->nc : g->n;
+          int64_t npan = (j1 - j0 + NR - 1) / NR;
+          int64_t groups = groups0 > npan ? npan : groups0;
+          int64_t units = rowpanels * groups;
+          char *bpack = j->bpack + (size_t)(ph % 2) * j->bbytes;
+          pack_panels(j, bi, p0, jb, pbase, bpack);
+          pbase += npan;
+          wait_done(&j->pack_done, pbase);
+          while (claim(&j->unit_next, ubase + units, &t)) {
+            int64_t u = t - ubase;
+            int64_t rp = u / groups, cg = u % groups;
+            int64_t ir = i0 + rp * MR;
+            int64_t mr = i1 - ir < MR ? i1 - ir : MR;
+            const char *asrc =
+                A + (size_t)(ir * g->a_row + p0 * g->a_col) * ies;
+            kern_fn kern = im->kern[mr];
+            kern_s_fn kern_s = j->direct_a ? im->kern_s[mr] : NULL;
+            const char *ap = apack;
+            if (shared_a) {
+              char *dst = j->ablock + (size_t)(rp * MR * kc) * es;
+              if (jb == 0) pack_a(j, asrc, mr, kc, dst);
+              ap = dst;
+            } else if (!kern_s) {
+              pack_a(j, asrc, mr, kc, apack);
             }
-            /* A partial or strided tile goes through a contiguous one. */
-            if (!first)
-              tile_copy(tile, NR, 1, cp, g->c_row, g->c_col, mr, nr, es);
-            if (kern_s)
-              kern_s(kc, asrc, g->a_row, g->a_col, bp, tile, NR, first);
-            else
-              kern(kc, apack, bp, tile, NR, first);
-            tile_copy(cp, g->c_row, g->c_col, tile, NR, 1, mr, nr, es);
+            int64_t qa = npan * cg / groups, qb = npan * (cg + 1) / groups;
+            for (int64_t q = qa; q < qb; q++) {
+              int64_t jj = j0 + q * NR;
+              int64_t nr = j1 - jj < NR ? j1 - jj : NR;
+              const char *bp = bpack + (size_t)(q * kc * NR) * es;
+              char *cp = C + (size_t)(ir * g->c_row + jj * g->c_col) * es;
+              /* The next tile of C (this row panel's next, or the next
+               * row panel's first) on its way while this one runs (a
+               * short k block has too little time to hide it in). */
+              if (g->c_col == 1 && kc >= 128) {
+                if (q + 1 < qb)
+                  prefetch_tile(cp + (size_t)NR * es, g->c_row * (int64_t)es,
+                                mr, NR * es);
+                else if (ir + MR < i1)
+                  prefetch_tile(
+                      C + (size_t)((ir + MR) * g->c_row + j0 + qa * NR) * es,
+                      g->c_row * (int64_t)es,
+                      i1 - ir - MR < MR ? i1 - ir - MR : MR, NR * es);
+              }
+              if (nr == NR && g->c_col == 1) {
+                if (kern_s)
+                  kern_s(kc, asrc, g->a_row, g->a_col, bp, cp, g->c_row, first);
+                else
+                  kern(kc, ap, bp, cp, g->c_row, first);
+                continue;
+              }
+              /* A partial or strided tile goes through a contiguous one. */
+              if (!first)
+                tile_copy(tile, NR, 1, cp, g->c_row, g->c_col, mr, nr, es);
+              if (kern_s)
+                kern_s(kc, asrc, g->a_row, g->a_col, bp, tile, NR, first);
+              else
+                kern(kc, ap, bp, tile, NR, first);
+              tile_copy(cp, g->c_row, g->c_col, tile, NR, 1, mr, nr, es);
+            }
+            finish(&j->unit_done);
           }
-          finish(&j->unit_done);
+          /* No unit left to claim: pack the next phase's panels into the
+           * other buffer (its last readers, the phase before this one, are
+           * done) while the last units here finish. */
+          int64_t nbi = bi, ni0 = i0, np0 = p0, njb = jb + 1;
+          if (njb == j->nblocks) {
+            njb = 0;
+            np0 += KC;
+            if (np0 >= g->k) {
+              np0 = 0;
+              ni0 += j->mc;
+              if (ni0 >= g->m) {
+                ni0 = 0;
+                nbi++;
+              }
+            }
+          }
+          if (nbi < g->batch)
+            pack_panels(j, nbi, np0, njb, pbase,
+                        j->bpack + (size_t)((ph + 1) % 2) * j->bbytes);
+          ph++;
+          ubase += units;
+          wait_done(&j->unit_done, ubase);
         }
-        ubase += units;
-        wait_done(&j->unit_done, ubase);
       }
     }
   }
@@ -833,17 +1115,25 @@ static int run_job(gemm_job *job, int threads) {
   }
   job->T = 1 + helpers;
   const gemm_impl *im = job->im;
-  job->abytes = (size_t)(im->mr * im->kc + im->mr * im->nr) * job->es;
+  job->abytes = (size_t)(im->mr * job->kc + im->mr * im->nr) * job->es;
   job->abytes = (job->abytes + 63) / 64 * 64;
-  size_t bbytes = (size_t)((job->nc + im->nr) * im->kc) * job->es;
+  size_t bbytes = (size_t)((job->nc + im->nr) * job->kc) * job->es;
   bbytes = (bbytes + 63) / 64 * 64;
-  char *buf = scratch_get(bbytes + job->abytes * (size_t)job->T);
+  /* The shared A block pays off when A would otherwise be packed again
+   * for every column block. */
+  size_t ablock_bytes = 0;
+  if (job->nblocks > 1 && !job->direct_a)
+    ablock_bytes = (size_t)(job->mc * job->kc) * job->es;
+  char *buf =
+      scratch_get(2 * bbytes + ablock_bytes + job->abytes * (size_t)job->T);
   if (!buf) {
     if (pooled) pthread_mutex_unlock(&pool_busy);
     return TOPOS_ERR_MEMORY;
   }
   job->bpack = buf;
-  job->abufs = buf + bbytes;
+  job->bbytes = bbytes;
+  job->ablock = ablock_bytes ? buf + 2 * bbytes : NULL;
+  job->abufs = buf + 2 * bbytes + ablock_bytes;
   if (helpers == 0) {
     job_work(job, 0);
     if (pooled) pthread_mutex_unlock(&pool_busy);
@@ -910,6 +1200,12 @@ static atomic_ullong tasks_run;
 
 unsigned long long topos_cpu_tasks_run(void) {
   return atomic_load(&tasks_run);
+}
+
+/* backends.h: the shared packed-A block's cap, for tests. */
+static atomic_size_t ablock_cap;
+void topos_cpu_test_ablock_bytes(size_t bytes) {
+  atomic_store(&ablock_cap, bytes);
 }
 
 static bool cpu_supports(const topos_backend *self, const topos_task *task) {
@@ -987,8 +1283,13 @@ static int cpu_run(const topos_backend *self, const topos_task *task,
   int threads = task->threads > 0 ? task->threads : 1;
   double work = (double)g->m * (double)g->n * (double)g->k * (double)g->batch;
   if (work < (double)CPU_MIN_PARALLEL_WORK) threads = 1;
-  /* Column blocks of at most im->nc, evened out, whole panels. */
-  int64_t nb = (g->n + im->nc - 1) / im->nc;
+  job.kc = im->kc;
+  /* Column blocks of at most im->nc (twice that for several threads on
+   * AVX-512: half the phases, so half the barriers and B handovers, for
+   * a B block still about one core's L2), evened out, whole panels. */
+  int64_t ncmax = im->nc;
+  if (threads > 1 && current_isa() == ISA_AVX512) ncmax *= 2;
+  int64_t nb = (g->n + ncmax - 1) / ncmax;
   int64_t nc = (g->n + nb - 1) / nb;
   nc = (nc + im->nr - 1) / im->nr * im->nr;
   job.nc = nc;
@@ -997,6 +1298,16 @@ static int cpu_run(const topos_backend *self, const topos_task *task,
    * them the kernel reads A in place (the same fmas in the same order). */
   job.direct_a = job.nblocks == 1 && nc / im->nr <= CPU_DIRECT_A_PANELS &&
                  g->dtype != TOPOS_BF16;
+  /* Row blocks: the shared packed A of one (at most CPU_ABLOCK_BYTES),
+   * evened out, whole micro-panels. */
+  size_t ab = atomic_load_explicit(&ablock_cap, memory_order_relaxed);
+  int64_t mc_cap =
+      (int64_t)((ab ? ab : CPU_ABLOCK_BYTES) / ((size_t)job.kc * job.es));
+  mc_cap = mc_cap / im->mr * im->mr;
+  if (mc_cap < im->mr) mc_cap = im->mr;
+  int64_t mb = (g->m + mc_cap - 1) / mc_cap;
+  int64_t mc = (g->m + mb - 1) / mb;
+  job.mc = (mc + im->mr - 1) / im->mr * im->mr;
   atomic_init(&job.pack_next, 0);
   atomic_init(&job.pack_done, 0);
   atomic_init(&job.unit_next, 0);

@@ -4,16 +4,23 @@
  * side in one run.
  *
  *   build/bench/gemm [--n N] [--dtype f32|f64] [--threads T]
+ *                    [--pairs R [--cputime] [--gap MS]]
  *
  * prints one line per case:
  *   gemm n=N dtype=D threads=T reference=X cpu_exact=Y openblas=Z gflops
  * (reference is `-` above n = 512; openblas `-` when it is not built).
+ * With --pairs R (OpenBLAS built): R interleaved rounds of cpu_exact and
+ * OpenBLAS, printing medians and the median ratio cpu_exact/openblas:
+ *   gemm n=N dtype=D threads=T pairs=R cpu_exact=Y openblas=Z ratio=Q ...
+ * --cputime times one-thread cases by the thread's CPU clock, --gap MS
+ * sleeps MS milliseconds before each timed call (see gap_ms).
  *
  * OpenBLAS reads OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE when it loads, so
  * the process re-executes itself with both unset before touching it
  * (platform-notes.md: the environment may pin it to its AVX2 kernels).
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +130,52 @@ static void run_openblas(bench_case *bc) {
 }
 #endif
 
+/* `--pairs R`: instead of each side's best over its own time budget, R
+ * rounds that time the cpu backend and OpenBLAS back to back, so a load
+ * that comes and goes on a shared machine hits both alike; the line then
+ * carries each side's median and the median of the per-round ratios. */
+static int pairs;
+
+/* `--cputime` (with --pairs, one thread): time by the calling thread's CPU
+ * clock instead of the wall clock, so that time slices the scheduler
+ * gives another process on a shared core do not count (cache refills
+ * after them still do). */
+static bool cputime;
+
+static double cpu_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* `--gap MS` (with --pairs): an idle pause before each timed call.
+ * OpenBLAS's worker threads spin (sched_yield) for about 2^28 cycles
+ * after each call before they sleep, so without a pause the cpu backend's
+ * two-thread runs share the cores with a spinning OpenBLAS thread; a
+ * pause past that lets both sides start from sleeping workers. */
+static int gap_ms;
+
+static double time_once(void (*fn)(bench_case *), bench_case *bc) {
+  if (gap_ms > 0) {
+    struct timespec ts = {gap_ms / 1000, (long)(gap_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  bool cpu = cputime && bc->threads == 1;
+  double t0 = cpu ? cpu_now_s() : now_s();
+  fn(bc);
+  return (cpu ? cpu_now_s() : now_s()) - t0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 /* Best GFLOP/s over repetitions filling about `budget` seconds. */
 static double measure(void (*fn)(bench_case *), bench_case *bc, double budget) {
   double flops = 2.0 * (double)bc->n * (double)bc->n * (double)bc->n;
@@ -174,6 +227,40 @@ static void run_case(int64_t n, topos_dtype dtype, int threads) {
   free(v);
   double budget = n >= 2048 ? 0.6 : 0.25;
   double ref = -1, cpu, blas = -1;
+#if HAVE_OPENBLAS
+  if (pairs > 0) {
+    double flops = 2.0 * (double)n * (double)n * (double)n;
+    double *tc = malloc(sizeof(double) * 3 * (size_t)pairs);
+    double *tb = tc + pairs, *ratio = tb + pairs;
+    run_cpu(&bc); /* warm both */
+    run_openblas(&bc);
+    for (int r = 0; r < pairs; r++) {
+      /* Alternate which side goes first. */
+      if (r % 2) {
+        tb[r] = time_once(run_openblas, &bc);
+        tc[r] = time_once(run_cpu, &bc);
+      } else {
+        tc[r] = time_once(run_cpu, &bc);
+        tb[r] = time_once(run_openblas, &bc);
+      }
+      ratio[r] = tb[r] / tc[r];
+    }
+    double mc = median(tc, pairs), mb = median(tb, pairs);
+    double mr = median(ratio, pairs);
+    printf(
+        "gemm n=%lld dtype=%s threads=%d pairs=%d cpu_exact=%.1f "
+        "openblas=%.1f ratio=%.3f gflops (medians%s)\n",
+        (long long)n, topos_dtype_name(dtype), threads, pairs,
+        flops / mc * 1e-9, flops / mb * 1e-9, mr,
+        cputime && threads == 1 ? ", thread cpu time" : "");
+    fflush(stdout);
+    free(tc);
+    topos_tensor_release(bc.a);
+    topos_tensor_release(bc.b);
+    free(bc.c);
+    return;
+  }
+#endif
   if (n <= 512) {
     backend_set_threads(threads);
     ref = measure(run_reference, &bc, n >= 512 ? 0.4 : budget);
@@ -244,10 +331,16 @@ int main(int argc, char **argv) {
       only_threads = atoi(argv[++i]);
     } else if (strcmp(argv[i], "--openblas-core") == 0 && i + 1 < argc) {
       i++; /* handled above */
+    } else if (strcmp(argv[i], "--pairs") == 0 && i + 1 < argc) {
+      pairs = atoi(argv[++i]);
+    } else if (strcmp(argv[i], "--cputime") == 0) {
+      cputime = true;
+    } else if (strcmp(argv[i], "--gap") == 0 && i + 1 < argc) {
+      gap_ms = atoi(argv[++i]);
     } else {
       fprintf(stderr,
               "usage: %s [--n N] [--dtype f32|f64] [--threads T] "
-              "[--openblas-core NAME]\n",
+              "[--openblas-core NAME] [--pairs R [--cputime] [--gap MS]]\n",
               argv[0]);
       return 2;
     }

@@ -393,6 +393,53 @@ START_TEST(square_threads) {
 }
 END_TEST
 
+/* The blocked path: products wider than one column block share one
+ * packed A per row block and k block across their column blocks.  Row
+ * blocks made small through the hook so that modest sizes cross every
+ * edge: m a multiple of the row block or not, m below one block, below
+ * one micro-panel, several k blocks with a tail, n over several column
+ * blocks with a partial last panel; row-major A (the transposing pack),
+ * other layouts, padded and strided C, batches (shared A too), both
+ * dtypes, on every ISA this CPU has, at 1..3 threads. */
+START_TEST(row_blocks) {
+  const int64_t shapes[][3] = {
+      {100, 1100, 600}, /* three row blocks, the last short */
+      {84, 1030, 530},  /* whole row blocks */
+      {13, 1050, 700},  /* one partial micro-panel */
+      {43, 600, 17},    /* one short k block */
+      {257, 520, 300},  /* many row blocks, two column blocks */
+  };
+  const size_t caps[] = {100000, 3 * 14 * 512 * 4, 0};
+  const char *isas[] = {"avx512", "avx2", "c"};
+  int c = 0;
+  for (int i = 0; i < 3; i++) {
+    if (topos_cpu_force_isa(isas[i]) != 0) continue;
+    for (size_t ci = 0; ci < sizeof caps / sizeof *caps; ci++) {
+      topos_cpu_test_ablock_bytes(caps[ci]);
+      for (int d = 0; d < 2; d++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++, c++) {
+          if (skip_slow() && c % 4 != 0) continue;
+          topos_dtype dt = d ? TOPOS_F64 : TOPOS_F32;
+          char what[80];
+          snprintf(what, sizeof what, "row blocks %s cap %zu shape %zu",
+                   isas[i], caps[ci], s);
+          layout la = c % 3 == 2 ? (layout)(c % L_COUNT) : L_ROW;
+          layout lb = c % 5 == 4 ? L_TRANS : L_ROW;
+          check_shape(dt, 1, shapes[s][0], shapes[s][1], shapes[s][2], la, lb,
+                      c % 3, false, 1 + c % 3, (uint64_t)c, what);
+        }
+      /* batches: own A, then one A shared by every batch */
+      for (int bc = 0; bc < 2; bc++, c++)
+        check_shape(c % 2 ? TOPOS_F64 : TOPOS_F32, 3, 45, 700, 300, L_ROW,
+                    L_ROW, c % 3, bc, 1 + c % 3, (uint64_t)c,
+                    "row blocks batch");
+    }
+  }
+  topos_cpu_test_ablock_bytes(0);
+  restore();
+}
+END_TEST
+
 /* Transposed, narrowed, broadcast and strided operands; padded and
  * strided outputs. */
 START_TEST(layouts) {
@@ -1018,6 +1065,7 @@ Suite *cpu_suite(void) {
   tcase_add_loop_test(g, sweep_f64, 0, 10);
   tcase_add_test(g, square_threads);
   tcase_add_test(g, layouts);
+  tcase_add_test(g, row_blocks);
   tcase_add_test(g, batched);
   tcase_add_test(g, special_values);
   tcase_add_test(g, every_isa);

@@ -183,7 +183,9 @@ static void K(binary_block)(op_code op, const R *a, int64_t sa1, int64_t sa0,
       K(binary)(op, a, b, y, n0);
     return;
   }
-  if (sb0 == 0 || sa0 == 0) {
+  /* One call per row: worth it for long rows only (short ones stay in
+   * the inline loop below, without a call per row). */
+  if ((sb0 == 0 || sa0 == 0) && n0 >= 64) {
     bool v_right = sb0 == 0;
     for (int64_t i1 = 0; i1 < n1; i1++, a += sa1, b += sb1, y += n0)
       K(binary_scalar)(op, v_right ? a : b, v_right ? sa0 : sb0,

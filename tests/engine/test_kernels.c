@@ -637,10 +637,11 @@ END_TEST
 
 /* The broadcast fast paths of binary views, on either side: a short row
  * repeated over many rows (tiled, more rows than one tile holds) and a
- * scalar against a contiguous or a transposed operand.  Same bits as the
- * op on the named elements. */
+ * scalar against a contiguous or a transposed operand (rows of 70: long
+ * enough for the per-row scalar loop).  Same bits as the op on the named
+ * elements. */
 START_TEST(binary_broadcast_sides) {
-  const int64_t R = 300, C = 5;
+  const int64_t R = 40, C = 70; /* 14 rows a tile: 3 tiles */
   double *x = wide_array(R * C, 330), *w = wide_array(C, 331);
   x[7] = NAN;
   x[8] = -0.0;

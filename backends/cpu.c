@@ -474,39 +474,6 @@ static void pack_b_bf16(const uint16_t *src, int64_t rs, int64_t cs, int64_t kc,
 }
 
 #if CPU_X86
-/* Sixteen rows of sixteen f32 transposed in registers: r[i][c] -> r[c][i]. */
-static inline __attribute__((always_inline, target("avx512f"))) void tr16_f32(
-    __m512 *r) {
-  __m512 t[16], u[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; i++) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  /* u[4q + c]: rows 4q..4q+3 of columns 4L + c in 128-bit lane L */
-#pragma GCC unroll 4
-  for (int q = 0; q < 4; q++) {
-    __m512d x0 = _mm512_castps_pd(t[4 * q]),
-            x1 = _mm512_castps_pd(t[4 * q + 1]);
-    __m512d x2 = _mm512_castps_pd(t[4 * q + 2]),
-            x3 = _mm512_castps_pd(t[4 * q + 3]);
-    u[4 * q] = _mm512_castpd_ps(_mm512_unpacklo_pd(x0, x2));
-    u[4 * q + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x0, x2));
-    u[4 * q + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(x1, x3));
-    u[4 * q + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(x1, x3));
-  }
-#pragma GCC unroll 4
-  for (int c = 0; c < 4; c++) {
-    __m512 va = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
-    __m512 vb = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
-    __m512 vc = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
-    __m512 vd = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
-    r[c] = _mm512_shuffle_f32x4(va, vc, 0x88);
-    r[c + 8] = _mm512_shuffle_f32x4(va, vc, 0xdd);
-    r[c + 4] = _mm512_shuffle_f32x4(vb, vd, 0x88);
-    r[c + 12] = _mm512_shuffle_f32x4(vb, vd, 0xdd);
-  }
-}
 
 /* Eight rows of eight f64 transposed in registers: r[i][c] -> r[c][i]. */
 static inline __attribute__((always_inline, target("avx512f"))) void tr8_f64(
@@ -546,7 +513,7 @@ static __attribute__((target("avx512f"))) void pack_a_rows_512_f32(
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++)
       r[i] = i < mr ? _mm512_loadu_ps(src + i * rs + k0) : _mm512_setzero_ps();
-    tr16_f32(r);
+    cpu_transpose16(r);
 #pragma GCC unroll 16
     for (int t = 0; t < 16; t++)
       _mm512_mask_storeu_ps(dst + (k0 + t) * MR, mo, r[t]);
@@ -557,7 +524,7 @@ static __attribute__((target("avx512f"))) void pack_a_rows_512_f32(
     for (int i = 0; i < 16; i++)
       r[i] = i < mr ? _mm512_maskz_loadu_ps(mk, src + i * rs + k0)
                     : _mm512_setzero_ps();
-    tr16_f32(r);
+    cpu_transpose16(r);
     for (int t = 0; t < kt; t++)
       _mm512_mask_storeu_ps(dst + (k0 + t) * MR, mo, r[t]);
   }
@@ -589,21 +556,24 @@ static __attribute__((target("avx512f"))) void pack_a_rows_512_f64(
   }
 }
 
-/* pack_b for a row-major B (cs 1) on AVX-512, NR a multiple of the
- * vector: each k's NR columns as whole-vector loads and stores, the last
- * panel's columns past nc zero through masked loads (instead of a memcpy
- * call and a zeroing loop per k).  A copy: no bits change. */
-static __attribute__((target("avx512f"))) void pack_b_rows_512_f32(
-    const float *src, int64_t rs, int64_t kc, int64_t nc, int NR, float *dst) {
+/* pack_b for a row-major B (cs 1) on AVX-512, a panel (NR elements) a
+ * multiple of 64 bytes: each k's panel as whole-vector loads and stores,
+ * the last panel's columns past nc zero through masked loads (instead of
+ * a memcpy call and a zeroing loop per k).  A copy, so it walks 4-byte
+ * words (an f64 is two) and serves both dtypes: rs, nc and NR are in
+ * words here.  No bits change. */
+static __attribute__((target("avx512f"))) void pack_b_rows_512(
+    const uint32_t *src, int64_t rs, int64_t kc, int64_t nc, int NR,
+    uint32_t *dst) {
   for (int64_t j0 = 0; j0 < nc; j0 += NR) {
-    float *d = dst + j0 * kc;
-    const float *s = src + j0;
+    uint32_t *d = dst + j0 * kc;
+    const uint32_t *s = src + j0;
     if (nc - j0 >= NR && NR == 32) {
       for (int64_t k = 0; k < kc; k++) {
-        __m512 x0 = _mm512_loadu_ps(s + k * rs);
-        __m512 x1 = _mm512_loadu_ps(s + k * rs + 16);
-        _mm512_storeu_ps(d + k * 32, x0);
-        _mm512_storeu_ps(d + k * 32 + 16, x1);
+        __m512i x0 = _mm512_loadu_si512(s + k * rs);
+        __m512i x1 = _mm512_loadu_si512(s + k * rs + 16);
+        _mm512_storeu_si512(d + k * 32, x0);
+        _mm512_storeu_si512(d + k * 32 + 16, x1);
       }
       continue;
     }
@@ -612,34 +582,8 @@ static __attribute__((target("avx512f"))) void pack_b_rows_512_f32(
       int w = left <= 0 ? 0 : left < 16 ? (int)left : 16;
       const __mmask16 mk = (__mmask16)((1u << w) - 1u);
       for (int64_t k = 0; k < kc; k++)
-        _mm512_storeu_ps(d + k * NR + jv,
-                         _mm512_maskz_loadu_ps(mk, s + k * rs + jv));
-    }
-  }
-}
-
-static __attribute__((target("avx512f"))) void pack_b_rows_512_f64(
-    const double *src, int64_t rs, int64_t kc, int64_t nc, int NR,
-    double *dst) {
-  for (int64_t j0 = 0; j0 < nc; j0 += NR) {
-    double *d = dst + j0 * kc;
-    const double *s = src + j0;
-    if (nc - j0 >= NR && NR == 16) {
-      for (int64_t k = 0; k < kc; k++) {
-        __m512d x0 = _mm512_loadu_pd(s + k * rs);
-        __m512d x1 = _mm512_loadu_pd(s + k * rs + 8);
-        _mm512_storeu_pd(d + k * 16, x0);
-        _mm512_storeu_pd(d + k * 16 + 8, x1);
-      }
-      continue;
-    }
-    for (int jv = 0; jv < NR; jv += 8) {
-      int64_t left = nc - j0 - jv;
-      int w = left <= 0 ? 0 : left < 8 ? (int)left : 8;
-      const __mmask8 mk = (__mmask8)((1u << w) - 1u);
-      for (int64_t k = 0; k < kc; k++)
-        _mm512_storeu_pd(d + k * NR + jv,
-                         _mm512_maskz_loadu_pd(mk, s + k * rs + jv));
+        _mm512_storeu_si512(d + k * NR + jv,
+                            _mm512_maskz_loadu_epi32(mk, s + k * rs + jv));
     }
   }
 }
@@ -817,12 +761,9 @@ static void pack_b(const gemm_job *j, const char *src, int64_t kc, int64_t nc,
   /* A row-major B on AVX-512: whole-vector copies. */
   if (g->b_col == 1 && current_isa() == ISA_AVX512 && g->dtype != TOPOS_BF16 &&
       j->im->nr % (g->dtype == TOPOS_F64 ? 8 : 16) == 0) {
-    if (g->dtype == TOPOS_F64)
-      pack_b_rows_512_f64((const double *)src, g->b_row, kc, nc, j->im->nr,
-                          (double *)dst);
-    else
-      pack_b_rows_512_f32((const float *)src, g->b_row, kc, nc, j->im->nr,
-                          (float *)dst);
+    int words = g->dtype == TOPOS_F64 ? 2 : 1; /* 4-byte words an element */
+    pack_b_rows_512((const uint32_t *)src, g->b_row * words, kc, nc * words,
+                    j->im->nr * words, (uint32_t *)dst);
     return;
   }
 #endif

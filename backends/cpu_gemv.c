@@ -211,42 +211,6 @@ DEFINE_TRANS_SCALAR(trans_fma_f64, "fma", double, double, f64_id, fma231_f64)
 DEFINE_TRANS_SCALAR(trans_fma_bf16, "fma", float, uint16_t, cpu_bf16_widen,
                     fma231_f32)
 
-/* r[0..16) rows -> r[t] = column t (a 16x16 f32 transpose in registers:
- * four stages of sixteen shuffles, every loop unrolled so that the tile
- * never leaves the registers). */
-__attribute__((target("avx512f"), always_inline)) static inline void
-transpose16(__m512 *r) {
-  __m512 t[16], u[16];
-#pragma GCC unroll 16
-  for (int i = 0; i < 8; i++) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  /* u[4q + c]: rows 4q..4q+3 of columns 4L + c in 128-bit lane L */
-#pragma GCC unroll 4
-  for (int q = 0; q < 4; q++) {
-    __m512d x0 = _mm512_castps_pd(t[4 * q]),
-            x1 = _mm512_castps_pd(t[4 * q + 1]);
-    __m512d x2 = _mm512_castps_pd(t[4 * q + 2]),
-            x3 = _mm512_castps_pd(t[4 * q + 3]);
-    u[4 * q] = _mm512_castpd_ps(_mm512_unpacklo_pd(x0, x2));
-    u[4 * q + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x0, x2));
-    u[4 * q + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(x1, x3));
-    u[4 * q + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(x1, x3));
-  }
-#pragma GCC unroll 4
-  for (int c = 0; c < 4; c++) {
-    __m512 va = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
-    __m512 vb = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
-    __m512 vc = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
-    __m512 vd = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
-    r[c] = _mm512_shuffle_f32x4(va, vc, 0x88);
-    r[c + 8] = _mm512_shuffle_f32x4(va, vc, 0xdd);
-    r[c + 4] = _mm512_shuffle_f32x4(vb, vd, 0x88);
-    r[c + 12] = _mm512_shuffle_f32x4(vb, vd, 0xdd);
-  }
-}
-
 /* One row's sixteen elements from k0 (kt of them, the rest zero), as f32
  * lanes: the partial step of the tile loop. */
 __attribute__((target("avx512f"))) static inline __m512 part_f32(const float *p,
@@ -286,7 +250,7 @@ __attribute__((target("avx512f"))) static inline __m512 part_bf16(
                          _MM_HINT_T0);                                        \
             r[i] = LDB(base + i * ldb + k0);                                  \
           }                                                                   \
-          transpose16(r);                                                     \
+          cpu_transpose16(r);                                                 \
           _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++) acc =         \
               fma231_ps512(_mm512_set1_ps(SA(a[(k0 + t) * acs])), r[t], acc); \
         }                                                                     \
@@ -295,7 +259,7 @@ __attribute__((target("avx512f"))) static inline __m512 part_bf16(
         for (int i = 0; i < 16; i++)                                          \
           r[i] =                                                              \
               i < rows ? PART(base + i * ldb + k0, kt) : _mm512_setzero_ps(); \
-        transpose16(r);                                                       \
+        cpu_transpose16(r);                                                   \
         for (int t = 0; t < kt; t++)                                          \
           acc =                                                               \
               fma231_ps512(_mm512_set1_ps(SA(a[(k0 + t) * acs])), r[t], acc); \
@@ -330,7 +294,7 @@ DEFINE_TRANS_512(trans_512_bf16, uint16_t, ld512_bf16, part_bf16,
           for (; k0 < kfull; k0 += 16) {                                       \
             _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) r[i] =       \
                 LDB(s + i * cs + k0);                                          \
-            transpose16(r);                                                    \
+            cpu_transpose16(r);                                                \
             _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++)              \
                 _mm512_storeu_ps(d + (k0 + t) * NR + jj, r[t]);                \
           }                                                                    \
@@ -338,7 +302,7 @@ DEFINE_TRANS_512(trans_512_bf16, uint16_t, ld512_bf16, part_bf16,
           int kt = kc - k0 < 16 ? (int)(kc - k0) : 16;                         \
           for (int i = 0; i < 16; i++)                                         \
             r[i] = i < rows ? PART(s + i * cs + k0, kt) : _mm512_setzero_ps(); \
-          transpose16(r);                                                      \
+          cpu_transpose16(r);                                                  \
           for (int t = 0; t < kt; t++)                                         \
             _mm512_storeu_ps(d + (k0 + t) * NR + jj, r[t]);                    \
         }                                                                      \

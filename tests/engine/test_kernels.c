@@ -568,20 +568,22 @@ static double r_step64(double u, double v) {
   return u >= v ? 1.0 : 0.0;
 }
 
+/* The binary ops with their double-precision definitions. */
+static const struct {
+  const char *name;
+  topos_value (*fn)(topos_tape *, topos_value, topos_value);
+  double (*r64)(double, double);
+} ops[6] = {
+    {"add", topos_add, b_add},           {"sub", topos_sub, b_sub},
+    {"mul", topos_mul, b_mul},           {"div", topos_div, b_div},
+    {"maximum", topos_maximum, r_max64}, {"step", topos_step, r_step64}};
+
 START_TEST(binary_on_views) {
   const int64_t R = 7, C = 19;
   double *x = wide_array(C * R, 310), *w = wide_array(C, 311);
   double *z = wide_array(R * (C + 5), 312);
   x[3] = NAN;
   w[2] = -0.0;
-  struct {
-    const char *name;
-    topos_value (*fn)(topos_tape *, topos_value, topos_value);
-    double (*r64)(double, double);
-  } ops[6] = {
-      {"add", topos_add, b_add},           {"sub", topos_sub, b_sub},
-      {"mul", topos_mul, b_mul},           {"div", topos_div, b_div},
-      {"maximum", topos_maximum, r_max64}, {"step", topos_step, r_step64}};
   for (int k = 0; k < 2; k++) {
     topos_dtype d = float_dtypes[k];
     for (int o = 0; o < 6; o++)
@@ -647,14 +649,6 @@ START_TEST(binary_broadcast_sides) {
   x[8] = -0.0;
   w[1] = -0.0;
   w[3] = NAN;
-  struct {
-    const char *name;
-    topos_value (*fn)(topos_tape *, topos_value, topos_value);
-    double (*r64)(double, double);
-  } ops[6] = {
-      {"add", topos_add, b_add},           {"sub", topos_sub, b_sub},
-      {"mul", topos_mul, b_mul},           {"div", topos_div, b_div},
-      {"maximum", topos_maximum, r_max64}, {"step", topos_step, r_step64}};
   for (int k = 0; k < 2; k++) {
     topos_dtype d = float_dtypes[k];
     for (int o = 0; o < 6; o++)

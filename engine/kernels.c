@@ -49,13 +49,17 @@ static bool pool_grad_row_512(const float *x0, const float *x1, const float *y,
 static bool fold_rows_512(const float *src, int64_t rs, int64_t cs,
                           int64_t count, int64_t size, int64_t extent,
                           float *out, int64_t nrows);
+static bool gather_scalar_512(op_code op, const float *a, int64_t sa, float v,
+                              bool v_right, float *y, int64_t n);
 #define POOL_ROW_512 pool_row_512
 #define POOL_GRAD_ROW_512 pool_grad_row_512
 #define FOLD_ROWS_512 fold_rows_512
+#define GATHER_SCALAR_512 gather_scalar_512
 #else
 #define POOL_ROW_512(...) false
 #define POOL_GRAD_ROW_512(...) false
 #define FOLD_ROWS_512(...) false
+#define GATHER_SCALAR_512(...) false
 #endif
 
 #define R float
@@ -81,9 +85,11 @@ static bool fold_rows_512(const float *src, int64_t rs, int64_t cs,
 #undef POOL_ROW_512
 #undef POOL_GRAD_ROW_512
 #undef FOLD_ROWS_512
+#undef GATHER_SCALAR_512
 #define POOL_ROW_512(...) false
 #define POOL_GRAD_ROW_512(...) false
 #define FOLD_ROWS_512(...) false
+#define GATHER_SCALAR_512(...) false
 
 #define R double
 #define K(name) name##_f64
@@ -937,6 +943,53 @@ static bool fold_rows_512(const float *src, int64_t rs, int64_t cs,
                           float *out, int64_t nrows) {
   if (size > 16 || !avx512_available()) return false;
   fold_rows_512_run(src, rs, cs, count, size, extent, out, nrows);
+  return true;
+}
+
+/* K(binary_scalar)'s strided f32 rows, sixteen elements a gather: the
+ * same IEEE operation per element, operands in the same order (a NaN's
+ * payload follows the first operand, as the scalar instruction's). */
+__attribute__((target("avx512f"))) static void gather_scalar_512_run(
+    op_code op, const float *a, int64_t sa, float v, bool v_right, float *y,
+    int64_t n) {
+  const __m512i idx = _mm512_mullo_epi32(
+      _mm512_set1_epi32((int)sa),
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __m512 vv = _mm512_set1_ps(v), one = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < n; i += 16) {
+    __mmask16 m = first_lanes(n - i);
+    __m512 x =
+        _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, a + i * sa, 4);
+    __m512 u = v_right ? x : vv, w = v_right ? vv : x, r;
+    switch (op) {
+      case OP_ADD:
+        r = _mm512_add_ps(u, w);
+        break;
+      case OP_SUB:
+        r = _mm512_sub_ps(u, w);
+        break;
+      case OP_MUL:
+        r = _mm512_mul_ps(u, w);
+        break;
+      case OP_DIV:
+        r = _mm512_div_ps(u, w);
+        break;
+      default: /* OP_STEP: u >= w, false for NaN */
+        r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, w, _CMP_GE_OQ), one);
+        break;
+    }
+    _mm512_mask_storeu_ps(y + i, m, r);
+  }
+}
+
+static bool gather_scalar_512(op_code op, const float *a, int64_t sa, float v,
+                              bool v_right, float *y, int64_t n) {
+  bool fits = sa > 0 && sa <= INT32_MAX / 16;
+  if (!fits || !avx512_available() ||
+      (op != OP_ADD && op != OP_SUB && op != OP_MUL && op != OP_DIV &&
+       op != OP_STEP))
+    return false;
+  gather_scalar_512_run(op, a, sa, v, v_right, y, n);
   return true;
 }
 

@@ -107,20 +107,20 @@ ELEMENTWISE_CLONES static void K(binary)(op_code op, const void *av,
 ELEMENTWISE_CLONES static void K(binary_scalar)(op_code op, const R *a,
                                                 int64_t sa, R v, bool v_right,
                                                 R *y, int64_t n) {
-#define SCALAR_LOOP_1(EXPR, U, W, AT)  \
-  for (int64_t i = 0; i < n; i++) {    \
-    R U = a[AT], W = v;                \
-    y[i] = EXPR;                       \
+#define SCALAR_LOOP_1(EXPR, U, W, AT) \
+  for (int64_t i = 0; i < n; i++) {   \
+    R U = a[AT], W = v;               \
+    y[i] = EXPR;                      \
   }
-#define SCALAR_LOOP(EXPR)                   \
-  if (v_right && sa == 1)                   \
-    SCALAR_LOOP_1(EXPR, u, w, i)            \
-  else if (v_right)                         \
-    SCALAR_LOOP_1(EXPR, u, w, i * sa)       \
-  else if (sa == 1)                         \
-    SCALAR_LOOP_1(EXPR, w, u, i)            \
-  else                                      \
-    SCALAR_LOOP_1(EXPR, w, u, i * sa)
+#define SCALAR_LOOP(EXPR)            \
+  if (v_right && sa == 1)            \
+    SCALAR_LOOP_1(EXPR, u, w, i)     \
+  else if (v_right)                  \
+    SCALAR_LOOP_1(EXPR, u, w, i *sa) \
+  else if (sa == 1)                  \
+    SCALAR_LOOP_1(EXPR, w, u, i)     \
+  else                               \
+    SCALAR_LOOP_1(EXPR, w, u, i *sa)
   switch (op) {
     case OP_ADD:
       SCALAR_LOOP(u + w)
@@ -174,8 +174,8 @@ static void K(binary_block)(op_code op, const R *a, int64_t sa1, int64_t sa0,
       for (int64_t i1 = 0; i1 < n1; i1 += per) {
         int64_t rows = n1 - i1 < per ? n1 - i1 : per;
         const R *full = (rep_b ? a : b) + i1 * n0;
-        K(binary)(op, rep_b ? full : tile, rep_b ? tile : full, y + i1 * n0,
-                  rows * n0);
+        K(binary)
+        (op, rep_b ? full : tile, rep_b ? tile : full, y + i1 * n0, rows * n0);
       }
       return;
     }
@@ -187,9 +187,13 @@ static void K(binary_block)(op_code op, const R *a, int64_t sa1, int64_t sa0,
    * the inline loop below, without a call per row). */
   if ((sb0 == 0 || sa0 == 0) && n0 >= 64) {
     bool v_right = sb0 == 0;
-    for (int64_t i1 = 0; i1 < n1; i1++, a += sa1, b += sb1, y += n0)
-      K(binary_scalar)(op, v_right ? a : b, v_right ? sa0 : sb0,
-                       v_right ? *b : *a, v_right, y, n0);
+    const R *s = v_right ? a : b;
+    int64_t ss = v_right ? sa0 : sb0, s1 = v_right ? sa1 : sb1;
+    const R *c = v_right ? b : a;
+    int64_t c1 = v_right ? sb1 : sa1;
+    for (int64_t i1 = 0; i1 < n1; i1++, s += s1, c += c1, y += n0)
+      if (ss == 1 || !GATHER_SCALAR_512(op, s, ss, *c, v_right, y, n0))
+        K(binary_scalar)(op, s, ss, *c, v_right, y, n0);
     return;
   }
   switch (op) {

@@ -423,6 +423,27 @@ __attribute__((target("avx512f"))) static void copy_short_rows32(
     _mm512_mask_storeu_epi32(dst, m, _mm512_maskz_loadu_epi32(m, src));
 }
 
+/* n1 rows of n0 4-byte elements read s0 apart (a transposing copy: a
+ * conv's [positions, channels] output into [channels, positions]) and
+ * written contiguously, sixteen a gather; the masked-off lanes are
+ * neither read nor written. */
+__attribute__((target("avx512f"))) static void copy_gather_rows32(
+    char *dst, int64_t d1, const char *src, int64_t s1, int64_t s0, int64_t n1,
+    int64_t n0) {
+  const __m512i idx = _mm512_mullo_epi32(
+      _mm512_set1_epi32((int)s0),
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  for (int64_t i1 = 0; i1 < n1; i1++, src += s1 * 4, dst += d1 * 4)
+    for (int64_t i0 = 0; i0 < n0; i0 += 16) {
+      int64_t left = n0 - i0;
+      __mmask16 m =
+          left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+      __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx,
+                                              src + i0 * s0 * 4, 4);
+      _mm512_mask_storeu_epi32(dst + i0 * 4, m, v);
+    }
+}
+
 static bool have_avx512(void) {
   static int known = -1;
   if (known < 0) known = __builtin_cpu_supports("avx512f") ? 1 : 0;
@@ -434,6 +455,9 @@ static bool have_avx512(void) {
 }
 static void copy_short_rows32(char *dst, int64_t d1, const char *src,
                               int64_t s1, int64_t n1, int64_t n0) {}
+static void copy_gather_rows32(char *dst, int64_t d1, const char *src,
+                               int64_t s1, int64_t s0, int64_t n1, int64_t n0) {
+}
 #endif
 
 /* Element i0 of each of n1 rows, es bytes each; dst may be unaligned (an
@@ -459,6 +483,10 @@ void tensor_copy_strided(const topos_tensor *src, void *dst,
           d1 = r > 1 ? ds[r - 2] : 0;
   bool rows = s0 == 1 && d0 == 1;
   bool short_rows = rows && es == 4 && n0 < 16 && n1 > 1 && have_avx512();
+  /* A strided source into contiguous rows, 4-byte elements: gathers (the
+   * byte offsets of sixteen elements must fit an int). */
+  bool gather = !rows && es == 4 && d0 == 1 && s0 > 0 && s0 <= INT32_MAX / 64 &&
+                n0 >= 4 && have_avx512();
   const char *s = tensor_data(src);
   int64_t idx[TOPOS_MAX_RANK] = {0}, so = 0, doff = 0;
   for (;;) {
@@ -466,6 +494,8 @@ void tensor_copy_strided(const topos_tensor *src, void *dst,
     char *d = (char *)dst + doff * (int64_t)es;
     if (short_rows)
       copy_short_rows32(d, d1, sp, s1, n1, n0);
+    else if (gather)
+      copy_gather_rows32(d, d1, sp, s1, s0, n1, n0);
     else if (rows)
       for (int64_t i1 = 0; i1 < n1; i1++)
         memcpy(d + i1 * d1 * (int64_t)es, sp + i1 * s1 * (int64_t)es,

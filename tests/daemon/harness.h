@@ -637,4 +637,32 @@ static void *flood_one(void *p) {
   return NULL;
 }
 
+/* Waits (up to `seconds`) until the daemon has a run in flight: Stats shows
+ * memory reserved, which a run holds from admission to its reply.  Drain
+ * tests send SIGTERM after this, not after a fixed sleep: a new channel's
+ * handshake under the sanitizers and a loaded CI box can take longer than
+ * any sleep that keeps the suite quick. */
+static void wait_run_in_flight(client *c, double seconds) {
+  double until = now_s() + seconds;
+  for (;;) {
+    Topos__V1__StatsRequest q = TOPOS__V1__STATS_REQUEST__INIT;
+    Topos__V1__StatsReply *sr = NULL;
+    size_t len;
+    uint8_t *bytes = pack(&q.base, &len);
+    reply r;
+    call_raw(c, "Stats", bytes, len, 0, &r);
+    free(bytes);
+    ck_assert_msg(r.status == GRPC_STATUS_OK, "Stats: %d %s", r.status,
+                  r.details);
+    sr = topos__v1__stats_reply__unpack(NULL, r.len, r.data);
+    reply_clear(&r);
+    ck_assert_ptr_nonnull(sr);
+    int64_t reserved = sr->reserved_bytes;
+    topos__v1__stats_reply__free_unpacked(sr, NULL);
+    if (reserved > 0) return;
+    ck_assert_msg(now_s() < until, "no run in flight after %.1f s", seconds);
+    usleep(10000);
+  }
+}
+
 #endif /* TOPOS_TESTS_DAEMON_HARNESS_H */

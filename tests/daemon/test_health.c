@@ -157,7 +157,7 @@ START_TEST(test_health_watch) {
   s.bytes = bytes;
   pthread_t t;
   pthread_create(&t, NULL, flood_one, &s);
-  usleep(200000);
+  wait_run_in_flight(&C, 30);
   kill(D.pid, SIGTERM);
   ck_assert_int_eq(watch_next(&all, 10), NOT_SERVING);
   ck_assert_int_eq(watch_next(&topos, 10), NOT_SERVING);

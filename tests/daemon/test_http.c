@@ -846,16 +846,19 @@ START_TEST(test_http_drain) {
   http_reply_clear(&r);
   pthread_t t;
   pthread_create(&t, NULL, flood_one, &s);
-  usleep(300000);
+  wait_run_in_flight(&C, 30);
   kill(D.pid, SIGTERM);
-  usleep(300000);
-  /* Draining: not ready, alive, no new work, idle connections closed. */
+  /* Draining: alive, not ready, no new work, idle connections closed. */
+  for (double until = now_s() + 10;; usleep(10000)) {
+    http_get(D.http_port, "/healthz", &r);
+    ck_assert_int_eq(r.status, 200);
+    bool draining = strstr(r.body, "draining") != NULL;
+    http_reply_clear(&r);
+    if (draining) break;
+    ck_assert_msg(now_s() < until, "/healthz never said draining");
+  }
   http_get(D.http_port, "/readyz", &r);
   HTTP_ASSERT_ERROR(&r, 503, "UNAVAILABLE");
-  http_reply_clear(&r);
-  http_get(D.http_port, "/healthz", &r);
-  ck_assert_int_eq(r.status, 200);
-  ck_assert_ptr_nonnull(strstr(r.body, "draining"));
   http_reply_clear(&r);
   char path[200];
   snprintf(path, sizeof path, "/v1/specs/%s", id);

@@ -209,14 +209,14 @@ START_TEST(test_busy_connection_kept) {
   topos_network *net = calibrated_slow_network(1.5, &out, NULL);
   char id[65];
   record(&c, net, id);
-  client_close(&c);
   uint8_t *bytes;
   size_t len;
   slow_forward_request(net, out, id, &bytes, &len);
   flood_arg a = {d.port, bytes, len, -1};
   pthread_t th;
   pthread_create(&th, NULL, flood_one, &a);
-  usleep(300000);
+  wait_run_in_flight(&c, 30);
+  client_close(&c);
   int fds[16];
   for (int i = 0; i < 16; i++) fds[i] = idle_connection(d.port);
   pthread_join(th, NULL);
@@ -387,14 +387,18 @@ START_TEST(test_health_while_draining) {
   flood_arg a = {d.port, bytes, len, -1};
   pthread_t th;
   pthread_create(&th, NULL, flood_one, &a);
-  usleep(400000);
+  wait_run_in_flight(&c, 30);
   kill(d.pid, SIGTERM);
-  usleep(200000);
-  Topos__V1__HealthRequest h = TOPOS__V1__HEALTH_REQUEST__INIT;
-  Topos__V1__HealthReply *hr = NULL;
-  CALL_OK(&c, "Health", &h, &topos__v1__health_reply__descriptor, &hr);
-  ck_assert_str_eq(hr->status, "draining");
-  wire_message_free(&hr->base);
+  for (double until = now_s() + 10;; usleep(10000)) {
+    Topos__V1__HealthRequest h = TOPOS__V1__HEALTH_REQUEST__INIT;
+    Topos__V1__HealthReply *hr = NULL;
+    CALL_OK(&c, "Health", &h, &topos__v1__health_reply__descriptor, &hr);
+    bool draining = strcmp(hr->status, "draining") == 0;
+    if (!draining) ck_assert_str_eq(hr->status, "serving");
+    wire_message_free(&hr->base);
+    if (draining) break;
+    ck_assert_msg(now_s() < until, "Health never said draining");
+  }
   ck_assert_int_eq(grpc_health_check(&c, "", &st), GRPC_STATUS_OK);
   ck_assert_int_eq(
       st, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING);

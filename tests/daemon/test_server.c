@@ -1649,7 +1649,7 @@ START_TEST(test_sigterm_in_flight) {
     flood_arg a = {D.port, bytes, len, -1};
     pthread_t th;
     pthread_create(&th, NULL, flood_one, &a);
-    usleep(300000); /* the call is running (it takes over 1 s) */
+    wait_run_in_flight(&C, 30); /* the call is running (it takes over 1 s) */
     double t0 = now_s();
     int status = daemon_stop(&D, SIGTERM, 30);
     pthread_join(th, NULL);

@@ -31,6 +31,13 @@ static R K(reduce)(const R *x, int64_t n, int64_t s) {
 #define ELEMENTWISE_CLONES \
   __attribute__((target_clones("avx512f", "avx2", "default")))
 
+/* The elementwise loops write y[i] from x[i] (or a[i], b[i]) only: an
+ * output is a fresh buffer or exactly an input (in place), never a shifted
+ * overlap, so no iteration reads what another wrote.  IVDEP says so, and
+ * the loops vectorise without a runtime overlap check (which an in-place
+ * call, y == a, fails, leaving it scalar). */
+#define IVDEP _Pragma("GCC ivdep")
+
 ELEMENTWISE_CLONES static void K(unary)(op_code op, double p, const void *xv,
                                         void *yv, int64_t n) {
   const R *x = xv;
@@ -38,30 +45,30 @@ ELEMENTWISE_CLONES static void K(unary)(op_code op, double p, const void *xv,
   R pr = (R)p;
   switch (op) {
     case OP_NEG:
-      for (int64_t i = 0; i < n; i++) y[i] = -x[i];
+      IVDEP for (int64_t i = 0; i < n; i++) y[i] = -x[i];
       break;
     case OP_EXP:
-      for (int64_t i = 0; i < n; i++) y[i] = EXP(x[i]);
+      IVDEP for (int64_t i = 0; i < n; i++) y[i] = EXP(x[i]);
       break;
     case OP_LOG:
-      for (int64_t i = 0; i < n; i++) y[i] = LOG(x[i]);
+      IVDEP for (int64_t i = 0; i < n; i++) y[i] = LOG(x[i]);
       break;
     case OP_SQRT:
-      for (int64_t i = 0; i < n; i++) y[i] = SQRT(x[i]);
+      IVDEP for (int64_t i = 0; i < n; i++) y[i] = SQRT(x[i]);
       break;
     case OP_TANH:
-      for (int64_t i = 0; i < n; i++) y[i] = TANH(x[i]);
+      IVDEP for (int64_t i = 0; i < n; i++) y[i] = TANH(x[i]);
       break;
     case OP_ERF:
-      for (int64_t i = 0; i < n; i++) y[i] = ERF(x[i]);
+      IVDEP for (int64_t i = 0; i < n; i++) y[i] = ERF(x[i]);
       break;
     case OP_POW:
-      for (int64_t i = 0; i < n; i++) y[i] = POW(x[i], pr);
+      IVDEP for (int64_t i = 0; i < n; i++) y[i] = POW(x[i], pr);
       break;
     case OP_RELU:
       /* NaN stays NaN; -0 and negatives become +0. */
-      for (int64_t i = 0; i < n; i++)
-        y[i] = isnan(x[i]) ? x[i] : (x[i] > 0 ? x[i] : (R)0);
+      IVDEP for (int64_t i = 0; i < n; i++) y[i] =
+          isnan(x[i]) ? x[i] : (x[i] > 0 ? x[i] : (R)0);
       break;
     default:
       assert(!"not a unary op");
@@ -74,26 +81,25 @@ ELEMENTWISE_CLONES static void K(binary)(op_code op, const void *av,
   R *y = yv;
   switch (op) {
     case OP_ADD:
-      for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+      IVDEP for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
       break;
     case OP_SUB:
-      for (int64_t i = 0; i < n; i++) y[i] = a[i] - b[i];
+      IVDEP for (int64_t i = 0; i < n; i++) y[i] = a[i] - b[i];
       break;
     case OP_MUL:
-      for (int64_t i = 0; i < n; i++) y[i] = a[i] * b[i];
+      IVDEP for (int64_t i = 0; i < n; i++) y[i] = a[i] * b[i];
       break;
     case OP_DIV:
-      for (int64_t i = 0; i < n; i++) y[i] = a[i] / b[i];
+      IVDEP for (int64_t i = 0; i < n; i++) y[i] = a[i] / b[i];
       break;
     case OP_MAXIMUM:
-      for (int64_t i = 0; i < n; i++)
-        y[i] = isnan(a[i])    ? a[i]
-               : isnan(b[i])  ? b[i]
-               : a[i] >= b[i] ? a[i]
-                              : b[i];
+      IVDEP for (int64_t i = 0; i < n; i++) y[i] = isnan(a[i])    ? a[i]
+                                                   : isnan(b[i])  ? b[i]
+                                                   : a[i] >= b[i] ? a[i]
+                                                                  : b[i];
       break;
     case OP_STEP:
-      for (int64_t i = 0; i < n; i++) y[i] = a[i] >= b[i] ? (R)1 : (R)0;
+      IVDEP for (int64_t i = 0; i < n; i++) y[i] = a[i] >= b[i] ? (R)1 : (R)0;
       break;
     default:
       assert(!"not a binary op");
@@ -107,10 +113,10 @@ ELEMENTWISE_CLONES static void K(binary)(op_code op, const void *av,
 ELEMENTWISE_CLONES static void K(binary_scalar)(op_code op, const R *a,
                                                 int64_t sa, R v, bool v_right,
                                                 R *y, int64_t n) {
-#define SCALAR_LOOP_1(EXPR, U, W, AT) \
-  for (int64_t i = 0; i < n; i++) {   \
-    R U = a[AT], W = v;               \
-    y[i] = EXPR;                      \
+#define SCALAR_LOOP_1(EXPR, U, W, AT)     \
+  IVDEP for (int64_t i = 0; i < n; i++) { \
+    R U = a[AT], W = v;                   \
+    y[i] = EXPR;                          \
   }
 #define SCALAR_LOOP(EXPR)            \
   if (v_right && sa == 1)            \

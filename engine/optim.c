@@ -441,10 +441,58 @@ __attribute__((target("avx512f"))) static void sgd_f32_512(const float *p,
   SGD_LOOP(float, pt, gt, dt, left, l2, wd, lr);
 }
 
-static bool sgd_512_available(void) {
+static bool avx512_available(void) {
   static int known = -1;
   if (known < 0) known = __builtin_cpu_supports("avx512f");
   return known;
+}
+
+/* What one Adam/AdamW element needs beyond its four inputs. */
+typedef struct adam_consts {
+  double lr, wd, lr_wd, b1, b2, bc1, bc2, eps;
+  bool l2, decoupled;
+} adam_consts;
+
+/* step_slot's Adam loop for f32 parameters and moments on AVX-512, 8
+ * elements at once, up to the first group holding a moment the state may
+ * not hold; returns how many elements it stepped (step_slot's own loop
+ * does the rest, and names the element at fault).  Each element is the
+ * scalar loop's: widened to double, the same operations in the same
+ * order (no fma; sqrt and division correctly rounded in both), each
+ * result rounded once to f32 by cvtpd2ps. */
+__attribute__((target("avx512f"))) static int64_t adam_f32_512(
+    const adam_consts *k, const float *p, const float *g, const float *m,
+    const float *v, float *po, float *mo, float *vo, int64_t n) {
+  const __m512d lr = _mm512_set1_pd(k->lr), wd = _mm512_set1_pd(k->wd),
+                lr_wd = _mm512_set1_pd(k->lr_wd), b1 = _mm512_set1_pd(k->b1),
+                b2 = _mm512_set1_pd(k->b2), c1 = _mm512_set1_pd(1 - k->b1),
+                c2 = _mm512_set1_pd(1 - k->b2), bc1 = _mm512_set1_pd(k->bc1),
+                bc2 = _mm512_set1_pd(k->bc2), eps = _mm512_set1_pd(k->eps),
+                inf = _mm512_set1_pd(INFINITY), zero = _mm512_setzero_pd();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m512d m0 = _mm512_cvtps_pd(_mm256_loadu_ps(m + i));
+    __m512d v0 = _mm512_cvtps_pd(_mm256_loadu_ps(v + i));
+    /* first_moment_ok: |m| < inf (false for NaN); second_moment_ok:
+     * v >= 0 (false for NaN). */
+    __mmask8 ok = _mm512_cmp_pd_mask(_mm512_abs_pd(m0), inf, _CMP_LT_OQ) &
+                  _mm512_cmp_pd_mask(v0, zero, _CMP_GE_OQ);
+    if (ok != 0xFF) break;
+    __m512d pv = _mm512_cvtps_pd(_mm256_loadu_ps(p + i));
+    __m512d gv = _mm512_cvtps_pd(_mm256_loadu_ps(g + i));
+    if (k->l2) gv = _mm512_add_pd(gv, _mm512_mul_pd(wd, pv));
+    if (k->decoupled) pv = _mm512_sub_pd(pv, _mm512_mul_pd(lr_wd, pv));
+    __m512d m1 = _mm512_add_pd(_mm512_mul_pd(b1, m0), _mm512_mul_pd(c1, gv));
+    __m512d v1 = _mm512_add_pd(_mm512_mul_pd(b2, v0),
+                               _mm512_mul_pd(_mm512_mul_pd(c2, gv), gv));
+    _mm256_storeu_ps(mo + i, _mm512_cvtpd_ps(m1));
+    _mm256_storeu_ps(vo + i, _mm512_cvtpd_ps(v1));
+    __m512d num = _mm512_mul_pd(lr, _mm512_div_pd(m1, bc1));
+    __m512d den = _mm512_add_pd(_mm512_sqrt_pd(_mm512_div_pd(v1, bc2)), eps);
+    _mm256_storeu_ps(
+        po + i, _mm512_cvtpd_ps(_mm512_sub_pd(pv, _mm512_div_pd(num, den))));
+  }
+  return i;
 }
 #endif
 
@@ -454,7 +502,7 @@ static bool sgd_512_available(void) {
 static void sgd_plain(topos_dtype pd, const void *p, const void *g, void *d,
                       int64_t n, bool l2, double wd, double lr) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  if (pd == TOPOS_F32 && sgd_512_available()) {
+  if (pd == TOPOS_F32 && avx512_available()) {
     sgd_f32_512(p, g, d, n, l2, wd, lr);
     return;
   }
@@ -502,7 +550,14 @@ static int step_slot(const step_ctx *c, int slot, const topos_tensor *p,
     sgd_plain(pd, vp.data, vg.data, dp, n, l2, wd, lr);
     goto done;
   }
-  for (int64_t i = 0; i < n; i++) {
+  int64_t i = 0;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (opt->kind != TOPOS_SGD && pd == TOPOS_F32 && avx512_available()) {
+    adam_consts k = {lr, wd, lr_wd, b1, b2, c->bc1, c->bc2, eps, l2, decoupled};
+    i = adam_f32_512(&k, vp.data, vg.data, vm.data, vv.data, dp, dm, dv, n);
+  }
+#endif
+  for (; i < n; i++) {
     double pv = view_at(&vp, pd, i), gv = view_at(&vg, pd, i);
     if (l2) gv = gv + wd * pv;
     double next;

@@ -586,6 +586,140 @@ START_TEST(test_adamw_decay_selection) {
 }
 END_TEST
 
+/* f32 Adam over a long tensor (AVX-512 steps 8 elements at once where the
+ * CPU has it, the scalar loop the rest): every element's parameter and
+ * moments, bits compared with the specified arithmetic, special values
+ * among them; a bad moment inside the wide part and one in the tail are
+ * named by element. */
+static float wide_value(uint64_t *s, double scale) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return (float)(((double)(*s >> 11) / 9007199254740992.0 - 0.5) * scale);
+}
+
+static topos_tensor *f32_tensor(int rank, const int64_t *shape,
+                                const float *v) {
+  topos_error err = {0};
+  topos_tensor *t = topos_tensor_from(TOPOS_F32, rank, shape, v, &err);
+  ck_assert_msg(t != NULL, "%s", err.message);
+  return t;
+}
+
+static void assert_f32_bits(const topos_tensor *t, const float *want, int64_t n,
+                            const char *what) {
+  size_t bytes = 0;
+  const uint32_t *got = topos_tensor_memory(t, &bytes);
+  ck_assert_uint_eq(bytes, (size_t)n * 4);
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t w;
+    memcpy(&w, &want[i], 4);
+    ck_assert_msg(got[i] == w, "%s element %lld: got %08x want %08x", what,
+                  (long long)i, got[i], w);
+  }
+}
+
+START_TEST(test_adam_f32_wide) {
+  enum { R = 37, C = 28, N = R * C }; /* 1036: 129 groups of 8, 4 left */
+  float p[N], g[N], m[N], v[N];
+  uint64_t seed = 7;
+  for (int i = 0; i < N; i++) {
+    p[i] = wide_value(&seed, 4);
+    g[i] = wide_value(&seed, 0.2);
+    m[i] = wide_value(&seed, 0.05);
+    v[i] = fabsf(wide_value(&seed, 0.002));
+  }
+  const float spec_p[] = {0.0f, -0.0f, FLT_MAX, 1e-40f, -3e38f};
+  const float spec_g[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e30f, 1e-40f};
+  const float spec_m[] = {FLT_MAX, -FLT_MAX, -0.0f, 0.0f, 1e-40f};
+  const float spec_v[] = {-0.0f, INFINITY, 0.0f, FLT_MAX, 1e-40f};
+  for (int i = 0; i < 5; i++) p[100 + i] = spec_p[i], p[N - 1 - i] = spec_p[i];
+  for (int i = 0; i < 7; i++) g[200 + i] = spec_g[i], g[N - 1 - i] = spec_g[i];
+  for (int i = 0; i < 5; i++)
+    m[300 + i] = spec_m[i], m[N - 3 + i % 3] = spec_m[i];
+  for (int i = 0; i < 5; i++) v[400 + i] = spec_v[i], v[N - 5 + i] = spec_v[i];
+  const double lr = 0.003, b1 = 0.9, b2 = 0.99, eps = 1e-8, wd = 0.01;
+  const int64_t step = 4; /* the step taken is the fifth */
+  const double bc1 = 1 - ref_pow(b1, 5), bc2 = 1 - ref_pow(b2, 5);
+  const int64_t shape[2] = {R, C}, flat[1] = {N};
+  for (int kind = 0; kind < 4; kind++) {
+    /* Adam, Adam with L2 decay, AdamW decaying [R, C], AdamW on [N] (rank
+     * 1: not decayed). */
+    topos_optimizer opt = kind < 2 ? topos_adam(lr, b1, b2, eps)
+                                   : topos_adamw(lr, b1, b2, eps, wd);
+    if (kind == 1) opt.weight_decay = wd;
+    bool l2 = kind == 1, decoupled = kind == 2;
+    int rank = kind == 3 ? 1 : 2;
+    const int64_t *sh = kind == 3 ? flat : shape;
+    float pe[N], me[N], ve[N];
+    for (int i = 0; i < N; i++) {
+      double pv = p[i], gv = g[i];
+      if (l2) gv = gv + wd * pv;
+      if (decoupled) pv = pv - lr * wd * pv;
+      double m1 = b1 * m[i] + (1 - b1) * gv;
+      double v1 = b2 * v[i] + (1 - b2) * gv * gv;
+      me[i] = (float)m1;
+      ve[i] = (float)v1;
+      pe[i] = (float)(pv - lr * (m1 / bc1) / (sqrt(v1 / bc2) + eps));
+    }
+    topos_tensor *tp = f32_tensor(rank, sh, p), *tg = f32_tensor(rank, sh, g);
+    topos_tensor *tm = f32_tensor(rank, sh, m), *tv = f32_tensor(rank, sh, v);
+    topos_params *pp = set_of(1, &tp), *gp = set_of(1, &tg);
+    topos_params *mp = set_of(1, &tm), *vp = set_of(1, &tv);
+    topos_opt_state *s = topos_opt_state_from(step, mp, vp, NULL);
+    ck_assert_ptr_nonnull(s);
+    topos_params *p1;
+    topos_opt_state *s1;
+    step_ok(&opt, pp, gp, s, &p1, &s1);
+    assert_f32_bits(topos_params_get(p1, 0), pe, N, "p");
+    assert_f32_bits(topos_params_get(topos_opt_state_moment(s1, 0), 0), me, N,
+                    "m");
+    assert_f32_bits(topos_params_get(topos_opt_state_moment(s1, 1), 0), ve, N,
+                    "v");
+    topos_params_free(p1);
+    topos_opt_state_free(s1);
+    topos_opt_state_free(s);
+    topos_params_free(pp);
+    topos_params_free(gp);
+    topos_params_free(mp);
+    topos_params_free(vp);
+  }
+  /* A NaN first moment in the wide part, a negative second moment in the
+   * tail: refused by element. */
+  const struct {
+    int at;
+    bool second;
+    float x;
+    const char *expect;
+  } bad[] = {{517, false, NAN, "first moment (m) slot 0 element 517 is nan"},
+             {1034, true, -1.0f, "second moment (v) slot 0 element 1034 is -1"},
+             {8, false, INFINITY, "first moment (m) slot 0 element 8 is inf"}};
+  topos_optimizer adam = topos_adam(lr, b1, b2, eps);
+  for (size_t b = 0; b < sizeof bad / sizeof *bad; b++) {
+    float mb[N], vb[N];
+    memcpy(mb, m, sizeof mb);
+    memcpy(vb, v, sizeof vb);
+    (bad[b].second ? vb : mb)[bad[b].at] = bad[b].x;
+    topos_tensor *tp = f32_tensor(1, flat, p), *tg = f32_tensor(1, flat, g);
+    topos_tensor *tm = f32_tensor(1, flat, mb), *tv = f32_tensor(1, flat, vb);
+    topos_params *pp = set_of(1, &tp), *gp = set_of(1, &tg);
+    topos_params *mp = set_of(1, &tm), *vp = set_of(1, &tv);
+    topos_opt_state *s = topos_opt_state_from(step, mp, vp, NULL);
+    topos_error err = {0};
+    topos_params *po = NULL;
+    topos_opt_state *so = NULL;
+    ck_assert_int_eq(topos_optimizer_step(&adam, pp, gp, s, &po, &so, &err),
+                     TOPOS_ERR_ARGUMENT);
+    ck_assert_msg(strstr(err.message, bad[b].expect) != NULL, "%s",
+                  err.message);
+    ck_assert_ptr_null(po);
+    topos_opt_state_free(s);
+    topos_params_free(pp);
+    topos_params_free(gp);
+    topos_params_free(mp);
+    topos_params_free(vp);
+  }
+}
+END_TEST
+
 /* -------------------------------------------------------- bias correction */
 
 START_TEST(test_reference_pow_sanity) {
@@ -1198,6 +1332,7 @@ Suite *optim_suite(void) {
   tcase_add_test(tc, test_adam_l2_weight_decay);
   tcase_add_test(tc, test_adam_f32_and_bf16);
   tcase_add_test(tc, test_adamw_decay_selection);
+  tcase_add_test(tc, test_adam_f32_wide);
   suite_add_tcase(s, tc);
   tc = tcase_create("exactness");
   tcase_set_timeout(tc, 60);

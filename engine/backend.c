@@ -241,19 +241,27 @@ void exec_reference_ran(const exec_env *env) {
   count(env, 0);
 }
 
-int exec_offer(const exec_env *env, topos_task *t) {
-  t->threads = env->threads;
+/* Offers t down env's chain: the first backend that takes it and succeeds
+ * is counted; a backend's failure falls back silently to the next.
+ * Returns whether one ran. */
+static bool offer_chain(const exec_env *env, topos_task *t) {
   offer_hook_fn hook = atomic_load_explicit(&offer_hook, memory_order_acquire);
   if (hook) hook(t, atomic_load(&offer_hook_ctx));
   for (int i = 0; i < env->nchain; i++) {
     const topos_backend *b = env->chain[i];
     if (!b->supports(b, t)) continue;
-    topos_error e = {0}; /* a backend's failure falls back silently */
+    topos_error e = {0};
     if (b->run(b, t, &e) == TOPOS_OK) {
       count(env, env->chain_index[i]);
-      return 0;
+      return true;
     }
   }
+  return false;
+}
+
+int exec_offer(const exec_env *env, topos_task *t) {
+  t->threads = env->threads;
+  if (offer_chain(env, t)) return 0;
   count(env, 0);
   return -1;
 }
@@ -294,17 +302,7 @@ int exec_units(const exec_env *env,
   if (env && env->threads > 1 && units > 1) {
     topos_task t = {.kind = TOPOS_TASK_UNITS, .threads = env->threads};
     t.u.units = (topos_units_task){units_step, &c, units};
-    offer_hook_fn hook =
-        atomic_load_explicit(&offer_hook, memory_order_acquire);
-    if (hook) hook(&t, atomic_load(&offer_hook_ctx));
-    for (int i = 0; i < env->nchain && !ran; i++) {
-      const topos_backend *b = env->chain[i];
-      topos_error e = {0};
-      if (b->supports(b, &t) && b->run(b, &t, &e) == TOPOS_OK) {
-        count(env, env->chain_index[i]);
-        ran = true;
-      }
-    }
+    ran = offer_chain(env, &t);
   }
   for (int64_t u = 0; !ran && u < units; u++) units_step(&c, u, 0);
   if (!atomic_load(&c.stopped)) return 0;

@@ -650,4 +650,19 @@ void backend_set_threads(int threads);
 void backend_set_offer_hook(void (*fn)(const topos_task *t, void *ctx),
                             void *ctx);
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+/* The lane indices 0, s, ..., 15·s of a sixteen-lane gather of elements s
+ * apart (kernels.c's strided rows, tensor.c's transposing copies).  The
+ * gather scales each index by the element size and adds it to the base in
+ * 64 bits, so only 15·s must fit an int32: s <= GATHER16_STRIDE_MAX. */
+#define GATHER16_STRIDE_MAX ((int64_t)INT32_MAX / 15)
+__attribute__((target("avx512f"))) static inline __m512i gather16_index(
+    int64_t s) {
+  return _mm512_mullo_epi32(
+      _mm512_set1_epi32((int)s),
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+#endif
+
 #endif /* TOPOS_INTERNAL_H */

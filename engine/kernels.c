@@ -952,9 +952,7 @@ static bool fold_rows_512(const float *src, int64_t rs, int64_t cs,
 __attribute__((target("avx512f"))) static void gather_scalar_512_run(
     op_code op, const float *a, int64_t sa, float v, bool v_right, float *y,
     int64_t n) {
-  const __m512i idx = _mm512_mullo_epi32(
-      _mm512_set1_epi32((int)sa),
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __m512i idx = gather16_index(sa);
   const __m512 vv = _mm512_set1_ps(v), one = _mm512_set1_ps(1.0f);
   for (int64_t i = 0; i < n; i += 16) {
     __mmask16 m = first_lanes(n - i);
@@ -984,7 +982,7 @@ __attribute__((target("avx512f"))) static void gather_scalar_512_run(
 
 static bool gather_scalar_512(op_code op, const float *a, int64_t sa, float v,
                               bool v_right, float *y, int64_t n) {
-  bool fits = sa > 0 && sa <= INT32_MAX / 16;
+  bool fits = sa > 0 && sa <= GATHER16_STRIDE_MAX;
   if (!fits || !avx512_available() ||
       (op != OP_ADD && op != OP_SUB && op != OP_MUL && op != OP_DIV &&
        op != OP_STEP))

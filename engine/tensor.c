@@ -430,9 +430,7 @@ __attribute__((target("avx512f"))) static void copy_short_rows32(
 __attribute__((target("avx512f"))) static void copy_gather_rows32(
     char *dst, int64_t d1, const char *src, int64_t s1, int64_t s0, int64_t n1,
     int64_t n0) {
-  const __m512i idx = _mm512_mullo_epi32(
-      _mm512_set1_epi32((int)s0),
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __m512i idx = gather16_index(s0);
   for (int64_t i1 = 0; i1 < n1; i1++, src += s1 * 4, dst += d1 * 4)
     for (int64_t i0 = 0; i0 < n0; i0 += 16) {
       int64_t left = n0 - i0;
@@ -483,10 +481,9 @@ void tensor_copy_strided(const topos_tensor *src, void *dst,
           d1 = r > 1 ? ds[r - 2] : 0;
   bool rows = s0 == 1 && d0 == 1;
   bool short_rows = rows && es == 4 && n0 < 16 && n1 > 1 && have_avx512();
-  /* A strided source into contiguous rows, 4-byte elements: gathers (the
-   * byte offsets of sixteen elements must fit an int). */
-  bool gather = !rows && es == 4 && d0 == 1 && s0 > 0 && s0 <= INT32_MAX / 64 &&
-                n0 >= 4 && have_avx512();
+  /* A strided source into contiguous rows, 4-byte elements: gathers. */
+  bool gather = !rows && es == 4 && d0 == 1 && s0 > 0 &&
+                s0 <= GATHER16_STRIDE_MAX && n0 >= 4 && have_avx512();
   const char *s = tensor_data(src);
   int64_t idx[TOPOS_MAX_RANK] = {0}, so = 0, doff = 0;
   for (;;) {

@@ -650,6 +650,32 @@ void backend_set_threads(int threads);
 void backend_set_offer_hook(void (*fn)(const topos_task *t, void *ctx),
                             void *ctx);
 
+/* ------------------------------------------------------- fused adjoints */
+
+/* How many operand slots of net's nodes name each node (malloc'd, one per
+ * node; NULL when out of memory). */
+int32_t *network_uses(const topos_network *net);
+
+/* topos_gelu's thirteen nodes headed by y (gelu.c): x, the interior values
+ * x's cotangent reads, and the constants. */
+typedef struct gelu_pattern {
+  int32_t x, x2, half, s, t;
+  double c, k, h;
+} gelu_pattern;
+
+/* Whether node head is the product of a tanh GELU whose adjoint may run
+ * in one pass with the unfused bits (gelu.c says when); uses from
+ * network_uses. */
+bool gelu_match(const topos_network *net, const int32_t *uses, int32_t head,
+                gelu_pattern *m);
+
+/* x's cotangent from the head's cotangent g and the forward values
+ * v = {x, x2, half, s, t}: the unfused adjoints' bits in one pass, in
+ * units env's backends may spread.  NULL with err on failure or a stop. */
+topos_tensor *gelu_grad(const exec_env *env, const gelu_pattern *m,
+                        const topos_tensor *g, const topos_tensor *const *v,
+                        topos_error *err);
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 /* The lane indices 0, s, ..., 15·s of a sixteen-lane gather of elements s

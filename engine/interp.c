@@ -269,7 +269,9 @@ typedef struct eval_builder {
   topos_tensor **t; /* NULL: released, or a value the adjoint may not read */
   tensor_meta *m;
   int n, cap;
-  int settled; /* handles below this survived the last settle */
+  int settled;   /* handles below this survived the last settle */
+  int32_t *uses; /* network_uses, made at the first fused-GELU question */
+  bool uses_failed;
   topos_error *err;
 } eval_builder;
 
@@ -397,6 +399,37 @@ static void eb_settle(builder *b, const int32_t *keep, int nkeep) {
 
 /* A plan run's fused window group headed by node i: its adjoint from the
  * group's inputs at once (plan.c elects them; exec_group_grad). */
+/* A tanh GELU headed by node i: x's cotangent in one pass (gelu.c), when
+ * only the parameters' gradients are wanted and the forward values it
+ * reads are there (a plan keeps them: the unfused adjoints read them). */
+static int eb_gelu_adjoint(eval_builder *eb, int32_t i, int32_t g, int32_t *to,
+                           int32_t *dx, int *n) {
+  const topos_run *run = eb->run;
+  if (eb->uses == NULL && !eb->uses_failed) {
+    eb->uses = network_uses(run->net);
+    eb->uses_failed = eb->uses == NULL; /* the unfused adjoints, then */
+  }
+  gelu_pattern m;
+  if (eb->uses == NULL || !gelu_match(run->net, eb->uses, i, &m)) return 0;
+  const topos_tensor *v[5] = {run->vals[m.x], run->vals[m.x2],
+                              run->vals[m.half], run->vals[m.s],
+                              run->vals[m.t]};
+  for (int k = 0; k < 5; k++)
+    if (!v[k]) return 0;
+  if (g < 0 || !eb->t[g]) return 0;
+  topos_error e = {0};
+  topos_tensor *gx = gelu_grad(eb->env, &m, eb->t[g], v, &e);
+  if (!gx) {
+    error_set(eb->err, e.code, "fused GELU adjoint: %s", e.message);
+    return -1;
+  }
+  tensor_meta meta = tensor_meta_of(gx);
+  to[0] = m.x;
+  dx[0] = eb_push(eb, gx, &meta);
+  *n = 1;
+  return dx[0] < 0 ? -1 : 1;
+}
+
 static int eb_group_adjoint(builder *b, int32_t i, int32_t g,
                             const bool *wanted, int32_t *to, int32_t *dx,
                             int *n) {
@@ -405,8 +438,10 @@ static int eb_group_adjoint(builder *b, int32_t i, int32_t g,
   const topos_plan *p = run->plan;
   *n = 0;
   /* A full field also wants the interior's cotangents: the unfused
-   * adjoints give them, on recomputed interior values (eb_remat). */
-  if (!p || !wanted || p->group_of[i] < 0) return 0;
+   * adjoints give them (for window groups on recomputed interior values,
+   * eb_remat). */
+  if (!wanted) return 0;
+  if (!p || p->group_of[i] < 0) return eb_gelu_adjoint(eb, i, g, to, dx, n);
   const plan_group *grp = &p->groups[p->group_of[i]];
   if (!grp->fused_grad || grp->head != i) return 0;
   int32_t other = grp->kind == GROUP_CONV ? grp->weight : i;
@@ -508,6 +543,7 @@ static int backward_eval(const exec_env *env, const topos_run *run, int ti,
 }
 
 static void backward_done(eval_builder *eb, int32_t *grads) {
+  free(eb->uses);
   for (int h = 0; h < eb->n; h++) topos_tensor_release(eb->t[h]);
   free(eb->t);
   free(eb->m);

@@ -1289,6 +1289,99 @@ START_TEST(training_fused_adjoints_threads) {
 }
 END_TEST
 
+/* The tanh GELU's adjoint in one pass (engine/gelu.c): gradients, from the
+ * interpreter and from training plans at 1-3 threads, carry the bits of
+ * the unfused adjoints (the full field of topos_backward, which never
+ * fuses), f32 and f64 (bf16 is not fused, and checked too), with zeros,
+ * infinities, NaN, subnormals and values whose cube overflows among x; x's
+ * consumers outside the pattern (`shared`) keep the unfused adjoints. */
+static void gelu_case(topos_dtype dt, bool shared, int *units_seen) {
+  enum { R = 131, C = 130 }; /* 17030 elements: two units of 16384 */
+  static double xv[R * C], rv[R * C];
+  uint64_t seed = 99 + (uint64_t)dt;
+  for (int i = 0; i < R * C; i++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    xv[i] = ((double)(seed >> 11) / 9007199254740992.0 - 0.5) * 8;
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    rv[i] = ((double)(seed >> 11) / 9007199254740992.0 - 0.5) * 2;
+  }
+  const double special[] = {0.0,    -0.0,   NAN,   INFINITY, -INFINITY,
+                            30,     -30,    1e20,  -1e20,    1e-39,
+                            -1e-39, 5e-324, 1e300, 0.5};
+  const int ns = (int)(sizeof special / sizeof *special);
+  for (int i = 0; i < ns; i++) {
+    xv[7 * i + 3] = special[i];         /* the first unit */
+    xv[R * C - 1 - 5 * i] = special[i]; /* the tail unit */
+    rv[R * C - 2 - 5 * i] = special[ns - 1 - i];
+  }
+  topos_tape *t = topos_tape_new(dt);
+  topos_tensor *x0 = tt_tensor(dt, 2, S(R, C), xv);
+  topos_tensor *b0 = tt_tensor(dt, 2, S(R, C), rv);
+  topos_tensor *r0 = tt_tensor(dt, 2, S(R, C), rv);
+  topos_value p = topos_parameter(t, x0), q = topos_parameter(t, b0);
+  topos_value x = topos_add(t, p, q);
+  topos_value y = topos_gelu(t, x);
+  topos_value loss = topos_sum(t, topos_mul(t, y, topos_input(t, r0)));
+  if (shared) loss = topos_add(t, loss, topos_sum(t, x));
+  topos_tensor_release(x0);
+  topos_tensor_release(b0);
+  topos_tensor_release(r0);
+  topos_network *net = seal(t);
+  char what[64];
+  snprintf(what, sizeof what, "gelu %s%s", topos_dtype_name(dt),
+           shared ? " shared" : "");
+  topos_error err = {0};
+  topos_run *ref = topos_forward(net, NULL, NULL, 0, NULL, &err);
+  ck_assert_msg(ref != NULL, "%s: %s", what, err.message);
+  topos_field *rf = topos_backward(ref, loss, NULL, &err); /* unfused */
+  ck_assert_msg(rf != NULL, "%s: %s", what, err.message);
+  topos_params *rg = topos_gradients(ref, loss, NULL, &err);
+  ck_assert_msg(rg != NULL, "%s: %s", what, err.message);
+  for (int k = 0; k < net->nparams; k++)
+    expect_bits(rg->t[k], rf->t[net->param_nodes[k]], what, k);
+  topos_plan *plan = lower(net, &loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING);
+  for (int threads = 1; threads <= 3; threads++) {
+    static atomic_int units;
+    atomic_store(&units, 0);
+    backend_set_offer_hook(units_spy, &units);
+    topos_exec ctx = topos_plan_exec(plan);
+    ctx.threads = threads;
+    topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, &ctx, &err);
+    ck_assert_msg(run != NULL, "%s: %s", what, err.message);
+    topos_params *pg = topos_plan_gradients(plan, run, &ctx, &err);
+    backend_set_offer_hook(NULL, NULL);
+    ck_assert_msg(pg != NULL, "%s: gradients: %s", what, err.message);
+    for (int k = 0; k < net->nparams; k++)
+      expect_bits(pg->t[k], rf->t[net->param_nodes[k]], what, 100 + k);
+    *units_seen += atomic_load(&units);
+    topos_params_free(pg);
+    topos_run_free(run);
+  }
+  topos_plan_free(plan);
+  topos_params_free(rg);
+  topos_field_free(rf);
+  topos_run_free(ref);
+  topos_network_release(net);
+}
+
+START_TEST(training_fused_gelu) {
+  topos_backends_register_defaults();
+  for (int d = 0; d < 3; d++) {
+    int fused_units = 0, shared_units = 0;
+    gelu_case(float_dtypes[d], false, &fused_units);
+    gelu_case(float_dtypes[d], true, &shared_units);
+    /* Only a multi-thread run offers units: the one pass ran there (f32
+     * and f64; bf16 keeps the unfused adjoints), and never where x has
+     * another consumer. */
+    if (float_dtypes[d] == TOPOS_BF16)
+      ck_assert_int_eq(fused_units, 0);
+    else
+      ck_assert_int_gt(fused_units, 0);
+    ck_assert_int_eq(shared_units, 0);
+  }
+}
+END_TEST
+
 /* Two conv chains on one x, the second recorded inside the first (its
  * links between the first's unfold and matmul), and a third reader of x:
  * fusing the outer chain would move its contribution to x's cotangent past
@@ -1996,6 +2089,7 @@ Suite *plan_suite(void) {
   tcase_add_test(tc, training_fused_adjoints_threads);
   tcase_add_test(tc, training_fused_edges);
   tcase_add_test(tc, training_fused_interleaved);
+  tcase_add_test(tc, training_fused_gelu);
   tcase_add_test(tc, training_errors);
   suite_add_tcase(s, tc);
 

@@ -1,0 +1,223 @@
+/*
+ * gelu.c - the tanh GELU's adjoint in one pass.
+ *
+ * topos_gelu (nn.c) records GELU as thirteen elementwise nodes:
+ *
+ *   x2 = x·x   x3 = x·x2   inner = x + c·x3   t = tanh(k·inner)
+ *   half = h·x   s = 1 + t   y = half·s
+ *
+ * with c, k and h broadcast constants.  Its unfused adjoint is about
+ * sixteen passes over tensors of x's size (a third of a small
+ * transformer's training step).  When backward gathers gradients
+ * (params_only: no interior cotangent is wanted) and the nodes form
+ * exactly that pattern, the evaluating builder (interp.c) asks this file
+ * for x's cotangent at once: one pass over g, x, x2, half, s and t, which
+ * the training plan keeps anyway (the unfused adjoints read them).
+ *
+ * Each element runs the unfused scan's arithmetic, op for op, operands in
+ * the adjoint rules' order (adjoint.c: mul's dx0 = g·b, dx1 = g·a; add
+ * passes g; tanh's g·(1 − y·y)), in the dtype's own arithmetic (f32 or
+ * f64; bf16 keeps the unfused adjoints), and x's contributions
+ * summed in the scan's order (consumers by decreasing index: half, inner,
+ * x3, then x2's two operands).  So the bits are the unfused ones; the plan
+ * suite compares them for every dtype, specials included.
+ *
+ * The match is strict: each interior node has its one consumer inside the
+ * pattern, x has no consumer outside it, the constants are broadcast
+ * scalars (no gradient flows into them), every value has x's dtype and
+ * shape, and the consumers of x come in the order topos_gelu records them
+ * (that order is the order of the sum).  Anything else takes the unfused
+ * adjoints.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+int32_t *network_uses(const topos_network *net) {
+  int32_t *uses = calloc((size_t)(net->n > 0 ? net->n : 1), sizeof *uses);
+  if (uses == NULL) return NULL;
+  for (int i = 0; i < net->n; i++)
+    for (int j = 0; j < net->nodes[i].nin; j++) uses[net->nodes[i].in[j]]++;
+  return uses;
+}
+
+/* Node i is a broadcast of a rank-0 constant: its value in *v. */
+static bool fill_value(const topos_network *net, int32_t i, double *v) {
+  const node *n = &net->nodes[i];
+  if (n->op != OP_BROADCAST || n->nin != 1) return false;
+  const node *c = &net->nodes[n->in[0]];
+  if (c->op != OP_CONSTANT || c->at.tensor == NULL || c->meta.rank != 0)
+    return false;
+  *v = topos_tensor_get(c->at.tensor, NULL, NULL);
+  return true;
+}
+
+/* Node i is op over {a fill, v} in either order: v's index and the fill's
+ * value. */
+static bool fill_and(const topos_network *net, int32_t i, op_code op,
+                     int32_t *v, double *value) {
+  const node *n = &net->nodes[i];
+  if (n->op != op || n->nin != 2) return false;
+  for (int j = 0; j < 2; j++)
+    if (fill_value(net, n->in[j], value)) {
+      *v = n->in[1 - j];
+      return !fill_value(net, *v, &(double){0});
+    }
+  return false;
+}
+
+static bool same_meta(const tensor_meta *a, const tensor_meta *b) {
+  return a->dtype == b->dtype &&
+         shape_equal(a->rank, a->shape, b->rank, b->shape);
+}
+
+bool gelu_match(const topos_network *net, const int32_t *uses, int32_t head,
+                gelu_pattern *m) {
+  const node *y = &net->nodes[head];
+  if (y->op != OP_MUL || y->nin != 2) return false;
+  topos_dtype dt = y->meta.dtype;
+  /* bf16 would read six f32 copies of x's size at once, more than the
+   * unfused adjoints hold (and the plan's backward bound meters): it keeps
+   * them. */
+  if (dt != TOPOS_F32 && dt != TOPOS_F64) return false;
+  int32_t half = -1, s = -1, t = -1, x = -1, x_h = -1;
+  double one;
+  for (int j = 0; j < 2 && half < 0; j++) {
+    int32_t a = y->in[j], b = y->in[1 - j];
+    if (fill_and(net, a, OP_MUL, &x_h, &m->h) &&
+        fill_and(net, b, OP_ADD, &t, &one)) {
+      half = a;
+      s = b;
+    }
+  }
+  if (half < 0 || net->nodes[t].op != OP_TANH) return false;
+  int32_t u = net->nodes[t].in[0], inner, cx3, x3, x2;
+  if (!fill_and(net, u, OP_MUL, &inner, &m->k)) return false;
+  const node *in = &net->nodes[inner];
+  if (in->op != OP_ADD || in->nin != 2) return false;
+  /* inner = x + c·x3, either order; x is half's operand. */
+  x = x_h;
+  int j = in->in[0] == x ? 1 : in->in[1] == x ? 0 : -1;
+  if (j < 0) return false;
+  cx3 = in->in[j];
+  if (!fill_and(net, cx3, OP_MUL, &x3, &m->c)) return false;
+  const node *n3 = &net->nodes[x3];
+  if (n3->op != OP_MUL || n3->nin != 2) return false;
+  j = n3->in[0] == x ? 1 : n3->in[1] == x ? 0 : -1;
+  if (j < 0) return false;
+  x2 = n3->in[j];
+  const node *n2 = &net->nodes[x2];
+  if (n2->op != OP_MUL || n2->nin != 2 || n2->in[0] != x || n2->in[1] != x)
+    return false;
+  /* One consumer each inside; x's five operand slots all inside. */
+  const int32_t inside[] = {x2, x3, cx3, inner, u, t, half, s};
+  for (size_t i = 0; i < sizeof inside / sizeof *inside; i++)
+    if (uses[inside[i]] != 1 ||
+        !same_meta(&net->nodes[inside[i]].meta, &y->meta))
+      return false;
+  if (uses[x] != 5 || !same_meta(&net->nodes[x].meta, &y->meta)) return false;
+  /* x's cotangent sums its consumers by decreasing index. */
+  if (!(half > inner && inner > x3 && x3 > x2)) return false;
+  m->x = x;
+  m->x2 = x2;
+  m->half = half;
+  m->s = s;
+  m->t = t;
+  return true;
+}
+
+/* ------------------------------------------------------------ the kernel */
+
+typedef struct gelu_job {
+  topos_dtype dtype;
+  int64_t n;
+  const void *g, *x, *x2, *half, *s, *t; /* compute-type arrays */
+  void *gx;
+  double c, k, h;
+} gelu_job;
+
+enum { GELU_UNIT = 1 << 14 }; /* elements per unit */
+
+/* The unfused scan's arithmetic for elements [i0, i1) in R, the dtype's
+ * type: each line one op of the unfused adjoints, rounded as its output
+ * tensor is (by the operation itself, f32 or f64). */
+#define GELU_GRAD_LOOP(R)                                                    \
+  do {                                                                       \
+    const R *g = j->g, *x = j->x, *x2 = j->x2, *hx = j->half, *s = j->s,     \
+            *t = j->t;                                                       \
+    R *gx = j->gx;                                                           \
+    const R c = (R)j->c, k = (R)j->k, h = (R)j->h, one = (R)1;               \
+    _Pragma("GCC ivdep") for (int64_t i = i0; i < i1; i++) {                 \
+      R g_half = g[i] * s[i];            /* y = half·s: dx0 = g·s */       \
+      R g_s = g[i] * hx[i];              /*             dx1 = g·half */     \
+      R acc = g_half * h;                /* half = h·x: x's first */        \
+      R g_u = g_s * (one - t[i] * t[i]); /* tanh: g·(1 − t·t) */         \
+      R g_in = g_u * k;                  /* u = k·inner */                  \
+      acc = acc + g_in;                  /* inner = x + c·x3: x's second */ \
+      R g_x3 = g_in * c;                 /* c·x3 */                         \
+      acc = acc + g_x3 * x2[i];          /* x3 = x·x2: x's third */         \
+      R c4 = (g_x3 * x[i]) * x[i];       /* x2 = x·x: both operands */      \
+      acc = acc + c4;                                                        \
+      gx[i] = acc + c4;                                                      \
+    }                                                                        \
+  } while (0)
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+gelu_grad_f32(const gelu_job *j, int64_t i0, int64_t i1) {
+  GELU_GRAD_LOOP(float);
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+gelu_grad_f64(const gelu_job *j, int64_t i0, int64_t i1) {
+  GELU_GRAD_LOOP(double);
+}
+
+static void gelu_unit(void *arg, int64_t unit, int slot) {
+  (void)slot;
+  const gelu_job *j = arg;
+  int64_t i0 = unit * GELU_UNIT;
+  int64_t i1 = j->n - i0 < GELU_UNIT ? j->n : i0 + GELU_UNIT;
+  if (j->dtype == TOPOS_F64)
+    gelu_grad_f64(j, i0, i1);
+  else
+    gelu_grad_f32(j, i0, i1);
+}
+
+topos_tensor *gelu_grad(const exec_env *env, const gelu_pattern *m,
+                        const topos_tensor *g, const topos_tensor *const *v,
+                        topos_error *err) {
+  /* v: x, x2, half, s, t */
+  compute_view cv[6];
+  const topos_tensor *src[6] = {g, v[0], v[1], v[2], v[3], v[4]};
+  int got = 0;
+  topos_tensor *out = NULL;
+  for (; got < 6; got++)
+    if (compute_view_of(src[got], &cv[got], err)) goto done;
+  tensor_meta meta = tensor_meta_of(v[0]);
+  out_buf ob;
+  if (out_begin(&ob, &meta, err)) goto done;
+  gelu_job j = {
+      .dtype = meta.dtype,
+      .n = shape_count(meta.rank, meta.shape),
+      .g = cv[0].data,
+      .x = cv[1].data,
+      .x2 = cv[2].data,
+      .half = cv[3].data,
+      .s = cv[4].data,
+      .t = cv[5].data,
+      .gx = ob.data,
+      .c = m->c,
+      .k = m->k,
+      .h = m->h,
+  };
+  if (exec_units(env, gelu_unit, &j, (j.n + GELU_UNIT - 1) / GELU_UNIT, err)) {
+    out_abort(&ob);
+    goto done;
+  }
+  out = out_end(&ob);
+done:
+  for (int i = 0; i < got; i++) compute_view_done(&cv[i]);
+  return out;
+}

@@ -457,8 +457,9 @@ done:
 /* ----------------------------------------------------------------- maps */
 
 /* The reference's K(unary)/K(binary) loops over [i0, i1).  y is a fresh
- * buffer or exactly x (in place), never a shifted overlap: IVDEP lets
- * the loops vectorise without an overlap check (kernels_real.h). */
+ * buffer or exactly x (in place), never a shifted overlap (IVDEP); like
+ * the reference's, the loops stay scalar at -O2, which keeps a
+ * commutative op's operands in order (kernels_real.h). */
 #define IVDEP _Pragma("GCC ivdep")
 #define DEFINE_MAP(T, SUF, EXP, LOG, SQRT, TANH, POW)                         \
   __attribute__((target_clones("avx512f", "avx2", "default"))) static void    \

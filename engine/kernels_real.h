@@ -33,9 +33,12 @@ static R K(reduce)(const R *x, int64_t n, int64_t s) {
 
 /* The elementwise loops write y[i] from x[i] (or a[i], b[i]) only: an
  * output is a fresh buffer or exactly an input (in place), never a shifted
- * overlap, so no iteration reads what another wrote.  IVDEP says so, and
- * the loops vectorise without a runtime overlap check (which an in-place
- * call, y == a, fails, leaving it scalar). */
+ * overlap, so no iteration reads what another wrote; IVDEP says so.  GCC
+ * at -O2 still compiles these loops one element per instruction (its
+ * "very-cheap" vector cost model), and that is what keeps each add's and
+ * multiply's operands in the order written: a vectorised commutative op
+ * may swap them, and when both are NaN that changes which NaN comes out
+ * (docs/decisions.md: vectorising them needs the order pinned). */
 #define IVDEP _Pragma("GCC ivdep")
 
 ELEMENTWISE_CLONES static void K(unary)(op_code op, double p, const void *xv,

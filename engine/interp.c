@@ -397,8 +397,6 @@ static void eb_settle(builder *b, const int32_t *keep, int nkeep) {
   eb->settled = eb->n;
 }
 
-/* A plan run's fused window group headed by node i: its adjoint from the
- * group's inputs at once (plan.c elects them; exec_group_grad). */
 /* A tanh GELU headed by node i: x's cotangent in one pass (gelu.c), when
  * only the parameters' gradients are wanted and the forward values it
  * reads are there (a plan keeps them: the unfused adjoints read them). */
@@ -430,6 +428,9 @@ static int eb_gelu_adjoint(eval_builder *eb, int32_t i, int32_t g, int32_t *to,
   return dx[0] < 0 ? -1 : 1;
 }
 
+/* A plan run's fused window group headed by node i: its adjoint from the
+ * group's inputs at once (plan.c elects them; exec_group_grad); else a
+ * tanh GELU's (eb_gelu_adjoint). */
 static int eb_group_adjoint(builder *b, int32_t i, int32_t g,
                             const bool *wanted, int32_t *to, int32_t *dx,
                             int *n) {

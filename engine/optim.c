@@ -611,13 +611,11 @@ done:
   return rc;
 }
 
-/* Every element of the moments opt reads holds (first_moment_ok,
- * second_moment_ok), element by element and the first moment first, the
- * order in which step_slot meets them, so both name the same element. */
 /* Whether every element of a first moment (m, or NULL) is finite and of a
- * second moment (v, or NULL) is >= 0 and not NaN: a branch-free pass that
- * vectorises, the fast answer when all hold (check_moment_values then
- * looks no further; otherwise its element loop names the first fault). */
+ * second moment (v, or NULL) is >= 0 and not NaN: one branch-free pass
+ * over the arrays, the quick answer when all hold (check_moment_values
+ * then looks no further; otherwise its element loop names the first
+ * fault). */
 #define MOMENTS_OK(T, ABS, MAX)                                               \
   __attribute__((target_clones(                                               \
       "avx512f", "avx2", "default"))) static bool moments_ok_##T(const T *m,  \
@@ -633,6 +631,9 @@ done:
 MOMENTS_OK(float, fabsf, FLT_MAX)
 MOMENTS_OK(double, fabs, DBL_MAX)
 
+/* Every element of the moments opt reads holds (first_moment_ok,
+ * second_moment_ok), element by element and the first moment first, the
+ * order in which step_slot meets them, so both name the same element. */
 static int check_moment_values(const topos_optimizer *opt,
                                const topos_opt_state *state, const char *fn,
                                topos_error *err) {

@@ -462,8 +462,7 @@ done:
  * commutative op's operands in order (kernels_real.h). */
 #define IVDEP _Pragma("GCC ivdep")
 #define DEFINE_MAP(T, SUF, EXP, LOG, SQRT, TANH, POW)                         \
-  __attribute__((target_clones("avx512f", "avx2", "default"))) static void    \
-      map_##SUF(const topos_map_task *m, int64_t i0, int64_t i1) {            \
+  static void map_##SUF(const topos_map_task *m, int64_t i0, int64_t i1) {    \
     const T *x = m->a, *b = m->b;                                             \
     T *y = m->y;                                                              \
     T pr = (T)m->p;                                                           \

@@ -35,11 +35,12 @@
 
 #include "internal.h"
 
-int32_t *network_uses(const topos_network *net) {
-  int32_t *uses = calloc((size_t)(net->n > 0 ? net->n : 1), sizeof *uses);
+int32_t *network_uses(const topos_network *net, const bool *live) {
+  int32_t *uses = calloc((size_t)net->n + 1, sizeof *uses);
   if (uses == NULL) return NULL;
   for (int i = 0; i < net->n; i++)
-    for (int j = 0; j < net->nodes[i].nin; j++) uses[net->nodes[i].in[j]]++;
+    if (live == NULL || live[i])
+      for (int j = 0; j < net->nodes[i].nin; j++) uses[net->nodes[i].in[j]]++;
   return uses;
 }
 
@@ -164,13 +165,11 @@ enum { GELU_UNIT = 1 << 14 }; /* elements per unit */
     }                                                                        \
   } while (0)
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
-gelu_grad_f32(const gelu_job *j, int64_t i0, int64_t i1) {
+static void gelu_grad_f32(const gelu_job *j, int64_t i0, int64_t i1) {
   GELU_GRAD_LOOP(float);
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
-gelu_grad_f64(const gelu_job *j, int64_t i0, int64_t i1) {
+static void gelu_grad_f64(const gelu_job *j, int64_t i0, int64_t i1) {
   GELU_GRAD_LOOP(double);
 }
 

@@ -652,9 +652,9 @@ void backend_set_offer_hook(void (*fn)(const topos_task *t, void *ctx),
 
 /* ------------------------------------------------------- fused adjoints */
 
-/* How many operand slots of net's nodes name each node (malloc'd, one per
- * node; NULL when out of memory). */
-int32_t *network_uses(const topos_network *net);
+/* How many operand slots of net's nodes (those live[i] marks; NULL: all)
+ * name each node (malloc'd, one per node; NULL when out of memory). */
+int32_t *network_uses(const topos_network *net, const bool *live);
 
 /* topos_gelu's thirteen nodes headed by y (gelu.c): x, the interior values
  * x's cotangent reads, and the constants. */

@@ -404,7 +404,7 @@ static int eb_gelu_adjoint(eval_builder *eb, int32_t i, int32_t g, int32_t *to,
                            int32_t *dx, int *n) {
   const topos_run *run = eb->run;
   if (eb->uses == NULL && !eb->uses_failed) {
-    eb->uses = network_uses(run->net);
+    eb->uses = network_uses(run->net, NULL);
     eb->uses_failed = eb->uses == NULL; /* the unfused adjoints, then */
   }
   gelu_pattern m;

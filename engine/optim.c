@@ -616,17 +616,14 @@ done:
  * over the arrays, the quick answer when all hold (check_moment_values
  * then looks no further; otherwise its element loop names the first
  * fault). */
-#define MOMENTS_OK(T, ABS, MAX)                                               \
-  __attribute__((target_clones(                                               \
-      "avx512f", "avx2", "default"))) static bool moments_ok_##T(const T *m,  \
-                                                                 const T *v,  \
-                                                                 int64_t n) { \
-    int bad = 0;                                                              \
-    if (m)                                                                    \
-      for (int64_t i = 0; i < n; i++) bad |= !(ABS(m[i]) <= (MAX));           \
-    if (v)                                                                    \
-      for (int64_t i = 0; i < n; i++) bad |= !(v[i] >= 0);                    \
-    return bad == 0;                                                          \
+#define MOMENTS_OK(T, ABS, MAX)                                     \
+  static bool moments_ok_##T(const T *m, const T *v, int64_t n) {   \
+    int bad = 0;                                                    \
+    if (m)                                                          \
+      for (int64_t i = 0; i < n; i++) bad |= !(ABS(m[i]) <= (MAX)); \
+    if (v)                                                          \
+      for (int64_t i = 0; i < n; i++) bad |= !(v[i] >= 0);          \
+    return bad == 0;                                                \
   }
 MOMENTS_OK(float, fabsf, FLT_MAX)
 MOMENTS_OK(double, fabs, DBL_MAX)

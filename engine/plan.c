@@ -33,15 +33,6 @@
 /* ------------------------------------------------------------ recognition */
 
 /* Consumers of each live node among live nodes. */
-static int32_t *count_consumers(const topos_network *net, const bool *live) {
-  int32_t *uses = calloc((size_t)net->n + 1, sizeof(int32_t));
-  if (!uses) return NULL;
-  for (int i = 0; i < net->n; i++)
-    if (live[i])
-      for (int j = 0; j < net->nodes[i].nin; j++) uses[net->nodes[i].in[j]]++;
-  return uses;
-}
-
 /* A chain link may be absorbed into a group when nothing else reads it. */
 static bool absorbable(const topos_plan *p, const int32_t *uses, int32_t i) {
   return uses[i] == 1 && !p->retain[i];
@@ -265,7 +256,7 @@ static bool grad_order_kept(const topos_plan *p, const plan_group *g) {
 
 static int elect_groups(topos_plan *p, topos_error *err) {
   const topos_network *net = p->net;
-  int32_t *uses = count_consumers(net, p->live);
+  int32_t *uses = network_uses(net, p->live);
   if (!uses) return error_set(err, TOPOS_ERR_MEMORY, "lower: out of memory");
   /* The table grows as groups are found: most plans have none or few. */
   int cap = 0;

@@ -1,6 +1,7 @@
 /*
  * fma_pinned.h - fma(a, b, acc) = a·b + acc rounded once, with the NaN it
- * returns fixed.
+ * returns fixed; and vector adds, subtracts, multiplies and divides with
+ * their operand order fixed (below).
  *
  * Where more than one operand is NaN the result is one of them, and which
  * one depends on the instruction form (vfmadd132/213/231) a compiler
@@ -56,6 +57,50 @@ __attribute__((target("avx2,fma"))) static inline __m256d fma231_pd256(
 static inline bool fma_pinned_available(void) {
   return __builtin_cpu_supports("fma");
 }
+
+/* u op w on sixteen f32 lanes with u the first source.  Written as C or
+ * as intrinsics (plain vector operations to the compiler) a commutative
+ * add or multiply may be emitted with its operands swapped, and when both
+ * are NaN x86 returns the first source's, quieted: these keep a scalar
+ * loop's `u op w` NaN for NaN.  Call them from target("avx512f") code. */
+#define PINNED_PS512(NAME, INSN)                                           \
+  __attribute__((target("avx512f"))) static inline __m512 NAME(__m512 u,   \
+                                                               __m512 w) { \
+    __m512 r;                                                              \
+    __asm__(INSN " %2, %1, %0" : "=v"(r) : "v"(u), "v"(w));                \
+    return r;                                                              \
+  }
+PINNED_PS512(add_ps512, "vaddps")
+PINNED_PS512(sub_ps512, "vsubps")
+PINNED_PS512(mul_ps512, "vmulps")
+PINNED_PS512(div_ps512, "vdivps")
+#undef PINNED_PS512
+/* The scalar forms (SSE, in every x86-64): a scalar loop with many
+ * temporaries may have its operands swapped too. */
+#define PINNED_SCALAR(NAME, T, INSN)            \
+  static inline T NAME(T u, T w) {              \
+    __asm__(INSN " %1, %0" : "+x"(u) : "x"(w)); \
+    return u;                                   \
+  }
+PINNED_SCALAR(add_f32, float, "addss")
+PINNED_SCALAR(sub_f32, float, "subss")
+PINNED_SCALAR(mul_f32, float, "mulss")
+PINNED_SCALAR(add_f64, double, "addsd")
+PINNED_SCALAR(sub_f64, double, "subsd")
+PINNED_SCALAR(mul_f64, double, "mulsd")
+#undef PINNED_SCALAR
+/* ... and eight f64 lanes. */
+#define PINNED_PD512(NAME, INSN)                                             \
+  __attribute__((target("avx512f"))) static inline __m512d NAME(__m512d u,   \
+                                                                __m512d w) { \
+    __m512d r;                                                               \
+    __asm__(INSN " %2, %1, %0" : "=v"(r) : "v"(u), "v"(w));                  \
+    return r;                                                                \
+  }
+PINNED_PD512(add_pd512, "vaddpd")
+PINNED_PD512(sub_pd512, "vsubpd")
+PINNED_PD512(mul_pd512, "vmulpd")
+#undef PINNED_PD512
 #else
 #define FMA_PINNED_X86 0
 static inline bool fma_pinned_available(void) {

@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fma_pinned.h"
 #include "internal.h"
 
 int32_t *network_uses(const topos_network *net, const bool *live) {
@@ -141,47 +142,119 @@ typedef struct gelu_job {
 
 enum { GELU_UNIT = 1 << 14 }; /* elements per unit */
 
-/* The unfused scan's arithmetic for elements [i0, i1) in R, the dtype's
- * type: each line one op of the unfused adjoints, rounded as its output
- * tensor is (by the operation itself, f32 or f64). */
-#define GELU_GRAD_LOOP(R)                                                    \
-  do {                                                                       \
-    const R *g = j->g, *x = j->x, *x2 = j->x2, *hx = j->half, *s = j->s,     \
-            *t = j->t;                                                       \
-    R *gx = j->gx;                                                           \
-    const R c = (R)j->c, k = (R)j->k, h = (R)j->h, one = (R)1;               \
-    _Pragma("GCC ivdep") for (int64_t i = i0; i < i1; i++) {                 \
-      R g_half = g[i] * s[i];            /* y = half·s: dx0 = g·s */       \
-      R g_s = g[i] * hx[i];              /*             dx1 = g·half */     \
-      R acc = g_half * h;                /* half = h·x: x's first */        \
-      R g_u = g_s * (one - t[i] * t[i]); /* tanh: g·(1 − t·t) */         \
-      R g_in = g_u * k;                  /* u = k·inner */                  \
-      acc = acc + g_in;                  /* inner = x + c·x3: x's second */ \
-      R g_x3 = g_in * c;                 /* c·x3 */                         \
-      acc = acc + g_x3 * x2[i];          /* x3 = x·x2: x's third */         \
-      R c4 = (g_x3 * x[i]) * x[i];       /* x2 = x·x: both operands */      \
-      acc = acc + c4;                                                        \
-      gx[i] = acc + c4;                                                      \
-    }                                                                        \
+/* The unfused scan's arithmetic for one element, in the dtype's own type:
+ * each line one op of the unfused adjoints (rounded as its output tensor
+ * is, by the operation itself), operands in adjoint.c's order.  MUL, ADD
+ * and SUB keep that order where two NaNs meet (fma_pinned.h): written as
+ * C, a loop this long may have a commutative op's operands swapped. */
+#define GELU_GRAD_BODY(V, MUL, ADD, SUB, g, x, x2, hx, s, t, c, k, h, one, \
+                       out)                                                \
+  do {                                                                     \
+    V g_half = MUL(g, s);                  /* y = half·s: dx0 = g·s */   \
+    V g_s = MUL(g, hx);                    /*             dx1 = g·half */ \
+    V acc = MUL(g_half, h);                /* half = h·x: x's first */    \
+    V g_u = MUL(g_s, SUB(one, MUL(t, t))); /* tanh: g·(1 − t·t) */     \
+    V g_in = MUL(g_u, k);                  /* u = k·inner */              \
+    acc = ADD(acc, g_in);                  /* inner = x + c·x3: second */ \
+    V g_x3 = MUL(g_in, c);                 /* c·x3 */                     \
+    acc = ADD(acc, MUL(g_x3, x2));         /* x3 = x·x2: x's third */     \
+    V c4 = MUL(MUL(g_x3, x), x);           /* x2 = x·x: both operands */  \
+    acc = ADD(acc, c4);                                                    \
+    out = ADD(acc, c4);                                                    \
+  } while (0)
+
+#if FMA_PINNED_X86
+#define MUL_F32 mul_f32
+#define ADD_F32 add_f32
+#define SUB_F32 sub_f32
+#define MUL_F64 mul_f64
+#define ADD_F64 add_f64
+#define SUB_F64 sub_f64
+#else
+#define C_MUL(u, w) ((u) * (w))
+#define C_ADD(u, w) ((u) + (w))
+#define C_SUB(u, w) ((u) - (w))
+#define MUL_F32 C_MUL
+#define ADD_F32 C_ADD
+#define SUB_F32 C_SUB
+#define MUL_F64 C_MUL
+#define ADD_F64 C_ADD
+#define SUB_F64 C_SUB
+#endif
+
+/* Elements [i0, i1) one at a time. */
+#define GELU_GRAD_LOOP(R, SUF)                                              \
+  do {                                                                      \
+    const R *g = j->g, *x = j->x, *x2 = j->x2, *hx = j->half, *s = j->s,    \
+            *t = j->t;                                                      \
+    R *gx = j->gx;                                                          \
+    const R c = (R)j->c, k = (R)j->k, h = (R)j->h, one = (R)1;              \
+    for (int64_t i = i0; i < i1; i++)                                       \
+      GELU_GRAD_BODY(R, MUL_##SUF, ADD_##SUF, SUB_##SUF, g[i], x[i], x2[i], \
+                     hx[i], s[i], t[i], c, k, h, one, gx[i]);               \
   } while (0)
 
 static void gelu_grad_f32(const gelu_job *j, int64_t i0, int64_t i1) {
-  GELU_GRAD_LOOP(float);
+  GELU_GRAD_LOOP(float, F32);
 }
 
 static void gelu_grad_f64(const gelu_job *j, int64_t i0, int64_t i1) {
-  GELU_GRAD_LOOP(double);
+  GELU_GRAD_LOOP(double, F64);
 }
+
+#if FMA_PINNED_X86
+/* The same body on whole vectors (sixteen f32 or eight f64 lanes, the
+ * ops pinned as above); returns where it stopped, for the scalar loop. */
+#define GELU_GRAD_VECTOR(R, V, L, LOAD, STORE, SET1, MUL, ADD, SUB)            \
+  do {                                                                         \
+    const R *g = j->g, *x = j->x, *x2 = j->x2, *hx = j->half, *s = j->s,       \
+            *t = j->t;                                                         \
+    R *gx = j->gx;                                                             \
+    const V c = SET1((R)j->c), k = SET1((R)j->k), h = SET1((R)j->h),           \
+            one = SET1((R)1);                                                  \
+    for (; i0 + L <= i1; i0 += L) {                                            \
+      V out;                                                                   \
+      GELU_GRAD_BODY(V, MUL, ADD, SUB, LOAD(g + i0), LOAD(x + i0),             \
+                     LOAD(x2 + i0), LOAD(hx + i0), LOAD(s + i0), LOAD(t + i0), \
+                     c, k, h, one, out);                                       \
+      STORE(gx + i0, out);                                                     \
+    }                                                                          \
+    return i0;                                                                 \
+  } while (0)
+
+__attribute__((target("avx512f"))) static int64_t gelu_grad_f32_512(
+    const gelu_job *j, int64_t i0, int64_t i1) {
+  GELU_GRAD_VECTOR(float, __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps,
+                   _mm512_set1_ps, mul_ps512, add_ps512, sub_ps512);
+}
+
+__attribute__((target("avx512f"))) static int64_t gelu_grad_f64_512(
+    const gelu_job *j, int64_t i0, int64_t i1) {
+  GELU_GRAD_VECTOR(double, __m512d, 8, _mm512_loadu_pd, _mm512_storeu_pd,
+                   _mm512_set1_pd, mul_pd512, add_pd512, sub_pd512);
+}
+
+static int64_t gelu_grad_vector(const gelu_job *j, int64_t i0, int64_t i1) {
+  if (!__builtin_cpu_supports("avx512f")) return i0;
+  return j->dtype == TOPOS_F64 ? gelu_grad_f64_512(j, i0, i1)
+                               : gelu_grad_f32_512(j, i0, i1);
+}
+#else
+static int64_t gelu_grad_vector(const gelu_job *j, int64_t i0, int64_t i1) {
+  return i0;
+}
+#endif
 
 static void gelu_unit(void *arg, int64_t unit, int slot) {
   (void)slot;
   const gelu_job *j = arg;
   int64_t i0 = unit * GELU_UNIT;
   int64_t i1 = j->n - i0 < GELU_UNIT ? j->n : i0 + GELU_UNIT;
+  int64_t done = gelu_grad_vector(j, i0, i1);
   if (j->dtype == TOPOS_F64)
-    gelu_grad_f64(j, i0, i1);
+    gelu_grad_f64(j, done, i1);
   else
-    gelu_grad_f32(j, i0, i1);
+    gelu_grad_f32(j, done, i1);
 }
 
 topos_tensor *gelu_grad(const exec_env *env, const gelu_pattern *m,

@@ -51,15 +51,23 @@ static bool fold_rows_512(const float *src, int64_t rs, int64_t cs,
                           float *out, int64_t nrows);
 static bool gather_scalar_512(op_code op, const float *a, int64_t sa, float v,
                               bool v_right, float *y, int64_t n);
+static int64_t binary_512(op_code op, const float *a, const float *b, float *y,
+                          int64_t n);
+static int64_t scalar_512(op_code op, const float *a, float v, bool v_right,
+                          float *y, int64_t n);
 #define POOL_ROW_512 pool_row_512
 #define POOL_GRAD_ROW_512 pool_grad_row_512
 #define FOLD_ROWS_512 fold_rows_512
 #define GATHER_SCALAR_512 gather_scalar_512
+#define BINARY_512 binary_512
+#define SCALAR_512 scalar_512
 #else
 #define POOL_ROW_512(...) false
 #define POOL_GRAD_ROW_512(...) false
 #define FOLD_ROWS_512(...) false
 #define GATHER_SCALAR_512(...) false
+#define BINARY_512(...) ((int64_t)0)
+#define SCALAR_512(...) ((int64_t)0)
 #endif
 
 #define R float
@@ -86,10 +94,14 @@ static bool gather_scalar_512(op_code op, const float *a, int64_t sa, float v,
 #undef POOL_GRAD_ROW_512
 #undef FOLD_ROWS_512
 #undef GATHER_SCALAR_512
+#undef BINARY_512
+#undef SCALAR_512
 #define POOL_ROW_512(...) false
 #define POOL_GRAD_ROW_512(...) false
 #define FOLD_ROWS_512(...) false
 #define GATHER_SCALAR_512(...) false
+#define BINARY_512(...) ((int64_t)0)
+#define SCALAR_512(...) ((int64_t)0)
 
 #define R double
 #define K(name) name##_f64
@@ -946,9 +958,28 @@ static bool fold_rows_512(const float *src, int64_t rs, int64_t cs,
   return true;
 }
 
+/* The ops with a pinned vector form (fma_pinned.h), and one of them on
+ * sixteen lanes, u the first source. */
+static bool pinned_op(op_code op) {
+  return op == OP_ADD || op == OP_SUB || op == OP_MUL || op == OP_DIV;
+}
+
+__attribute__((target("avx512f"), always_inline)) static inline __m512 op_ps(
+    op_code op, __m512 u, __m512 w) {
+  switch (op) {
+    case OP_ADD:
+      return add_ps512(u, w);
+    case OP_SUB:
+      return sub_ps512(u, w);
+    case OP_MUL:
+      return mul_ps512(u, w);
+    default: /* OP_DIV */
+      return div_ps512(u, w);
+  }
+}
+
 /* K(binary_scalar)'s strided f32 rows, sixteen elements a gather: the
- * same IEEE operation per element, operands in the same order (a NaN's
- * payload follows the first operand, as the scalar instruction's). */
+ * same IEEE operation per element, operands in the same order. */
 __attribute__((target("avx512f"))) static void gather_scalar_512_run(
     op_code op, const float *a, int64_t sa, float v, bool v_right, float *y,
     int64_t n) {
@@ -959,23 +990,10 @@ __attribute__((target("avx512f"))) static void gather_scalar_512_run(
     __m512 x =
         _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, a + i * sa, 4);
     __m512 u = v_right ? x : vv, w = v_right ? vv : x, r;
-    switch (op) {
-      case OP_ADD:
-        r = _mm512_add_ps(u, w);
-        break;
-      case OP_SUB:
-        r = _mm512_sub_ps(u, w);
-        break;
-      case OP_MUL:
-        r = _mm512_mul_ps(u, w);
-        break;
-      case OP_DIV:
-        r = _mm512_div_ps(u, w);
-        break;
-      default: /* OP_STEP: u >= w, false for NaN */
-        r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, w, _CMP_GE_OQ), one);
-        break;
-    }
+    if (op == OP_STEP) /* u >= w, false for NaN */
+      r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, w, _CMP_GE_OQ), one);
+    else
+      r = op_ps(op, u, w);
     _mm512_mask_storeu_ps(y + i, m, r);
   }
 }
@@ -983,12 +1001,51 @@ __attribute__((target("avx512f"))) static void gather_scalar_512_run(
 static bool gather_scalar_512(op_code op, const float *a, int64_t sa, float v,
                               bool v_right, float *y, int64_t n) {
   bool fits = sa > 0 && sa <= GATHER16_STRIDE_MAX;
-  if (!fits || !avx512_available() ||
-      (op != OP_ADD && op != OP_SUB && op != OP_MUL && op != OP_DIV &&
-       op != OP_STEP))
+  if (!fits || !avx512_available() || (!pinned_op(op) && op != OP_STEP))
     return false;
   gather_scalar_512_run(op, a, sa, v, v_right, y, n);
   return true;
+}
+
+/* K(binary)'s contiguous f32 add, sub, mul and div over whole vectors
+ * (n a multiple of 16).  y may be a or b: each vector is read before it
+ * is written. */
+__attribute__((target("avx512f"))) static void binary_512_run(
+    op_code op, const float *a, const float *b, float *y, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16)
+    _mm512_storeu_ps(y + i,
+                     op_ps(op, _mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+}
+
+/* How many leading elements binary_512_run did (none where it does not
+ * apply); the caller's scalar loop does the rest. */
+static int64_t binary_512(op_code op, const float *a, const float *b, float *y,
+                          int64_t n) {
+  int64_t whole = n & ~(int64_t)15;
+  if (!pinned_op(op) || whole == 0 || !avx512_available()) return 0;
+  binary_512_run(op, a, b, y, whole);
+  return whole;
+}
+
+/* K(binary_scalar)'s contiguous f32 add, sub, mul and div: a[i] op v
+ * (v_right) or v op a[i], over whole vectors, as binary_512_run. */
+__attribute__((target("avx512f"))) static void scalar_512_run(
+    op_code op, const float *a, float v, bool v_right, float *y, int64_t n) {
+  const __m512 vv = _mm512_set1_ps(v);
+  if (v_right)
+    for (int64_t i = 0; i < n; i += 16)
+      _mm512_storeu_ps(y + i, op_ps(op, _mm512_loadu_ps(a + i), vv));
+  else
+    for (int64_t i = 0; i < n; i += 16)
+      _mm512_storeu_ps(y + i, op_ps(op, vv, _mm512_loadu_ps(a + i)));
+}
+
+static int64_t scalar_512(op_code op, const float *a, float v, bool v_right,
+                          float *y, int64_t n) {
+  int64_t whole = n & ~(int64_t)15;
+  if (!pinned_op(op) || whole == 0 || !avx512_available()) return 0;
+  scalar_512_run(op, a, v, v_right, y, whole);
+  return whole;
 }
 
 static bool pool_row_512(const float *r0, const float *r1, float *out,

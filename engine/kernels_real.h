@@ -82,6 +82,13 @@ ELEMENTWISE_CLONES static void K(binary)(op_code op, const void *av,
                                          const void *bv, void *yv, int64_t n) {
   const R *a = av, *b = bv;
   R *y = yv;
+  /* Whole vectors of f32 add, sub, mul and div with the operand order
+   * pinned (kernels.c); this loop does the rest. */
+  int64_t done = BINARY_512(op, a, b, y, n);
+  a += done;
+  b += done;
+  y += done;
+  n -= done;
   switch (op) {
     case OP_ADD:
       IVDEP for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
@@ -130,6 +137,12 @@ ELEMENTWISE_CLONES static void K(binary_scalar)(op_code op, const R *a,
     SCALAR_LOOP_1(EXPR, w, u, i)     \
   else                               \
     SCALAR_LOOP_1(EXPR, w, u, i *sa)
+  if (sa == 1) { /* whole vectors pinned, as in K(binary) */
+    int64_t done = SCALAR_512(op, a, v, v_right, y, n);
+    a += done;
+    y += done;
+    n -= done;
+  }
   switch (op) {
     case OP_ADD:
       SCALAR_LOOP(u + w)

@@ -637,6 +637,107 @@ START_TEST(binary_on_views) {
 }
 END_TEST
 
+/* f32 add, sub, mul and div along each of their vector paths (sixteen
+ * lanes on AVX-512, tails scalar): when both operands are NaN the first's
+ * comes out, quieted, as the scalar instruction gives it; one NaN comes
+ * out quieted; every other element is the IEEE result.  Payloads mark
+ * which operand won. */
+static uint32_t quiet_bits(float v) {
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return u | 0x00400000u;
+}
+
+/* y[i] against u[i] op w[i], op 0-3 add, sub, mul, div. */
+static void expect_first_nan(const topos_tensor *y, const float *u,
+                             const float *w, int64_t n, int op,
+                             const char *what) {
+  size_t bytes;
+  const uint32_t *got = topos_tensor_memory(y, &bytes);
+  ck_assert_uint_eq(bytes, (size_t)n * 4);
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t want;
+    if (isnan(u[i])) {
+      want = quiet_bits(u[i]);
+    } else if (isnan(w[i])) {
+      want = quiet_bits(w[i]);
+    } else {
+      float r = op == 0   ? u[i] + w[i]
+                : op == 1 ? u[i] - w[i]
+                : op == 2 ? u[i] * w[i]
+                          : u[i] / w[i];
+      memcpy(&want, &r, 4);
+    }
+    ck_assert_msg(got[i] == want, "%s op %d element %lld: got %08x want %08x",
+                  what, op, (long long)i, got[i], want);
+  }
+}
+
+START_TEST(binary_nan_order) {
+  enum { R = 40, C = 70, N = R * C };
+  float *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
+  float *u = malloc(N * sizeof *u), *w = malloc(N * sizeof *w);
+  for (int i = 0; i < N; i++) {
+    uint32_t ua = 0x7f800001u + (uint32_t)i * 3,     /* signalling */
+        ub = 0xffc00000u + 0x100u + (uint32_t)i * 5; /* quiet, negative */
+    if (i % 3 == 1) ua = 0x3f800000u + (uint32_t)i;  /* a number */
+    if (i % 4 == 2) ub = 0x40000000u + (uint32_t)i;
+    memcpy(&a[i], &ua, 4);
+    memcpy(&b[i], &ub, 4);
+  }
+  topos_value (*const fns[4])(topos_tape *, topos_value, topos_value) = {
+      topos_add, topos_sub, topos_mul, topos_div};
+  for (int o = 0; o < 4; o++)
+    for (int path = 0; path < 4; path++)
+      for (int left = 0; left < 2; left++) {
+        topos_error err = {0};
+        topos_tape *tp = topos_tape_new(TOPOS_F32);
+        topos_value x, s;
+        int64_t n = N;
+        if (path == 0) { /* contiguous [37] op [37]: two vectors, a tail */
+          n = 37;
+          x = cst(tp, topos_tensor_from(TOPOS_F32, 1, S(n), a, &err));
+          s = cst(tp, topos_tensor_from(TOPOS_F32, 1, S(n), b, &err));
+          memcpy(u, a, n * 4);
+          memcpy(w, b, n * 4);
+        } else if (path == 3) { /* [R,C] op a [5]-row repeated: the tile */
+          n = R * 5;
+          x = cst(tp, topos_tensor_from(TOPOS_F32, 2, S(R, 5), a, &err));
+          s = topos_broadcast_along(
+              tp, cst(tp, topos_tensor_from(TOPOS_F32, 1, S(5), b + 1, &err)),
+              0, R);
+          for (int64_t i = 0; i < n; i++) {
+            u[i] = a[i];
+            w[i] = b[1 + i % 5];
+          }
+        } else { /* [R,C] (path 2: transposed) op a NaN scalar, rows of C */
+          x = cst(tp, topos_tensor_from(TOPOS_F32, 2, S(R, C), a, &err));
+          if (path == 2)
+            x = topos_transpose(
+                tp, cst(tp, topos_tensor_from(TOPOS_F32, 2, S(C, R), a, &err)));
+          s = topos_broadcast(
+              tp, cst(tp, topos_tensor_from(TOPOS_F32, 0, NULL, b + 3, &err)),
+              2, S(R, C));
+          for (int64_t i = 0; i < n; i++) {
+            u[i] = path == 2 ? a[(i % C) * R + i / C] : a[i];
+            w[i] = b[3];
+          }
+        }
+        topos_tensor *y = eval(tp, left ? fns[o](tp, s, x) : fns[o](tp, x, s));
+        const char *names[4] = {"contiguous", "scalar", "gathered", "tiled"};
+        if (left)
+          expect_first_nan(y, w, u, n, o, names[path]);
+        else
+          expect_first_nan(y, u, w, n, o, names[path]);
+        topos_tensor_release(y);
+      }
+  free(a);
+  free(b);
+  free(u);
+  free(w);
+}
+END_TEST
+
 /* The broadcast fast paths of binary views, on either side: a short row
  * repeated over many rows (tiled, more rows than one tile holds) and a
  * scalar against a contiguous or a transposed operand (rows of 70: long
@@ -1977,6 +2078,7 @@ Suite *kernels_suite(void) {
   tcase_add_test(tc, binary_on_views);
   tcase_add_test(tc, binary_on_views_rank4);
   tcase_add_test(tc, binary_broadcast_sides);
+  tcase_add_test(tc, binary_nan_order);
   tcase_add_test(tc, fold_matches_naive);
   tcase_add_test(tc, fold_striped_bits);
   tcase_add_test(tc, layout_concat);

@@ -1314,6 +1314,19 @@ static void gelu_case(topos_dtype dt, bool shared, int *units_seen) {
     xv[R * C - 1 - 5 * i] = special[i]; /* the tail unit */
     rv[R * C - 2 - 5 * i] = special[ns - 1 - i];
   }
+  /* Two NaNs meeting in one op: x's and the cotangent's, with different
+   * payloads (which of them an op returns shows in the bits), over whole
+   * vectors of both units and in the tail. */
+  const uint64_t nan_bits[2] = {0x7ff9234560000000ull, 0xfffc0abc00000000ull};
+  double nan_x, nan_g;
+  memcpy(&nan_x, &nan_bits[0], 8);
+  memcpy(&nan_g, &nan_bits[1], 8);
+  const int64_t at[] = {320, 16400, R * C - 3};
+  for (size_t b = 0; b < sizeof at / sizeof *at; b++)
+    for (int i = 0; i < 32 && at[b] + i < R * C; i++) {
+      xv[at[b] + i] = i % 4 == 3 ? INFINITY : i % 4 == 2 ? -0.0 : nan_x;
+      rv[at[b] + i] = i % 3 == 2 ? 1.5 : nan_g;
+    }
   topos_tape *t = topos_tape_new(dt);
   topos_tensor *x0 = tt_tensor(dt, 2, S(R, C), xv);
   topos_tensor *b0 = tt_tensor(dt, 2, S(R, C), rv);

@@ -1107,7 +1107,7 @@ static int64_t window_count(int64_t extent, int64_t lo, int64_t hi, int64_t k,
  * group that does not is emitted node by node instead. */
 static bool group_fits(const emitter *e, const plan_group *g) {
   /* Attention has no single StableHLO op: its members are ordinary ops. */
-  if (g->kind == GROUP_ATTENTION) return false;
+  if (g->kind == GROUP_ATTENTION || g->kind == GROUP_GELU) return false;
   int n = e->plan->net->n;
   if (g->x < 0 || g->x >= n || g->head < 0 || g->head >= n) return false;
   const node *x = &e->nodes[g->x], *head = &e->nodes[g->head];

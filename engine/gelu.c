@@ -124,9 +124,24 @@ bool gelu_match(const topos_network *net, const int32_t *uses, int32_t head,
   if (!(half > inner && inner > x3 && x3 > x2)) return false;
   m->x = x;
   m->x2 = x2;
+  m->x3 = x3;
+  m->cx3 = cx3;
+  m->inner = inner;
+  m->u = u;
   m->half = half;
   m->s = s;
   m->t = t;
+  m->one = one;
+  /* Which nodes hold their operands the other way round from the
+   * formulas (the forward's bits follow each node's own order). */
+  const node *nodes = net->nodes;
+  m->flip = (nodes[x3].in[0] != x ? GELU_FLIP_X3 : 0) |
+            (nodes[cx3].in[0] == x3 ? GELU_FLIP_CX3 : 0) |
+            (nodes[inner].in[0] != x ? GELU_FLIP_INNER : 0) |
+            (nodes[u].in[0] == inner ? GELU_FLIP_U : 0) |
+            (nodes[s].in[0] == t ? GELU_FLIP_S : 0) |
+            (nodes[half].in[0] == x ? GELU_FLIP_HALF : 0) |
+            (y->in[0] == s ? GELU_FLIP_Y : 0);
   return true;
 }
 
@@ -292,4 +307,193 @@ topos_tensor *gelu_grad(const exec_env *env, const gelu_pattern *m,
 done:
   for (int i = 0; i < got; i++) compute_view_done(&cv[i]);
   return out;
+}
+
+/* ------------------------------------------------------------ the forward */
+
+/*
+ * A GROUP_GELU (plan.c elects it wherever gelu_match holds) computes y in
+ * three passes instead of nine: pass A reads x and writes u = k·(x +
+ * c·x·x·x) (and x2, x3, c·x3 and inner where the plan keeps them), tanh
+ * runs on u as a map task (offered down the chain, as the unfused node's
+ * is), and pass B reads x and t and writes y = (h·x)·(one + t) (and s and
+ * half where kept).  Every value is the node's own op on its own operands
+ * in its own order (flip), rounded to the dtype, so each member and y
+ * carry the unfused bits; the plan suite compares them.
+ */
+typedef struct gelu_fwd_job {
+  topos_dtype dtype;
+  bool pass_b;
+  const void *x, *t;
+  void *x2, *x3, *cx3, *inner, *u; /* pass A: NULL where not kept (u never) */
+  void *s, *half, *y;              /* pass B: NULL where not kept (y never) */
+  int64_t n;
+  double c, k, h, one;
+  unsigned flip;
+} gelu_fwd_job;
+
+#define GELU_FLIPPED(F, OP, a, b) ((flip & (F)) ? OP(b, a) : OP(a, b))
+
+/* Elements [i0, i1) of pass A or B with type R's values V (one element or
+ * a vector of them), loaded and stored by LOAD/STORE at element i. */
+#define GELU_FWD_PASS(R, V, L, LOAD, STORE, SET1, MUL, ADD)                  \
+  do {                                                                       \
+    const unsigned flip = j->flip;                                           \
+    const R *x = j->x, *t = j->t;                                            \
+    R *x2 = j->x2, *x3 = j->x3, *cx3 = j->cx3, *inner = j->inner, *u = j->u, \
+      *s = j->s, *half = j->half, *y = j->y;                                 \
+    const V c = SET1((R)j->c), k = SET1((R)j->k), h = SET1((R)j->h),         \
+            one = SET1((R)j->one);                                           \
+    if (!j->pass_b)                                                          \
+      for (; i0 + L <= i1; i0 += L) {                                        \
+        V xv = LOAD(x + i0);                                                 \
+        V x2v = MUL(xv, xv);                                                 \
+        V x3v = GELU_FLIPPED(GELU_FLIP_X3, MUL, xv, x2v);                    \
+        V cx3v = GELU_FLIPPED(GELU_FLIP_CX3, MUL, c, x3v);                   \
+        V inv = GELU_FLIPPED(GELU_FLIP_INNER, ADD, xv, cx3v);                \
+        STORE(u + i0, GELU_FLIPPED(GELU_FLIP_U, MUL, k, inv));               \
+        if (x2) STORE(x2 + i0, x2v);                                         \
+        if (x3) STORE(x3 + i0, x3v);                                         \
+        if (cx3) STORE(cx3 + i0, cx3v);                                      \
+        if (inner) STORE(inner + i0, inv);                                   \
+      }                                                                      \
+    else                                                                     \
+      for (; i0 + L <= i1; i0 += L) {                                        \
+        V sv = GELU_FLIPPED(GELU_FLIP_S, ADD, one, LOAD(t + i0));            \
+        V hv = GELU_FLIPPED(GELU_FLIP_HALF, MUL, h, LOAD(x + i0));           \
+        STORE(y + i0, GELU_FLIPPED(GELU_FLIP_Y, MUL, hv, sv));               \
+        if (s) STORE(s + i0, sv);                                            \
+        if (half) STORE(half + i0, hv);                                      \
+      }                                                                      \
+  } while (0)
+
+#define SCALAR_LOAD(p) (*(p))
+#define SCALAR_STORE(p, v) (*(p) = (v))
+#define SCALAR_SET1(v) (v)
+
+static void gelu_fwd_f32(const gelu_fwd_job *j, int64_t i0, int64_t i1) {
+  GELU_FWD_PASS(float, float, 1, SCALAR_LOAD, SCALAR_STORE, SCALAR_SET1,
+                MUL_F32, ADD_F32);
+}
+
+static void gelu_fwd_f64(const gelu_fwd_job *j, int64_t i0, int64_t i1) {
+  GELU_FWD_PASS(double, double, 1, SCALAR_LOAD, SCALAR_STORE, SCALAR_SET1,
+                MUL_F64, ADD_F64);
+}
+
+#if FMA_PINNED_X86
+__attribute__((target("avx512f"))) static int64_t gelu_fwd_f32_512(
+    const gelu_fwd_job *j, int64_t i0, int64_t i1) {
+  GELU_FWD_PASS(float, __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps,
+                _mm512_set1_ps, mul_ps512, add_ps512);
+  return i0;
+}
+
+__attribute__((target("avx512f"))) static int64_t gelu_fwd_f64_512(
+    const gelu_fwd_job *j, int64_t i0, int64_t i1) {
+  GELU_FWD_PASS(double, __m512d, 8, _mm512_loadu_pd, _mm512_storeu_pd,
+                _mm512_set1_pd, mul_pd512, add_pd512);
+  return i0;
+}
+
+static int64_t gelu_fwd_vector(const gelu_fwd_job *j, int64_t i0, int64_t i1) {
+  if (!__builtin_cpu_supports("avx512f")) return i0;
+  return j->dtype == TOPOS_F64 ? gelu_fwd_f64_512(j, i0, i1)
+                               : gelu_fwd_f32_512(j, i0, i1);
+}
+#else
+static int64_t gelu_fwd_vector(const gelu_fwd_job *j, int64_t i0, int64_t i1) {
+  return i0;
+}
+#endif
+
+static void gelu_fwd_unit(void *arg, int64_t unit, int slot) {
+  (void)slot;
+  const gelu_fwd_job *j = arg;
+  int64_t i0 = unit * GELU_UNIT;
+  int64_t i1 = j->n - i0 < GELU_UNIT ? j->n : i0 + GELU_UNIT;
+  int64_t done = gelu_fwd_vector(j, i0, i1);
+  if (j->dtype == TOPOS_F64)
+    gelu_fwd_f64(j, done, i1);
+  else
+    gelu_fwd_f32(j, done, i1);
+}
+
+/* The member at `node`'s exported tensor (made here), or NULL where the
+ * plan does not keep it.  -1 with err when memory runs out. */
+static int gelu_export(const plan_group *g, int32_t node, const tensor_meta *m,
+                       topos_tensor **exports, void **data, topos_error *err) {
+  *data = NULL;
+  for (int k = 0; k < g->nmembers; k++) {
+    if (g->members[k] != node || !g->exported[k]) continue;
+    exports[k] = tensor_new_meta(m, err);
+    if (!exports[k]) return -1;
+    *data = tensor_data(exports[k]);
+  }
+  return 0;
+}
+
+topos_tensor *gelu_forward(const exec_env *env, const plan_group *g,
+                           const tensor_meta *out,
+                           const topos_tensor *const *ins,
+                           topos_tensor **exports, topos_error *err) {
+  const gelu_pattern *m = &g->gelu;
+  compute_view xv;
+  if (compute_view_of(ins[0], &xv, err)) return NULL;
+  gelu_fwd_job j = {
+      .dtype = out->dtype,
+      .x = xv.data,
+      .n = shape_count(out->rank, out->shape),
+      .c = m->c,
+      .k = m->k,
+      .h = m->h,
+      .one = m->one,
+      .flip = m->flip,
+  };
+  size_t bytes = (size_t)(j.n > 0 ? j.n : 1) * topos_dtype_size(out->dtype);
+  void *scratch[2] = {NULL, NULL};
+  size_t cap[2] = {0, 0};
+  topos_tensor *y = NULL;
+  void *t;
+  if (gelu_export(g, m->x2, out, exports, &j.x2, err) ||
+      gelu_export(g, m->x3, out, exports, &j.x3, err) ||
+      gelu_export(g, m->cx3, out, exports, &j.cx3, err) ||
+      gelu_export(g, m->inner, out, exports, &j.inner, err) ||
+      gelu_export(g, m->u, out, exports, &j.u, err) ||
+      gelu_export(g, m->t, out, exports, &t, err) ||
+      gelu_export(g, m->s, out, exports, &j.s, err) ||
+      gelu_export(g, m->half, out, exports, &j.half, err))
+    goto fail;
+  /* u and t live in scratch where the plan keeps neither. */
+  if (!j.u && !(j.u = scratch[0] = pool_alloc(bytes, &cap[0]))) goto oom;
+  if (!t && !(t = scratch[1] = pool_alloc(bytes, &cap[1]))) goto oom;
+  j.t = t;
+  if (!(y = tensor_new_meta(out, err))) goto fail;
+  j.y = tensor_data(y);
+  int64_t units = (j.n + GELU_UNIT - 1) / GELU_UNIT;
+  if (exec_units(env, gelu_fwd_unit, &j, units, err)) goto fail;
+  topos_task task = {.kind = TOPOS_TASK_MAP};
+  task.u.map = (topos_map_task){
+      .dtype = out->dtype, .op = TOPOS_MAP_TANH, .n = j.n, .a = j.u, .y = t};
+  if (exec_offer(env, &task) != 0 &&
+      kernel_elementwise(env, OP_TANH, 0, out->dtype, 1, j.u, NULL, t, j.n,
+                         err))
+    goto fail;
+  j.pass_b = true;
+  if (exec_units(env, gelu_fwd_unit, &j, units, err)) goto fail;
+  goto done;
+oom:
+  error_set(err, TOPOS_ERR_MEMORY, "fused GELU: out of memory");
+fail:
+  topos_tensor_release(y);
+  y = NULL;
+  for (int k = 0; k < g->nmembers; k++) {
+    topos_tensor_release(exports[k]);
+    exports[k] = NULL;
+  }
+done:
+  for (int k = 0; k < 2; k++)
+    if (scratch[k]) pool_free(scratch[k], cap[k]);
+  compute_view_done(&xv);
+  return y;
 }

@@ -332,13 +332,32 @@ struct topos_run {
 
 /* ------------------------------------------------------------------ plans */
 
+/* topos_gelu's thirteen nodes headed by y (gelu.c): x, the interior
+ * values, the constants, and which binary nodes take their operands the
+ * other way round from gelu.c's formulas (GELU_FLIP_* bits). */
+typedef struct gelu_pattern {
+  int32_t x, x2, x3, cx3, inner, u, t, s, half;
+  double c, k, h, one;
+  unsigned flip;
+} gelu_pattern;
+enum {
+  GELU_FLIP_X3 = 1,    /* x3 = x2·x */
+  GELU_FLIP_CX3 = 2,   /* cx3 = x3·c */
+  GELU_FLIP_INNER = 4, /* inner = cx3 + x */
+  GELU_FLIP_U = 8,     /* u = inner·k */
+  GELU_FLIP_S = 16,    /* s = t + one */
+  GELU_FLIP_HALF = 32, /* half = x·h */
+  GELU_FLIP_Y = 64     /* y = s·half */
+};
+
 typedef enum group_kind {
-  GROUP_CONV = 1,     /* pad? -> pad? -> unfold -> unfold -> permute ->
-                         reshape -> matmul: a direct windowed product */
-  GROUP_POOL = 2,     /* unfold -> unfold -> permute -> reshape -> max_along:
-                         a window walk */
-  GROUP_ATTENTION = 3 /* matmul(q, kᵀ) -> mul? -> add? -> log_softmax(last)
-                         -> exp -> matmul(·, v): one pass per query row */
+  GROUP_CONV = 1,      /* pad? -> pad? -> unfold -> unfold -> permute ->
+                          reshape -> matmul: a direct windowed product */
+  GROUP_POOL = 2,      /* unfold -> unfold -> permute -> reshape -> max_along:
+                          a window walk */
+  GROUP_ATTENTION = 3, /* matmul(q, kᵀ) -> mul? -> add? -> log_softmax(last)
+                          -> exp -> matmul(·, v): one pass per query row */
+  GROUP_GELU = 4       /* topos_gelu's nodes (gelu.c): three passes over x */
 } group_kind;
 
 #define GROUP_MAX_INS 5
@@ -380,6 +399,7 @@ typedef struct plan_group {
    * (exec_group_grad) from x (and the weight, or the head's value), so
    * the chain's interior is never kept. */
   bool fused_grad;
+  gelu_pattern gelu; /* GROUP_GELU: members x2 x3 cx3 inner u t s half */
 } plan_group;
 
 struct topos_plan {
@@ -656,13 +676,6 @@ void backend_set_offer_hook(void (*fn)(const topos_task *t, void *ctx),
  * name each node (malloc'd, one per node; NULL when out of memory). */
 int32_t *network_uses(const topos_network *net, const bool *live);
 
-/* topos_gelu's thirteen nodes headed by y (gelu.c): x, the interior values
- * x's cotangent reads, and the constants. */
-typedef struct gelu_pattern {
-  int32_t x, x2, half, s, t;
-  double c, k, h;
-} gelu_pattern;
-
 /* Whether node head is the product of a tanh GELU whose adjoint may run
  * in one pass with the unfused bits (gelu.c says when); uses from
  * network_uses. */
@@ -675,6 +688,14 @@ bool gelu_match(const topos_network *net, const int32_t *uses, int32_t head,
 topos_tensor *gelu_grad(const exec_env *env, const gelu_pattern *m,
                         const topos_tensor *g, const topos_tensor *const *v,
                         topos_error *err);
+
+/* A GROUP_GELU's forward (exec_group, group_eval_in): y from x with each
+ * member's bits, the exported members written; tanh offered down env's
+ * chain.  NULL with err on failure or a stop. */
+topos_tensor *gelu_forward(const exec_env *env, const plan_group *g,
+                           const tensor_meta *out,
+                           const topos_tensor *const *ins,
+                           topos_tensor **exports, topos_error *err);
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>

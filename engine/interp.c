@@ -442,7 +442,8 @@ static int eb_group_adjoint(builder *b, int32_t i, int32_t g,
    * adjoints give them (for window groups on recomputed interior values,
    * eb_remat). */
   if (!wanted) return 0;
-  if (!p || p->group_of[i] < 0) return eb_gelu_adjoint(eb, i, g, to, dx, n);
+  if (!p || p->group_of[i] < 0 || p->groups[p->group_of[i]].kind == GROUP_GELU)
+    return eb_gelu_adjoint(eb, i, g, to, dx, n);
   const plan_group *grp = &p->groups[p->group_of[i]];
   if (!grp->fused_grad || grp->head != i) return 0;
   int32_t other = grp->kind == GROUP_CONV ? grp->weight : i;

@@ -1374,6 +1374,8 @@ topos_tensor *group_eval_in(const exec_env *env, const plan_group *g,
                             topos_tensor **exports, topos_error *err) {
   if (g->kind == GROUP_ATTENTION)
     return attention_eval(env, g, out, ins, exports, err);
+  if (g->kind == GROUP_GELU)
+    return gelu_forward(env, g, out, ins, exports, err);
   compute_view xv;
   mm_operand W = {0};
   out_buf ob;
@@ -1484,6 +1486,11 @@ size_t group_scratch_bytes(const plan_group *g, const tensor_meta *ins,
                            const bool *contig, const tensor_meta *out) {
   if (g->kind == GROUP_ATTENTION) /* a row of scores and one of exps */
     return size_mul(pool_bytes_of(g->s, compute_size(out->dtype)), 2);
+  if (g->kind == GROUP_GELU) /* u and t where the plan keeps neither */
+    return size_add(view_bytes(&ins[0], contig[0]),
+                    size_mul(pool_bytes_of(shape_count(out->rank, out->shape),
+                                           compute_size(out->dtype)),
+                             2));
   size_t s = size_add(view_bytes(&ins[0], contig[0]), out_scratch_bytes(out));
   if (g->kind == GROUP_CONV && ins[1].dtype == TOPOS_BF16)
     s = size_add(s, view_bytes(&ins[1], false));

@@ -236,6 +236,28 @@ static bool match_attention(const topos_plan *p, const int32_t *uses,
   return true;
 }
 
+/* topos_gelu's nodes (gelu_match): the eight computed members, each
+ * written where the plan keeps it (backward reads it, or it is observed);
+ * the constants' broadcasts stay ordinary views. */
+static bool match_gelu(const topos_plan *p, const int32_t *uses, int32_t head,
+                       plan_group *g) {
+  gelu_pattern m;
+  if (!gelu_match(p->net, uses, head, &m)) return false;
+  memset(g, 0, sizeof *g);
+  g->kind = GROUP_GELU;
+  g->head = head;
+  g->x = m.x;
+  g->weight = -1;
+  g->ins[g->nins++] = m.x;
+  g->gelu = m;
+  const int32_t chain[8] = {m.x2, m.x3, m.cx3, m.inner, m.u, m.t, m.s, m.half};
+  for (int k = 0; k < 8; k++) {
+    g->exported[g->nmembers] = p->retain[chain[k]];
+    g->members[g->nmembers++] = chain[k];
+  }
+  return true;
+}
+
 /* A window group's fused adjoint adds x's cotangent at the head's step of
  * the reverse scan, where the unfused chain adds it at its first link's;
  * the sums are the same when no other reader of x lies between the two
@@ -264,14 +286,15 @@ static int elect_groups(topos_plan *p, topos_error *err) {
     if (!p->live[i]) continue;
     plan_group g = {0};
     if (!match_conv(p, uses, i, &g) && !match_pool(p, uses, i, &g) &&
-        !match_attention(p, uses, i, &g))
+        !match_attention(p, uses, i, &g) && !match_gelu(p, uses, i, &g))
       continue;
     /* Chains may overlap in odd graphs: a node belongs to one group. */
     bool taken = false;
     for (int k = 0; k < g.nmembers; k++)
       taken |= p->group_of[g.members[k]] >= 0;
     if (taken) continue;
-    if (g.kind != GROUP_ATTENTION && p->posture == TOPOS_POSTURE_TRAINING) {
+    if ((g.kind == GROUP_CONV || g.kind == GROUP_POOL) &&
+        p->posture == TOPOS_POSTURE_TRAINING) {
       /* Backward runs the group's adjoint fused: it reads x and the
        * weight (or the head's value), never the interior. */
       if (!grad_order_kept(p, &g)) continue;
@@ -1085,6 +1108,8 @@ static const char *group_name(group_kind kind) {
       return "fused-pool";
     case GROUP_ATTENTION:
       return "fused-attention";
+    case GROUP_GELU:
+      return "fused-gelu";
   }
   return "fused";
 }
@@ -1138,6 +1163,16 @@ char *topos_plan_describe(const topos_plan *plan, topos_error *err) {
   }
   for (int g = 0; g < plan->ngroups; g++) {
     const plan_group *grp = &plan->groups[g];
+    if (grp->kind == GROUP_GELU) {
+      text_add(&t,
+               "group %d: gelu (tanh; three passes) head %%%d x %%%d members",
+               g, grp->head, grp->x);
+      for (int m = 0; m < grp->nmembers; m++)
+        text_add(&t, " %%%d%s", grp->members[m],
+                 grp->exported[m] ? " (written)" : "");
+      text_add(&t, "\n");
+      continue;
+    }
     if (grp->kind == GROUP_ATTENTION) {
       text_add(&t,
                "group %d: attention (one pass per query row) head %%%d q %%%d "

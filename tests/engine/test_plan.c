@@ -1395,6 +1395,122 @@ START_TEST(training_fused_gelu) {
 }
 END_TEST
 
+/* topos_gelu's nodes recorded by hand, each binary node's operands in the
+ * order the flip bits say (gelu.c's GELU_FLIP_*). */
+static topos_value gelu_flipped(topos_tape *t, topos_value x, int rank,
+                                const int64_t *shape, unsigned flip) {
+#define FB(F, fn, a, b) ((flip & (F)) ? fn(t, b, a) : fn(t, a, b))
+#define FILL(v) topos_broadcast(t, topos_scalar(t, v), rank, shape)
+  topos_value x2 = topos_mul(t, x, x);
+  topos_value x3 = FB(GELU_FLIP_X3, topos_mul, x, x2);
+  topos_value cx3 = FB(GELU_FLIP_CX3, topos_mul, FILL(0.044715), x3);
+  topos_value inner = FB(GELU_FLIP_INNER, topos_add, x, cx3);
+  topos_value u = FB(GELU_FLIP_U, topos_mul, FILL(0.7978845608028654), inner);
+  topos_value th = topos_tanh(t, u);
+  topos_value half = FB(GELU_FLIP_HALF, topos_mul, FILL(0.5), x);
+  topos_value s = FB(GELU_FLIP_S, topos_add, FILL(1.0), th);
+  return FB(GELU_FLIP_Y, topos_mul, half, s);
+#undef FILL
+#undef FB
+}
+
+/* The tanh GELU's forward as one fused group (GROUP_GELU: three passes):
+ * y, and every member a run keeps, carry the interpreter's unfused bits -
+ * inference plans (y a root, t and x2 observed) and training plans (the
+ * loss, and gradients read the members the group wrote) - at 1-3 threads,
+ * f32 and f64, for topos_gelu and for hand-recorded patterns with operands
+ * the other way round; specials and NaN payloads among x. */
+START_TEST(forward_fused_gelu) {
+  topos_backends_register_defaults();
+  enum { R = 131, C = 130 }; /* 17030 elements: two units and a tail */
+  static double xv[R * C], rv[R * C];
+  uint64_t seed = 7;
+  for (int i = 0; i < R * C; i++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    xv[i] = ((double)(seed >> 11) / 9007199254740992.0 - 0.5) * 8;
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    rv[i] = ((double)(seed >> 11) / 9007199254740992.0 - 0.5) * 2;
+  }
+  const double special[] = {0.0,    -0.0,   NAN,   INFINITY, -INFINITY,
+                            30,     -30,    1e20,  -1e20,    1e-39,
+                            -1e-39, 5e-324, 1e300, -1e300};
+  const uint64_t nan_bits = 0xfffc0abc00000000ull;
+  double nan_p;
+  memcpy(&nan_p, &nan_bits, 8);
+  for (int i = 0; i < 14; i++) {
+    xv[11 * i + 5] = special[i];
+    xv[R * C - 1 - i] = special[i];
+    rv[R * C - 30 - 3 * i] = i % 2 ? nan_p : special[i];
+  }
+  const unsigned flips[] = {0, 0x7f, 0x55, 0x2a};
+  for (int d = 0; d < 2; d++)
+    for (int f = 0; f < 4; f++) {
+      topos_dtype dt = float_dtypes[d];
+      char what[64];
+      snprintf(what, sizeof what, "gelu %s flip %x", topos_dtype_name(dt),
+               flips[f]);
+      topos_tape *t = topos_tape_new(dt);
+      topos_tensor *x0 = tt_tensor(dt, 2, S(R, C), xv);
+      topos_tensor *b0 = tt_tensor(dt, 2, S(R, C), rv);
+      topos_value x =
+          topos_add(t, topos_parameter(t, x0), topos_parameter(t, b0));
+      topos_value y =
+          f == 0 ? topos_gelu(t, x) : gelu_flipped(t, x, 2, S(R, C), flips[f]);
+      topos_value loss = topos_sum(t, topos_mul(t, y, topos_input(t, b0)));
+      topos_tensor_release(x0);
+      topos_tensor_release(b0);
+      topos_network *net = seal(t);
+      /* the members: x2 and t by their recorded positions */
+      topos_value x2 = {x.tape, x.index + 1}, th = x;
+      for (int i = 0; i < net->n; i++)
+        if (net->nodes[i].op == OP_TANH) th.index = i;
+      topos_error err = {0};
+      topos_run *ref = topos_forward(net, NULL, NULL, 0, NULL, &err);
+      ck_assert_msg(ref != NULL, "%s: %s", what, err.message);
+      topos_params *rg = topos_gradients(ref, loss, NULL, &err);
+      ck_assert_msg(rg != NULL, "%s: %s", what, err.message);
+      const topos_value obs[2] = {x2, th};
+      topos_plan *inf = lower(net, &y, 1, obs, 2, TOPOS_POSTURE_FORWARD);
+      topos_plan *tr = lower(net, &loss, 1, NULL, 0, TOPOS_POSTURE_TRAINING);
+      for (int p = 0; p < 2; p++) {
+        topos_plan *plan = p ? tr : inf;
+        char *desc = topos_plan_describe(plan, &err);
+        ck_assert_msg(desc && strstr(desc, "gelu (tanh; three passes)"),
+                      "%s: no GELU group in\n%s", what, desc ? desc : "");
+        free(desc);
+        for (int threads = 1; threads <= 3; threads++) {
+          topos_exec ctx = topos_plan_exec(plan);
+          ctx.threads = threads;
+          topos_run *run = topos_plan_forward(plan, NULL, NULL, 0, &ctx, &err);
+          ck_assert_msg(run != NULL, "%s: %s", what, err.message);
+          if (p == 0) {
+            expect_bits(topos_run_of(run, y, &err), topos_run_of(ref, y, &err),
+                        what, 0);
+            expect_bits(topos_run_of(run, x2, &err),
+                        topos_run_of(ref, x2, &err), what, 1);
+            expect_bits(topos_run_of(run, th, &err),
+                        topos_run_of(ref, th, &err), what, 2);
+          } else {
+            expect_bits(topos_run_of(run, loss, &err),
+                        topos_run_of(ref, loss, &err), what, 3);
+            topos_params *pg = topos_plan_gradients(plan, run, &ctx, &err);
+            ck_assert_msg(pg != NULL, "%s: gradients: %s", what, err.message);
+            for (int k = 0; k < net->nparams; k++)
+              expect_bits(pg->t[k], rg->t[k], what, 10 + k);
+            topos_params_free(pg);
+          }
+          topos_run_free(run);
+        }
+      }
+      topos_plan_free(inf);
+      topos_plan_free(tr);
+      topos_params_free(rg);
+      topos_run_free(ref);
+      topos_network_release(net);
+    }
+}
+END_TEST
+
 /* Two conv chains on one x, the second recorded inside the first (its
  * links between the first's unfold and matmul), and a third reader of x:
  * fusing the outer chain would move its contribution to x's cotangent past
@@ -2103,6 +2219,7 @@ Suite *plan_suite(void) {
   tcase_add_test(tc, training_fused_edges);
   tcase_add_test(tc, training_fused_interleaved);
   tcase_add_test(tc, training_fused_gelu);
+  tcase_add_test(tc, forward_fused_gelu);
   tcase_add_test(tc, training_errors);
   suite_add_tcase(s, tc);
 

@@ -63,18 +63,21 @@ static inline bool fma_pinned_available(void) {
  * add or multiply may be emitted with its operands swapped, and when both
  * are NaN x86 returns the first source's, quieted: these keep a scalar
  * loop's `u op w` NaN for NaN.  Call them from target("avx512f") code. */
-#define PINNED_PS512(NAME, INSN)                                           \
-  __attribute__((target("avx512f"))) static inline __m512 NAME(__m512 u,   \
-                                                               __m512 w) { \
-    __m512 r;                                                              \
-    __asm__(INSN " %2, %1, %0" : "=v"(r) : "v"(u), "v"(w));                \
-    return r;                                                              \
+#define PINNED_512(NAME, V, INSN)                                     \
+  __attribute__((target("avx512f"))) static inline V NAME(V u, V w) { \
+    V r;                                                              \
+    __asm__(INSN " %2, %1, %0" : "=v"(r) : "v"(u), "v"(w));           \
+    return r;                                                         \
   }
-PINNED_PS512(add_ps512, "vaddps")
-PINNED_PS512(sub_ps512, "vsubps")
-PINNED_PS512(mul_ps512, "vmulps")
-PINNED_PS512(div_ps512, "vdivps")
-#undef PINNED_PS512
+PINNED_512(add_ps512, __m512, "vaddps")
+PINNED_512(sub_ps512, __m512, "vsubps")
+PINNED_512(mul_ps512, __m512, "vmulps")
+PINNED_512(div_ps512, __m512, "vdivps")
+/* ... and eight f64 lanes (the GELU passes'). */
+PINNED_512(add_pd512, __m512d, "vaddpd")
+PINNED_512(sub_pd512, __m512d, "vsubpd")
+PINNED_512(mul_pd512, __m512d, "vmulpd")
+#undef PINNED_512
 /* The scalar forms (SSE, in every x86-64): a scalar loop with many
  * temporaries may have its operands swapped too. */
 #define PINNED_SCALAR(NAME, T, INSN)            \
@@ -89,18 +92,6 @@ PINNED_SCALAR(add_f64, double, "addsd")
 PINNED_SCALAR(sub_f64, double, "subsd")
 PINNED_SCALAR(mul_f64, double, "mulsd")
 #undef PINNED_SCALAR
-/* ... and eight f64 lanes. */
-#define PINNED_PD512(NAME, INSN)                                             \
-  __attribute__((target("avx512f"))) static inline __m512d NAME(__m512d u,   \
-                                                                __m512d w) { \
-    __m512d r;                                                               \
-    __asm__(INSN " %2, %1, %0" : "=v"(r) : "v"(u), "v"(w));                  \
-    return r;                                                                \
-  }
-PINNED_PD512(add_pd512, "vaddpd")
-PINNED_PD512(sub_pd512, "vsubpd")
-PINNED_PD512(mul_pd512, "vmulpd")
-#undef PINNED_PD512
 #else
 #define FMA_PINNED_X86 0
 static inline bool fma_pinned_available(void) {

@@ -197,30 +197,9 @@ enum { GELU_UNIT = 1 << 14 }; /* elements per unit */
 #define SUB_F64 C_SUB
 #endif
 
-/* Elements [i0, i1) one at a time. */
-#define GELU_GRAD_LOOP(R, SUF)                                              \
-  do {                                                                      \
-    const R *g = j->g, *x = j->x, *x2 = j->x2, *hx = j->half, *s = j->s,    \
-            *t = j->t;                                                      \
-    R *gx = j->gx;                                                          \
-    const R c = (R)j->c, k = (R)j->k, h = (R)j->h, one = (R)1;              \
-    for (int64_t i = i0; i < i1; i++)                                       \
-      GELU_GRAD_BODY(R, MUL_##SUF, ADD_##SUF, SUB_##SUF, g[i], x[i], x2[i], \
-                     hx[i], s[i], t[i], c, k, h, one, gx[i]);               \
-  } while (0)
-
-static void gelu_grad_f32(const gelu_job *j, int64_t i0, int64_t i1) {
-  GELU_GRAD_LOOP(float, F32);
-}
-
-static void gelu_grad_f64(const gelu_job *j, int64_t i0, int64_t i1) {
-  GELU_GRAD_LOOP(double, F64);
-}
-
-#if FMA_PINNED_X86
-/* The same body on whole vectors (sixteen f32 or eight f64 lanes, the
- * ops pinned as above); returns where it stopped, for the scalar loop. */
-#define GELU_GRAD_VECTOR(R, V, L, LOAD, STORE, SET1, MUL, ADD, SUB)            \
+/* Elements [i0, i1) with type R's values V (one element, or a vector of
+ * L), loaded and stored by LOAD/STORE, the constants made by SET1. */
+#define GELU_GRAD_PASS(R, V, L, LOAD, STORE, SET1, MUL, ADD, SUB)              \
   do {                                                                         \
     const R *g = j->g, *x = j->x, *x2 = j->x2, *hx = j->half, *s = j->s,       \
             *t = j->t;                                                         \
@@ -234,43 +213,66 @@ static void gelu_grad_f64(const gelu_job *j, int64_t i0, int64_t i1) {
                      c, k, h, one, out);                                       \
       STORE(gx + i0, out);                                                     \
     }                                                                          \
-    return i0;                                                                 \
   } while (0)
 
+#define SCALAR_LOAD(p) (*(p))
+#define SCALAR_STORE(p, v) (*(p) = (v))
+#define SCALAR_SET1(v) (v)
+
+static void gelu_grad_f32(const gelu_job *j, int64_t i0, int64_t i1) {
+  GELU_GRAD_PASS(float, float, 1, SCALAR_LOAD, SCALAR_STORE, SCALAR_SET1,
+                 MUL_F32, ADD_F32, SUB_F32);
+}
+
+static void gelu_grad_f64(const gelu_job *j, int64_t i0, int64_t i1) {
+  GELU_GRAD_PASS(double, double, 1, SCALAR_LOAD, SCALAR_STORE, SCALAR_SET1,
+                 MUL_F64, ADD_F64, SUB_F64);
+}
+
+#if FMA_PINNED_X86
+/* The same on whole vectors (sixteen f32 or eight f64 lanes, the ops
+ * pinned as above); returns where it stopped, for the scalar loop. */
 __attribute__((target("avx512f"))) static int64_t gelu_grad_f32_512(
     const gelu_job *j, int64_t i0, int64_t i1) {
-  GELU_GRAD_VECTOR(float, __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps,
-                   _mm512_set1_ps, mul_ps512, add_ps512, sub_ps512);
+  GELU_GRAD_PASS(float, __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps,
+                 _mm512_set1_ps, mul_ps512, add_ps512, sub_ps512);
+  return i0;
 }
 
 __attribute__((target("avx512f"))) static int64_t gelu_grad_f64_512(
     const gelu_job *j, int64_t i0, int64_t i1) {
-  GELU_GRAD_VECTOR(double, __m512d, 8, _mm512_loadu_pd, _mm512_storeu_pd,
-                   _mm512_set1_pd, mul_pd512, add_pd512, sub_pd512);
-}
-
-static int64_t gelu_grad_vector(const gelu_job *j, int64_t i0, int64_t i1) {
-  if (!__builtin_cpu_supports("avx512f")) return i0;
-  return j->dtype == TOPOS_F64 ? gelu_grad_f64_512(j, i0, i1)
-                               : gelu_grad_f32_512(j, i0, i1);
-}
-#else
-static int64_t gelu_grad_vector(const gelu_job *j, int64_t i0, int64_t i1) {
+  GELU_GRAD_PASS(double, __m512d, 8, _mm512_loadu_pd, _mm512_storeu_pd,
+                 _mm512_set1_pd, mul_pd512, add_pd512, sub_pd512);
   return i0;
 }
 #endif
 
-static void gelu_unit(void *arg, int64_t unit, int slot) {
-  (void)slot;
-  const gelu_job *j = arg;
-  int64_t i0 = unit * GELU_UNIT;
-  int64_t i1 = j->n - i0 < GELU_UNIT ? j->n : i0 + GELU_UNIT;
-  int64_t done = gelu_grad_vector(j, i0, i1);
-  if (j->dtype == TOPOS_F64)
-    gelu_grad_f64(j, done, i1);
-  else
-    gelu_grad_f32(j, done, i1);
-}
+/* A units task's function for a pass of job type JOB: whole vectors
+ * (VF32 / VF64, AVX-512) where the CPU has them, the rest one element at
+ * a time (SF32 / SF64). */
+#if FMA_PINNED_X86
+#define GELU_VECTOR(j, VF32, VF64)                      \
+  (!__builtin_cpu_supports("avx512f") ? i0              \
+   : (j)->dtype == TOPOS_F64          ? VF64(j, i0, i1) \
+                                      : VF32(j, i0, i1))
+#else
+#define GELU_VECTOR(j, VF32, VF64) i0
+#endif
+#define DEFINE_GELU_UNIT(NAME, JOB, VF32, VF64, SF32, SF64)     \
+  static void NAME(void *arg, int64_t unit, int slot) {         \
+    (void)slot;                                                 \
+    const JOB *j = arg;                                         \
+    int64_t i0 = unit * GELU_UNIT;                              \
+    int64_t i1 = j->n - i0 < GELU_UNIT ? j->n : i0 + GELU_UNIT; \
+    int64_t done = GELU_VECTOR(j, VF32, VF64);                  \
+    if (j->dtype == TOPOS_F64)                                  \
+      SF64(j, done, i1);                                        \
+    else                                                        \
+      SF32(j, done, i1);                                        \
+  }
+
+DEFINE_GELU_UNIT(gelu_unit, gelu_job, gelu_grad_f32_512, gelu_grad_f64_512,
+                 gelu_grad_f32, gelu_grad_f64)
 
 topos_tensor *gelu_grad(const exec_env *env, const gelu_pattern *m,
                         const topos_tensor *g, const topos_tensor *const *v,
@@ -367,10 +369,6 @@ typedef struct gelu_fwd_job {
       }                                                                      \
   } while (0)
 
-#define SCALAR_LOAD(p) (*(p))
-#define SCALAR_STORE(p, v) (*(p) = (v))
-#define SCALAR_SET1(v) (v)
-
 static void gelu_fwd_f32(const gelu_fwd_job *j, int64_t i0, int64_t i1) {
   GELU_FWD_PASS(float, float, 1, SCALAR_LOAD, SCALAR_STORE, SCALAR_SET1,
                 MUL_F32, ADD_F32);
@@ -395,29 +393,10 @@ __attribute__((target("avx512f"))) static int64_t gelu_fwd_f64_512(
                 _mm512_set1_pd, mul_pd512, add_pd512);
   return i0;
 }
-
-static int64_t gelu_fwd_vector(const gelu_fwd_job *j, int64_t i0, int64_t i1) {
-  if (!__builtin_cpu_supports("avx512f")) return i0;
-  return j->dtype == TOPOS_F64 ? gelu_fwd_f64_512(j, i0, i1)
-                               : gelu_fwd_f32_512(j, i0, i1);
-}
-#else
-static int64_t gelu_fwd_vector(const gelu_fwd_job *j, int64_t i0, int64_t i1) {
-  return i0;
-}
 #endif
 
-static void gelu_fwd_unit(void *arg, int64_t unit, int slot) {
-  (void)slot;
-  const gelu_fwd_job *j = arg;
-  int64_t i0 = unit * GELU_UNIT;
-  int64_t i1 = j->n - i0 < GELU_UNIT ? j->n : i0 + GELU_UNIT;
-  int64_t done = gelu_fwd_vector(j, i0, i1);
-  if (j->dtype == TOPOS_F64)
-    gelu_fwd_f64(j, done, i1);
-  else
-    gelu_fwd_f32(j, done, i1);
-}
+DEFINE_GELU_UNIT(gelu_fwd_unit, gelu_fwd_job, gelu_fwd_f32_512,
+                 gelu_fwd_f64_512, gelu_fwd_f32, gelu_fwd_f64)
 
 /* The member at `node`'s exported tensor (made here), or NULL where the
  * plan does not keep it.  -1 with err when memory runs out. */

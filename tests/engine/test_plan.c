@@ -1289,6 +1289,16 @@ START_TEST(training_fused_adjoints_threads) {
 }
 END_TEST
 
+/* x in [-4, 4) and r in [-1, 1), n of each, from a seeded LCG. */
+static void gelu_inputs(double *xv, double *rv, int n, uint64_t seed) {
+  for (int i = 0; i < n; i++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    xv[i] = ((double)(seed >> 11) / 9007199254740992.0 - 0.5) * 8;
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    rv[i] = ((double)(seed >> 11) / 9007199254740992.0 - 0.5) * 2;
+  }
+}
+
 /* The tanh GELU's adjoint in one pass (engine/gelu.c): gradients, from the
  * interpreter and from training plans at 1-3 threads, carry the bits of
  * the unfused adjoints (the full field of topos_backward, which never
@@ -1298,13 +1308,7 @@ END_TEST
 static void gelu_case(topos_dtype dt, bool shared, int *units_seen) {
   enum { R = 131, C = 130 }; /* 17030 elements: two units of 16384 */
   static double xv[R * C], rv[R * C];
-  uint64_t seed = 99 + (uint64_t)dt;
-  for (int i = 0; i < R * C; i++) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    xv[i] = ((double)(seed >> 11) / 9007199254740992.0 - 0.5) * 8;
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    rv[i] = ((double)(seed >> 11) / 9007199254740992.0 - 0.5) * 2;
-  }
+  gelu_inputs(xv, rv, R * C, 99 + (uint64_t)dt);
   const double special[] = {0.0,    -0.0,   NAN,   INFINITY, -INFINITY,
                             30,     -30,    1e20,  -1e20,    1e-39,
                             -1e-39, 5e-324, 1e300, 0.5};
@@ -1424,13 +1428,7 @@ START_TEST(forward_fused_gelu) {
   topos_backends_register_defaults();
   enum { R = 131, C = 130 }; /* 17030 elements: two units and a tail */
   static double xv[R * C], rv[R * C];
-  uint64_t seed = 7;
-  for (int i = 0; i < R * C; i++) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    xv[i] = ((double)(seed >> 11) / 9007199254740992.0 - 0.5) * 8;
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    rv[i] = ((double)(seed >> 11) / 9007199254740992.0 - 0.5) * 2;
-  }
+  gelu_inputs(xv, rv, R * C, 7);
   const double special[] = {0.0,    -0.0,   NAN,   INFINITY, -INFINITY,
                             30,     -30,    1e20,  -1e20,    1e-39,
                             -1e-39, 5e-324, 1e300, -1e300};

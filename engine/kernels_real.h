@@ -37,8 +37,10 @@ static R K(reduce)(const R *x, int64_t n, int64_t s) {
  * at -O2 still compiles these loops one element per instruction (its
  * "very-cheap" vector cost model), and that is what keeps each add's and
  * multiply's operands in the order written: a vectorised commutative op
- * may swap them, and when both are NaN that changes which NaN comes out
- * (docs/decisions.md: vectorising them needs the order pinned). */
+ * may swap them, and when both are NaN that changes which NaN comes out.
+ * So the f32 add, sub, mul and div run whole vectors through inline asm
+ * that pins the order (BINARY_512, SCALAR_512: kernels.c, fma_pinned.h)
+ * and these loops do the rest (docs/decisions.md). */
 #define IVDEP _Pragma("GCC ivdep")
 
 ELEMENTWISE_CLONES static void K(unary)(op_code op, double p, const void *xv,

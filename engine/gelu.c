@@ -398,18 +398,15 @@ __attribute__((target("avx512f"))) static int64_t gelu_fwd_f64_512(
 DEFINE_GELU_UNIT(gelu_fwd_unit, gelu_fwd_job, gelu_fwd_f32_512,
                  gelu_fwd_f64_512, gelu_fwd_f32, gelu_fwd_f64)
 
-/* The member at `node`'s exported tensor (made here), or NULL where the
- * plan does not keep it.  -1 with err when memory runs out. */
-static int gelu_export(const plan_group *g, int32_t node, const tensor_meta *m,
-                       topos_tensor **exports, void **data, topos_error *err) {
-  *data = NULL;
-  for (int k = 0; k < g->nmembers; k++) {
-    if (g->members[k] != node || !g->exported[k]) continue;
-    exports[k] = tensor_new_meta(m, err);
-    if (!exports[k]) return -1;
-    *data = tensor_data(exports[k]);
-  }
-  return 0;
+void gelu_members(const gelu_pattern *m, int32_t *members) {
+  members[GELU_M_X2] = m->x2;
+  members[GELU_M_X3] = m->x3;
+  members[GELU_M_CX3] = m->cx3;
+  members[GELU_M_INNER] = m->inner;
+  members[GELU_M_U] = m->u;
+  members[GELU_M_T] = m->t;
+  members[GELU_M_S] = m->s;
+  members[GELU_M_HALF] = m->half;
 }
 
 topos_tensor *gelu_forward(const exec_env *env, const plan_group *g,
@@ -433,16 +430,21 @@ topos_tensor *gelu_forward(const exec_env *env, const plan_group *g,
   void *scratch[2] = {NULL, NULL};
   size_t cap[2] = {0, 0};
   topos_tensor *y = NULL;
-  void *t;
-  if (gelu_export(g, m->x2, out, exports, &j.x2, err) ||
-      gelu_export(g, m->x3, out, exports, &j.x3, err) ||
-      gelu_export(g, m->cx3, out, exports, &j.cx3, err) ||
-      gelu_export(g, m->inner, out, exports, &j.inner, err) ||
-      gelu_export(g, m->u, out, exports, &j.u, err) ||
-      gelu_export(g, m->t, out, exports, &t, err) ||
-      gelu_export(g, m->s, out, exports, &j.s, err) ||
-      gelu_export(g, m->half, out, exports, &j.half, err))
-    goto fail;
+  /* The members the plan keeps, by position (plan.c's match_gelu). */
+  void *at[GELU_MEMBERS] = {0};
+  for (int k = 0; k < GELU_MEMBERS; k++) {
+    if (!g->exported[k]) continue;
+    if (!(exports[k] = tensor_new_meta(out, err))) goto fail;
+    at[k] = tensor_data(exports[k]);
+  }
+  j.x2 = at[GELU_M_X2];
+  j.x3 = at[GELU_M_X3];
+  j.cx3 = at[GELU_M_CX3];
+  j.inner = at[GELU_M_INNER];
+  j.u = at[GELU_M_U];
+  j.s = at[GELU_M_S];
+  j.half = at[GELU_M_HALF];
+  void *t = at[GELU_M_T];
   /* u and t live in scratch where the plan keeps neither. */
   if (!j.u && !(j.u = scratch[0] = pool_alloc(bytes, &cap[0]))) goto oom;
   if (!t && !(t = scratch[1] = pool_alloc(bytes, &cap[1]))) goto oom;

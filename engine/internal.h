@@ -349,6 +349,18 @@ enum {
   GELU_FLIP_HALF = 32, /* half = x·h */
   GELU_FLIP_Y = 64     /* y = s·half */
 };
+/* A GROUP_GELU's members, in this order (gelu_members). */
+enum {
+  GELU_M_X2,
+  GELU_M_X3,
+  GELU_M_CX3,
+  GELU_M_INNER,
+  GELU_M_U,
+  GELU_M_T,
+  GELU_M_S,
+  GELU_M_HALF,
+  GELU_MEMBERS
+};
 
 typedef enum group_kind {
   GROUP_CONV = 1,      /* pad? -> pad? -> unfold -> unfold -> permute ->
@@ -688,6 +700,9 @@ bool gelu_match(const topos_network *net, const int32_t *uses, int32_t head,
 topos_tensor *gelu_grad(const exec_env *env, const gelu_pattern *m,
                         const topos_tensor *g, const topos_tensor *const *v,
                         topos_error *err);
+
+/* The pattern's computed nodes in GELU_M_* order. */
+void gelu_members(const gelu_pattern *m, int32_t *members);
 
 /* A GROUP_GELU's forward (exec_group, group_eval_in): y from x with each
  * member's bits, the exported members written; tanh offered down env's

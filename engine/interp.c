@@ -397,6 +397,30 @@ static void eb_settle(builder *b, const int32_t *keep, int nkeep) {
   eb->settled = eb->n;
 }
 
+/* x's cotangent for the matched GELU m from the head's cotangent eb->t[g]:
+ * 1 with it pushed, 0 when a value it reads is missing, -1 on failure. */
+static int eb_gelu_apply(eval_builder *eb, const gelu_pattern *m, int32_t g,
+                         int32_t *to, int32_t *dx, int *n) {
+  const topos_run *run = eb->run;
+  const topos_tensor *v[5] = {run->vals[m->x], run->vals[m->x2],
+                              run->vals[m->half], run->vals[m->s],
+                              run->vals[m->t]};
+  for (int k = 0; k < 5; k++)
+    if (!v[k]) return 0;
+  if (g < 0 || !eb->t[g]) return 0;
+  topos_error e = {0};
+  topos_tensor *gx = gelu_grad(eb->env, m, eb->t[g], v, &e);
+  if (!gx) {
+    error_set(eb->err, e.code, "fused GELU adjoint: %s", e.message);
+    return -1;
+  }
+  tensor_meta meta = tensor_meta_of(gx);
+  to[0] = m->x;
+  dx[0] = eb_push(eb, gx, &meta);
+  *n = 1;
+  return dx[0] < 0 ? -1 : 1;
+}
+
 /* A tanh GELU headed by node i: x's cotangent in one pass (gelu.c), when
  * only the parameters' gradients are wanted and the forward values it
  * reads are there (a plan keeps them: the unfused adjoints read them). */
@@ -409,28 +433,12 @@ static int eb_gelu_adjoint(eval_builder *eb, int32_t i, int32_t g, int32_t *to,
   }
   gelu_pattern m;
   if (eb->uses == NULL || !gelu_match(run->net, eb->uses, i, &m)) return 0;
-  const topos_tensor *v[5] = {run->vals[m.x], run->vals[m.x2],
-                              run->vals[m.half], run->vals[m.s],
-                              run->vals[m.t]};
-  for (int k = 0; k < 5; k++)
-    if (!v[k]) return 0;
-  if (g < 0 || !eb->t[g]) return 0;
-  topos_error e = {0};
-  topos_tensor *gx = gelu_grad(eb->env, &m, eb->t[g], v, &e);
-  if (!gx) {
-    error_set(eb->err, e.code, "fused GELU adjoint: %s", e.message);
-    return -1;
-  }
-  tensor_meta meta = tensor_meta_of(gx);
-  to[0] = m.x;
-  dx[0] = eb_push(eb, gx, &meta);
-  *n = 1;
-  return dx[0] < 0 ? -1 : 1;
+  return eb_gelu_apply(eb, &m, g, to, dx, n);
 }
 
 /* A plan run's fused window group headed by node i: its adjoint from the
  * group's inputs at once (plan.c elects them; exec_group_grad); else a
- * tanh GELU's (eb_gelu_adjoint). */
+ * tanh GELU's (the plan's GELU group, or eb_gelu_adjoint's match). */
 static int eb_group_adjoint(builder *b, int32_t i, int32_t g,
                             const bool *wanted, int32_t *to, int32_t *dx,
                             int *n) {
@@ -442,9 +450,12 @@ static int eb_group_adjoint(builder *b, int32_t i, int32_t g,
    * adjoints give them (for window groups on recomputed interior values,
    * eb_remat). */
   if (!wanted) return 0;
-  if (!p || p->group_of[i] < 0 || p->groups[p->group_of[i]].kind == GROUP_GELU)
-    return eb_gelu_adjoint(eb, i, g, to, dx, n);
+  if (!p || p->group_of[i] < 0) return eb_gelu_adjoint(eb, i, g, to, dx, n);
   const plan_group *grp = &p->groups[p->group_of[i]];
+  /* The plan matched the pattern already (on its live nodes: a consumer
+   * of x outside them adds no cotangent). */
+  if (grp->kind == GROUP_GELU)
+    return grp->head == i ? eb_gelu_apply(eb, &grp->gelu, g, to, dx, n) : 0;
   if (!grp->fused_grad || grp->head != i) return 0;
   int32_t other = grp->kind == GROUP_CONV ? grp->weight : i;
   bool want_x = wanted[grp->x];

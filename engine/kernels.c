@@ -1017,13 +1017,18 @@ __attribute__((target("avx512f"))) static void binary_512_run(
                      op_ps(op, _mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
 }
 
-/* How many leading elements binary_512_run did (none where it does not
- * apply); the caller's scalar loop does the rest. */
+/* How many leading elements of n the pinned vector loops take: the
+ * whole vectors, none where op has no pinned form or the CPU lacks
+ * AVX-512.  The caller's scalar loop does the rest. */
+static int64_t pinned_whole(op_code op, int64_t n) {
+  int64_t whole = n & ~(int64_t)15;
+  return whole > 0 && pinned_op(op) && avx512_available() ? whole : 0;
+}
+
 static int64_t binary_512(op_code op, const float *a, const float *b, float *y,
                           int64_t n) {
-  int64_t whole = n & ~(int64_t)15;
-  if (!pinned_op(op) || whole == 0 || !avx512_available()) return 0;
-  binary_512_run(op, a, b, y, whole);
+  int64_t whole = pinned_whole(op, n);
+  if (whole) binary_512_run(op, a, b, y, whole);
   return whole;
 }
 
@@ -1042,9 +1047,8 @@ __attribute__((target("avx512f"))) static void scalar_512_run(
 
 static int64_t scalar_512(op_code op, const float *a, float v, bool v_right,
                           float *y, int64_t n) {
-  int64_t whole = n & ~(int64_t)15;
-  if (!pinned_op(op) || whole == 0 || !avx512_available()) return 0;
-  scalar_512_run(op, a, v, v_right, y, whole);
+  int64_t whole = pinned_whole(op, n);
+  if (whole) scalar_512_run(op, a, v, v_right, y, whole);
   return whole;
 }
 

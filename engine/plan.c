@@ -32,7 +32,6 @@
 
 /* ------------------------------------------------------------ recognition */
 
-/* Consumers of each live node among live nodes. */
 /* A chain link may be absorbed into a group when nothing else reads it. */
 static bool absorbable(const topos_plan *p, const int32_t *uses, int32_t i) {
   return uses[i] == 1 && !p->retain[i];
@@ -250,11 +249,11 @@ static bool match_gelu(const topos_plan *p, const int32_t *uses, int32_t head,
   g->weight = -1;
   g->ins[g->nins++] = m.x;
   g->gelu = m;
-  const int32_t chain[8] = {m.x2, m.x3, m.cx3, m.inner, m.u, m.t, m.s, m.half};
-  for (int k = 0; k < 8; k++) {
-    g->exported[g->nmembers] = p->retain[chain[k]];
-    g->members[g->nmembers++] = chain[k];
-  }
+  _Static_assert(GELU_MEMBERS <= GROUP_MAX_MEMBERS, "a GELU's members fit");
+  gelu_members(&m, g->members);
+  g->nmembers = GELU_MEMBERS;
+  for (int k = 0; k < GELU_MEMBERS; k++)
+    g->exported[k] = p->retain[g->members[k]];
   return true;
 }
 
@@ -1100,6 +1099,15 @@ topos_params *topos_plan_gradients(const topos_plan *plan, const topos_run *run,
 
 /* ---------------------------------------------------------------- describe */
 
+/* " members %a %b (written) ...": the ones a group's kernel writes
+ * marked. */
+static void text_members(text *t, const plan_group *grp) {
+  text_add(t, " members");
+  for (int m = 0; m < grp->nmembers; m++)
+    text_add(t, " %%%d%s", grp->members[m],
+             grp->exported[m] ? " (written)" : "");
+}
+
 static const char *group_name(group_kind kind) {
   switch (kind) {
     case GROUP_CONV:
@@ -1164,12 +1172,9 @@ char *topos_plan_describe(const topos_plan *plan, topos_error *err) {
   for (int g = 0; g < plan->ngroups; g++) {
     const plan_group *grp = &plan->groups[g];
     if (grp->kind == GROUP_GELU) {
-      text_add(&t,
-               "group %d: gelu (tanh; three passes) head %%%d x %%%d members",
-               g, grp->head, grp->x);
-      for (int m = 0; m < grp->nmembers; m++)
-        text_add(&t, " %%%d%s", grp->members[m],
-                 grp->exported[m] ? " (written)" : "");
+      text_add(&t, "group %d: gelu (tanh; three passes) head %%%d x %%%d", g,
+               grp->head, grp->x);
+      text_members(&t, grp);
       text_add(&t, "\n");
       continue;
     }
@@ -1181,10 +1186,7 @@ char *topos_plan_describe(const topos_plan *plan, topos_error *err) {
       int k = 3;
       if (grp->scaled >= 0) text_add(&t, " scale %%%d", grp->ins[k++]);
       if (grp->masked >= 0) text_add(&t, " mask %%%d", grp->ins[k++]);
-      text_add(&t, " members");
-      for (int m = 0; m < grp->nmembers; m++)
-        text_add(&t, " %%%d%s", grp->members[m],
-                 grp->exported[m] ? " (written)" : "");
+      text_members(&t, grp);
       text_add(&t,
                "; %lld x %lld queries, %lld keys, %lld head features, "
                "%lld value features\n",
@@ -1197,9 +1199,7 @@ char *topos_plan_describe(const topos_plan *plan, topos_error *err) {
                                      : "max-pool (window walk)",
              grp->head, grp->x);
     if (grp->weight >= 0) text_add(&t, " weight %%%d", grp->weight);
-    text_add(&t, " members");
-    for (int k = 0; k < grp->nmembers; k++)
-      text_add(&t, " %%%d", grp->members[k]);
+    text_members(&t, grp);
     text_add(&t,
              "; window %lldx%lld stride %lld,%lld dilation %lld,%lld "
              "padding %lld,%lld,%lld,%lld\n",

@@ -56,6 +56,7 @@ enum method {
   M_ADMIN_TOKEN_REVOKE,
   M_ADMIN_QUOTA_SET,
   M_ADMIN_QUOTA_SHOW,
+  M_TRAIN,
   M_COUNT
 };
 
@@ -81,6 +82,7 @@ static const char *const method_names[M_COUNT] = {
     "AdminTokenRevoke",
     "AdminQuotaSet",
     "AdminQuotaShow",
+    "Train",
 };
 
 /* The longest token accepted (the daemon's are 68 characters). */
@@ -1564,4 +1566,442 @@ int topos_client_quota_show(topos_client *c, const char *tenant,
   wire_message_clear(&req.base);
   if (rc != TOPOS_OK) return rc;
   return quota_from(r, out);
+}
+
+/* ------------------------------------------------------- Train streams */
+
+struct topos_client_train {
+  topos_client *client; /* borrowed */
+  grpc_completion_queue *cq;
+  grpc_call *call;
+  grpc_slice auth; /* the "authorization" value sent (or empty) */
+  grpc_metadata auth_md;
+  /* The status batch, started at open and read once the stream ends. */
+  grpc_metadata_array initial_md, trailing_md;
+  grpc_status_code status;
+  grpc_slice details;
+  const char *error_string;
+  bool status_started, status_read;
+  int outstanding; /* steps sent whose replies are not read */
+  bool broken;     /* the stream ended or failed: nothing more goes */
+  bool closed;     /* the client's side is closed */
+  int rc;          /* the error that ended it (TOPOS_OK while it runs) */
+  char message[sizeof(((topos_error *)0)->message)];
+};
+
+enum { TRAIN_TAG_STATUS = 1, TRAIN_TAG_IO = 2 };
+
+/* Runs one batch on the stream and waits for it. */
+static bool train_batch(topos_client_train *t, grpc_op *ops, size_t n) {
+  void *tag = (void *)(intptr_t)TRAIN_TAG_IO;
+  if (grpc_call_start_batch(t->call, ops, n, tag, NULL) != GRPC_CALL_OK)
+    return false;
+  grpc_event ev = grpc_completion_queue_pluck(
+      t->cq, tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  return ev.type == GRPC_OP_COMPLETE && ev.success;
+}
+
+/* The stream is over: its status, as this client's error (TOPOS_OK for a
+ * clean end).  Kept, so every later call returns the same. */
+static int train_status(topos_client_train *t, topos_error *err) {
+  if (!t->status_read) {
+    void *tag = (void *)(intptr_t)TRAIN_TAG_STATUS;
+    grpc_event ev = {.type = GRPC_QUEUE_TIMEOUT};
+    if (t->status_started)
+      ev = grpc_completion_queue_pluck(
+          t->cq, tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    t->status_read = true;
+    t->broken = true;
+    if (ev.type != GRPC_OP_COMPLETE) {
+      topos_error e = {0};
+      t->rc = fail(&e, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
+                   "Train: the stream's status did not arrive");
+      snprintf(t->message, sizeof t->message, "%s", e.message);
+    } else if (t->status != GRPC_STATUS_OK) {
+      size_t dlen = GRPC_SLICE_LENGTH(t->details);
+      topos_error e = {0};
+      t->rc = fail(&e, status_code(t->status, &t->trailing_md), "%s: %.*s",
+                   wire_grpc_status_name((int)t->status),
+                   (int)(dlen > 480 ? 480 : dlen),
+                   (const char *)GRPC_SLICE_START_PTR(t->details));
+      snprintf(t->message, sizeof t->message, "%s", e.message);
+    }
+  }
+  if (t->rc != TOPOS_OK && err) {
+    err->code = t->rc;
+    snprintf(err->message, sizeof err->message, "%s", t->message);
+  }
+  return t->rc;
+}
+
+/* Sends one TrainRequest (consumed: cleared here). */
+static int train_send_msg(topos_client_train *t, Topos__V1__TrainRequest *req,
+                          topos_error *err) {
+  grpc_byte_buffer *bb = NULL;
+  int rc = pack_request(&req->base, "Train", &bb, err);
+  wire_message_clear(&req->base);
+  if (rc != TOPOS_OK) return rc;
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_SEND_MESSAGE;
+  op.data.send_message.send_message = bb;
+  bool ok = train_batch(t, &op, 1);
+  grpc_byte_buffer_destroy(bb);
+  if (!ok) {
+    /* The daemon ended the stream: its status says why. */
+    t->broken = true;
+    rc = train_status(t, err);
+    return rc != TOPOS_OK
+               ? rc
+               : fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_UNAVAILABLE,
+                      "Train: the stream is closed");
+  }
+  t->outstanding++;
+  return TOPOS_OK;
+}
+
+void topos_client_train_reply_clear(topos_client_train_reply *r) {
+  if (!r) return;
+  topos_params_free(r->params);
+  topos_opt_state_free(r->state);
+  free(r->losses);
+  memset(r, 0, sizeof *r);
+}
+
+int topos_client_train_recv(topos_client_train *t,
+                            topos_client_train_reply *out, topos_error *err) {
+  if (out) memset(out, 0, sizeof *out);
+  if (!t) return fail(err, TOPOS_ERR_ARGUMENT, "Train: the stream is NULL");
+  if (t->outstanding == 0)
+    return t->broken ? train_status(t, err)
+                     : fail(err, TOPOS_ERR_ARGUMENT,
+                            "Train: no step is waiting for its reply");
+  if (t->broken && t->status_read) return train_status(t, err);
+  grpc_byte_buffer *bb = NULL;
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_MESSAGE;
+  op.data.recv_message.recv_message = &bb;
+  bool ok = train_batch(t, &op, 1);
+  if (!ok || bb == NULL) {
+    if (bb) grpc_byte_buffer_destroy(bb);
+    t->broken = true;
+    int rc = train_status(t, err);
+    return rc != TOPOS_OK
+               ? rc
+               : fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
+                      "Train: the stream ended before the reply");
+  }
+  t->outstanding--;
+  grpc_byte_buffer_reader reader;
+  grpc_slice all = grpc_empty_slice();
+  if (grpc_byte_buffer_reader_init(&reader, bb)) {
+    all = grpc_byte_buffer_reader_readall(&reader);
+    grpc_byte_buffer_reader_destroy(&reader);
+  }
+  grpc_byte_buffer_destroy(bb);
+  Topos__V1__TrainReply *r = topos__v1__train_reply__unpack(
+      NULL, GRPC_SLICE_LENGTH(all), GRPC_SLICE_START_PTR(all));
+  grpc_slice_unref(all);
+  if (!r)
+    return fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
+                "Train: the reply is not a valid TrainReply");
+  topos_client_train_reply got = {
+      .steps = r->steps, .loss = r->loss, .last = r->last};
+  int rc = TOPOS_OK;
+  if (r->n_parameters > 0)
+    rc = wire_params_from_proto(r->parameters, r->n_parameters, NULL,
+                                "parameters", &got.params, err);
+  if (rc == TOPOS_OK && r->state)
+    rc = wire_state_from_proto(r->state, NULL, &got.state, err);
+  if (rc == TOPOS_OK && r->n_losses > 0) {
+    got.losses = malloc(r->n_losses * sizeof *got.losses);
+    if (!got.losses) {
+      rc = fail(err, TOPOS_ERR_MEMORY, "out of memory");
+    } else {
+      memcpy(got.losses, r->losses, r->n_losses * sizeof *got.losses);
+      got.nlosses = (int)r->n_losses;
+    }
+  }
+  topos__v1__train_reply__free_unpacked(r, NULL);
+  if (rc == TOPOS_OK && got.last) {
+    /* The daemon refused a step: the stream ends with its status, and
+     * this reply holds where the session stood. */
+    t->broken = true;
+    t->outstanding = 0;
+    rc = train_status(t, err);
+    if (rc == TOPOS_OK)
+      rc = fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
+                "Train: a last reply with an OK status");
+  }
+  if (out)
+    *out = got;
+  else
+    topos_client_train_reply_clear(&got);
+  return rc;
+}
+
+int topos_client_train_send(topos_client_train *t, const topos_feed *feeds,
+                            int nfeeds, bool return_state, topos_error *err) {
+  if (!t) return fail(err, TOPOS_ERR_ARGUMENT, "Train: the stream is NULL");
+  if (nfeeds < 0 || (nfeeds > 0 && !feeds))
+    return fail(err, TOPOS_ERR_ARGUMENT, "Train: bad feeds (%d)", nfeeds);
+  if (t->broken) {
+    int rc = train_status(t, err);
+    return rc != TOPOS_OK
+               ? rc
+               : fail(err, TOPOS_ERR_ARGUMENT, "Train: the stream is closed");
+  }
+  if (t->closed)
+    return fail(err, TOPOS_ERR_ARGUMENT, "Train: the stream is closed");
+  Topos__V1__TrainRequest req = TOPOS__V1__TRAIN_REQUEST__INIT;
+  req.return_state = return_state;
+  int rc = nfeeds > 0 ? wire_feeds_to_proto(feeds, nfeeds, &req.feeds,
+                                            &req.n_feeds, err)
+                      : TOPOS_OK;
+  if (rc != TOPOS_OK) {
+    wire_message_clear(&req.base);
+    return rc;
+  }
+  return train_send_msg(t, &req, err);
+}
+
+int topos_client_train_send_steps(topos_client_train *t,
+                                  const topos_feed *feeds, int nfeeds,
+                                  int nsteps, bool return_state,
+                                  topos_error *err) {
+  if (!t) return fail(err, TOPOS_ERR_ARGUMENT, "Train: the stream is NULL");
+  if (nsteps < 1 || nsteps > 4096 || nfeeds < 0 || (nfeeds > 0 && !feeds))
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "Train: bad steps (%d steps of %d feeds; 1..4096 steps)",
+                nsteps, nfeeds);
+  if (t->broken || t->closed)
+    return topos_client_train_send(t, NULL, 0, false, err);
+  Topos__V1__TrainRequest req = TOPOS__V1__TRAIN_REQUEST__INIT;
+  req.return_state = return_state;
+  req.steps = calloc((size_t)nsteps, sizeof *req.steps);
+  int rc = req.steps ? TOPOS_OK : fail(err, TOPOS_ERR_MEMORY, "out of memory");
+  for (int i = 0; rc == TOPOS_OK && i < nsteps; i++) {
+    Topos__V1__TrainBatch *b = malloc(sizeof *b);
+    if (!b) {
+      rc = fail(err, TOPOS_ERR_MEMORY, "out of memory");
+      break;
+    }
+    topos__v1__train_batch__init(b);
+    req.steps[i] = b;
+    req.n_steps = (size_t)i + 1;
+    if (nfeeds > 0)
+      rc = wire_feeds_to_proto(feeds + (size_t)i * (size_t)nfeeds, nfeeds,
+                               &b->feeds, &b->n_feeds, err);
+  }
+  if (rc != TOPOS_OK) {
+    wire_message_clear(&req.base);
+    return rc;
+  }
+  return train_send_msg(t, &req, err);
+}
+
+int topos_client_train_step(topos_client_train *t, const topos_feed *feeds,
+                            int nfeeds, bool return_state,
+                            topos_client_train_reply *out, topos_error *err) {
+  if (out) memset(out, 0, sizeof *out);
+  int rc = topos_client_train_send(t, feeds, nfeeds, return_state, err);
+  return rc != TOPOS_OK ? rc : topos_client_train_recv(t, out, err);
+}
+
+topos_client_train *topos_client_train_open(topos_client *c, const char *id,
+                                            topos_value loss,
+                                            const topos_client_args *args,
+                                            const topos_optimizer *opt,
+                                            const topos_opt_state *state,
+                                            topos_error *err) {
+  if (!c) {
+    fail(err, TOPOS_ERR_ARGUMENT, "Train: client is NULL");
+    return NULL;
+  }
+  if (loss.index < 0) {
+    fail(err, TOPOS_ERR_ARGUMENT, "Train: the loss is not a value");
+    return NULL;
+  }
+  if (!opt) {
+    fail(err, TOPOS_ERR_ARGUMENT, "Train: optimizer is NULL");
+    return NULL;
+  }
+  if (args && args->nfeeds > 0) {
+    fail(err, TOPOS_ERR_ARGUMENT,
+         "Train: open takes no feeds (each step sends its own)");
+    return NULL;
+  }
+  /* The session's first message: a StepRequest without feeds, no step. */
+  Topos__V1__StepRequest *o = malloc(sizeof *o);
+  Topos__V1__TrainRequest req = TOPOS__V1__TRAIN_REQUEST__INIT;
+  int rc = o ? TOPOS_OK : fail(err, TOPOS_ERR_MEMORY, "out of memory");
+  if (rc == TOPOS_OK) {
+    topos__v1__step_request__init(o);
+    req.open = o;
+    req.no_step = true;
+    rc = set_id(&o->id, id, err);
+  }
+  if (rc == TOPOS_OK) {
+    o->loss = wire_value_new_index(loss.index);
+    if (!o->loss) rc = fail(err, TOPOS_ERR_MEMORY, "out of memory");
+  }
+  if (rc == TOPOS_OK)
+    rc = put_inputs(args, &o->parameters, &o->n_parameters, &o->feeds,
+                    &o->n_feeds, err);
+  if (rc == TOPOS_OK) {
+    o->optimizer = malloc(sizeof *o->optimizer);
+    if (!o->optimizer) {
+      rc = fail(err, TOPOS_ERR_MEMORY, "out of memory");
+    } else {
+      topos__v1__optimizer__init(o->optimizer);
+      rc = wire_optimizer_to_proto(opt, args ? args->params : NULL,
+                                   o->optimizer, err);
+    }
+  }
+  if (rc == TOPOS_OK && state) {
+    o->state = wire_state_new(state, err);
+    if (!o->state) rc = err_code(err, TOPOS_ERR_MEMORY);
+  }
+  if (rc == TOPOS_OK) rc = put_exec(args, &o->exec, err);
+  topos_client_train *t = rc == TOPOS_OK ? calloc(1, sizeof *t) : NULL;
+  if (rc == TOPOS_OK && !t) rc = fail(err, TOPOS_ERR_MEMORY, "out of memory");
+  if (rc != TOPOS_OK) {
+    if (o)
+      wire_message_clear(&req.base);
+    else
+      free(o);
+    free(t);
+    return NULL;
+  }
+  t->client = c;
+  t->cq = grpc_completion_queue_create_for_pluck(NULL);
+  /* The stream lives as long as the session: only a deadline the caller
+   * gives bounds it. */
+  gpr_timespec deadline =
+      args && args->deadline_s > 0
+          ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                         gpr_time_from_millis((int64_t)(args->deadline_s * 1e3),
+                                              GPR_TIMESPAN))
+          : gpr_inf_future(GPR_CLOCK_MONOTONIC);
+  t->call = grpc_channel_create_registered_call(
+      c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, t->cq, c->methods[M_TRAIN],
+      deadline, NULL);
+  grpc_metadata_array_init(&t->initial_md);
+  grpc_metadata_array_init(&t->trailing_md);
+  t->details = grpc_empty_slice();
+  t->status = GRPC_STATUS_UNKNOWN;
+  pthread_mutex_lock(&c->token_lock);
+  bool with_token = c->authorization[0] != '\0';
+  t->auth = with_token ? grpc_slice_from_copied_string(c->authorization)
+                       : grpc_empty_slice();
+  pthread_mutex_unlock(&c->token_lock);
+  t->auth_md.key = grpc_slice_from_static_string("authorization");
+  t->auth_md.value = t->auth;
+  grpc_op st[2];
+  memset(st, 0, sizeof st);
+  st[0].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  st[0].data.recv_status_on_client.trailing_metadata = &t->trailing_md;
+  st[0].data.recv_status_on_client.status = &t->status;
+  st[0].data.recv_status_on_client.status_details = &t->details;
+  st[0].data.recv_status_on_client.error_string = &t->error_string;
+  grpc_op md[2];
+  memset(md, 0, sizeof md);
+  md[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  md[0].data.send_initial_metadata.count = with_token ? 1 : 0;
+  md[0].data.send_initial_metadata.metadata = with_token ? &t->auth_md : NULL;
+  md[1].op = GRPC_OP_RECV_INITIAL_METADATA;
+  md[1].data.recv_initial_metadata.recv_initial_metadata = &t->initial_md;
+  t->status_started =
+      grpc_call_start_batch(t->call, st, 1, (void *)(intptr_t)TRAIN_TAG_STATUS,
+                            NULL) == GRPC_CALL_OK;
+  if (!t->status_started || !train_batch(t, md, 2)) {
+    t->broken = true;
+    wire_message_clear(&req.base);
+    fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
+         "Train: the stream could not start");
+    topos_client_train_free(t);
+    return NULL;
+  }
+  rc = train_send_msg(t, &req, err);
+  if (rc == TOPOS_OK) {
+    /* The open's reply: the daemon took the session (or says why not). */
+    topos_client_train_reply r;
+    rc = topos_client_train_recv(t, &r, err);
+    topos_client_train_reply_clear(&r);
+  }
+  if (rc != TOPOS_OK) {
+    topos_client_train_free(t);
+    return NULL;
+  }
+  return t;
+}
+
+int topos_client_train_close(topos_client_train *t, topos_params **params_out,
+                             topos_opt_state **state_out, topos_error *err) {
+  if (params_out) *params_out = NULL;
+  if (state_out) *state_out = NULL;
+  if (!t) return fail(err, TOPOS_ERR_ARGUMENT, "Train: the stream is NULL");
+  int rc = TOPOS_OK;
+  /* Replies still owed are read (and dropped) first. */
+  while (rc == TOPOS_OK && t->outstanding > 0 && !t->broken)
+    rc = topos_client_train_recv(t, NULL, err);
+  if (rc == TOPOS_OK && !t->broken && (params_out || state_out)) {
+    Topos__V1__TrainRequest req = TOPOS__V1__TRAIN_REQUEST__INIT;
+    req.no_step = true;
+    req.return_state = true;
+    topos_client_train_reply r;
+    rc = train_send_msg(t, &req, err);
+    if (rc == TOPOS_OK) rc = topos_client_train_recv(t, &r, err);
+    if (rc == TOPOS_OK) {
+      if (params_out) *params_out = r.params;
+      if (state_out) *state_out = r.state;
+      if (params_out) r.params = NULL;
+      if (state_out) r.state = NULL;
+      topos_client_train_reply_clear(&r);
+    }
+  }
+  if (rc == TOPOS_OK && !t->broken && !t->closed) {
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    t->closed = true;
+    if (!train_batch(t, &op, 1)) t->broken = true;
+    rc = train_status(t, err);
+  } else if (rc == TOPOS_OK && t->broken) {
+    rc = train_status(t, err);
+  }
+  if (rc != TOPOS_OK) {
+    if (params_out) {
+      topos_params_free(*params_out);
+      *params_out = NULL;
+    }
+    if (state_out) {
+      topos_opt_state_free(*state_out);
+      *state_out = NULL;
+    }
+  }
+  return rc;
+}
+
+void topos_client_train_free(topos_client_train *t) {
+  if (!t) return;
+  if (t->call) {
+    if (t->status_started && !t->status_read) {
+      /* Still running: cancel it and wait for its status batch. */
+      grpc_call_cancel(t->call, NULL);
+      grpc_completion_queue_pluck(t->cq, (void *)(intptr_t)TRAIN_TAG_STATUS,
+                                  gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    }
+    grpc_call_unref(t->call);
+  }
+  /* Every batch started was waited for: nothing is left to drain. */
+  grpc_completion_queue_shutdown(t->cq);
+  grpc_completion_queue_destroy(t->cq);
+  grpc_metadata_array_destroy(&t->initial_md);
+  grpc_metadata_array_destroy(&t->trailing_md);
+  grpc_slice_unref(t->details);
+  grpc_slice_unref(t->auth);
+  if (t->error_string) gpr_free((void *)t->error_string);
+  free(t);
 }

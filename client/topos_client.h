@@ -235,6 +235,77 @@ topos_trainer *topos_client_trainer(topos_client *c, const char *id,
                                     topos_value loss, const topos_exec *exec,
                                     topos_error *err);
 
+/* ------------------------------------------------------- Train streams */
+
+/* A training session as one gRPC stream (rpc Train; docs/daemon.md, "Train
+ * streams"): the parameters and optimizer state stay on the daemon between
+ * steps, so a step sends only its feeds and gets back its loss.  After k
+ * steps the session's parameters and state are bit for bit those of k
+ * topos_client_step calls (and of topos_plan_step in-process); a step
+ * sent with return_state, and topos_client_train_close, hand them back.
+ * Up to any number of steps may be sent before their replies are read
+ * (the daemon runs them in order, one at a time): a loop that sends step
+ * k+1 before reading step k's loss keeps the daemon busy while the client
+ * encodes.  A step the daemon refuses (bad feeds, a drain) changes
+ * nothing and ends the stream: its reply has `last` set and the
+ * parameters and state of the last step that ran, and the error is the
+ * stream's status.  A stream is used by one thread at a time. */
+typedef struct topos_client_train topos_client_train;
+
+typedef struct topos_client_train_reply {
+  int64_t steps; /* steps the session has run */
+  double loss;   /* this step's loss, before its update (0 for none) */
+  /* New when the reply carries them (return_state, close, last), else
+   * NULL; topos_client_train_reply_clear frees them. */
+  topos_params *params;
+  topos_opt_state *state;
+  bool last; /* the daemon ended the stream after this reply */
+  /* Each step's loss, for topos_client_train_send_steps (new, or NULL). */
+  double *losses;
+  int nlosses;
+} topos_client_train_reply;
+
+/* Opens a session on spec `id` for `loss`: it starts from args->params
+ * (or args->params_blob; NULL: the spec's initials) and `state` (NULL: a
+ * fresh one), and every step runs `opt` under args->exec.  args->feeds
+ * must be empty (each step sends its own); args->deadline_s, when > 0,
+ * bounds the whole stream (otherwise it has none).  Waits for the daemon
+ * to take the session: NULL with err when it refuses (unknown spec, a bad
+ * optimizer or parameter set, auth, a drain). */
+topos_client_train *topos_client_train_open(topos_client *c, const char *id,
+                                            topos_value loss,
+                                            const topos_client_args *args,
+                                            const topos_optimizer *opt,
+                                            const topos_opt_state *state,
+                                            topos_error *err);
+/* Sends one step's feeds without waiting for its reply. */
+int topos_client_train_send(topos_client_train *t, const topos_feed *feeds,
+                            int nfeeds, bool return_state, topos_error *err);
+/* Sends nsteps steps as one message: step i's feeds are
+ * feeds[i * nfeeds .. i * nfeeds + nfeeds - 1].  The daemon runs them in
+ * order and answers once, with every step's loss (Keras's steps per
+ * execution: the round trip is paid once).  All run, or when one is
+ * refused none does. */
+int topos_client_train_send_steps(topos_client_train *t,
+                                  const topos_feed *feeds, int nfeeds,
+                                  int nsteps, bool return_state,
+                                  topos_error *err);
+/* Reads the oldest reply not read yet (out may be NULL: dropped). */
+int topos_client_train_recv(topos_client_train *t,
+                            topos_client_train_reply *out, topos_error *err);
+/* send, then recv. */
+int topos_client_train_step(topos_client_train *t, const topos_feed *feeds,
+                            int nfeeds, bool return_state,
+                            topos_client_train_reply *out, topos_error *err);
+void topos_client_train_reply_clear(topos_client_train_reply *r);
+/* Ends the session: reads the replies still owed, asks for the final
+ * parameters and state when params_out or state_out is not NULL (new),
+ * closes the client's side and reads the status. */
+int topos_client_train_close(topos_client_train *t, topos_params **params_out,
+                             topos_opt_state **state_out, topos_error *err);
+/* Frees the stream, cancelling it when it was not closed. */
+void topos_client_train_free(topos_client_train *t);
+
 /* Conformance: runs `entry`'s plan on the daemon under each candidate of
  * args->exec (none: the reference backend and every exact backend the
  * daemon has) and compares it with the reference interpreter, as

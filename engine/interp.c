@@ -82,6 +82,14 @@ static int check_params(const topos_network *net, const topos_params *params,
   return 0;
 }
 
+int topos_network_check_params(const topos_network *net,
+                               const topos_params *params, topos_error *err) {
+  if (!net) return error_set(err, TOPOS_ERR_ARGUMENT, "network is NULL");
+  return check_params(net, params, err)
+             ? (err && err->code ? err->code : TOPOS_ERR_ARGUMENT)
+             : TOPOS_OK;
+}
+
 void topos_run_free(topos_run *run) {
   if (!run) return;
   if (run->vals) {

@@ -364,6 +364,11 @@ const topos_tensor *topos_params_get(const topos_params *p, int slot);
 topos_params *topos_params_with(const topos_params *p, int slot,
                                 const topos_tensor *tensor, topos_error *err);
 bool topos_params_bitwise_equal(const topos_params *a, const topos_params *b);
+/* Whether params fit net's parameter slots: their count, and each slot's
+ * dtype and shape (the check topos_forward makes).  NULL fits (the
+ * initials).  Returns a topos_status. */
+int topos_network_check_params(const topos_network *net,
+                               const topos_params *params, topos_error *err);
 
 /* Elementwise algebra.  Operands must match slot by slot in dtype and
  * shape.  add computes a+b in the dtype; scale computes x*s with s

@@ -281,7 +281,7 @@ bool call_check_id(call_ctx *cx, const char *id, const char *what) {
 /* ------------------------------------------------------------ the table */
 
 #define METHOD(name, fn) \
-  { name, "/topos.v1.Topos/" name, fn, false }
+  { name, "/topos.v1.Topos/" name, fn, false, false }
 
 const method_def handler_methods[] = {
     METHOD("Record", handle_record),
@@ -291,10 +291,11 @@ const method_def handler_methods[] = {
     METHOD("Forward", handle_forward),
     METHOD("Backward", handle_backward),
     METHOD("Step", handle_step),
+    {"Train", "/topos.v1.Topos/Train", handle_train, false, true},
     METHOD("Conformance", handle_conformance),
     METHOD("PutBlob", handle_put_blob),
     METHOD("StatBlob", handle_stat_blob),
-    {"Health", "/topos.v1.Topos/Health", handle_health, true},
+    {"Health", "/topos.v1.Topos/Health", handle_health, true, false},
     METHOD("Stats", handle_stats),
     METHOD("Backends", handle_backends),
     METHOD("ListSpecs", handle_list_specs),
@@ -307,7 +308,7 @@ const method_def handler_methods[] = {
     METHOD("AdminQuotaSet", handle_admin_quota_set),
     METHOD("AdminQuotaShow", handle_admin_quota_show),
     {"grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Check",
-     handle_health_check, true},
+     handle_health_check, true, false},
 };
 
 const int handler_method_count =

@@ -21,6 +21,10 @@
 #include "daemon.h"
 #include "topos.h"
 
+/* A Train stream's session (runs.c): held by the front for the stream's
+ * life, handed to the handler with each message. */
+typedef struct train_session train_session;
+
 typedef struct call_ctx {
   daemon_state *d;
   /* The request message (NULL/0 when the client sent none). */
@@ -51,6 +55,8 @@ typedef struct call_ctx {
   /* What the call's engine runs ran: every context a handler builds
    * (call_exec_of) reports here, and replies name the backends. */
   topos_exec_report report;
+  /* A Train stream's session (NULL for every other call). */
+  train_session *train;
 
   /* Results.  On OK, out/out_len is the packed reply (malloc'd; the front
    * frees it), possibly empty.  Otherwise status is a grpc_status_code,
@@ -72,10 +78,24 @@ typedef struct method_def {
   /* A health probe: answered on the front's own thread (never queued
    * behind work), and still answered while the daemon drains. */
   bool probe;
+  /* A bidirectional stream (Train): the front reads its messages one by
+   * one and runs each as a job on the stream's session. */
+  bool stream;
 } method_def;
 
 extern const method_def handler_methods[];
 extern const int handler_method_count;
+
+/* A Train stream's session: new (NULL when out of memory), and freed
+ * with everything it holds once the stream is over. */
+train_session *train_session_new(void);
+void train_session_free(daemon_state *d, train_session *ts);
+/* The reply that ends a stream the daemon refuses to go on with: the
+ * steps run and the parameters and state after the last of them
+ * (`last`).  False when the session never opened (nothing to return) or
+ * out of memory; otherwise *out (malloc'd) is the packed reply. */
+bool train_session_last(daemon_state *d, const train_session *ts, uint8_t **out,
+                        size_t *out_len);
 
 /* True when the call may go on; otherwise sets the status
  * (DEADLINE_EXCEEDED, CANCELLED) and returns false.  Handlers call it

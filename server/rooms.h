@@ -155,6 +155,7 @@ void handle_emit(call_ctx *cx);
 void handle_forward(call_ctx *cx);
 void handle_backward(call_ctx *cx);
 void handle_step(call_ctx *cx);
+void handle_train(call_ctx *cx); /* a stream's message (cx->train) */
 void handle_conformance(call_ctx *cx);
 void handle_put_blob(call_ctx *cx);
 void handle_stat_blob(call_ctx *cx);

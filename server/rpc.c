@@ -80,6 +80,7 @@ typedef enum tag_kind {
   TAG_REQUEST,     /* a posted request slot received a call */
   TAG_CLOSE,       /* a job's RECV_CLOSE_ON_SERVER completed */
   TAG_SEND,        /* a job's reply batch completed */
+  TAG_TRAIN_IO,    /* a Train stream's reply went and its next message came */
   TAG_WATCH_SEND,  /* a health watcher's message (or status) went out */
   TAG_WATCH_CLOSE, /* a health watcher's call is over */
   TAG_SHUTDOWN     /* grpc_server_shutdown_and_notify is done */
@@ -131,7 +132,13 @@ struct job {
   size_t ntrailing;
   char trailing_text[2][32];
   service_call *ext; /* a call from another transport (rpc_submit) */
-  job *next;         /* queue link */
+  /* A Train stream (docs/daemon.md, "Train streams"): its session, the
+   * tag of its one batch in flight (the last reply out, the next message
+   * in), and the deadline the client gave the whole stream. */
+  train_session *train;
+  tag io_tag;
+  int64_t stream_deadline_ns;
+  job *next; /* queue link */
 };
 
 /* A grpc.health.v1.Health/Watch stream.  Lives on the queue thread only:
@@ -361,6 +368,7 @@ static void job_free(job *j) {
   }
   grpc_metadata_array_destroy(&j->metadata);
   if (j->call) grpc_call_unref(j->call);
+  train_session_free(s->d, j->train);
   listener_call_end(s->listener, j->conn);
   gpr_free(j->unknown_name);
   free(j);
@@ -371,27 +379,41 @@ static void job_unref(job *j) {
   if (atomic_fetch_sub(&j->refs, 1) == 1) job_free(j);
 }
 
-/* Sends the reply batch: the message when status is OK, then the status
- * with its details and the engine's code as trailing metadata.  After
- * this the caller must not touch j (the completion may free it). */
-static void job_send(job *j, int status, const char *message, int topos_code,
-                     uint8_t *out, size_t out_len, bool with_close) {
+/* out/out_len (taken) as j's reply buffer, which lives until the next
+ * one or the job's end (the batch sending it must be done by then). */
+static grpc_byte_buffer *job_reply(job *j, uint8_t *out, size_t out_len) {
+  if (j->reply) grpc_byte_buffer_destroy(j->reply);
+  grpc_slice slice =
+      out_len ? grpc_slice_new(out, out_len, free) : grpc_empty_slice();
+  if (out_len == 0) free(out);
+  j->reply = grpc_raw_byte_buffer_create(&slice, 1);
+  grpc_slice_unref(slice);
+  return j->reply;
+}
+
+/* Sends a call's last batch: the initial metadata unless a stream sent
+ * it already, the message out/out_len (taken) when with_message, then
+ * the status with its details and the engine's code as trailing
+ * metadata.  After this the caller must not touch j (the completion may
+ * free it). */
+static void job_finish(job *j, bool initial_metadata, bool with_message,
+                       int status, const char *message, int topos_code,
+                       uint8_t *out, size_t out_len, bool with_close) {
   grpc_op ops[4];
   memset(ops, 0, sizeof ops);
   size_t n = 0;
-  ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
-  n++;
-  if (status == GRPC_STATUS_OK) {
-    grpc_slice slice =
-        out_len ? grpc_slice_new(out, out_len, free) : grpc_empty_slice();
-    if (out_len == 0) free(out);
-    j->reply = grpc_raw_byte_buffer_create(&slice, 1);
-    grpc_slice_unref(slice);
+  if (initial_metadata) {
+    ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+    n++;
+  }
+  if (with_message) {
     ops[n].op = GRPC_OP_SEND_MESSAGE;
-    ops[n].data.send_message.send_message = j->reply;
+    ops[n].data.send_message.send_message = job_reply(j, out, out_len);
     n++;
   } else {
     free(out);
+  }
+  if (status != GRPC_STATUS_OK) {
     if (topos_code > 0) {
       snprintf(j->trailing_text[0], sizeof j->trailing_text[0], "%d",
                topos_code);
@@ -423,6 +445,69 @@ static void job_send(job *j, int status, const char *message, int topos_code,
   }
 }
 
+/* A unary call's reply: the message when status is OK, then the status. */
+static void job_send(job *j, int status, const char *message, int topos_code,
+                     uint8_t *out, size_t out_len, bool with_close) {
+  job_finish(j, true, status == GRPC_STATUS_OK, status, message, topos_code,
+             out, out_len, with_close);
+}
+
+/* ---------------------------------------------------------- Train streams */
+
+/* A stream is over for the daemon: its in-flight count goes back. */
+static void stream_release(job *j) {
+  if (j->quota_counted) quota_release(j->server->quotas, j->tenant);
+  j->quota_counted = false;
+}
+
+/* The call broke (cancelled, the connection gone, a batch refused):
+ * nothing more is sent.  Cancelling makes sure the call ends (a no-op on
+ * one that already has). */
+static void stream_drop(job *j) {
+  stream_release(j);
+  grpc_call_cancel_with_status(j->call, GRPC_STATUS_CANCELLED,
+                               "the Train stream broke", NULL);
+  job_unref(j);
+}
+
+/* Ends the stream: OK once the client closed its side, or the refusal
+ * of a message, after a last reply with the session's state (when it has
+ * one) so the client loses nothing. */
+static void stream_end(job *j, int status, const char *message,
+                       int topos_code) {
+  stream_release(j);
+  uint8_t *last = NULL;
+  size_t last_len = 0;
+  bool with_last = status != GRPC_STATUS_OK &&
+                   train_session_last(j->server->d, j->train, &last, &last_len);
+  job_finish(j, false, with_last, status, message, topos_code, last, last_len,
+             false);
+}
+
+/* The stream's one batch: the reply (out/out_len taken; none for the
+ * first) and the next message. */
+static void stream_io(job *j, bool first, uint8_t *out, size_t out_len) {
+  grpc_op ops[2];
+  memset(ops, 0, sizeof ops);
+  size_t n = 0;
+  if (first) {
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+  } else {
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n].data.send_message.send_message = job_reply(j, out, out_len);
+    n++;
+  }
+  j->payload = NULL;
+  ops[n].op = GRPC_OP_RECV_MESSAGE;
+  ops[n].data.recv_message.recv_message = &j->payload;
+  n++;
+  grpc_call_error e = grpc_call_start_batch(j->call, ops, n, &j->io_tag, NULL);
+  if (e != GRPC_CALL_OK) {
+    log_event("error", "start_batch failed (%d) on a Train stream", (int)e);
+    stream_drop(j);
+  }
+}
+
 /* --------------------------------------------------------------- workers */
 
 /* The request bytes of j: the payload's single slice when it has one,
@@ -442,9 +527,11 @@ static int read_payload(worker *w, grpc_byte_buffer *bb, const uint8_t **data,
   }
   if (!grpc_byte_buffer_reader_next(&r, &next)) {
     grpc_byte_buffer_reader_destroy(&r);
+    /* A small slice keeps its bytes inline, in the struct itself: point
+     * into the caller's copy, which lives on, not into `first`. */
     *hold = first;
-    *data = GRPC_SLICE_START_PTR(first);
-    *len = GRPC_SLICE_LENGTH(first);
+    *data = GRPC_SLICE_START_PTR(*hold);
+    *len = GRPC_SLICE_LENGTH(*hold);
     return 0;
   }
   reuse_buf *b = &w->input;
@@ -610,12 +697,22 @@ static void worker_run_job(worker *w, job *j) {
     }
     cx.has_message = true;
   }
+  cx.train = j->train;
   serve(w, j->method, &cx, TRANSPORT_GRPC, j->peer, j->arrival_ns, picked_ns,
         cpu_start_ns);
   grpc_slice_unref(hold);
   if (j->payload) {
     grpc_byte_buffer_destroy(j->payload);
     j->payload = NULL;
+  }
+  if (j->train) {
+    /* A stream's message: its reply goes with the read of the next one;
+     * a refusal ends the stream. */
+    if (cx.status == GRPC_STATUS_OK)
+      stream_io(j, false, cx.out, cx.out_len);
+    else
+      stream_end(j, cx.status, cx.message, cx.topos_code);
+    return;
   }
   /* In flight from admission to reply: released before the reply goes,
    * so a client that saw it may send its next call at once. */
@@ -651,8 +748,11 @@ static void post_request(rpc_server *s, request_slot *slot) {
     e = grpc_server_request_registered_call(
         s->server,
         slot->method >= 0 ? s->methods[slot->method] : s->watch_method,
-        &slot->call, &slot->deadline, &slot->metadata, &slot->payload, s->cq,
-        s->cq, &slot->tag);
+        &slot->call, &slot->deadline, &slot->metadata,
+        slot->method >= 0 && handler_methods[slot->method].stream
+            ? NULL
+            : &slot->payload,
+        s->cq, s->cq, &slot->tag);
   } else {
     grpc_call_details_init(&slot->details);
     e = grpc_server_request_call(s->server, &slot->call, &slot->details,
@@ -864,16 +964,26 @@ static void queue_full_message(rpc_server *s, const char *tenant, char *buf,
     snprintf(buf, len, "job queue full (%d jobs)", s->queue.capacity);
 }
 
-static int64_t deadline_of(rpc_server *s, gpr_timespec deadline,
-                           int64_t now_ns) {
+/* The deadline the client gave (INT64_MAX: none). */
+static int64_t client_deadline(gpr_timespec deadline, int64_t now_ns) {
   gpr_timespec mono = gpr_convert_clock_type(deadline, GPR_CLOCK_MONOTONIC);
-  if (gpr_time_cmp(mono, gpr_inf_future(GPR_CLOCK_MONOTONIC)) == 0) {
-    int64_t ms = s->d->cfg->deadline_ms;
-    return ms > 0 ? now_ns + ms * 1000000 : INT64_MAX;
-  }
+  if (gpr_time_cmp(mono, gpr_inf_future(GPR_CLOCK_MONOTONIC)) == 0)
+    return INT64_MAX;
   gpr_timespec left = gpr_time_sub(mono, gpr_now(GPR_CLOCK_MONOTONIC));
   if (left.tv_sec > (int64_t)1 << 31) return INT64_MAX;
   return now_ns + left.tv_sec * 1000000000 + left.tv_nsec;
+}
+
+/* A run's deadline: the client's, else the daemon's default from now. */
+static int64_t run_deadline(rpc_server *s, int64_t client_ns, int64_t now_ns) {
+  int64_t ms = s->d->cfg->deadline_ms;
+  if (client_ns != INT64_MAX || ms <= 0) return client_ns;
+  return now_ns + ms * 1000000;
+}
+
+static int64_t deadline_of(rpc_server *s, gpr_timespec deadline,
+                           int64_t now_ns) {
+  return run_deadline(s, client_deadline(deadline, now_ns), now_ns);
 }
 
 /* The value of j's "authorization" metadata, or NULL. */
@@ -946,6 +1056,54 @@ static bool admit_quota(rpc_server *s, const char *tenant, const char *method,
   return true;
 }
 
+/* A Train stream passed auth and its quotas: its session, then the
+ * first read.  It counts in flight (quota) until it ends. */
+static void stream_open(rpc_server *s, job *j) {
+  j->train = train_session_new();
+  if (j->train == NULL) {
+    if (j->quota_counted) quota_release(s->quotas, j->tenant);
+    j->quota_counted = false;
+    reject(s, j, GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon out of memory",
+           "Train", false);
+    return;
+  }
+  stream_io(j, true, NULL, 0);
+}
+
+/* A stream's batch is in: the next message (a job for a worker, in the
+ * tenant's turn like any call), the client's end of the stream, or a
+ * broken call. */
+static void on_stream_io(rpc_server *s, job *j, bool ok) {
+  if (!ok) {
+    stream_drop(j);
+    return;
+  }
+  if (j->payload == NULL) {
+    stream_end(j, GRPC_STATUS_OK, "", 0);
+    return;
+  }
+  int64_t now = daemon_now_ns();
+  j->arrival_ns = now;
+  /* Each message is one run: the daemon's default deadline and the
+   * tenant's run_ms apply to it, the client's to the whole stream. */
+  j->deadline_ns = run_deadline(s, j->stream_deadline_ns, now);
+  if (j->has_quota)
+    j->deadline_ns = quota_deadline(&j->quota, now, j->deadline_ns);
+  const char *why = refusal(s);
+  char message[512];
+  if (why == NULL &&
+      !queue_push(&s->queue, j, j->tenant, j->weight, &s->d->queue_depth)) {
+    queue_full_message(s, j->tenant, message, sizeof message);
+    why = message;
+  }
+  if (why != NULL) {
+    log_refusal(s, "Train", j->method, TRANSPORT_GRPC, j->tenant, j->peer,
+                GRPC_STATUS_UNAVAILABLE, why,
+                (int64_t)grpc_byte_buffer_length(j->payload), now);
+    stream_end(j, GRPC_STATUS_UNAVAILABLE, why, 0);
+  }
+}
+
 static void on_request(rpc_server *s, request_slot *slot, bool ok) {
   slot->posted = false;
   if (!ok) {
@@ -984,6 +1142,8 @@ static void on_request(rpc_server *s, request_slot *slot, bool ok) {
   j->status_details = grpc_empty_slice();
   j->arrival_ns = now;
   j->deadline_ns = deadline_of(s, slot->deadline, now);
+  j->stream_deadline_ns = client_deadline(slot->deadline, now);
+  j->io_tag = (tag){TAG_TRAIN_IO, j};
   char *peer = grpc_call_get_peer(j->call);
   j->conn = listener_call_begin(s->listener, peer, j->peer, sizeof j->peer);
   if (j->peer[0] == '\0') snprintf(j->peer, sizeof j->peer, "%s", peer);
@@ -1027,6 +1187,8 @@ static void on_request(rpc_server *s, request_slot *slot, bool ok) {
                      &j->quota, &j->has_quota, &j->quota_counted, &j->weight,
                      &status, message, sizeof message)) {
       reject(s, j, status, message, m->name, false);
+    } else if (m->stream) {
+      stream_open(s, j);
     } else if (!queue_push(&s->queue, j, j->tenant, j->weight,
                            &s->d->queue_depth)) {
       if (j->quota_counted) quota_release(s->quotas, j->tenant);
@@ -1119,6 +1281,9 @@ static void dispatch(rpc_server *s, grpc_event ev) {
     case TAG_SEND:
       job_unref(t->owner);
       break;
+    case TAG_TRAIN_IO:
+      on_stream_io(s, t->owner, ev.success != 0);
+      break;
     case TAG_WATCH_SEND: {
       watcher *w = t->owner;
       w->sending = false;
@@ -1202,7 +1367,9 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
   for (int i = 0; i < handler_method_count; i++) {
     s->methods[i] = grpc_server_register_method(
         s->server, handler_methods[i].path, NULL,
-        GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+        handler_methods[i].stream ? GRPC_SRM_PAYLOAD_NONE
+                                  : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER,
+        0);
   }
   s->watch_method = grpc_server_register_method(
       s->server, "/grpc.health.v1.Health/Watch", NULL,

@@ -404,3 +404,362 @@ void handle_step(call_ctx *cx) {
   planned_clear(cx, &p);
   wire_optimizer_clear(&opt);
 }
+
+/* ----------------------------------------------------------------- Train */
+
+/* A Train stream's session (handlers.h): what Step would take from each
+ * request, held between the stream's messages.  Only one message of a
+ * stream runs at a time (rpc.c), so nothing here is shared. */
+struct train_session {
+  bool open;
+  planned p;
+  wire_optimizer opt;           /* filled in place: its decay points in */
+  Topos__V1__ExecOptions *exec; /* a heap copy; NULL: absent */
+  topos_params *params;         /* NULL: the spec's initials */
+  topos_opt_state *state;       /* NULL: a fresh state */
+  int64_t steps;
+  size_t moments; /* moment sets the optimizer keeps */
+  char id[65];    /* the spec's, for the request log */
+  admission held; /* the session's parameters and state */
+};
+
+train_session *train_session_new(void) {
+  return calloc(1, sizeof(train_session));
+}
+
+void train_session_free(daemon_state *d, train_session *ts) {
+  if (ts == NULL) return;
+  call_ctx cx;
+  memset(&cx, 0, sizeof cx);
+  cx.d = d;
+  if (ts->open) {
+    planned_clear(&cx, &ts->p);
+    wire_optimizer_clear(&ts->opt);
+  }
+  admission_give(&cx, &ts->held);
+  if (ts->exec) protobuf_c_message_free_unpacked(&ts->exec->base, NULL);
+  topos_params_free(ts->params);
+  topos_opt_state_free(ts->state);
+  free(ts);
+}
+
+/* The session's parameters (the spec's initials before the first step)
+ * and state (a fresh one before the first step) into r (heap messages,
+ * freed by train_reply_clear). */
+static bool train_put_state(call_ctx *cx, const train_session *ts,
+                            Topos__V1__TrainReply *r) {
+  topos_error err = {0};
+  topos_params *initial = NULL;
+  const topos_params *params = ts->params;
+  if (params == NULL) params = initial = topos_network_parameters(ts->p.net);
+  topos_opt_state *fresh = NULL;
+  const topos_opt_state *state = ts->state;
+  if (state == NULL && params != NULL)
+    state = fresh = topos_opt_state_new(&ts->opt.opt, params, &err);
+  bool ok = params != NULL && state != NULL;
+  if (!ok)
+    call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY,
+              "out of memory");
+  if (ok && wire_tensors_from_params(params, &r->parameters, &r->n_parameters,
+                                     &err) != TOPOS_OK) {
+    call_fail_err(cx, &err, "encoding parameters");
+    ok = false;
+  }
+  if (ok && (r->state = wire_state_new(state, &err)) == NULL) {
+    call_fail_err(cx, &err, "encoding the state");
+    ok = false;
+  }
+  topos_params_free(initial);
+  topos_opt_state_free(fresh);
+  return ok;
+}
+
+static void train_reply_clear(Topos__V1__TrainReply *r) {
+  wire_tensors_free(r->parameters, r->n_parameters);
+  wire_tensors_free(r->observes, r->n_observes);
+  if (r->state) wire_message_free(&r->state->base);
+}
+
+bool train_session_last(daemon_state *d, const train_session *ts, uint8_t **out,
+                        size_t *out_len) {
+  *out = NULL;
+  *out_len = 0;
+  if (ts == NULL || !ts->open) return false;
+  call_ctx cx;
+  memset(&cx, 0, sizeof cx);
+  cx.d = d;
+  cx.status = WIRE_GRPC_OK;
+  Topos__V1__TrainReply r = TOPOS__V1__TRAIN_REPLY__INIT;
+  r.steps = ts->steps;
+  r.last = true;
+  if (train_put_state(&cx, ts, &r)) call_reply(&cx, &r.base);
+  train_reply_clear(&r);
+  if (cx.status != WIRE_GRPC_OK || cx.out == NULL) {
+    free(cx.out);
+    return false;
+  }
+  *out = cx.out;
+  *out_len = cx.out_len;
+  return true;
+}
+
+/* The first message: the session's spec, plan, optimizer, options,
+ * parameters and state, and its resident bytes reserved. */
+static bool train_open(call_ctx *cx, train_session *ts,
+                       const Topos__V1__StepRequest *o) {
+  if (!plan_training(cx, o->id, o->loss, o->observes, o->n_observes, &ts->p))
+    return false;
+  ts->open = true;
+  snprintf(ts->id, sizeof ts->id, "%s", o->id);
+  topos_error err = {0};
+  int np = topos_network_parameter_count(ts->p.net);
+  if (wire_optimizer_from_proto(o->optimizer, np, &ts->opt, &err) != TOPOS_OK) {
+    call_fail_err(cx, &err, "optimizer");
+    planned_clear(cx, &ts->p);
+    ts->open = false;
+    return false;
+  }
+  const topos_optimizer *opt = &ts->opt.opt;
+  ts->moments = opt->kind != TOPOS_SGD ? 2 : opt->momentum != 0 ? 1 : 0;
+  if (o->exec != NULL) {
+    /* A copy of its own: the request's memory is the message's. */
+    uint8_t buf[512];
+    size_t n = topos__v1__exec_options__get_packed_size(o->exec);
+    if (n > sizeof buf) {
+      call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
+                "exec: %zu bytes (at most %zu)", n, sizeof buf);
+      return false;
+    }
+    topos__v1__exec_options__pack(o->exec, buf);
+    ts->exec = topos__v1__exec_options__unpack(NULL, n, buf);
+    if (ts->exec == NULL) {
+      call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY,
+                "out of memory");
+      return false;
+    }
+  }
+  /* The parameters and moments the session keeps between messages, for
+   * the stream's life. */
+  topos_run_bytes b;
+  topos_plan_run_bytes(ts->p.plan, &b);
+  size_t resident = admission_decoded(b.parameters + ts->moments * b.moments,
+                                      (ts->moments + 1) * (size_t)np);
+  if (!admission_take(cx, "Train", resident, 0, &ts->held)) return false;
+  run_inputs in;
+  if (!run_inputs_read(cx, ts->p.net, o->parameters, o->n_parameters, NULL, 0,
+                       &in))
+    return false;
+  ts->params = in.params; /* moved */
+  in.params = NULL;
+  run_inputs_clear(&in);
+  if (!read_state(cx, o->state, &ts->state)) return false;
+  /* Refused now rather than at the first step: parameters that do not fit
+   * the spec, settings or a state the optimizer cannot take. */
+  topos_params *initial = NULL;
+  const topos_params *params = ts->params;
+  if (params == NULL) params = initial = topos_network_parameters(ts->p.net);
+  int rc = params == NULL ? TOPOS_ERR_MEMORY
+                          : topos_network_check_params(ts->p.net, params, &err);
+  if (rc == TOPOS_OK) rc = topos_optimizer_check(opt, params, ts->state, &err);
+  topos_params_free(initial);
+  if (rc != TOPOS_OK) {
+    if (err.code == TOPOS_OK) {
+      err.code = rc;
+      snprintf(err.message, sizeof err.message, "out of memory");
+    }
+    call_fail_err(cx, &err, "Train");
+    return false;
+  }
+  return true;
+}
+
+/* One step's run: topos_plan_step's bound over the session's parameters
+ * and state, the feeds decoded, the observes (and with return_state the
+ * parameters and state) encoded. */
+static bool admit_train_step(call_ctx *cx, const train_session *ts,
+                             size_t nfeeds, bool with_state, admission *adm) {
+  topos_run_bytes b;
+  topos_plan_run_bytes(ts->p.plan, &b);
+  int np = topos_network_parameter_count(ts->p.net);
+  size_t need = topos_plan_step_bytes(ts->p.plan, &ts->opt.opt, true, true) +
+                decoded_inputs(ts->p.net, &b, 0, nfeeds);
+  size_t reply = b.outputs;
+  size_t tensors = (size_t)ts->p.entry.entry.nobserves;
+  if (with_state) {
+    reply += b.parameters + ts->moments * b.moments;
+    tensors += (ts->moments + 1) * (size_t)np;
+  }
+  need += admission_encoded(reply, tensors);
+  return admission_take(cx, "Train", need, reply, adm);
+}
+
+/* One step from (params, state) - the session's, or a multi-step
+ * message's so far - on `feeds`: true with *params_out and *state_out new
+ * and r's loss and observes set.  The session is not changed. */
+static bool train_run(call_ctx *cx, const train_session *ts,
+                      const topos_params *params, const topos_opt_state *state,
+                      Topos__V1__Feed *const *feeds, size_t nfeeds,
+                      bool with_state, Topos__V1__TrainReply *r,
+                      topos_params **params_out, topos_opt_state **state_out) {
+  admission adm = {0};
+  run_inputs in;
+  if (!admit_train_step(cx, ts, nfeeds, with_state, &adm) ||
+      !run_inputs_read(cx, ts->p.net, NULL, 0, feeds, nfeeds, &in)) {
+    admission_give(cx, &adm);
+    return false;
+  }
+  bool ok = false;
+  topos_error err = {0};
+  topos_step_result res = {0};
+  topos_exec ex;
+  if (call_exec_of(cx, ts->exec, ts->p.plan, NULL, &ex)) {
+    if (topos_plan_step(ts->p.plan, params, in.feeds, in.nfeeds, &ts->opt.opt,
+                        state, &ex, &res, &err) != TOPOS_OK) {
+      call_fail_err(cx, &err, "step");
+    } else if (call_continue(cx)) {
+      const topos_entry *e = &ts->p.entry.entry;
+      if (tensors_of_run(cx, res.run, e->observes, e->nobserves, &r->observes,
+                         &r->n_observes)) {
+        *params_out = res.params;
+        *state_out = res.state;
+        res.params = NULL;
+        res.state = NULL;
+        r->loss = res.loss;
+        ok = true;
+      }
+    }
+  }
+  topos_step_result_clear(&res);
+  run_inputs_clear(&in);
+  admission_give(cx, &adm);
+  return ok;
+}
+
+/* The session moves on to (params, state), taken. */
+static void train_advance(train_session *ts, topos_params *params,
+                          topos_opt_state *state, int64_t steps) {
+  topos_params_free(ts->params);
+  topos_opt_state_free(ts->state);
+  ts->params = params;
+  ts->state = state;
+  ts->steps += steps;
+}
+
+/* The steps of a multi-step message, in order: all of them, or none
+ * (the session stays where it stood when one is refused). */
+static void train_steps(call_ctx *cx, train_session *ts,
+                        Topos__V1__TrainBatch *const *steps, size_t n,
+                        bool with_state, Topos__V1__TrainReply *r) {
+  if (n > 4096) {
+    call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
+              "Train: %zu steps in one message (at most 4096)", n);
+    return;
+  }
+  r->losses = call_scratch(cx, n * sizeof *r->losses);
+  if (r->losses == NULL) return;
+  topos_params *params = NULL; /* NULL: still the session's */
+  topos_opt_state *state = NULL;
+  bool ok = true;
+  for (size_t i = 0; i < n && ok; i++) {
+    if (steps[i] == NULL) {
+      call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
+                "Train: steps[%zu] is empty", i);
+      ok = false;
+      break;
+    }
+    bool final = i + 1 == n;
+    /* Only the last step's observes are answered. */
+    Topos__V1__TrainReply one = TOPOS__V1__TRAIN_REPLY__INIT;
+    topos_params *next = NULL;
+    topos_opt_state *next_state = NULL;
+    ok =
+        train_run(cx, ts, params ? params : ts->params,
+                  state ? state : ts->state, steps[i]->feeds, steps[i]->n_feeds,
+                  with_state && final, &one, &next, &next_state);
+    if (ok) {
+      topos_params_free(params);
+      topos_opt_state_free(state);
+      params = next;
+      state = next_state;
+      r->losses[i] = one.loss;
+      r->loss = one.loss;
+    }
+    if (ok && final) {
+      r->observes = one.observes;
+      r->n_observes = one.n_observes;
+    } else {
+      train_reply_clear(&one);
+    }
+  }
+  if (!ok) {
+    topos_params_free(params);
+    topos_opt_state_free(state);
+    return;
+  }
+  r->n_losses = n;
+  train_advance(ts, params, state, (int64_t)n);
+}
+
+/* One step of the session on `feeds`. */
+static void train_step(call_ctx *cx, train_session *ts,
+                       Topos__V1__Feed *const *feeds, size_t nfeeds,
+                       bool with_state, Topos__V1__TrainReply *r) {
+  topos_params *params = NULL;
+  topos_opt_state *state = NULL;
+  if (train_run(cx, ts, ts->params, ts->state, feeds, nfeeds, with_state, r,
+                &params, &state))
+    train_advance(ts, params, state, 1);
+}
+
+void handle_train(call_ctx *cx) {
+  train_session *ts = cx->train;
+  if (ts == NULL) {
+    call_fail(cx, WIRE_GRPC_UNIMPLEMENTED, TOPOS_ERR_ARGUMENT,
+              "Train is a gRPC bidirectional stream; it has no unary form");
+    return;
+  }
+  Topos__V1__TrainRequest *req =
+      call_unpack(cx, &topos__v1__train_request__descriptor, "Train", false);
+  if (req == NULL) return;
+  Topos__V1__Feed *const *feeds = req->feeds;
+  size_t nfeeds = req->n_feeds;
+  if (!ts->open) {
+    if (req->open == NULL) {
+      call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
+                "Train: the first message must open the session (`open`)");
+      return;
+    }
+    if (nfeeds > 0) {
+      call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
+                "Train: the first message's feeds go in open.feeds");
+      return;
+    }
+    if (!train_open(cx, ts, req->open)) return;
+    feeds = req->open->feeds;
+    nfeeds = req->open->n_feeds;
+  } else if (req->open != NULL) {
+    call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
+              "Train: only the first message opens the session (step %lld "
+              "sent `open` again)",
+              (long long)ts->steps + 1);
+    return;
+  }
+  snprintf(cx->spec_id, sizeof cx->spec_id, "%s", ts->id);
+  Topos__V1__TrainReply r = TOPOS__V1__TRAIN_REPLY__INIT;
+  if (req->no_step && (nfeeds > 0 || req->n_steps > 0))
+    call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
+              "Train: a no_step message carries no feeds or steps");
+  else if (req->n_steps > 0 && nfeeds > 0)
+    call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
+              "Train: give one step's feeds or several steps, not both");
+  else if (req->n_steps > 0)
+    train_steps(cx, ts, req->steps, req->n_steps, req->return_state, &r);
+  else if (!req->no_step)
+    train_step(cx, ts, feeds, nfeeds, req->return_state, &r);
+  r.steps = ts->steps;
+  if (cx->status == WIRE_GRPC_OK &&
+      (!req->return_state || train_put_state(cx, ts, &r)) &&
+      call_backends(cx, &r.backends, &r.n_backends))
+    call_reply(cx, &r.base);
+  train_reply_clear(&r);
+}

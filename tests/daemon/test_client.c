@@ -34,6 +34,7 @@
 #include "sample_nets.h"
 #include "testutil.h"
 #include "topos.h"
+#include "topos.pb-c.h"
 #include "topos_client.h"
 
 /* ------------------------------------------------------------ the daemon */
@@ -591,14 +592,22 @@ static bool cancel_now(void *ctx) {
   return true;
 }
 
+/* SGD, SGD with momentum and weight decay, Adam, AdamW, and AdamW with a
+ * custom decay predicate. */
+static void five_optimizers(topos_optimizer opts[5]) {
+  opts[0] = topos_sgd(0.1, 0.0);
+  opts[1] = topos_sgd(0.05, 0.9);
+  opts[1].weight_decay = 1e-3;
+  opts[2] = topos_adam(1e-2, 0.9, 0.999, 1e-8);
+  opts[3] = topos_adamw(1e-2, 0.9, 0.999, 1e-8, 0.1);
+  opts[4] = topos_adamw(1e-2, 0.8, 0.99, 1e-6, 0.3);
+  opts[4].decay = decay_even;
+}
+
 START_TEST(test_trainer_bits) {
   topos_client *c = connect_daemon();
-  topos_optimizer opts[5] = {topos_sgd(0.1, 0.0), topos_sgd(0.05, 0.9),
-                             topos_adam(1e-2, 0.9, 0.999, 1e-8),
-                             topos_adamw(1e-2, 0.9, 0.999, 1e-8, 0.1),
-                             topos_adamw(1e-2, 0.8, 0.99, 1e-6, 0.3)};
-  opts[1].weight_decay = 1e-3;
-  opts[4].decay = decay_even;
+  topos_optimizer opts[5];
+  five_optimizers(opts);
   /* f64 (the MLP) and f32 (conv + pool, fused on both sides). */
   sn_builder nets[2] = {sn_mlp, sn_conv};
   const topos_exec reference = {.backend = "reference"};
@@ -1727,6 +1736,388 @@ START_TEST(test_python_client) {
 }
 END_TEST
 
+/* ------------------------------------------------------------ Train */
+
+/* The in-process side of a Train stream: a parameter set and state, and
+ * one step of opt on them (the engine's own forward, backward and
+ * optimizer), returning the loss. */
+typedef struct local_train {
+  topos_params *p;
+  topos_opt_state *s;
+} local_train;
+
+static local_train local_train_new(const topos_network *net,
+                                   const topos_optimizer *opt) {
+  topos_error err = {0};
+  local_train l = {topos_network_parameters(net), NULL};
+  l.s = topos_opt_state_new(opt, l.p, &err);
+  ck_assert_ptr_nonnull(l.s);
+  return l;
+}
+
+static void local_train_free(local_train *l) {
+  topos_params_free(l->p);
+  topos_opt_state_free(l->s);
+}
+
+static double local_train_step(const topos_network *net, topos_value loss,
+                               const topos_optimizer *opt, local_train *l,
+                               const topos_feed *feeds, int nf) {
+  topos_error err = {0};
+  topos_run *run = topos_forward(net, l->p, feeds, nf, NULL, &err);
+  ck_assert_msg(run != NULL, "%s", err.message);
+  topos_field *f = topos_backward(run, loss, NULL, &err);
+  topos_params *g = topos_parameters_of(f, &err);
+  double value = topos_run_scalar(run, loss, &err);
+  topos_params *p2 = NULL;
+  topos_opt_state *s2 = NULL;
+  ck_assert_msg(
+      topos_optimizer_step(opt, l->p, g, l->s, &p2, &s2, &err) == TOPOS_OK,
+      "%s", err.message);
+  local_train_free(l);
+  l->p = p2;
+  l->s = s2;
+  topos_params_free(g);
+  topos_field_free(f);
+  topos_run_free(run);
+  return value;
+}
+
+static void assert_train_state(const local_train *l, const topos_params *p,
+                               const topos_opt_state *s, const char *what) {
+  ck_assert_msg(p != NULL && s != NULL, "%s: no parameters or state", what);
+  ck_assert_msg(topos_params_bitwise_equal(l->p, p), "%s: parameters differ",
+                what);
+  ck_assert_int_eq(topos_opt_state_step(l->s), topos_opt_state_step(s));
+  for (int m = 0; m < 2; m++) {
+    const topos_params *a = topos_opt_state_moment(l->s, m);
+    const topos_params *b = topos_opt_state_moment(s, m);
+    ck_assert_msg((a == NULL) == (b == NULL), "%s: moment %d presence", what,
+                  m);
+    if (a)
+      ck_assert_msg(topos_params_bitwise_equal(a, b), "%s: moment %d differs",
+                    what, m);
+  }
+}
+
+static void assert_loss(double want, double got, const char *what, int k) {
+  ck_assert_msg(memcmp(&want, &got, sizeof want) == 0,
+                "%s step %d: loss %.17g, in-process %.17g", what, k, got, want);
+}
+
+/* Ten steps on one stream - one at a time, two in flight, four in one
+ * message - against the in-process steps, bit for bit. */
+static void check_train(topos_client *c, const topos_optimizer *opt,
+                        const char *what) {
+  topos_error err = {0};
+  topos_network *net = sn_mlp();
+  char id[65];
+  record(c, net, id);
+  topos_value loss = topos_network_find(net, "loss");
+  local_train l = local_train_new(net, opt);
+  /* A custom decay predicate is sent as the slots it picks: the client
+   * needs the parameters to evaluate it. */
+  topos_client_args args = {.params = l.p};
+  topos_client_train *t = topos_client_train_open(
+      c, id, loss, opt->decay ? &args : NULL, opt, NULL, &err);
+  ck_assert_msg(t != NULL, "%s: open: %s", what, err.message);
+  enum { N = 10 };
+  topos_feed feeds[N][1];
+  double want[N];
+  for (int k = 0; k < N; k++)
+    ck_assert_int_eq(float_feeds(net, 500 + k, feeds[k], 1), 1);
+  topos_client_train_reply r;
+  /* 0, 1: one at a time; 1 asks for the state. */
+  for (int k = 0; k < 2; k++) {
+    want[k] = local_train_step(net, loss, opt, &l, feeds[k], 1);
+    ck_assert_msg(
+        topos_client_train_step(t, feeds[k], 1, k == 1, &r, &err) == TOPOS_OK,
+        "%s step %d: %s", what, k, err.message);
+    assert_loss(want[k], r.loss, what, k);
+    ck_assert_int_eq(r.steps, k + 1);
+    ck_assert(!r.last);
+    if (k == 1)
+      assert_train_state(&l, r.params, r.state, what);
+    else
+      ck_assert_ptr_null(r.params);
+    topos_client_train_reply_clear(&r);
+  }
+  /* 2..5: the next sent before the last is read. */
+  for (int k = 2; k < 6; k++) {
+    want[k] = local_train_step(net, loss, opt, &l, feeds[k], 1);
+    ck_assert_int_eq(topos_client_train_send(t, feeds[k], 1, false, &err),
+                     TOPOS_OK);
+    if (k == 2) continue;
+    ck_assert_int_eq(topos_client_train_recv(t, &r, &err), TOPOS_OK);
+    assert_loss(want[k - 1], r.loss, what, k - 1);
+    topos_client_train_reply_clear(&r);
+  }
+  ck_assert_int_eq(topos_client_train_recv(t, &r, &err), TOPOS_OK);
+  assert_loss(want[5], r.loss, what, 5);
+  ck_assert_int_eq(r.steps, 6);
+  topos_client_train_reply_clear(&r);
+  /* 6..9 in one message, with the state. */
+  topos_feed four[4];
+  for (int k = 6; k < N; k++) {
+    want[k] = local_train_step(net, loss, opt, &l, feeds[k], 1);
+    four[k - 6] = feeds[k][0];
+  }
+  ck_assert_int_eq(topos_client_train_send_steps(t, four, 1, 4, true, &err),
+                   TOPOS_OK);
+  ck_assert_msg(topos_client_train_recv(t, &r, &err) == TOPOS_OK, "%s: %s",
+                what, err.message);
+  ck_assert_int_eq(r.nlosses, 4);
+  ck_assert_int_eq(r.steps, N);
+  for (int k = 6; k < N; k++) assert_loss(want[k], r.losses[k - 6], what, k);
+  assert_loss(want[N - 1], r.loss, what, N - 1);
+  assert_train_state(&l, r.params, r.state, what);
+  topos_client_train_reply_clear(&r);
+  /* Close hands the final state back. */
+  topos_params *p = NULL;
+  topos_opt_state *s = NULL;
+  ck_assert_msg(topos_client_train_close(t, &p, &s, &err) == TOPOS_OK, "%s: %s",
+                what, err.message);
+  assert_train_state(&l, p, s, what);
+  topos_params_free(p);
+  topos_opt_state_free(s);
+  /* A closed stream takes nothing more. */
+  ck_assert_int_ne(topos_client_train_send(t, feeds[0], 1, false, &err),
+                   TOPOS_OK);
+  topos_client_train_free(t);
+  for (int k = 0; k < N; k++) free_feeds(feeds[k], 1);
+  local_train_free(&l);
+  topos_network_release(net);
+}
+
+START_TEST(test_train_bits) {
+  topos_client *c = connect_daemon();
+  topos_optimizer opts[5];
+  five_optimizers(opts);
+  for (int o = 0; o < 5; o++) {
+    char what[32];
+    snprintf(what, sizeof what, "optimizer %d", o);
+    check_train(c, &opts[o], what);
+  }
+  topos_client_close(c);
+}
+END_TEST
+
+/* The daemon's reserved bytes (Stats). */
+static int64_t reserved_bytes(topos_client *c) {
+  Topos__V1__StatsRequest q = TOPOS__V1__STATS_REQUEST__INIT;
+  uint8_t buf[16];
+  size_t n = topos__v1__stats_request__pack(&q, buf);
+  uint8_t *out = NULL;
+  size_t len = 0;
+  topos_error err = {0};
+  ck_assert_int_eq(
+      topos_client_call_raw(c, "Stats", buf, n, 10, &out, &len, NULL, &err),
+      TOPOS_OK);
+  Topos__V1__StatsReply *r = topos__v1__stats_reply__unpack(NULL, len, out);
+  ck_assert_ptr_nonnull(r);
+  int64_t v = r->reserved_bytes;
+  topos__v1__stats_reply__free_unpacked(r, NULL);
+  free(out);
+  return v;
+}
+
+/* A stream on spec id that ran `steps` of f one at a time, and *l the
+ * same steps in-process. */
+static topos_client_train *train_steps_both(
+    topos_client *c, const topos_network *net, const char *id,
+    const topos_optimizer *opt, topos_feed (*f)[1], int steps, local_train *l) {
+  topos_error err = {0};
+  topos_value loss = topos_network_find(net, "loss");
+  *l = local_train_new(net, opt);
+  topos_client_train *t =
+      topos_client_train_open(c, id, loss, NULL, opt, NULL, &err);
+  ck_assert_msg(t != NULL, "%s", err.message);
+  for (int k = 0; k < steps; k++) {
+    local_train_step(net, loss, opt, l, f[k], 1);
+    ck_assert_int_eq(topos_client_train_step(t, f[k], 1, false, NULL, &err),
+                     TOPOS_OK);
+  }
+  return t;
+}
+
+/* A stream's step refused: the error is the stream's status, and the last
+ * reply holds the state `l` (where the session stood). */
+static void expect_refused(topos_client_train *t, const local_train *l,
+                           int64_t steps, int grpc_status, const char *what) {
+  topos_error err = {0};
+  topos_client_train_reply r;
+  int rc = topos_client_train_recv(t, &r, &err);
+  ck_assert_msg(rc != TOPOS_OK, "%s: accepted", what);
+  ck_assert_msg(topos_client_grpc_status(rc) == grpc_status,
+                "%s: status %d (%s)", what, topos_client_grpc_status(rc),
+                err.message);
+  ck_assert_msg(r.last, "%s: no last reply", what);
+  ck_assert_int_eq(r.steps, steps);
+  assert_train_state(l, r.params, r.state, what);
+  topos_client_train_reply_clear(&r);
+  /* The stream is over: every later call says the same. */
+  topos_error again = {0};
+  ck_assert_int_eq(topos_client_train_send(t, NULL, 0, false, &again), rc);
+}
+
+START_TEST(test_train_refusals) {
+  topos_client *c = connect_daemon();
+  topos_error err = {0};
+  topos_network *net = sn_mlp();
+  char id[65];
+  record(c, net, id);
+  topos_value loss = topos_network_find(net, "loss");
+  topos_optimizer sgd = topos_sgd(0.1, 0.0);
+
+  /* Refused at open: nothing sent, or the daemon's answer. */
+  ck_assert_ptr_null(
+      topos_client_train_open(NULL, id, loss, NULL, &sgd, NULL, &err));
+  ck_assert_ptr_null(
+      topos_client_train_open(c, id, TOPOS_NONE, NULL, &sgd, NULL, &err));
+  ck_assert_ptr_null(
+      topos_client_train_open(c, "xyz", loss, NULL, &sgd, NULL, &err));
+  ck_assert_int_eq(err.code, TOPOS_ERR_ARGUMENT);
+  char unknown[65];
+  memset(unknown, 'a', 64);
+  unknown[64] = '\0';
+  ck_assert_ptr_null(
+      topos_client_train_open(c, unknown, loss, NULL, &sgd, NULL, &err));
+  ck_assert_int_eq(topos_client_grpc_status(err.code), 5); /* NOT_FOUND */
+  topos_optimizer neg = topos_sgd(-1, 0);
+  ck_assert_ptr_null(
+      topos_client_train_open(c, id, loss, NULL, &neg, NULL, &err));
+  ck_assert_int_eq(topos_client_grpc_status(err.code), 3);
+  topos_feed one[1];
+  float_feeds(net, 1, one, 1);
+  topos_client_args with_feeds = {.feeds = one, .nfeeds = 1};
+  ck_assert_ptr_null(
+      topos_client_train_open(c, id, loss, &with_feeds, &sgd, NULL, &err));
+  ck_assert_int_eq(err.code, TOPOS_ERR_ARGUMENT);
+
+  /* A bad step after two good ones changes nothing. */
+  topos_feed f[4][1];
+  for (int k = 0; k < 4; k++) float_feeds(net, 700 + k, f[k], 1);
+  local_train l;
+  topos_client_train *t = train_steps_both(c, net, id, &sgd, f, 2, &l);
+  int64_t shape[1] = {7};
+  topos_tensor *wrong = tt_random(TOPOS_F64, 1, shape, 9, -1, 1);
+  topos_feed bad = {f[0][0].input, wrong};
+  ck_assert_int_eq(topos_client_train_send(t, &bad, 1, false, &err), TOPOS_OK);
+  expect_refused(t, &l, 2, 3, "wrong shape");
+  topos_client_train_free(t);
+
+  /* Several steps in one message: all or none. */
+  local_train_free(&l);
+  l = local_train_new(net, &sgd);
+  t = topos_client_train_open(c, id, loss, NULL, &sgd, NULL, &err);
+  ck_assert_ptr_nonnull(t);
+  local_train_step(net, loss, &sgd, &l, f[0], 1);
+  ck_assert_int_eq(topos_client_train_step(t, f[0], 1, false, NULL, &err),
+                   TOPOS_OK);
+  topos_feed three[3] = {f[1][0], bad, f[2][0]};
+  ck_assert_int_eq(topos_client_train_send_steps(t, three, 1, 3, false, &err),
+                   TOPOS_OK);
+  expect_refused(t, &l, 1, 3, "steps with a bad one");
+  topos_client_train_free(t);
+  ck_assert_int_eq(
+      topos_client_train_send_steps(NULL, three, 1, 3, false, &err),
+      TOPOS_ERR_ARGUMENT);
+
+  /* One-message streams by hand: no `open`, garbage, and an open with a
+   * step (its loss is the in-process first step's). */
+  Topos__V1__TrainRequest q = TOPOS__V1__TRAIN_REQUEST__INIT;
+  q.no_step = true;
+  uint8_t buf[64];
+  size_t n = topos__v1__train_request__pack(&q, buf);
+  int status = 0;
+  ck_assert_int_ne(
+      topos_client_call_raw(c, "Train", buf, n, 10, NULL, NULL, &status, &err),
+      TOPOS_OK);
+  ck_assert_int_eq(status, 3);
+  ck_assert_ptr_nonnull(strstr(err.message, "open"));
+  const uint8_t junk[5] = {0x0a, 0x20, 0xff, 0xff, 0x01};
+  ck_assert_int_ne(topos_client_call_raw(c, "Train", junk, sizeof junk, 10,
+                                         NULL, NULL, &status, &err),
+                   TOPOS_OK);
+  ck_assert_int_eq(status, 3);
+
+  /* Abandoned streams give their memory back. */
+  for (int k = 0; k < 3; k++) {
+    t = topos_client_train_open(c, id, loss, NULL, &sgd, NULL, &err);
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(topos_client_train_send(t, f[3], 1, false, &err),
+                     TOPOS_OK);
+    topos_client_train_free(t); /* cancelled, never closed */
+  }
+  double until = now_s() + 10;
+  while (reserved_bytes(c) != 0 && now_s() < until) usleep(10000);
+  ck_assert_int_eq(reserved_bytes(c), 0);
+  /* And the daemon serves on. */
+  t = topos_client_train_open(c, id, loss, NULL, &sgd, NULL, &err);
+  ck_assert_ptr_nonnull(t);
+  ck_assert_int_eq(topos_client_train_close(t, NULL, NULL, &err), TOPOS_OK);
+  topos_client_train_free(t);
+
+  topos_tensor_release(wrong);
+  for (int k = 0; k < 4; k++) free_feeds(f[k], 1);
+  free_feeds(one, 1);
+  local_train_free(&l);
+  topos_network_release(net);
+  topos_client_close(c);
+}
+END_TEST
+
+/* Whether the daemon has exited (a zombie, or reaped). */
+static bool daemon_exited(void) {
+  char path[64], stat[256] = "";
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)daemon_.pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return true;
+  size_t n = fread(stat, 1, sizeof stat - 1, f);
+  fclose(f);
+  stat[n] = '\0';
+  const char *close = strrchr(stat, ')');
+  return close == NULL || close[1] == '\0' || close[2] == 'Z' ||
+         close[2] == 'X';
+}
+
+/* A drain ends a stream at its next message, with its state. */
+START_TEST(test_train_drain) {
+  topos_client *c = connect_daemon();
+  topos_error err = {0};
+  topos_network *net = sn_mlp();
+  char id[65];
+  record(c, net, id);
+  topos_optimizer adam = topos_adam(1e-2, 0.9, 0.999, 1e-8);
+  topos_feed f[3][1];
+  for (int k = 0; k < 3; k++) float_feeds(net, 900 + k, f[k], 1);
+  local_train l;
+  topos_client_train *t = train_steps_both(c, net, id, &adam, f, 2, &l);
+  ck_assert_int_eq(kill(daemon_.pid, SIGTERM), 0);
+  char status[32] = "", version[64];
+  double until = now_s() + 10;
+  while (strcmp(status, "draining") != 0 && now_s() < until) {
+    topos_client_health(c, status, version, &err);
+    usleep(10000);
+  }
+  ck_assert_str_eq(status, "draining");
+  /* The open stream held the drain; its next step is refused. */
+  ck_assert_int_eq(topos_client_train_send(t, f[2], 1, false, &err), TOPOS_OK);
+  expect_refused(t, &l, 2, 14, "draining");
+  topos_client_train_free(t);
+  /* With the stream over, the daemon exits (well before its grace).  The
+   * test runs in a child of the daemon's parent: it sees the exit as a
+   * zombie in /proc. */
+  until = now_s() + 10;
+  while (!daemon_exited() && now_s() < until) usleep(10000);
+  ck_assert_msg(daemon_exited(), "toposd did not exit after the stream");
+  for (int k = 0; k < 3; k++) free_feeds(f[k], 1);
+  local_train_free(&l);
+  topos_network_release(net);
+  topos_client_close(c);
+}
+END_TEST
+
 Suite *client_suite(void) {
   Suite *s = suite_create("client");
   TCase *rpc = tcase_create("rpcs");
@@ -1746,6 +2137,14 @@ Suite *client_suite(void) {
   tcase_add_test(rpc, test_entry_threads);
   tcase_add_test(rpc, test_one_client_many_threads);
   suite_add_tcase(s, rpc);
+  TCase *train = tcase_create("train");
+  tcase_add_unchecked_fixture(train, daemon_up, daemon_down);
+  tcase_set_timeout(train, 120);
+  tcase_add_test(train, test_train_bits);
+  tcase_add_test(train, test_train_refusals);
+  tcase_add_test(train, test_train_drain); /* last: it stops the daemon */
+  suite_add_tcase(s, train);
+
   TCase *tools = tcase_create("tools");
   tcase_add_unchecked_fixture(tools, daemon_up, daemon_down);
   tcase_set_timeout(tools, 600);

@@ -411,7 +411,8 @@ void handle_step(call_ctx *cx) {
  * request, held between the stream's messages.  Only one message of a
  * stream runs at a time (rpc.c), so nothing here is shared. */
 struct train_session {
-  bool open;
+  bool open;  /* p and opt are held (train_session_free clears them) */
+  bool ready; /* the open message was taken: steps may run */
   planned p;
   wire_optimizer opt;           /* filled in place: its decay points in */
   Topos__V1__ExecOptions *exec; /* a heap copy; NULL: absent */
@@ -484,7 +485,7 @@ bool train_session_last(daemon_state *d, const train_session *ts, uint8_t **out,
                         size_t *out_len) {
   *out = NULL;
   *out_len = 0;
-  if (ts == NULL || !ts->open) return false;
+  if (ts == NULL || !ts->ready) return false;
   call_ctx cx;
   memset(&cx, 0, sizeof cx);
   cx.d = d;
@@ -570,6 +571,7 @@ static bool train_open(call_ctx *cx, train_session *ts,
     call_fail_err(cx, &err, "Train");
     return false;
   }
+  ts->ready = true;
   return true;
 }
 
@@ -723,7 +725,7 @@ void handle_train(call_ctx *cx) {
   if (req == NULL) return;
   Topos__V1__Feed *const *feeds = req->feeds;
   size_t nfeeds = req->n_feeds;
-  if (!ts->open) {
+  if (!ts->ready) {
     if (req->open == NULL) {
       call_fail(cx, WIRE_GRPC_INVALID_ARGUMENT, TOPOS_ERR_ARGUMENT,
                 "Train: the first message must open the session (`open`)");

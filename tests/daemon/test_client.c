@@ -1987,6 +1987,16 @@ START_TEST(test_train_refusals) {
   ck_assert_ptr_null(
       topos_client_train_open(c, id, loss, NULL, &neg, NULL, &err));
   ck_assert_int_eq(topos_client_grpc_status(err.code), 3);
+  /* Parameters of another network do not fit the spec: refused at open,
+   * not at the first step. */
+  topos_network *other = sn_conv();
+  topos_params *foreign = topos_network_parameters(other);
+  topos_client_args wrong_params = {.params = foreign};
+  ck_assert_ptr_null(
+      topos_client_train_open(c, id, loss, &wrong_params, &sgd, NULL, &err));
+  ck_assert_int_eq(topos_client_grpc_status(err.code), 3);
+  topos_params_free(foreign);
+  topos_network_release(other);
   topos_feed one[1];
   float_feeds(net, 1, one, 1);
   topos_client_args with_feeds = {.feeds = one, .nfeeds = 1};

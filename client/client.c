@@ -1587,6 +1587,10 @@ struct topos_client_train {
   bool closed;     /* the client's side is closed */
   int rc;          /* the error that ended it (TOPOS_OK while it runs) */
   char message[sizeof(((topos_error *)0)->message)];
+  /* Replies read ahead when a send found the stream over (its status
+   * comes after them), handed out by recv in order. */
+  grpc_byte_buffer **held;
+  size_t nheld, next_held;
 };
 
 enum { TRAIN_TAG_STATUS = 1, TRAIN_TAG_IO = 2 };
@@ -1634,6 +1638,26 @@ static int train_status(topos_client_train *t, topos_error *err) {
   return t->rc;
 }
 
+/* A send found the stream over: the replies still in it are read (and
+ * kept for recv) so that its status can arrive after them. */
+static void train_drain(topos_client_train *t) {
+  for (;;) {
+    grpc_byte_buffer *bb = NULL;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &bb;
+    if (!train_batch(t, &op, 1) || bb == NULL) return;
+    grpc_byte_buffer **v = realloc(t->held, (t->nheld + 1) * sizeof *v);
+    if (v == NULL) {
+      grpc_byte_buffer_destroy(bb);
+      continue; /* dropped: the status still comes */
+    }
+    t->held = v;
+    t->held[t->nheld++] = bb;
+  }
+}
+
 /* Sends one TrainRequest (consumed: cleared here). */
 static int train_send_msg(topos_client_train *t, Topos__V1__TrainRequest *req,
                           topos_error *err) {
@@ -1650,6 +1674,7 @@ static int train_send_msg(topos_client_train *t, Topos__V1__TrainRequest *req,
   if (!ok) {
     /* The daemon ended the stream: its status says why. */
     t->broken = true;
+    if (!t->status_read) train_drain(t);
     rc = train_status(t, err);
     return rc != TOPOS_OK
                ? rc
@@ -1676,13 +1701,19 @@ int topos_client_train_recv(topos_client_train *t,
     return t->broken ? train_status(t, err)
                      : fail(err, TOPOS_ERR_ARGUMENT,
                             "Train: no step is waiting for its reply");
-  if (t->broken && t->status_read) return train_status(t, err);
   grpc_byte_buffer *bb = NULL;
-  grpc_op op;
-  memset(&op, 0, sizeof op);
-  op.op = GRPC_OP_RECV_MESSAGE;
-  op.data.recv_message.recv_message = &bb;
-  bool ok = train_batch(t, &op, 1);
+  bool ok = true;
+  if (t->next_held < t->nheld) {
+    bb = t->held[t->next_held];
+    t->held[t->next_held++] = NULL;
+  } else {
+    if (t->broken && t->status_read) return train_status(t, err);
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &bb;
+    ok = train_batch(t, &op, 1);
+  }
   if (!ok || bb == NULL) {
     if (bb) grpc_byte_buffer_destroy(bb);
     t->broken = true;
@@ -2000,6 +2031,9 @@ void topos_client_train_free(topos_client_train *t) {
   grpc_completion_queue_destroy(t->cq);
   grpc_metadata_array_destroy(&t->initial_md);
   grpc_metadata_array_destroy(&t->trailing_md);
+  for (size_t i = t->next_held; i < t->nheld; i++)
+    grpc_byte_buffer_destroy(t->held[i]);
+  free(t->held);
   grpc_slice_unref(t->details);
   grpc_slice_unref(t->auth);
   if (t->error_string) gpr_free((void *)t->error_string);

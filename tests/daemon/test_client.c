@@ -2015,6 +2015,20 @@ START_TEST(test_train_refusals) {
   ck_assert_int_eq(topos_client_train_send(t, &bad, 1, false, &err), TOPOS_OK);
   expect_refused(t, &l, 2, 3, "wrong shape");
   topos_client_train_free(t);
+  /* The same with the client sending on after the bad step, until a send
+   * finds the stream over: the last reply is still there to read. */
+  local_train_free(&l);
+  t = train_steps_both(c, net, id, &sgd, f, 2, &l);
+  ck_assert_int_eq(topos_client_train_send(t, &bad, 1, false, &err), TOPOS_OK);
+  int rc = TOPOS_OK;
+  double until = now_s() + 10;
+  while (rc == TOPOS_OK && now_s() < until) {
+    usleep(5000);
+    rc = topos_client_train_send(t, f[2], 1, false, &err);
+  }
+  ck_assert_int_eq(topos_client_grpc_status(rc), 3);
+  expect_refused(t, &l, 2, 3, "sending on after a wrong shape");
+  topos_client_train_free(t);
 
   /* Several steps in one message: all or none. */
   local_train_free(&l);
@@ -2059,7 +2073,7 @@ START_TEST(test_train_refusals) {
                      TOPOS_OK);
     topos_client_train_free(t); /* cancelled, never closed */
   }
-  double until = now_s() + 10;
+  until = now_s() + 10;
   while (reserved_bytes(c) != 0 && now_s() < until) usleep(10000);
   ck_assert_int_eq(reserved_bytes(c), 0);
   /* And the daemon serves on. */

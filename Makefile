@@ -26,9 +26,11 @@ WARN    := -Wall -Wextra -Werror -Werror=implicit-function-declaration \
 # when both are NaN (the backends' bit tests caught it; docs/decisions.md).
 # The reference kernels must never fuse a multiply and an add on their own:
 # numerics.md allows FMA only where it writes fma().
+# -fvisibility=hidden: the shared libraries export only what the public
+# headers mark TOPOS_API (tests/engine/test_install.c checks).
 CFLAGS_BASE := -std=c17 $(OPT) -g $(WARN) -ffp-contract=off \
            -fno-fast-math \
-           -fPIC -D_GNU_SOURCE -pthread $(CJSON_CFLAGS) \
+           -fPIC -fvisibility=hidden -D_GNU_SOURCE -pthread $(CJSON_CFLAGS) \
            $(SAN) $(EXTRA_CFLAGS)
 # Include paths by layer: engine; backends, store and proto over it;
 # client over proto; server over all but client.  A layer's objects see its
@@ -124,13 +126,21 @@ TRAIN_EXAMPLE_SRC := $(sort $(filter-out examples/inspect.c,$(wildcard examples/
 TRAIN_EXAMPLES := $(foreach f,$(TRAIN_EXAMPLE_SRC),$(BUILD)/examples/$(basename $(notdir $(f))))
 EXAMPLES   := $(TRAIN_EXAMPLES) $(BUILD)/examples/inspect
 
+# The version is topos.h's; the shared libraries' SONAMEs carry its major
+# number (libtopos.so.0 -> libtopos.so.0.1.0).
+VERSION := $(shell sed -n 's/^\#define TOPOS_VERSION "\(.*\)"/\1/p' engine/topos.h)
+MAJOR   := $(firstword $(subst ., ,$(VERSION)))
 LIB_A  := $(BUILD)/lib/libtopos.a
-LIB_SO := $(BUILD)/lib/libtopos.so
+LIB_SO := $(BUILD)/lib/libtopos.so.$(VERSION)
+SO_BACKENDS := $(BUILD)/lib/libtopos_backends.so.$(VERSION)
+SO_CLIENT   := $(BUILD)/lib/libtoposclient.so.$(VERSION)
+SHARED_LIBS := $(LIB_SO) $(if $(BACKEND_SRC),$(SO_BACKENDS)) $(if $(CLIENT_SRC),$(SO_CLIENT))
 LIB_STORE := $(BUILD)/lib/libtopos_store.a
 RUNNER := $(BUILD)/tests/topos_tests
 
-.PHONY: all test asan test-valgrind deps bench-deps clean format lint examples fuzz bench run soak
-all: $(LIB_A) $(LIB_SO) $(LIB_STORE) $(LIB_CLIENT) $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(BINS) $(PLUGINS) examples
+.PHONY: all test asan test-valgrind deps bench-deps clean format lint examples fuzz bench run soak \
+        install uninstall
+all: $(LIB_A) $(SHARED_LIBS) $(LIB_STORE) $(LIB_CLIENT) $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(BINS) $(PLUGINS) examples
 
 examples: $(EXAMPLES)
 
@@ -150,7 +160,10 @@ $(BUILD)/obj/server/%.o:   LAYER_INC = $(INC_SERVER)
 # administers tenants and tokens in the store.
 $(BUILD)/obj/client/cli.o: LAYER_INC = $(INC_CLIENT) -Ibackends -Istore
 # Tests reach into every layer, and share tests/engine's helpers.
-$(BUILD)/obj/tests/%.o:    LAYER_INC = $(INC_ALL) -Itests/engine -Iexamples/common -Itests/cuda
+# TOPOS_TEST_SAN: the sanitizer flags, for the install suite's outside
+# program (linked against sanitized shared libraries under `make asan`).
+$(BUILD)/obj/tests/%.o:    LAYER_INC = $(INC_ALL) -Itests/engine -Iexamples/common -Itests/cuda \
+                                       -DTOPOS_TEST_SAN='"$(SAN)"' 
 # The examples' library is a program-side layer: it sees everything.
 $(BUILD)/obj/examples/%.o: LAYER_INC = $(INC_ALL) -Ibackends -Iexamples/common \
                                        -DTOPOS_SOURCE_DIR='"$(CURDIR)"'
@@ -164,7 +177,7 @@ $(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h: proto/%.proto
 # Generated code is compiled without -Werror: its warnings are protoc-c's.
 $(BUILD)/obj/gen/%.pb-c.o: $(BUILD)/gen/%.pb-c.c $(GEN_H)
 	@mkdir -p $(dir $@)
-	$(CC) -std=c17 $(OPT) -g -fPIC -I$(BUILD)/gen $(SAN) -c $< -o $@
+	$(CC) -std=c17 $(OPT) -g -fPIC -fvisibility=hidden -I$(BUILD)/gen $(SAN) -c $< -o $@
 
 $(LIB_CLIENT): $(CLIENT_OBJ)
 	@mkdir -p $(dir $@)
@@ -193,9 +206,37 @@ $(LIB_A): $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
+# Shared libraries: SONAME libNAME.so.$(MAJOR), the two links beside
+# them, nothing left undefined but what the named libraries provide.
+# The backends and the client link the engine's shared library.
+SO_LINK = $(CC) -shared -Wl,-soname,$(basename $(basename $(basename $(notdir $@)))).$(MAJOR) \
+	  -Wl,--no-undefined -o $@
+SO_NAMES = cd $(dir $@) && ln -sf $(notdir $@) $(basename $(basename $(basename $(notdir $@)))).$(MAJOR) && \
+	   ln -sf $(basename $(basename $(basename $(notdir $@)))).$(MAJOR) $(basename $(basename $(basename $(notdir $@))))
 $(LIB_SO): $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) -shared -o $@ $^ $(LDLIBS)
+	$(SO_LINK) $^ $(LDLIBS)
+	$(SO_NAMES)
+$(SO_BACKENDS): $(BACKEND_OBJ) $(LIB_SO)
+	$(SO_LINK) $(BACKEND_OBJ) $(LIB_SO) $(BACKEND_LIBS) $(LDLIBS)
+	$(SO_NAMES)
+$(SO_CLIENT): $(CLIENT_OBJ) $(LIB_SO)
+	$(SO_LINK) $(CLIENT_OBJ) $(LIB_SO) $(GRPC_LIBS) $(LDLIBS)
+	$(SO_NAMES)
+
+# `make install` / `make uninstall` (tools/install.sh): headers under
+# $(PREFIX)/include/topos, the libraries (shared, with their SONAME links,
+# and static), pkg-config files topos, topos-backends and topos-client,
+# topos in bin, toposd in sbin, the CUDA plugin in lib/topos, the man
+# pages.  DESTDIR stages the tree (packaging); the .pc files name PREFIX.
+PREFIX ?= /usr/local
+LIBDIR ?= $(PREFIX)/lib
+INSTALL_ENV = BUILD='$(BUILD)' PREFIX='$(PREFIX)' LIBDIR='$(LIBDIR)' DESTDIR='$(DESTDIR)' \
+	      VERSION='$(VERSION)' MAJOR='$(MAJOR)'
+install: all
+	@$(INSTALL_ENV) sh tools/install.sh install
+uninstall:
+	@$(INSTALL_ENV) sh tools/install.sh uninstall
 
 $(LIB_BACKENDS): $(BACKEND_OBJ)
 	@mkdir -p $(dir $@)
@@ -262,7 +303,7 @@ $(BUILD)/tests/suites.c: $(TEST_SRC) Makefile
 	   for s in $(SUITES); do echo "  srunner_add_suite(r, $${s}_suite());"; done; \
 	   echo '}'; } > $@
 
-$(RUNNER): $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c $(LIB_A) $(LIB_STORE) $(LIB_EX) $(EXAMPLES) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(BINS) $(PLUGINS) $(FAKE_PLUGIN)
+$(RUNNER): $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c $(LIB_A) $(SHARED_LIBS) $(LIB_STORE) $(LIB_EX) $(EXAMPLES) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(if $(BACKEND_SRC),$(LIB_BACKENDS)) $(BINS) $(PLUGINS) $(FAKE_PLUGIN)
 	$(CC) $(CFLAGS) -Itests/engine $(TEST_OBJ) $(BUILD)/tests/suites.c tests/runner.c \
 	  -o $@ $(LIB_EX) $(if $(CLIENT_SRC),$(LIB_CLIENT)) $(LIB_STORE) $(ENGINE_LINK) $(PKG_CHECK) \
 	  $(if $(CLIENT_SRC),$(GRPC_LIBS)) $(TLS_LIBS) $(GVC_LIBS) $(STORE_LIBS) $(EXLIB_LIBS) $(LDLIBS) -lstdc++

@@ -17,58 +17,61 @@ extern "C" {
  * looked for), then `cpu` (exact), then `blas` (envelope, fast posture
  * only) where it is built.  Idempotent and thread-safe: the first call
  * decides. */
-void topos_backends_register_defaults(void);
+TOPOS_API void topos_backends_register_defaults(void);
 /* The same with options for the plugins (the devices to use, device
  * memory budgets); NULL is the defaults. */
-void topos_backends_register_with(const topos_plugin_options *opt);
+TOPOS_API void topos_backends_register_with(const topos_plugin_options *opt);
 /* One line per plugin tried, "; "-separated: "cuda: 1 device (NVIDIA
  * H200)", "cuda: not loaded: no CUDA device (...)", "cuda: not built
  * (...)", "cuda: off (TOPOS_CUDA=off)". */
-void topos_backends_plugin_report(char *buf, size_t len);
+TOPOS_API void topos_backends_plugin_report(char *buf, size_t len);
 /* Loads one plugin from path and registers its backends (tests and
  * tools; the defaults find theirs).  0, or -1 with the reason in err. */
-int topos_plugin_load(const char *path, const topos_plugin_options *opt,
-                      const topos_plugin **out, char *err, size_t errlen);
+TOPOS_API int topos_plugin_load(const char *path,
+                                const topos_plugin_options *opt,
+                                const topos_plugin **out, char *err,
+                                size_t errlen);
 
 /* The accelerators the loaded plugins use, with their counters: how many
  * there are (at most max written). */
-int topos_devices_list(topos_device_info *out, int max);
+TOPOS_API int topos_devices_list(topos_device_info *out, int max);
 /* Whether a run's tasks may go to a device: for NULL, "" or "auto", a
  * loaded plugin reports a device; for a backend's name, a plugin with a
  * device registered that backend. */
-bool topos_backend_uses_device(const char *backend);
+TOPOS_API bool topos_backend_uses_device(const char *backend);
 /* Binds the calling thread to device slot % count (a daemon worker's
  * index): returns the device's ordinal, -1 when there is none. */
-int topos_devices_bind_thread(int slot);
+TOPOS_API int topos_devices_bind_thread(int slot);
 /* Host bytes [host, host+bytes) hold content with this SHA-256 until
  * retracted: device backends may keep a copy keyed by the hash, so
  * unchanged parameters are not sent to the device again (plugin.h). */
-int topos_blob_announce(const void *host, size_t bytes, const uint8_t hash[32]);
+TOPOS_API int topos_blob_announce(const void *host, size_t bytes,
+                                  const uint8_t hash[32]);
 /* Whether any loaded plugin keeps such copies (else announcing is moot). */
-bool topos_blob_announce_wanted(void);
-void topos_blob_retract(const void *host);
+TOPOS_API bool topos_blob_announce_wanted(void);
+TOPOS_API void topos_blob_retract(const void *host);
 
 /* The `cpu` backend (cpu.c): exact, packed and register-blocked GEMM with
  * AVX-512 / AVX2+FMA microkernels chosen at run time. */
-const topos_backend *topos_cpu_backend(void);
+TOPOS_API const topos_backend *topos_cpu_backend(void);
 /* Which microkernels the cpu backend runs: "avx512", "avx2" or "c". */
-const char *topos_cpu_isa(void);
+TOPOS_API const char *topos_cpu_isa(void);
 /* Tests: forces an ISA ("avx512", "avx2", "c"; NULL = the best this CPU
  * has).  Returns 0, or -1 when the CPU lacks it. */
-int topos_cpu_force_isa(const char *isa);
+TOPOS_API int topos_cpu_force_isa(const char *isa);
 /* Tests: how many tasks the cpu backend has run in this process. */
-unsigned long long topos_cpu_tasks_run(void);
+TOPOS_API unsigned long long topos_cpu_tasks_run(void);
 /* For tests: caps the cpu GEMM's shared packed-A block at `bytes` (0
  * restores the default, 8 MiB), so that small products cross row-block
  * edges.  The bits never depend on it. */
-void topos_cpu_test_ablock_bytes(size_t bytes);
+TOPOS_API void topos_cpu_test_ablock_bytes(size_t bytes);
 /* Tests: how many of them were attention tasks (cpu_attention.c). */
-unsigned long long topos_cpu_attention_tasks_run(void);
+TOPOS_API unsigned long long topos_cpu_attention_tasks_run(void);
 
 /* `flip-test` (testflip.c): claims exact fidelity, computes every f32/f64
  * GEMM exactly and flips the lowest bit of one output, so conformance can
  * be seen to fail.  Test only: never registered by default. */
-const topos_backend *topos_flip_test_backend(void);
+TOPOS_API const topos_backend *topos_flip_test_backend(void);
 
 #ifdef __cplusplus
 }

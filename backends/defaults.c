@@ -9,7 +9,8 @@
  *
  * Plugins (libtopos_cuda.so) are found at run time: $TOPOS_CUDA_PLUGIN
  * if set, else next to the executable, else in ../lib from it (the build
- * tree's layout: build/bin, build/tests -> build/lib).  TOPOS_CUDA=off
+ * tree's layout: build/bin, build/tests -> build/lib), else in
+ * ../lib/topos (where `make install` puts it: sbin/ -> lib/topos).  TOPOS_CUDA=off
  * skips the search.  A plugin that is missing, fails to load (its own
  * libraries absent) or finds no device is reported, never fatal.  A
  * plugin's backends are registered before `cpu`: a GPU that is there is
@@ -111,7 +112,7 @@ static void load_slot(plugin_slot *s, const topos_plugin_options *opt) {
              s->name);
     return;
   }
-  char var[48], dir[PATH_MAX], cand[2][PATH_MAX + 64];
+  char var[48], dir[PATH_MAX], cand[3][PATH_MAX + 64];
   snprintf(var, sizeof var, "%s_PLUGIN", env);
   int ncand = 0;
   const char *given = getenv(var);
@@ -122,6 +123,8 @@ static void load_slot(plugin_slot *s, const topos_plugin_options *opt) {
     snprintf(cand[ncand++], sizeof cand[0], "%slibtopos_%s.so", dir, s->name);
     snprintf(cand[ncand++], sizeof cand[0], "%s../lib/libtopos_%s.so", dir,
              s->name);
+    snprintf(cand[ncand++], sizeof cand[0], "%s../lib/topos/libtopos_%s.so",
+             dir, s->name);
   }
   for (int i = 0; i < ncand; i++) {
     if (access(cand[i], F_OK) != 0) continue;
@@ -139,7 +142,7 @@ static void load_slot(plugin_slot *s, const topos_plugin_options *opt) {
     return;
   }
   snprintf(s->report, sizeof s->report, "%s: not built (no %s)", s->name,
-           given && *given ? given : "libtopos_cuda.so beside or in ../lib");
+           given && *given ? given : "libtopos_cuda.so beside, in ../lib or ../lib/topos");
 }
 
 void topos_backends_register_with(const topos_plugin_options *opt) {

@@ -60,7 +60,8 @@ typedef struct topos_client topos_client;
  * both directions (the daemon enforces its own limit).  NULL with err on
  * a bad address or out of memory.  Close with topos_client_close.
  * $TOPOS_TOKEN and $TOPOS_TLS_CA/_CERT/_KEY apply (below). */
-topos_client *topos_client_connect(const char *address, topos_error *err);
+TOPOS_API topos_client *topos_client_connect(const char *address,
+                                             topos_error *err);
 
 /* TLS settings of a connection (docs/operations.md "TLS"): PEM files,
  * read at connect. */
@@ -83,14 +84,14 @@ typedef struct topos_client_tls {
  * that refuses the handshake (wrong CA, no or a refused client
  * certificate, plain text against TLS) shows up as UNAVAILABLE on the
  * first call, like an unreachable one. */
-topos_client *topos_client_connect_tls(const char *address,
-                                       const topos_client_tls *tls,
-                                       topos_error *err);
+TOPOS_API topos_client *topos_client_connect_tls(const char *address,
+                                                 const topos_client_tls *tls,
+                                                 topos_error *err);
 /* Closes the channel and releases gRPC (balanced grpc_init/shutdown).
  * NULL is a no-op. */
-void topos_client_close(topos_client *c);
+TOPOS_API void topos_client_close(topos_client *c);
 /* The default deadline of later calls, in seconds (> 0; default 60). */
-void topos_client_set_deadline(topos_client *c, double seconds);
+TOPOS_API void topos_client_set_deadline(topos_client *c, double seconds);
 /* The bearer token sent with every later call as the gRPC metadata
  * "authorization: Bearer TOKEN" (docs/protocol.md, docs/operations.md);
  * NULL or "" sends none.  topos_client_connect sets $TOPOS_TOKEN when it
@@ -98,15 +99,15 @@ void topos_client_set_deadline(topos_client *c, double seconds);
  * longer than 256 characters, or with a character that is not printable
  * ASCII, is TOPOS_ERR_ARGUMENT and changes nothing.  Safe while other
  * threads call. */
-int topos_client_set_token(topos_client *c, const char *token,
-                           topos_error *err);
+TOPOS_API int topos_client_set_token(topos_client *c, const char *token,
+                                     topos_error *err);
 
 /* The gRPC status (grpc_status_code) an error code stands for: 0 for
  * TOPOS_OK, code - TOPOS_CLIENT_GRPC_BASE for client codes, and the
  * status the daemon maps a topos_status to otherwise (INVALID_ARGUMENT
  * for argument/shape/dtype/range/state, NOT_FOUND, RESOURCE_EXHAUSTED,
  * DATA_LOSS, UNAVAILABLE for io). */
-int topos_client_grpc_status(int code);
+TOPOS_API int topos_client_grpc_status(int code);
 
 /* --------------------------------------------------------------- specs */
 
@@ -114,8 +115,8 @@ int topos_client_grpc_status(int code);
  * it and answers its id (the SHA-256 of the canonical encoding, equal to
  * topos_network_id(net)), written to id (65 bytes, NUL-terminated).
  * Idempotent.  Returns a topos_status. */
-int topos_client_record(topos_client *c, const topos_network *net, char id[65],
-                        topos_error *err);
+TOPOS_API int topos_client_record(topos_client *c, const topos_network *net,
+                                  char id[65], topos_error *err);
 /* Describe's SVG format: the daemon lays the DOT listing out with
  * Graphviz and answers an SVG document (the engine's topos_format has no
  * SVG: it renders nothing).  Networks over the daemon's size caps are
@@ -125,8 +126,9 @@ int topos_client_record(topos_client *c, const topos_network *net, char id[65],
 /* Describe: the stored spec as text, JSON or DOT (topos_network_describe
  * on the daemon), or SVG (TOPOS_CLIENT_FORMAT_SVG).  *text is new
  * (topos_free). */
-int topos_client_describe(topos_client *c, const char *id, topos_format format,
-                          char **text, topos_error *err);
+TOPOS_API int topos_client_describe(topos_client *c, const char *id,
+                                    topos_format format, char **text,
+                                    topos_error *err);
 /* Every call that takes an entry sends all of it: roots, observes,
  * posture, numerics and threads (Entry.threads: 0 = the daemon's default;
  * a negative count is TOPOS_ERR_ARGUMENT here, above TOPOS_THREADS_MAX the
@@ -135,12 +137,14 @@ int topos_client_describe(topos_client *c, const char *id, topos_format format,
  * Lower: the plan the daemon compiles for `entry` (values are node indices
  * of the recorded network), as topos_plan_describe text.  peak_bytes and
  * groups may be NULL.  *text is new (topos_free). */
-int topos_client_lower(topos_client *c, const char *id,
-                       const topos_entry *entry, char **text,
-                       int64_t *peak_bytes, int *groups, topos_error *err);
+TOPOS_API int topos_client_lower(topos_client *c, const char *id,
+                                 const topos_entry *entry, char **text,
+                                 int64_t *peak_bytes, int *groups,
+                                 topos_error *err);
 /* Emit: the plan as a StableHLO module.  *text is new (topos_free). */
-int topos_client_emit(topos_client *c, const char *id, const topos_entry *entry,
-                      topos_emit_form form, char **text, topos_error *err);
+TOPOS_API int topos_client_emit(topos_client *c, const char *id,
+                                const topos_entry *entry, topos_emit_form form,
+                                char **text, topos_error *err);
 
 /* ----------------------------------------------------------- execution */
 
@@ -174,31 +178,36 @@ typedef struct topos_client_args {
  * *roots is a new array of entry->nroots new tensors, *observes of
  * entry->nobserves (either out pointer may be NULL when not wanted);
  * free each with topos_client_tensors_free.  Bits equal topos_forward's. */
-int topos_client_forward(topos_client *c, const char *id,
-                         const topos_entry *entry, const topos_params *params,
-                         const topos_feed *feeds, int nfeeds,
-                         topos_tensor ***roots, topos_tensor ***observes,
-                         topos_error *err);
-int topos_client_forward_with(topos_client *c, const char *id,
-                              const topos_entry *entry,
-                              const topos_client_args *args,
-                              topos_tensor ***roots, topos_tensor ***observes,
-                              topos_error *err);
+TOPOS_API int topos_client_forward(topos_client *c, const char *id,
+                                   const topos_entry *entry,
+                                   const topos_params *params,
+                                   const topos_feed *feeds, int nfeeds,
+                                   topos_tensor ***roots,
+                                   topos_tensor ***observes, topos_error *err);
+TOPOS_API int topos_client_forward_with(topos_client *c, const char *id,
+                                        const topos_entry *entry,
+                                        const topos_client_args *args,
+                                        topos_tensor ***roots,
+                                        topos_tensor ***observes,
+                                        topos_error *err);
 /* Releases n tensors and frees the array (NULL is a no-op). */
-void topos_client_tensors_free(topos_tensor **v, int n);
+TOPOS_API void topos_client_tensors_free(topos_tensor **v, int n);
 
 /* Backward: the rank-0 `loss` and its gradient with respect to every
  * parameter slot (*grads new, topos_params_free).  loss_out and grads may
  * be NULL when not wanted.  Bits equal topos_forward + topos_backward +
  * topos_parameters_of. */
-int topos_client_backward(topos_client *c, const char *id, topos_value loss,
-                          const topos_params *params, const topos_feed *feeds,
-                          int nfeeds, double *loss_out, topos_params **grads,
-                          topos_error *err);
-int topos_client_backward_with(topos_client *c, const char *id,
-                               topos_value loss, const topos_client_args *args,
-                               double *loss_out, topos_params **grads,
-                               topos_error *err);
+TOPOS_API int topos_client_backward(topos_client *c, const char *id,
+                                    topos_value loss,
+                                    const topos_params *params,
+                                    const topos_feed *feeds, int nfeeds,
+                                    double *loss_out, topos_params **grads,
+                                    topos_error *err);
+TOPOS_API int topos_client_backward_with(topos_client *c, const char *id,
+                                         topos_value loss,
+                                         const topos_client_args *args,
+                                         double *loss_out, topos_params **grads,
+                                         topos_error *err);
 
 /* Step: one training step on the daemon: forward, backward of `loss`,
  * and `opt` applied to (params, grads, state) exactly as
@@ -208,19 +217,19 @@ int topos_client_backward_with(topos_client *c, const char *id,
  * selects, so it needs params (not NULL, not a blob).  Outputs: *params_out and
  * *state_out new (either pointer may be NULL when not wanted), *loss_out the
  * loss before the step. */
-int topos_client_step(topos_client *c, const char *id, topos_value loss,
-                      const topos_params *params, const topos_feed *feeds,
-                      int nfeeds, const topos_optimizer *opt,
-                      const topos_opt_state *state, topos_params **params_out,
-                      topos_opt_state **state_out, double *loss_out,
-                      topos_error *err);
-int topos_client_step_with(topos_client *c, const char *id, topos_value loss,
-                           const topos_client_args *args,
-                           const topos_optimizer *opt,
-                           const topos_opt_state *state,
-                           topos_params **params_out,
-                           topos_opt_state **state_out, double *loss_out,
-                           topos_error *err);
+TOPOS_API int topos_client_step(topos_client *c, const char *id,
+                                topos_value loss, const topos_params *params,
+                                const topos_feed *feeds, int nfeeds,
+                                const topos_optimizer *opt,
+                                const topos_opt_state *state,
+                                topos_params **params_out,
+                                topos_opt_state **state_out, double *loss_out,
+                                topos_error *err);
+TOPOS_API int topos_client_step_with(
+    topos_client *c, const char *id, topos_value loss,
+    const topos_client_args *args, const topos_optimizer *opt,
+    const topos_opt_state *state, topos_params **params_out,
+    topos_opt_state **state_out, double *loss_out, topos_error *err);
 
 /* A remote trainer (topos.h, topos_trainer): each topos_trainer_step is one
  * topos_client_step_with on spec `id` for `loss`, with bits identical to
@@ -231,9 +240,10 @@ int topos_client_step_with(topos_client *c, const char *id, topos_value loss,
  * filled.  Results have no run and no observes.  The client is borrowed
  * and must outlive the trainer.  New trainer (topos_trainer_free), or NULL
  * with err (NULL client, malformed id, a loss that is no value). */
-topos_trainer *topos_client_trainer(topos_client *c, const char *id,
-                                    topos_value loss, const topos_exec *exec,
-                                    topos_error *err);
+TOPOS_API topos_trainer *topos_client_trainer(topos_client *c, const char *id,
+                                              topos_value loss,
+                                              const topos_exec *exec,
+                                              topos_error *err);
 
 /* ------------------------------------------------------- Train streams */
 
@@ -272,55 +282,60 @@ typedef struct topos_client_train_reply {
  * bounds the whole stream (otherwise it has none).  Waits for the daemon
  * to take the session: NULL with err when it refuses (unknown spec, a bad
  * optimizer or parameter set, auth, a drain). */
-topos_client_train *topos_client_train_open(topos_client *c, const char *id,
-                                            topos_value loss,
-                                            const topos_client_args *args,
-                                            const topos_optimizer *opt,
-                                            const topos_opt_state *state,
-                                            topos_error *err);
+TOPOS_API topos_client_train *topos_client_train_open(
+    topos_client *c, const char *id, topos_value loss,
+    const topos_client_args *args, const topos_optimizer *opt,
+    const topos_opt_state *state, topos_error *err);
 /* Sends one step's feeds without waiting for its reply. */
-int topos_client_train_send(topos_client_train *t, const topos_feed *feeds,
-                            int nfeeds, bool return_state, topos_error *err);
+TOPOS_API int topos_client_train_send(topos_client_train *t,
+                                      const topos_feed *feeds, int nfeeds,
+                                      bool return_state, topos_error *err);
 /* Sends nsteps steps as one message: step i's feeds are
  * feeds[i * nfeeds .. i * nfeeds + nfeeds - 1].  The daemon runs them in
  * order and answers once, with every step's loss (Keras's steps per
  * execution: the round trip is paid once).  All run, or when one is
  * refused none does. */
-int topos_client_train_send_steps(topos_client_train *t,
-                                  const topos_feed *feeds, int nfeeds,
-                                  int nsteps, bool return_state,
-                                  topos_error *err);
+TOPOS_API int topos_client_train_send_steps(topos_client_train *t,
+                                            const topos_feed *feeds, int nfeeds,
+                                            int nsteps, bool return_state,
+                                            topos_error *err);
 /* Reads the oldest reply not read yet (out may be NULL: dropped). */
-int topos_client_train_recv(topos_client_train *t,
-                            topos_client_train_reply *out, topos_error *err);
+TOPOS_API int topos_client_train_recv(topos_client_train *t,
+                                      topos_client_train_reply *out,
+                                      topos_error *err);
 /* send, then recv. */
-int topos_client_train_step(topos_client_train *t, const topos_feed *feeds,
-                            int nfeeds, bool return_state,
-                            topos_client_train_reply *out, topos_error *err);
-void topos_client_train_reply_clear(topos_client_train_reply *r);
+TOPOS_API int topos_client_train_step(topos_client_train *t,
+                                      const topos_feed *feeds, int nfeeds,
+                                      bool return_state,
+                                      topos_client_train_reply *out,
+                                      topos_error *err);
+TOPOS_API void topos_client_train_reply_clear(topos_client_train_reply *r);
 /* Ends the session: reads the replies still owed, asks for the final
  * parameters and state when params_out or state_out is not NULL (new),
  * closes the client's side and reads the status. */
-int topos_client_train_close(topos_client_train *t, topos_params **params_out,
-                             topos_opt_state **state_out, topos_error *err);
+TOPOS_API int topos_client_train_close(topos_client_train *t,
+                                       topos_params **params_out,
+                                       topos_opt_state **state_out,
+                                       topos_error *err);
 /* Frees the stream, cancelling it when it was not closed. */
-void topos_client_train_free(topos_client_train *t);
+TOPOS_API void topos_client_train_free(topos_client_train *t);
 
 /* Conformance: runs `entry`'s plan on the daemon under each candidate of
  * args->exec (none: the reference backend and every exact backend the
  * daemon has) and compares it with the reference interpreter, as
  * topos_conformance_run does in-process.  *out is new, the same struct
  * (topos_conformance_free). */
-int topos_client_conformance(topos_client *c, const char *id,
-                             const topos_entry *entry,
-                             const topos_client_args *args,
-                             topos_conformance **out, topos_error *err);
+TOPOS_API int topos_client_conformance(topos_client *c, const char *id,
+                                       const topos_entry *entry,
+                                       const topos_client_args *args,
+                                       topos_conformance **out,
+                                       topos_error *err);
 
 /* Backends: the daemon's registry (the reference first), as
  * topos_backends_list gives it in-process.  *out is a new array of *count
  * entries (topos_free). */
-int topos_client_backends(topos_client *c, topos_backend_info **out, int *count,
-                          topos_error *err);
+TOPOS_API int topos_client_backends(topos_client *c, topos_backend_info **out,
+                                    int *count, topos_error *err);
 
 /* --------------------------------------------------------------- blobs */
 
@@ -329,18 +344,20 @@ int topos_client_backends(topos_client *c, topos_backend_info **out, int *count,
  * tensors give the same id) goes to id, the stored size to *bytes (may be
  * NULL).
  * Later calls pass it as topos_client_args.params_blob. */
-int topos_client_put_blob(topos_client *c, const topos_params *p, char id[65],
-                          int64_t *bytes, topos_error *err);
+TOPOS_API int topos_client_put_blob(topos_client *c, const topos_params *p,
+                                    char id[65], int64_t *bytes,
+                                    topos_error *err);
 /* StatBlob: whether the daemon holds blob `id`, and its size. */
-int topos_client_stat_blob(topos_client *c, const char *id, bool *present,
-                           int64_t *bytes, topos_error *err);
+TOPOS_API int topos_client_stat_blob(topos_client *c, const char *id,
+                                     bool *present, int64_t *bytes,
+                                     topos_error *err);
 
 /* -------------------------------------------------------------- health */
 
 /* Health: "serving" or "draining", and the daemon's version (either
  * buffer may be NULL). */
-int topos_client_health(topos_client *c, char status[32], char version[64],
-                        topos_error *err);
+TOPOS_API int topos_client_health(topos_client *c, char status[32],
+                                  char version[64], topos_error *err);
 
 typedef struct topos_client_stats_info {
   int workers, queue_depth, queue_capacity;
@@ -358,8 +375,8 @@ typedef struct topos_client_stats_info {
 } topos_client_stats_info;
 
 /* Stats: worker pool, queue, cache and store counters. */
-int topos_client_stats(topos_client *c, topos_client_stats_info *out,
-                       topos_error *err);
+TOPOS_API int topos_client_stats(topos_client *c, topos_client_stats_info *out,
+                                 topos_error *err);
 
 /* ------------------------------------------------------ administration */
 
@@ -397,28 +414,33 @@ typedef struct topos_client_token {
  * also creates a token for it: its secret is in this answer only.  A
  * daemon without tenants takes only an admin with a token this way (its
  * first tenant turns tokens on). */
-int topos_client_tenant_add(topos_client *c, const char *name, bool admin,
-                            topos_client_tenant *out, topos_client_token *token,
-                            char *secret, topos_error *err);
+TOPOS_API int topos_client_tenant_add(topos_client *c, const char *name,
+                                      bool admin, topos_client_tenant *out,
+                                      topos_client_token *token, char *secret,
+                                      topos_error *err);
 /* Every tenant, by name: *out a new array of *n (free()). */
-int topos_client_tenant_list(topos_client *c, topos_client_tenant **out, int *n,
-                             topos_error *err);
+TOPOS_API int topos_client_tenant_list(topos_client *c,
+                                       topos_client_tenant **out, int *n,
+                                       topos_error *err);
 /* Removes the tenant with its tokens, quotas and ownership; out (may be
  * NULL) gets it as it was. */
-int topos_client_tenant_remove(topos_client *c, const char *name,
-                               topos_client_tenant *out, topos_error *err);
+TOPOS_API int topos_client_tenant_remove(topos_client *c, const char *name,
+                                         topos_client_tenant *out,
+                                         topos_error *err);
 /* A new token for tenant: its secret (TOPOS_CLIENT_SECRET_LEN + 1 bytes)
  * is shown only now; token (may be NULL) gets its id. */
-int topos_client_token_create(topos_client *c, const char *tenant,
-                              topos_client_token *token, char *secret,
-                              topos_error *err);
+TOPOS_API int topos_client_token_create(topos_client *c, const char *tenant,
+                                        topos_client_token *token, char *secret,
+                                        topos_error *err);
 /* The tenant's tokens, newest first, revoked ones included: *out a new
  * array of *n (free()). */
-int topos_client_token_list(topos_client *c, const char *tenant,
-                            topos_client_token **out, int *n, topos_error *err);
+TOPOS_API int topos_client_token_list(topos_client *c, const char *tenant,
+                                      topos_client_token **out, int *n,
+                                      topos_error *err);
 /* Revokes a token by id (again: no change); out (may be NULL) gets it. */
-int topos_client_token_revoke(topos_client *c, const char *id,
-                              topos_client_token *out, topos_error *err);
+TOPOS_API int topos_client_token_revoke(topos_client *c, const char *id,
+                                        topos_client_token *out,
+                                        topos_error *err);
 
 /* A tenant's quotas (docs/operations.md, "Quotas"): -1 is none (for
  * weight: the default, 1).  rate_per_s and burst go together. */
@@ -446,16 +468,17 @@ enum {
   TOPOS_CLIENT_QUOTA_DEVICE_BYTES = 1 << 7,
 };
 /* Every field -1. */
-topos_client_quota topos_client_quota_none(void);
+TOPOS_API topos_client_quota topos_client_quota_none(void);
 /* Sets the fields of q named in mask for tenant, leaving the others as
  * they are; the daemon applies them from the tenant's next call.  now
  * (may be NULL) gets the quotas after the change. */
-int topos_client_quota_set(topos_client *c, const char *tenant,
-                           const topos_client_quota *q, unsigned mask,
-                           topos_client_quota *now, topos_error *err);
+TOPOS_API int topos_client_quota_set(topos_client *c, const char *tenant,
+                                     const topos_client_quota *q, unsigned mask,
+                                     topos_client_quota *now, topos_error *err);
 /* The tenant's quotas. */
-int topos_client_quota_show(topos_client *c, const char *tenant,
-                            topos_client_quota *out, topos_error *err);
+TOPOS_API int topos_client_quota_show(topos_client *c, const char *tenant,
+                                      topos_client_quota *out,
+                                      topos_error *err);
 
 /* ------------------------------------------------------------- raw calls */
 
@@ -465,10 +488,11 @@ int topos_client_quota_show(topos_client *c, const char *tenant,
  * *reply is a new buffer of *reply_len bytes (free()); on a non-OK status
  * the error is filled as above and, when status is not NULL, *status is
  * the gRPC status.  For tools (the CLI) and tests (hostile bytes). */
-int topos_client_call_raw(topos_client *c, const char *method,
-                          const uint8_t *request, size_t request_len,
-                          double deadline_s, uint8_t **reply, size_t *reply_len,
-                          int *status, topos_error *err);
+TOPOS_API int topos_client_call_raw(topos_client *c, const char *method,
+                                    const uint8_t *request, size_t request_len,
+                                    double deadline_s, uint8_t **reply,
+                                    size_t *reply_len, int *status,
+                                    topos_error *err);
 
 #ifdef __cplusplus
 }

@@ -230,12 +230,12 @@ struct topos_backend {
  * process's use of the engine).  Names are unique, and "reference" and
  * "auto" are taken.  Idempotent for the same struct; thread-safe; returns
  * a topos_status. */
-int topos_backend_register(const topos_backend *backend);
+TOPOS_API int topos_backend_register(const topos_backend *backend);
 /* The registered backends in registration order (the reference is not
  * one of them): the count, one by index, one by name (NULL if none). */
-int topos_backend_count(void);
-const topos_backend *topos_backend_at(int index);
-const topos_backend *topos_backend_find(const char *name);
+TOPOS_API int topos_backend_count(void);
+TOPOS_API const topos_backend *topos_backend_at(int index);
+TOPOS_API const topos_backend *topos_backend_find(const char *name);
 
 #ifdef __cplusplus
 }

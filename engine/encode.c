@@ -608,7 +608,7 @@ static bool decode_node(reader *r, topos_tape *tape, int i) {
       name[nbytes] = '\0';
       /* topos_name would refuse it too; saying so here names the byte
        * and keeps a NUL from shortening the name before it is seen. */
-      if (!utf8_check(name, nbytes, &at, &why)) {
+      if (!topos_utf8_check(name, nbytes, &at, &why)) {
         decode_fail(r, TOPOS_ERR_CORRUPT, "name of %u bytes: %s at byte %zu",
                     nbytes, why, at);
         ok = false;

@@ -65,6 +65,10 @@ const char *meta_text(char *buf, const tensor_meta *m) {
   return shape_text_into(buf, SHAPE_TEXT, pos, m->rank, m->shape);
 }
 
+const char *topos_version(void) {
+  return TOPOS_VERSION;
+}
+
 const char *topos_status_name(int code) {
   switch (code) {
     case TOPOS_OK:

@@ -136,7 +136,7 @@ static int check_save_args(int n, const char *const *names,
                        what, i, names[i] ? "tensor" : "name");
     size_t at = 0;
     const char *why = "";
-    if (!utf8_check(names[i], strlen(names[i]), &at, &why))
+    if (!topos_utf8_check(names[i], strlen(names[i]), &at, &why))
       return error_set(err, TOPOS_ERR_ARGUMENT,
                        "%s: name of entry %d %s at byte %zu", what, i, why, at);
     if (strcmp(names[i], METADATA_KEY) == 0)
@@ -314,7 +314,7 @@ static int check_entry(const cJSON *item, uint64_t data_len, entry *e,
   const char *name = item->string;
   size_t at = 0;
   const char *why = "";
-  if (!utf8_check(name, strlen(name), &at, &why))
+  if (!topos_utf8_check(name, strlen(name), &at, &why))
     return corrupt(err, path, "a tensor name %s at byte %zu", why, at);
   if (!cJSON_IsObject(item))
     return corrupt(err, path, "\"%s\" is not an object", name);

@@ -904,7 +904,7 @@ topos_value topos_name(topos_tape *tape, topos_value value, const char *name) {
    * which must be UTF-8: the one rule for every name is utf8.h's. */
   size_t at = 0;
   const char *why = NULL;
-  if (!utf8_check(name, len, &at, &why)) {
+  if (!topos_utf8_check(name, len, &at, &why)) {
     tape_fail(tape, TOPOS_ERR_ARGUMENT, "name (node %d): %s at byte %zu",
               value.index, why, at);
     return TOPOS_NONE;

@@ -30,6 +30,32 @@
 extern "C" {
 #endif
 
+/*
+ * The version of this header.  topos_version() is the library's: a
+ * program can compare the two to find a header/library mismatch.  The
+ * shared libraries' SONAMEs carry the major number (libtopos.so.0).
+ */
+#define TOPOS_VERSION_MAJOR 0
+#define TOPOS_VERSION_MINOR 1
+#define TOPOS_VERSION_PATCH 0
+#define TOPOS_VERSION "0.1.0"
+
+/*
+ * The export marker: the shared libraries are built with
+ * -fvisibility=hidden, so only declarations marked TOPOS_API (the
+ * topos_* API of this header, backend.h, backends.h and topos_client.h)
+ * are visible to programs that link them; internal helpers stay local.
+ */
+#if defined(__GNUC__) || defined(__clang__)
+#define TOPOS_API __attribute__((visibility("default")))
+#else
+#define TOPOS_API
+#endif
+
+/* "0.1.0": the library's version (TOPOS_VERSION when header and library
+ * agree).  Static. */
+TOPOS_API const char *topos_version(void);
+
 #define TOPOS_MAX_RANK 8
 
 /* ------------------------------------------------------------------ errors */
@@ -56,13 +82,13 @@ typedef struct topos_error {
 } topos_error;
 
 /* A static, human-readable name for a status code ("shape", "range", ...). */
-const char *topos_status_name(int code);
+TOPOS_API const char *topos_status_name(int code);
 
 /* A cancellation predicate (see topos_exec): true means stop. */
 typedef bool (*topos_cancel_fn)(void *ctx);
 
 /* Frees strings returned by topos (describe output). */
-void topos_free(void *p);
+TOPOS_API void topos_free(void *p);
 
 /* ----------------------------------------------------------------- tensors */
 
@@ -75,89 +101,96 @@ typedef enum topos_dtype {
 
 typedef struct topos_tensor topos_tensor;
 
-const char *topos_dtype_name(topos_dtype dtype); /* "f32"...; "?" if bad */
-size_t topos_dtype_size(topos_dtype dtype);      /* bytes; 0 if bad */
+TOPOS_API const char *topos_dtype_name(
+    topos_dtype dtype);                               /* "f32"...; "?" if bad */
+TOPOS_API size_t topos_dtype_size(topos_dtype dtype); /* bytes; 0 if bad */
 
 /* bf16 conversions: to bf16 rounds to nearest even, NaN stays NaN (quiet). */
-uint16_t topos_bf16_from_f32(float value);
-float topos_bf16_to_f32(uint16_t bits);
+TOPOS_API uint16_t topos_bf16_from_f32(float value);
+TOPOS_API float topos_bf16_to_f32(uint16_t bits);
 
 /* New tensors (caller releases).  `data` holds count elements row-major in
  * the dtype's C type (float, double, uint16_t bf16 bits, int32_t) and is
  * copied.  rank 0 (a scalar) takes shape NULL. */
-topos_tensor *topos_tensor_from(topos_dtype dtype, int rank,
-                                const int64_t *shape, const void *data,
-                                topos_error *err);
+TOPOS_API topos_tensor *topos_tensor_from(topos_dtype dtype, int rank,
+                                          const int64_t *shape,
+                                          const void *data, topos_error *err);
 /* Every element set to `value` converted to the dtype (bf16: rounded). */
-topos_tensor *topos_tensor_filled(topos_dtype dtype, int rank,
-                                  const int64_t *shape, double value,
-                                  topos_error *err);
-topos_tensor *topos_tensor_zeros(topos_dtype dtype, int rank,
-                                 const int64_t *shape, topos_error *err);
-topos_tensor *topos_tensor_ones(topos_dtype dtype, int rank,
-                                const int64_t *shape, topos_error *err);
-topos_tensor *topos_tensor_scalar(topos_dtype dtype, double value,
-                                  topos_error *err);
+TOPOS_API topos_tensor *topos_tensor_filled(topos_dtype dtype, int rank,
+                                            const int64_t *shape, double value,
+                                            topos_error *err);
+TOPOS_API topos_tensor *topos_tensor_zeros(topos_dtype dtype, int rank,
+                                           const int64_t *shape,
+                                           topos_error *err);
+TOPOS_API topos_tensor *topos_tensor_ones(topos_dtype dtype, int rank,
+                                          const int64_t *shape,
+                                          topos_error *err);
+TOPOS_API topos_tensor *topos_tensor_scalar(topos_dtype dtype, double value,
+                                            topos_error *err);
 
 /* Reference counting.  retain returns its argument (NULL stays NULL). */
-topos_tensor *topos_tensor_retain(const topos_tensor *t);
-void topos_tensor_release(topos_tensor *t);
+TOPOS_API topos_tensor *topos_tensor_retain(const topos_tensor *t);
+TOPOS_API void topos_tensor_release(topos_tensor *t);
 
 /* For a NULL tensor: dtype is invalid (its name is "?"), rank and count
  * are -1, shape is NULL. */
-topos_dtype topos_tensor_dtype(const topos_tensor *t);
-int topos_tensor_rank(const topos_tensor *t);
+TOPOS_API topos_dtype topos_tensor_dtype(const topos_tensor *t);
+TOPOS_API int topos_tensor_rank(const topos_tensor *t);
 /* Borrowed pointer to rank extents (NULL for a NULL tensor). */
-const int64_t *topos_tensor_shape(const topos_tensor *t);
-int64_t topos_tensor_count(const topos_tensor *t); /* element count */
-bool topos_tensor_is_contiguous(const topos_tensor *t);
+TOPOS_API const int64_t *topos_tensor_shape(const topos_tensor *t);
+TOPOS_API int64_t topos_tensor_count(const topos_tensor *t); /* element count */
+TOPOS_API bool topos_tensor_is_contiguous(const topos_tensor *t);
 /* A contiguous tensor's elements in memory: their first byte, and their
  * length in *bytes (read-only: tensors are values).  NULL and 0 for a
  * strided view.  For a host that tells device backends which memory
  * holds which content (backends.h, topos_blob_announce). */
-const void *topos_tensor_memory(const topos_tensor *t, size_t *bytes);
+TOPOS_API const void *topos_tensor_memory(const topos_tensor *t, size_t *bytes);
 
 /* One element, widened exactly to double (bf16 and f32 exactly, i32
  * exactly).  An index out of range sets err and returns NaN. */
-double topos_tensor_get(const topos_tensor *t, const int64_t *index,
-                        topos_error *err);
+TOPOS_API double topos_tensor_get(const topos_tensor *t, const int64_t *index,
+                                  topos_error *err);
 /* Copies every element row-major into out (count * dtype size bytes,
  * `bytes` must be at least that).  Returns a topos_status. */
-int topos_tensor_read(const topos_tensor *t, void *out, size_t bytes,
-                      topos_error *err);
+TOPOS_API int topos_tensor_read(const topos_tensor *t, void *out, size_t bytes,
+                                topos_error *err);
 /* Same dtype, same shape, same bit pattern element by element (layouts
  * may differ).  NULL equals only NULL. */
-bool topos_tensor_bitwise_equal(const topos_tensor *a, const topos_tensor *b);
+TOPOS_API bool topos_tensor_bitwise_equal(const topos_tensor *a,
+                                          const topos_tensor *b);
 
 /* Views share the buffer and copy nothing (caller releases the view). */
-topos_tensor *topos_tensor_transpose(const topos_tensor *t, topos_error *err);
-topos_tensor *topos_tensor_permute(const topos_tensor *t, const int *perm,
-                                   topos_error *err);
-topos_tensor *topos_tensor_narrow(const topos_tensor *t, int axis,
-                                  int64_t start, int64_t length,
-                                  topos_error *err);
+TOPOS_API topos_tensor *topos_tensor_transpose(const topos_tensor *t,
+                                               topos_error *err);
+TOPOS_API topos_tensor *topos_tensor_permute(const topos_tensor *t,
+                                             const int *perm, topos_error *err);
+TOPOS_API topos_tensor *topos_tensor_narrow(const topos_tensor *t, int axis,
+                                            int64_t start, int64_t length,
+                                            topos_error *err);
 /* t rank 0, or equal rank with each extent equal to the target's or 1. */
-topos_tensor *topos_tensor_broadcast(const topos_tensor *t, int rank,
-                                     const int64_t *shape, topos_error *err);
+TOPOS_API topos_tensor *topos_tensor_broadcast(const topos_tensor *t, int rank,
+                                               const int64_t *shape,
+                                               topos_error *err);
 /* axis of extent L becomes (count, size), count = (L - span) / step + 1,
  * span = (size - 1) * dilation + 1. */
-topos_tensor *topos_tensor_unfold(const topos_tensor *t, int axis, int64_t size,
-                                  int64_t step, int64_t dilation,
-                                  topos_error *err);
+TOPOS_API topos_tensor *topos_tensor_unfold(const topos_tensor *t, int axis,
+                                            int64_t size, int64_t step,
+                                            int64_t dilation, topos_error *err);
 /* Whether t has two or more elements, all with the same bit pattern (a
  * broadcast of one element, or equal elements stored apart): the tensors
  * the encoding and the wire write as one element (docs/encoding.md). */
-bool topos_tensor_is_uniform(const topos_tensor *t);
+TOPOS_API bool topos_tensor_is_uniform(const topos_tensor *t);
 /* A contiguous tensor with the same elements (retains t if it already is). */
-topos_tensor *topos_tensor_contiguous(const topos_tensor *t, topos_error *err);
+TOPOS_API topos_tensor *topos_tensor_contiguous(const topos_tensor *t,
+                                                topos_error *err);
 /* The same elements in dtype `to`, among f32, f64 and bf16: a new
  * contiguous tensor (t itself, retained, when it is already `to`).
  * Widening (bf16 -> f32 -> f64) is exact; narrowing rounds once to
  * nearest even (f64 -> bf16 directly, never through f32); a NaN stays a
  * quiet NaN with its sign, and a finite value past the target's range
  * becomes an infinity.  i32, in or out, is TOPOS_ERR_DTYPE. */
-topos_tensor *topos_tensor_convert(const topos_tensor *t, topos_dtype to,
-                                   topos_error *err);
+TOPOS_API topos_tensor *topos_tensor_convert(const topos_tensor *t,
+                                             topos_dtype to, topos_error *err);
 
 /* -------------------------------------------------------- tape and network */
 
@@ -179,94 +212,111 @@ static inline bool topos_value_ok(topos_value v) {
 
 /* New tape (caller seals it or frees it).  `dtype` is the tape's floating
  * dtype: composites record their constants in it.  NULL on a bad dtype. */
-topos_tape *topos_tape_new(topos_dtype dtype);
-void topos_tape_free(topos_tape *tape);
-topos_dtype topos_tape_dtype(const topos_tape *tape);
+TOPOS_API topos_tape *topos_tape_new(topos_dtype dtype);
+TOPOS_API void topos_tape_free(topos_tape *tape);
+TOPOS_API topos_dtype topos_tape_dtype(const topos_tape *tape);
 /* The first recording error (borrowed), or NULL when there is none. */
-const char *topos_tape_error(const topos_tape *tape);
-int topos_tape_node_count(const topos_tape *tape);
+TOPOS_API const char *topos_tape_error(const topos_tape *tape);
+TOPOS_API int topos_tape_node_count(const topos_tape *tape);
 
 /* Leaves.  The tensor is retained, not copied (tensors are immutable).
  * Parameters and inputs are numbered in recording order ("slots"). */
-topos_value topos_parameter(topos_tape *tape, const topos_tensor *initial);
-topos_value topos_input(topos_tape *tape, const topos_tensor *default_value);
-topos_value topos_constant(topos_tape *tape, const topos_tensor *tensor);
+TOPOS_API topos_value topos_parameter(topos_tape *tape,
+                                      const topos_tensor *initial);
+TOPOS_API topos_value topos_input(topos_tape *tape,
+                                  const topos_tensor *default_value);
+TOPOS_API topos_value topos_constant(topos_tape *tape,
+                                     const topos_tensor *tensor);
 /* A rank-0 constant in the tape's dtype. */
-topos_value topos_scalar(topos_tape *tape, double value);
+TOPOS_API topos_value topos_scalar(topos_tape *tape, double value);
 
 /* Names a value (unique per tape; 1..255 bytes of UTF-8 without NUL);
  * returns the value for chaining. */
-topos_value topos_name(topos_tape *tape, topos_value value, const char *name);
+TOPOS_API topos_value topos_name(topos_tape *tape, topos_value value,
+                                 const char *name);
 
 /* Records a caller's own error on the tape, as a composite written outside
  * the engine must when its arguments do not fit: like any recording
  * error, the first one sticks ("<message> (at node N)") and sealing
  * returns it.  Returns TOPOS_NONE. */
-topos_value topos_tape_fail(topos_tape *tape, int code, const char *message);
+TOPOS_API topos_value topos_tape_fail(topos_tape *tape, int code,
+                                      const char *message);
 
 /* What was inferred for a recorded value.  shape: borrowed, `*rank` set;
  * NULL for an invalid or foreign value.  The pointer is valid until the
  * next recording call on the tape (node storage may move): copy it. */
-topos_dtype topos_value_dtype(const topos_tape *tape, topos_value v);
-const int64_t *topos_value_shape(const topos_tape *tape, topos_value v,
-                                 int *rank);
+TOPOS_API topos_dtype topos_value_dtype(const topos_tape *tape, topos_value v);
+TOPOS_API const int64_t *topos_value_shape(const topos_tape *tape,
+                                           topos_value v, int *rank);
 
 /* Elementwise: identical shapes and dtypes, no implicit broadcasting.
  * add also accepts two i32 operands (index arithmetic, no gradient). */
-topos_value topos_add(topos_tape *tape, topos_value a, topos_value b);
-topos_value topos_sub(topos_tape *tape, topos_value a, topos_value b);
-topos_value topos_mul(topos_tape *tape, topos_value a, topos_value b);
-topos_value topos_div(topos_tape *tape, topos_value a, topos_value b);
-topos_value topos_neg(topos_tape *tape, topos_value a);
-topos_value topos_exp(topos_tape *tape, topos_value a);
-topos_value topos_log(topos_tape *tape, topos_value a);
-topos_value topos_sqrt(topos_tape *tape, topos_value a);
-topos_value topos_tanh(topos_tape *tape, topos_value a);
+TOPOS_API topos_value topos_add(topos_tape *tape, topos_value a, topos_value b);
+TOPOS_API topos_value topos_sub(topos_tape *tape, topos_value a, topos_value b);
+TOPOS_API topos_value topos_mul(topos_tape *tape, topos_value a, topos_value b);
+TOPOS_API topos_value topos_div(topos_tape *tape, topos_value a, topos_value b);
+TOPOS_API topos_value topos_neg(topos_tape *tape, topos_value a);
+TOPOS_API topos_value topos_exp(topos_tape *tape, topos_value a);
+TOPOS_API topos_value topos_log(topos_tape *tape, topos_value a);
+TOPOS_API topos_value topos_sqrt(topos_tape *tape, topos_value a);
+TOPOS_API topos_value topos_tanh(topos_tape *tape, topos_value a);
 /* The error function, erf(a) = 2/√π ∫₀^a exp(−t²) dt (the C library's
  * erff / erf once per element; bf16 through f32). */
-topos_value topos_erf(topos_tape *tape, topos_value a);
-topos_value topos_pow(topos_tape *tape, topos_value a, double exponent);
-topos_value topos_maximum(topos_tape *tape, topos_value a, topos_value b);
-topos_value topos_step(topos_tape *tape, topos_value a, topos_value b);
-topos_value topos_relu(topos_tape *tape, topos_value a);
+TOPOS_API topos_value topos_erf(topos_tape *tape, topos_value a);
+TOPOS_API topos_value topos_pow(topos_tape *tape, topos_value a,
+                                double exponent);
+TOPOS_API topos_value topos_maximum(topos_tape *tape, topos_value a,
+                                    topos_value b);
+TOPOS_API topos_value topos_step(topos_tape *tape, topos_value a,
+                                 topos_value b);
+TOPOS_API topos_value topos_relu(topos_tape *tape, topos_value a);
 
 /* Linear algebra and layout. */
 /* a[m,k]·b[k,n] -> [m,n]; or batched a[B,m,k]·b[B,k,n] -> [B,m,n]. */
-topos_value topos_matmul(topos_tape *tape, topos_value a, topos_value b);
-topos_value topos_transpose(topos_tape *tape, topos_value a); /* rank 2 */
-topos_value topos_permute(topos_tape *tape, topos_value a, const int *perm);
-topos_value topos_reshape(topos_tape *tape, topos_value a, int rank,
-                          const int64_t *shape);
-topos_value topos_narrow(topos_tape *tape, topos_value a, int axis,
-                         int64_t start, int64_t length);
-topos_value topos_pad(topos_tape *tape, topos_value a, int axis, int64_t before,
-                      int64_t after);
-topos_value topos_unfold(topos_tape *tape, topos_value a, int axis,
-                         int64_t size, int64_t step, int64_t dilation);
+TOPOS_API topos_value topos_matmul(topos_tape *tape, topos_value a,
+                                   topos_value b);
+TOPOS_API topos_value topos_transpose(topos_tape *tape,
+                                      topos_value a); /* rank 2 */
+TOPOS_API topos_value topos_permute(topos_tape *tape, topos_value a,
+                                    const int *perm);
+TOPOS_API topos_value topos_reshape(topos_tape *tape, topos_value a, int rank,
+                                    const int64_t *shape);
+TOPOS_API topos_value topos_narrow(topos_tape *tape, topos_value a, int axis,
+                                   int64_t start, int64_t length);
+TOPOS_API topos_value topos_pad(topos_tape *tape, topos_value a, int axis,
+                                int64_t before, int64_t after);
+TOPOS_API topos_value topos_unfold(topos_tape *tape, topos_value a, int axis,
+                                   int64_t size, int64_t step,
+                                   int64_t dilation);
 /* Inverse shape of unfold: axes (axis, axis+1) = (count, size) -> extent;
  * overlapping windows add. */
-topos_value topos_fold(topos_tape *tape, topos_value a, int axis,
-                       int64_t extent, int64_t size, int64_t step,
-                       int64_t dilation);
-topos_value topos_concat(topos_tape *tape, int n, const topos_value *values,
-                         int axis);
-topos_value topos_broadcast(topos_tape *tape, topos_value a, int rank,
-                            const int64_t *shape);
-topos_value topos_broadcast_along(topos_tape *tape, topos_value a, int axis,
-                                  int64_t extent);
+TOPOS_API topos_value topos_fold(topos_tape *tape, topos_value a, int axis,
+                                 int64_t extent, int64_t size, int64_t step,
+                                 int64_t dilation);
+TOPOS_API topos_value topos_concat(topos_tape *tape, int n,
+                                   const topos_value *values, int axis);
+TOPOS_API topos_value topos_broadcast(topos_tape *tape, topos_value a, int rank,
+                                      const int64_t *shape);
+TOPOS_API topos_value topos_broadcast_along(topos_tape *tape, topos_value a,
+                                            int axis, int64_t extent);
 
 /* Reductions and fused rows. */
-topos_value topos_sum(topos_tape *tape, topos_value a);
-topos_value topos_sum_along(topos_tape *tape, topos_value a, int axis);
-topos_value topos_max_along(topos_tape *tape, topos_value a, int axis);
-topos_value topos_log_softmax(topos_tape *tape, topos_value a, int axis);
-topos_value topos_logsumexp(topos_tape *tape, topos_value a, int axis);
+TOPOS_API topos_value topos_sum(topos_tape *tape, topos_value a);
+TOPOS_API topos_value topos_sum_along(topos_tape *tape, topos_value a,
+                                      int axis);
+TOPOS_API topos_value topos_max_along(topos_tape *tape, topos_value a,
+                                      int axis);
+TOPOS_API topos_value topos_log_softmax(topos_tape *tape, topos_value a,
+                                        int axis);
+TOPOS_API topos_value topos_logsumexp(topos_tape *tape, topos_value a,
+                                      int axis);
 
 /* Indexing.  gather(table[V,d], idx i32[n]) -> [n,d];
  * scatter(rows[n,d], idx i32[n]; V) -> [V,d], rows with equal index add. */
-topos_value topos_gather(topos_tape *tape, topos_value table, topos_value idx);
-topos_value topos_scatter(topos_tape *tape, topos_value rows, topos_value idx,
-                          int64_t extent);
+TOPOS_API topos_value topos_gather(topos_tape *tape, topos_value table,
+                                   topos_value idx);
+TOPOS_API topos_value topos_scatter(topos_tape *tape, topos_value rows,
+                                    topos_value idx, int64_t extent);
 
 /* ------------------------------------------------- generic node access */
 
@@ -294,41 +344,46 @@ typedef struct topos_node_info {
 } topos_node_info;
 
 /* Fills *out with node `index` of net.  Returns a topos_status. */
-int topos_network_node(const topos_network *net, int index,
-                       topos_node_info *out, topos_error *err);
+TOPOS_API int topos_network_node(const topos_network *net, int index,
+                                 topos_node_info *out, topos_error *err);
 /* Records op `op` with these operands and the attributes in *at (dtype,
  * rank, shape, name, operands and slot of *at are ignored); the same
  * checks as the per-op calls.  An unknown op fails the tape. */
-topos_value topos_record(topos_tape *tape, int op, const topos_value *operands,
-                         int n, const topos_node_info *at);
+TOPOS_API topos_value topos_record(topos_tape *tape, int op,
+                                   const topos_value *operands, int n,
+                                   const topos_node_info *at);
 /* The op code of a name ("matmul"), or -1. */
-int topos_op_code(const char *name);
+TOPOS_API int topos_op_code(const char *name);
 /* The number of ops (valid codes are 0 .. count-1). */
-int topos_op_count(void);
+TOPOS_API int topos_op_count(void);
 
 /* Consumes the tape.  Returns a new network (release it), or NULL when the
  * tape recorded an error, which is copied into err. */
-topos_network *topos_tape_seal(topos_tape *tape, topos_error *err);
+TOPOS_API topos_network *topos_tape_seal(topos_tape *tape, topos_error *err);
 
-topos_network *topos_network_retain(const topos_network *net);
-void topos_network_release(topos_network *net);
+TOPOS_API topos_network *topos_network_retain(const topos_network *net);
+TOPOS_API void topos_network_release(topos_network *net);
 
-int topos_network_node_count(const topos_network *net);
+TOPOS_API int topos_network_node_count(const topos_network *net);
 /* The tape dtype the network was recorded with (f32 for NULL). */
-topos_dtype topos_network_dtype(const topos_network *net);
+TOPOS_API topos_dtype topos_network_dtype(const topos_network *net);
 /* The value of node `index`, or TOPOS_NONE when out of range. */
-topos_value topos_network_value(const topos_network *net, int index);
-int topos_network_parameter_count(const topos_network *net);
-int topos_network_input_count(const topos_network *net);
-topos_value topos_network_parameter(const topos_network *net, int slot);
-topos_value topos_network_input(const topos_network *net, int slot);
+TOPOS_API topos_value topos_network_value(const topos_network *net, int index);
+TOPOS_API int topos_network_parameter_count(const topos_network *net);
+TOPOS_API int topos_network_input_count(const topos_network *net);
+TOPOS_API topos_value topos_network_parameter(const topos_network *net,
+                                              int slot);
+TOPOS_API topos_value topos_network_input(const topos_network *net, int slot);
 /* The value with this name, or TOPOS_NONE. */
-topos_value topos_network_find(const topos_network *net, const char *name);
+TOPOS_API topos_value topos_network_find(const topos_network *net,
+                                         const char *name);
 /* Borrowed name, or NULL. */
-const char *topos_network_name_of(const topos_network *net, topos_value v);
-topos_dtype topos_network_value_dtype(const topos_network *net, topos_value v);
-const int64_t *topos_network_value_shape(const topos_network *net,
-                                         topos_value v, int *rank);
+TOPOS_API const char *topos_network_name_of(const topos_network *net,
+                                            topos_value v);
+TOPOS_API topos_dtype topos_network_value_dtype(const topos_network *net,
+                                                topos_value v);
+TOPOS_API const int64_t *topos_network_value_shape(const topos_network *net,
+                                                   topos_value v, int *rank);
 
 typedef enum topos_format {
   TOPOS_FORMAT_TEXT = 0, /* one line per node */
@@ -343,8 +398,8 @@ typedef enum topos_format {
 
 /* Text: one line per node: index, name, op, operands, dtype, shape, role.
  * JSON and DOT carry the same facts.  New string, free with topos_free. */
-char *topos_network_describe(const topos_network *net, topos_format format,
-                             topos_error *err);
+TOPOS_API char *topos_network_describe(const topos_network *net,
+                                       topos_format format, topos_error *err);
 
 /* -------------------------------------------------- parameters and fields */
 
@@ -352,23 +407,26 @@ typedef struct topos_params topos_params; /* one tensor per slot */
 typedef struct topos_field topos_field;   /* one tensor per node */
 
 /* Fresh copies of the network's initial parameters, in slot order (new). */
-topos_params *topos_network_parameters(const topos_network *net);
+TOPOS_API topos_params *topos_network_parameters(const topos_network *net);
 /* A parameter set from n tensors (retained, not copied). */
-topos_params *topos_params_new(int n, topos_tensor *const *tensors,
-                               topos_error *err);
-void topos_params_free(topos_params *p);
-int topos_params_count(const topos_params *p);
+TOPOS_API topos_params *topos_params_new(int n, topos_tensor *const *tensors,
+                                         topos_error *err);
+TOPOS_API void topos_params_free(topos_params *p);
+TOPOS_API int topos_params_count(const topos_params *p);
 /* Borrowed; NULL when slot is out of range. */
-const topos_tensor *topos_params_get(const topos_params *p, int slot);
+TOPOS_API const topos_tensor *topos_params_get(const topos_params *p, int slot);
 /* A new set equal to p with one slot replaced (tensor retained). */
-topos_params *topos_params_with(const topos_params *p, int slot,
-                                const topos_tensor *tensor, topos_error *err);
-bool topos_params_bitwise_equal(const topos_params *a, const topos_params *b);
+TOPOS_API topos_params *topos_params_with(const topos_params *p, int slot,
+                                          const topos_tensor *tensor,
+                                          topos_error *err);
+TOPOS_API bool topos_params_bitwise_equal(const topos_params *a,
+                                          const topos_params *b);
 /* Whether params fit net's parameter slots: their count, and each slot's
  * dtype and shape (the check topos_forward makes).  NULL fits (the
  * initials).  Returns a topos_status. */
-int topos_network_check_params(const topos_network *net,
-                               const topos_params *params, topos_error *err);
+TOPOS_API int topos_network_check_params(const topos_network *net,
+                                         const topos_params *params,
+                                         topos_error *err);
 
 /* Elementwise algebra.  Operands must match slot by slot in dtype and
  * shape.  add computes a+b in the dtype; scale computes x*s with s
@@ -377,30 +435,34 @@ int topos_network_check_params(const topos_network *net,
 typedef double (*topos_map_fn)(double x, void *ctx);
 typedef double (*topos_zip_fn)(double a, double b, void *ctx);
 
-topos_params *topos_params_add(const topos_params *a, const topos_params *b,
-                               topos_error *err);
-topos_params *topos_params_scale(const topos_params *a, double s,
-                                 topos_error *err);
-topos_params *topos_params_map(const topos_params *a, topos_map_fn fn,
-                               void *ctx, topos_error *err);
-topos_params *topos_params_zip(const topos_params *a, const topos_params *b,
-                               topos_zip_fn fn, void *ctx, topos_error *err);
+TOPOS_API topos_params *topos_params_add(const topos_params *a,
+                                         const topos_params *b,
+                                         topos_error *err);
+TOPOS_API topos_params *topos_params_scale(const topos_params *a, double s,
+                                           topos_error *err);
+TOPOS_API topos_params *topos_params_map(const topos_params *a, topos_map_fn fn,
+                                         void *ctx, topos_error *err);
+TOPOS_API topos_params *topos_params_zip(const topos_params *a,
+                                         const topos_params *b, topos_zip_fn fn,
+                                         void *ctx, topos_error *err);
 
 /* Fields: one tensor per node of a network (gradients, for example). */
-void topos_field_free(topos_field *f);
+TOPOS_API void topos_field_free(topos_field *f);
 /* Borrowed tensor of one node. */
-const topos_tensor *topos_field_of(const topos_field *f, topos_value v,
-                                   topos_error *err);
+TOPOS_API const topos_tensor *topos_field_of(const topos_field *f,
+                                             topos_value v, topos_error *err);
 /* The field's tensors at the network's parameter nodes, slot order (new). */
-topos_params *topos_parameters_of(const topos_field *f, topos_error *err);
-topos_field *topos_field_add(const topos_field *a, const topos_field *b,
-                             topos_error *err);
-topos_field *topos_field_scale(const topos_field *a, double s,
-                               topos_error *err);
-topos_field *topos_field_map(const topos_field *a, topos_map_fn fn, void *ctx,
-                             topos_error *err);
-topos_field *topos_field_zip(const topos_field *a, const topos_field *b,
-                             topos_zip_fn fn, void *ctx, topos_error *err);
+TOPOS_API topos_params *topos_parameters_of(const topos_field *f,
+                                            topos_error *err);
+TOPOS_API topos_field *topos_field_add(const topos_field *a,
+                                       const topos_field *b, topos_error *err);
+TOPOS_API topos_field *topos_field_scale(const topos_field *a, double s,
+                                         topos_error *err);
+TOPOS_API topos_field *topos_field_map(const topos_field *a, topos_map_fn fn,
+                                       void *ctx, topos_error *err);
+TOPOS_API topos_field *topos_field_zip(const topos_field *a,
+                                       const topos_field *b, topos_zip_fn fn,
+                                       void *ctx, topos_error *err);
 
 /* ------------------------------------------------------ execution contexts */
 
@@ -464,7 +526,7 @@ typedef struct topos_exec {
 } topos_exec;
 
 /* The monotonic clock deadlines are read against, in nanoseconds. */
-int64_t topos_now_ns(void);
+TOPOS_API int64_t topos_now_ns(void);
 
 /* A backend as the registry describes it.  `tasks` has bit 1 << k for each
  * topos_task_kind it may take (backend.h: GEMM 0, WINDOW 1, REDUCE 2, MAP
@@ -486,16 +548,16 @@ typedef struct topos_backend_info {
 /* The registry: the reference first, then the backends in registration
  * order.  Fills out[0..max) and returns how many there are (may exceed
  * max). */
-int topos_backends_list(topos_backend_info *out, int max);
+TOPOS_API int topos_backends_list(topos_backend_info *out, int max);
 /* The ops a task kind covers, as text ("matmul", "sum, sum_along", ...). */
-const char *topos_task_ops(int kind);
+TOPOS_API const char *topos_task_ops(int kind);
 /* Checks that a context can run (threads in range, the backend known and
  * allowed by the numerics).  Returns a topos_status. */
-int topos_exec_check(const topos_exec *ctx, topos_error *err);
+TOPOS_API int topos_exec_check(const topos_exec *ctx, topos_error *err);
 /* The names of the backends a report says ran a task, comma-separated,
  * into buf ("reference" included when it ran one).  Returns buf. */
-char *topos_exec_report_names(const topos_exec_report *report, char *buf,
-                              size_t len);
+TOPOS_API char *topos_exec_report_names(const topos_exec_report *report,
+                                        char *buf, size_t len);
 
 /* ------------------------------------------------- interpreter and backward */
 
@@ -509,34 +571,38 @@ typedef struct topos_feed {
 /* Evaluates every node.  params NULL means the network's initials; inputs
  * without a feed take their defaults.  New run (topos_run_free), or NULL
  * with err.  Neither the network nor params are modified. */
-topos_run *topos_forward(const topos_network *net, const topos_params *params,
-                         const topos_feed *feeds, int nfeeds,
-                         const topos_exec *ctx, topos_error *err);
+TOPOS_API topos_run *topos_forward(const topos_network *net,
+                                   const topos_params *params,
+                                   const topos_feed *feeds, int nfeeds,
+                                   const topos_exec *ctx, topos_error *err);
 /* Evaluates only the ancestors of the targets. */
-topos_run *topos_forward_for(const topos_network *net,
-                             const topos_params *params,
-                             const topos_feed *feeds, int nfeeds,
-                             const topos_value *targets, int ntargets,
-                             const topos_exec *ctx, topos_error *err);
-void topos_run_free(topos_run *run);
+TOPOS_API topos_run *topos_forward_for(const topos_network *net,
+                                       const topos_params *params,
+                                       const topos_feed *feeds, int nfeeds,
+                                       const topos_value *targets, int ntargets,
+                                       const topos_exec *ctx, topos_error *err);
+TOPOS_API void topos_run_free(topos_run *run);
 /* Borrowed value of a node; an unevaluated node is an error (NULL). */
-const topos_tensor *topos_run_of(const topos_run *run, topos_value v,
-                                 topos_error *err);
+TOPOS_API const topos_tensor *topos_run_of(const topos_run *run, topos_value v,
+                                           topos_error *err);
 /* A rank-0 value widened to double; NaN with err on failure. */
-double topos_run_scalar(const topos_run *run, topos_value v, topos_error *err);
+TOPOS_API double topos_run_scalar(const topos_run *run, topos_value v,
+                                  topos_error *err);
 
 /* Gradient of a rank-0 target with respect to every node (new field).
  * Nodes outside the target's ancestors get exact zeros. */
-topos_field *topos_backward(const topos_run *run, topos_value target,
-                            const topos_exec *ctx, topos_error *err);
+TOPOS_API topos_field *topos_backward(const topos_run *run, topos_value target,
+                                      const topos_exec *ctx, topos_error *err);
 
 /* The gradient of a rank-0 target with respect to the parameters only,
  * as new params in slot order: the bits of
  * topos_parameters_of(topos_backward(run, target)), but no cotangent flows
  * into a branch that reaches no parameter (inputs, constants, index
  * arithmetic), so a training step does only the work its update needs. */
-topos_params *topos_gradients(const topos_run *run, topos_value target,
-                              const topos_exec *ctx, topos_error *err);
+TOPOS_API topos_params *topos_gradients(const topos_run *run,
+                                        topos_value target,
+                                        const topos_exec *ctx,
+                                        topos_error *err);
 
 /* ------------------------------------------- canonical encoding and the id */
 
@@ -545,8 +611,8 @@ topos_params *topos_gradients(const topos_run *run, topos_value target,
  * name, and the tensors of its leaves.  Equal networks give equal bytes.
  * *bytes is new (free with topos_free); on failure *bytes is NULL and *len
  * 0.  Returns a topos_status. */
-int topos_network_encode(const topos_network *net, uint8_t **bytes, size_t *len,
-                         topos_error *err);
+TOPOS_API int topos_network_encode(const topos_network *net, uint8_t **bytes,
+                                   size_t *len, topos_error *err);
 /* Decodes by replaying every node through the recording API, so a decoded
  * network is checked exactly as a recorded one.  Hostile bytes give an
  * error, never a crash or an allocation larger than the input implies.
@@ -554,14 +620,15 @@ int topos_network_encode(const topos_network *net, uint8_t **bytes, size_t *len,
  * the encoding of a valid network (the message starts "decode: " and
  * names the node), TOPOS_ERR_ARGUMENT for NULL bytes, TOPOS_ERR_MEMORY.
  * A network that decodes re-encodes to exactly `bytes`. */
-topos_network *topos_network_decode(const uint8_t *bytes, size_t len,
-                                    topos_error *err);
+TOPOS_API topos_network *topos_network_decode(const uint8_t *bytes, size_t len,
+                                              topos_error *err);
 /* Lowercase hex SHA-256 of the encoding, into out[65] (NUL-terminated;
  * "" on failure).  Returns a topos_status. */
-int topos_network_id(const topos_network *net, char out[65], topos_error *err);
+TOPOS_API int topos_network_id(const topos_network *net, char out[65],
+                               topos_error *err);
 /* The same hash of any bytes (store and blob ids); bytes may be NULL when
  * len is 0. */
-void topos_sha256_hex(const void *bytes, size_t len, char out[65]);
+TOPOS_API void topos_sha256_hex(const void *bytes, size_t len, char out[65]);
 
 /* ----------------------------------------------------------- differentiate */
 
@@ -570,9 +637,9 @@ void topos_sha256_hex(const void *bytes, size_t len, char out[65]);
  * and accumulation order as topos_backward, and writes the gradient values
  * to grads_out (a value outside the loss's ancestors gets a recorded zero).
  * Returns a topos_status; on failure the tape carries the error. */
-int topos_tape_differentiate(topos_tape *tape, topos_value loss,
-                             const topos_value *wrt, int n,
-                             topos_value *grads_out);
+TOPOS_API int topos_tape_differentiate(topos_tape *tape, topos_value loss,
+                                       const topos_value *wrt, int n,
+                                       topos_value *grads_out);
 
 /* ------------------------------------------------------------------- plans */
 
@@ -607,16 +674,17 @@ typedef struct topos_plan topos_plan;
  * groups (fused convolution and max-pool chains).  New plan
  * (topos_plan_free), or NULL with err (TOPOS_ERR_ARGUMENT for threads
  * outside 0..TOPOS_THREADS_MAX).  The plan retains the network. */
-topos_plan *topos_network_lower(const topos_network *net,
-                                const topos_entry *entry, topos_error *err);
-void topos_plan_free(topos_plan *plan);
+TOPOS_API topos_plan *topos_network_lower(const topos_network *net,
+                                          const topos_entry *entry,
+                                          topos_error *err);
+TOPOS_API void topos_plan_free(topos_plan *plan);
 /* Bytes of the largest set of buffers alive at once (views and the
  * caller's parameters and feeds are not counted). */
-size_t topos_plan_peak_bytes(const topos_plan *plan);
+TOPOS_API size_t topos_plan_peak_bytes(const topos_plan *plan);
 /* Number of fused pattern groups the plan elected. */
-int topos_plan_group_count(const topos_plan *plan);
+TOPOS_API int topos_plan_group_count(const topos_plan *plan);
 /* The entry's threads the plan runs with (0 = the process default). */
-int topos_plan_threads(const topos_plan *plan);
+TOPOS_API int topos_plan_threads(const topos_plan *plan);
 
 /*
  * What running a plan costs in memory: upper bounds, in bytes, of what
@@ -650,7 +718,8 @@ typedef struct topos_run_bytes {
 } topos_run_bytes;
 
 /* Fills *out for plan (all zero for NULL). */
-void topos_plan_run_bytes(const topos_plan *plan, topos_run_bytes *out);
+TOPOS_API void topos_plan_run_bytes(const topos_plan *plan,
+                                    topos_run_bytes *out);
 
 /* A bound of the device memory a run of plan holds at once when a device
  * backend takes its tasks (docs/cuda.md: a device runs one task at a
@@ -660,7 +729,7 @@ void topos_plan_run_bytes(const topos_plan *plan, topos_run_bytes *out);
  * gradients its adjoint writes as well.  Counted by elements, not by the
  * spans a strided view covers (a column slice reads its elements only
  * here).  0 for NULL. */
-size_t topos_plan_device_bytes(const topos_plan *plan);
+TOPOS_API size_t topos_plan_device_bytes(const topos_plan *plan);
 
 /* An upper bound of what topos_plan_step allocates at once under opt:
  * the forward, the gradients and the optimizer's new parameters and
@@ -668,9 +737,9 @@ size_t topos_plan_device_bytes(const topos_plan *plan);
  * when the step is given none (params_given false) and a fresh state when
  * it is given none (state_given false).  0 for a forward plan. */
 struct topos_optimizer;
-size_t topos_plan_step_bytes(const topos_plan *plan,
-                             const struct topos_optimizer *opt,
-                             bool params_given, bool state_given);
+TOPOS_API size_t topos_plan_step_bytes(const topos_plan *plan,
+                                       const struct topos_optimizer *opt,
+                                       bool params_given, bool state_given);
 
 /*
  * The buffer pool: tensor buffers freed by runs are kept for the next
@@ -680,46 +749,51 @@ size_t topos_plan_step_bytes(const topos_plan *plan,
  * run, so one large run does not pin its memory.
  */
 /* Sets the cap; idle buffers above it are freed at once, largest first. */
-void topos_pool_set_cap(size_t idle_bytes);
-size_t topos_pool_cap(void);
+TOPOS_API void topos_pool_set_cap(size_t idle_bytes);
+TOPOS_API size_t topos_pool_cap(void);
 /* Frees idle buffers, largest first, until at most `keep` bytes are idle. */
-void topos_pool_release(size_t keep);
-size_t topos_pool_idle_bytes(void);
+TOPOS_API void topos_pool_release(size_t keep);
+TOPOS_API size_t topos_pool_idle_bytes(void);
 /* The schedule, liveness spans, fused groups and peak bytes as text (new,
  * topos_free). */
-char *topos_plan_describe(const topos_plan *plan, topos_error *err);
+TOPOS_API char *topos_plan_describe(const topos_plan *plan, topos_error *err);
 
 /* The context a plan's runs get when given none: the entry's numerics and
  * threads, the auto backend, no cancellation or deadline. */
-topos_exec topos_plan_exec(const topos_plan *plan);
+TOPOS_API topos_exec topos_plan_exec(const topos_plan *plan);
 
 /* Memory footprints (footprint.c): the heap memory an object keeps,
  * rounded as malloc rounds blocks, tensor buffers at their capacity; for
  * caches bounded in bytes.  A network counts its nodes, operand lists,
  * names and leaf tensors; a plan only its own tables (the network it
  * retains is the network's figure); a tensor its struct and buffer. */
-size_t topos_network_memory_bytes(const topos_network *net);
-size_t topos_plan_memory_bytes(const topos_plan *plan);
-size_t topos_tensor_memory_bytes(const topos_tensor *t);
+TOPOS_API size_t topos_network_memory_bytes(const topos_network *net);
+TOPOS_API size_t topos_plan_memory_bytes(const topos_plan *plan);
+TOPOS_API size_t topos_tensor_memory_bytes(const topos_tensor *t);
 
 /* Runs the plan: bits identical to topos_forward under exact numerics.
  * Only roots and observes can be read from the run (anything else is an
  * error, even if its buffer happens to survive).  ctx NULL is
  * topos_plan_exec(plan); a given ctx governs the run entirely. */
-topos_run *topos_plan_forward(const topos_plan *plan,
-                              const topos_params *params,
-                              const topos_feed *feeds, int nfeeds,
-                              const topos_exec *ctx, topos_error *err);
+TOPOS_API topos_run *topos_plan_forward(const topos_plan *plan,
+                                        const topos_params *params,
+                                        const topos_feed *feeds, int nfeeds,
+                                        const topos_exec *ctx,
+                                        topos_error *err);
 /* Training posture: the gradient of the plan's first root (rank 0) with
  * respect to every node, from a run of this plan: bits identical to
  * topos_backward under exact numerics.  ctx NULL is topos_plan_exec(plan). */
-topos_field *topos_plan_backward(const topos_plan *plan, const topos_run *run,
-                                 const topos_exec *ctx, topos_error *err);
+TOPOS_API topos_field *topos_plan_backward(const topos_plan *plan,
+                                           const topos_run *run,
+                                           const topos_exec *ctx,
+                                           topos_error *err);
 /* Training posture: the parameters' gradients of the plan's first root,
  * the bits of topos_parameters_of(topos_plan_backward(...)), computing
  * only what reaches a parameter (see topos_gradients). */
-topos_params *topos_plan_gradients(const topos_plan *plan, const topos_run *run,
-                                   const topos_exec *ctx, topos_error *err);
+TOPOS_API topos_params *topos_plan_gradients(const topos_plan *plan,
+                                             const topos_run *run,
+                                             const topos_exec *ctx,
+                                             topos_error *err);
 
 typedef enum topos_emit_form {
   TOPOS_EMIT_PRETTY = 0, /* the custom assembly people read */
@@ -729,8 +803,9 @@ typedef enum topos_emit_form {
 /* The plan as a StableHLO MLIR module: func.func @main(parameters...,
  * inputs...) -> (roots..., observes...).  An op that cannot lower gives an
  * error naming the node, never malformed text.  New string (topos_free). */
-char *topos_plan_emit_stablehlo(const topos_plan *plan, topos_emit_form form,
-                                topos_error *err);
+TOPOS_API char *topos_plan_emit_stablehlo(const topos_plan *plan,
+                                          topos_emit_form form,
+                                          topos_error *err);
 
 /* ------------------------------------------------------------ conformance */
 
@@ -780,12 +855,11 @@ typedef struct topos_conformance {
  * (topos_conformance_free), or NULL with err when the reference run
  * fails or an argument is bad (an unknown backend, ...).
  */
-topos_conformance *topos_conformance_run(const topos_plan *plan,
-                                         const topos_params *params,
-                                         const topos_feed *feeds, int nfeeds,
-                                         const topos_exec *candidates,
-                                         int ncandidates, topos_error *err);
-void topos_conformance_free(topos_conformance *c);
+TOPOS_API topos_conformance *topos_conformance_run(
+    const topos_plan *plan, const topos_params *params, const topos_feed *feeds,
+    int nfeeds, const topos_exec *candidates, int ncandidates,
+    topos_error *err);
+TOPOS_API void topos_conformance_free(topos_conformance *c);
 
 /* --------------------------------------------------------------- optimizers */
 
@@ -810,40 +884,44 @@ typedef struct topos_optimizer {
   void *decay_ctx;
 } topos_optimizer;
 
-topos_optimizer topos_sgd(double lr, double momentum);
-topos_optimizer topos_adam(double lr, double beta1, double beta2, double eps);
-topos_optimizer topos_adamw(double lr, double beta1, double beta2, double eps,
-                            double weight_decay);
+TOPOS_API topos_optimizer topos_sgd(double lr, double momentum);
+TOPOS_API topos_optimizer topos_adam(double lr, double beta1, double beta2,
+                                     double eps);
+TOPOS_API topos_optimizer topos_adamw(double lr, double beta1, double beta2,
+                                      double eps, double weight_decay);
 
 /* Optimizer state: the step count and the moments (caller-held values). */
 typedef struct topos_opt_state topos_opt_state;
 
 /* Zero state for these parameters (new). */
-topos_opt_state *topos_opt_state_new(const topos_optimizer *opt,
-                                     const topos_params *params,
-                                     topos_error *err);
+TOPOS_API topos_opt_state *topos_opt_state_new(const topos_optimizer *opt,
+                                               const topos_params *params,
+                                               topos_error *err);
 /* A state from its parts (moments retained; either may be NULL when the
  * optimizer needs none), e.g. after crossing the wire. */
-topos_opt_state *topos_opt_state_from(int64_t step, const topos_params *m,
-                                      const topos_params *v, topos_error *err);
-void topos_opt_state_free(topos_opt_state *s);
-int64_t topos_opt_state_step(const topos_opt_state *s);
+TOPOS_API topos_opt_state *topos_opt_state_from(int64_t step,
+                                                const topos_params *m,
+                                                const topos_params *v,
+                                                topos_error *err);
+TOPOS_API void topos_opt_state_free(topos_opt_state *s);
+TOPOS_API int64_t topos_opt_state_step(const topos_opt_state *s);
 /* Borrowed moments: 0 = first (momentum / m), 1 = second (v); may be NULL. */
-const topos_params *topos_opt_state_moment(const topos_opt_state *s, int which);
+TOPOS_API const topos_params *topos_opt_state_moment(const topos_opt_state *s,
+                                                     int which);
 
 /* (params, grads, state) -> (params', state').  Pure: reads its inputs and
  * writes two new values.  Returns a topos_status. */
-int topos_optimizer_step(const topos_optimizer *opt, const topos_params *params,
-                         const topos_params *grads,
-                         const topos_opt_state *state,
-                         topos_params **params_out, topos_opt_state **state_out,
-                         topos_error *err);
+TOPOS_API int topos_optimizer_step(
+    const topos_optimizer *opt, const topos_params *params,
+    const topos_params *grads, const topos_opt_state *state,
+    topos_params **params_out, topos_opt_state **state_out, topos_error *err);
 /* Whether topos_optimizer_step could take (params, state) under opt: the
  * hyperparameters, floating parameters, and moments that match them.
  * state NULL checks opt and params only.  Returns a topos_status. */
-int topos_optimizer_check(const topos_optimizer *opt,
-                          const topos_params *params,
-                          const topos_opt_state *state, topos_error *err);
+TOPOS_API int topos_optimizer_check(const topos_optimizer *opt,
+                                    const topos_params *params,
+                                    const topos_opt_state *state,
+                                    topos_error *err);
 
 /* ---------------------------------------------------------- training steps */
 
@@ -863,7 +941,7 @@ typedef struct topos_step_result {
 } topos_step_result;
 
 /* Releases what r holds and zeroes it; a zeroed result or NULL is a no-op. */
-void topos_step_result_clear(topos_step_result *r);
+TOPOS_API void topos_step_result_clear(topos_step_result *r);
 
 /*
  * One training step of a TRAINING-posture plan whose roots[0] is the
@@ -877,11 +955,10 @@ void topos_step_result_clear(topos_step_result *r);
  * on failure *out is all zero.  Bad optimizer settings and a state that
  * does not fit params fail before any work is done.
  */
-int topos_plan_step(const topos_plan *plan, const topos_params *params,
-                    const topos_feed *feeds, int nfeeds,
-                    const topos_optimizer *opt, const topos_opt_state *state,
-                    const topos_exec *ctx, topos_step_result *out,
-                    topos_error *err);
+TOPOS_API int topos_plan_step(
+    const topos_plan *plan, const topos_params *params, const topos_feed *feeds,
+    int nfeeds, const topos_optimizer *opt, const topos_opt_state *state,
+    const topos_exec *ctx, topos_step_result *out, topos_error *err);
 
 /*
  * topos_plan_step with the caller's parameters and state *donated*, for
@@ -897,11 +974,10 @@ int topos_plan_step(const topos_plan *plan, const topos_params *params,
  * On failure nothing is consumed or changed.  *params NULL means the
  * network's initials, *state NULL a fresh state, as in topos_plan_step.
  */
-int topos_plan_step_donated(const topos_plan *plan, topos_params **params,
-                            const topos_feed *feeds, int nfeeds,
-                            const topos_optimizer *opt, topos_opt_state **state,
-                            const topos_exec *ctx, topos_step_result *out,
-                            topos_error *err);
+TOPOS_API int topos_plan_step_donated(
+    const topos_plan *plan, topos_params **params, const topos_feed *feeds,
+    int nfeeds, const topos_optimizer *opt, topos_opt_state **state,
+    const topos_exec *ctx, topos_step_result *out, topos_error *err);
 
 /*
  * A trainer: where training steps run, behind one call, so a training loop
@@ -928,45 +1004,48 @@ typedef struct topos_trainer_ops {
 
 /* A trainer over ops (borrowed: static storage) and self, which it owns
  * from here on, even when this fails (NULL with err). */
-topos_trainer *topos_trainer_new(const topos_trainer_ops *ops, void *self,
-                                 topos_error *err);
+TOPOS_API topos_trainer *topos_trainer_new(const topos_trainer_ops *ops,
+                                           void *self, topos_error *err);
 /* In-process: lowers the training plan of (loss; observes) once, with the
  * numerics and threads of ctx (NULL: exact, the process default), and
  * steps it with topos_plan_step under a copy of ctx.  The trainer retains
  * net.  New trainer, or NULL with err (a loss that is not a rank-0 float,
  * a bad context, ...). */
-topos_trainer *topos_trainer_local(const topos_network *net, topos_value loss,
-                                   const topos_value *observes, int nobserves,
-                                   const topos_exec *ctx, topos_error *err);
+TOPOS_API topos_trainer *topos_trainer_local(
+    const topos_network *net, topos_value loss, const topos_value *observes,
+    int nobserves, const topos_exec *ctx, topos_error *err);
 /* One step: params NULL means the network's initials, state NULL a fresh
  * state; *out as topos_plan_step fills it.  Returns a topos_status. */
-int topos_trainer_step(topos_trainer *tr, const topos_params *params,
-                       const topos_feed *feeds, int nfeeds,
-                       const topos_optimizer *opt, const topos_opt_state *state,
-                       topos_step_result *out, topos_error *err);
+TOPOS_API int topos_trainer_step(topos_trainer *tr, const topos_params *params,
+                                 const topos_feed *feeds, int nfeeds,
+                                 const topos_optimizer *opt,
+                                 const topos_opt_state *state,
+                                 topos_step_result *out, topos_error *err);
 /* The implementation's kind ("local", "remote"); "" for NULL. */
-const char *topos_trainer_kind(const topos_trainer *tr);
-void topos_trainer_free(topos_trainer *tr);
+TOPOS_API const char *topos_trainer_kind(const topos_trainer *tr);
+TOPOS_API void topos_trainer_free(topos_trainer *tr);
 
 /* ------------------------------------------------------------- initializers */
 
 /* Seeded with splitmix64; same arguments, same bits.  New tensors.
  * f32/f64/bf16 only. */
-topos_tensor *topos_init_uniform(topos_dtype dtype, int rank,
-                                 const int64_t *shape, double low, double high,
-                                 uint64_t seed, topos_error *err);
-topos_tensor *topos_init_normal(topos_dtype dtype, int rank,
-                                const int64_t *shape, double mean, double std,
-                                uint64_t seed, topos_error *err);
+TOPOS_API topos_tensor *topos_init_uniform(topos_dtype dtype, int rank,
+                                           const int64_t *shape, double low,
+                                           double high, uint64_t seed,
+                                           topos_error *err);
+TOPOS_API topos_tensor *topos_init_normal(topos_dtype dtype, int rank,
+                                          const int64_t *shape, double mean,
+                                          double std, uint64_t seed,
+                                          topos_error *err);
 /* Glorot uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)). */
-topos_tensor *topos_init_xavier(topos_dtype dtype, int rank,
-                                const int64_t *shape, int64_t fan_in,
-                                int64_t fan_out, uint64_t seed,
-                                topos_error *err);
+TOPOS_API topos_tensor *topos_init_xavier(topos_dtype dtype, int rank,
+                                          const int64_t *shape, int64_t fan_in,
+                                          int64_t fan_out, uint64_t seed,
+                                          topos_error *err);
 /* He normal: N(0, 2 / fan_in). */
-topos_tensor *topos_init_kaiming(topos_dtype dtype, int rank,
-                                 const int64_t *shape, int64_t fan_in,
-                                 uint64_t seed, topos_error *err);
+TOPOS_API topos_tensor *topos_init_kaiming(topos_dtype dtype, int rank,
+                                           const int64_t *shape, int64_t fan_in,
+                                           uint64_t seed, topos_error *err);
 
 /* ------------------------------------------------ neural composites (nn.c) */
 
@@ -982,59 +1061,63 @@ typedef enum topos_activation {
 } topos_activation;
 
 /* x[n,in]·w[in,out] + b[out]. */
-topos_value topos_linear(topos_tape *tape, topos_value x, topos_value w,
-                         topos_value b);
+TOPOS_API topos_value topos_linear(topos_tape *tape, topos_value x,
+                                   topos_value w, topos_value b);
 /* nlayers linear layers with `act` between them (not after the last). */
-topos_value topos_mlp(topos_tape *tape, topos_value x, int nlayers,
-                      const topos_value *weights, const topos_value *biases,
-                      topos_activation act);
-topos_value topos_activate(topos_tape *tape, topos_value x,
-                           topos_activation act);
+TOPOS_API topos_value topos_mlp(topos_tape *tape, topos_value x, int nlayers,
+                                const topos_value *weights,
+                                const topos_value *biases,
+                                topos_activation act);
+TOPOS_API topos_value topos_activate(topos_tape *tape, topos_value x,
+                                     topos_activation act);
 /* table[V,d], idx i32 of any rank r -> idx's shape + [d]. */
-topos_value topos_embedding(topos_tape *tape, topos_value table,
-                            topos_value idx);
+TOPOS_API topos_value topos_embedding(topos_tape *tape, topos_value table,
+                                      topos_value idx);
 /* Over the last axis; gamma/beta of that extent, or TOPOS_NONE. */
-topos_value topos_layer_norm(topos_tape *tape, topos_value x, topos_value gamma,
-                             topos_value beta, double eps);
-topos_value topos_rms_norm(topos_tape *tape, topos_value x, topos_value gamma,
-                           double eps);
+TOPOS_API topos_value topos_layer_norm(topos_tape *tape, topos_value x,
+                                       topos_value gamma, topos_value beta,
+                                       double eps);
+TOPOS_API topos_value topos_rms_norm(topos_tape *tape, topos_value x,
+                                     topos_value gamma, double eps);
 /* Training form over x[N,C] or x[N,C,H,W] per channel C; the batch mean
  * and (biased) variance are written to mean_out / var_out when non-NULL. */
-topos_value topos_batch_norm(topos_tape *tape, topos_value x, topos_value gamma,
-                             topos_value beta, double eps,
-                             topos_value *mean_out, topos_value *var_out);
-/* Inference form: mean and var[C] are given. */
-topos_value topos_batch_norm_inference(topos_tape *tape, topos_value x,
+TOPOS_API topos_value topos_batch_norm(topos_tape *tape, topos_value x,
                                        topos_value gamma, topos_value beta,
-                                       topos_value mean, topos_value var,
-                                       double eps);
+                                       double eps, topos_value *mean_out,
+                                       topos_value *var_out);
+/* Inference form: mean and var[C] are given. */
+TOPOS_API topos_value topos_batch_norm_inference(
+    topos_tape *tape, topos_value x, topos_value gamma, topos_value beta,
+    topos_value mean, topos_value var, double eps);
 /* x[N,C,H,W], w[O,C,kh,kw], b[O] or TOPOS_NONE -> [N,O,oh,ow]. */
-topos_value topos_conv2d(topos_tape *tape, topos_value x, topos_value w,
-                         topos_value b, int stride, int padding, int dilation);
+TOPOS_API topos_value topos_conv2d(topos_tape *tape, topos_value x,
+                                   topos_value w, topos_value b, int stride,
+                                   int padding, int dilation);
 /* x[N,C,H,W] -> [N,C,oh,ow], windows kernel×kernel. */
-topos_value topos_max_pool2d(topos_tape *tape, topos_value x, int kernel,
-                             int stride);
-topos_value topos_softmax(topos_tape *tape, topos_value x, int axis);
+TOPOS_API topos_value topos_max_pool2d(topos_tape *tape, topos_value x,
+                                       int kernel, int stride);
+TOPOS_API topos_value topos_softmax(topos_tape *tape, topos_value x, int axis);
 /* Mean over the batch of -log softmax(logits[n,V])[target]; targets i32[n]. */
-topos_value topos_cross_entropy(topos_tape *tape, topos_value logits,
-                                topos_value targets);
+TOPOS_API topos_value topos_cross_entropy(topos_tape *tape, topos_value logits,
+                                          topos_value targets);
 /* Same with one-hot (or soft) targets[n,V] in the logits' dtype. */
-topos_value topos_cross_entropy_onehot(topos_tape *tape, topos_value logits,
-                                       topos_value targets);
+TOPOS_API topos_value topos_cross_entropy_onehot(topos_tape *tape,
+                                                 topos_value logits,
+                                                 topos_value targets);
 /* Mean of (a-b)^2 over every element. */
-topos_value topos_mse(topos_tape *tape, topos_value a, topos_value b);
+TOPOS_API topos_value topos_mse(topos_tape *tape, topos_value a, topos_value b);
 /* GELU, tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
  * (GPT-2's gelu_new, PyTorch's approximate='tanh'). */
-topos_value topos_gelu(topos_tape *tape, topos_value x);
-topos_value topos_silu(topos_tape *tape, topos_value x);
+TOPOS_API topos_value topos_gelu(topos_tape *tape, topos_value x);
+TOPOS_API topos_value topos_silu(topos_tape *tape, topos_value x);
 /* x * mask / (1 - p); the 0/1 mask is fed as an input, never drawn here. */
-topos_value topos_dropout(topos_tape *tape, topos_value x, topos_value mask,
-                          double p);
+TOPOS_API topos_value topos_dropout(topos_tape *tape, topos_value x,
+                                    topos_value mask, double p);
 
 /* ------------------------------------------- transformer composites (nn.c) */
 
 /* GELU, exact: 0.5·x·(1 + erf(x/√2)) (PyTorch's approximate='none'). */
-topos_value topos_gelu_exact(topos_tape *tape, topos_value x);
+TOPOS_API topos_value topos_gelu_exact(topos_tape *tape, topos_value x);
 
 typedef struct topos_attention_opts {
   int heads;    /* H >= 1; D (the last extent of q/k/v) must be a multiple */
@@ -1053,8 +1136,9 @@ typedef struct topos_attention_opts {
  * -> add(mask) -> log_softmax -> exp -> matmul -> merge heads (nn.c has
  * the exact sequence).  Bad ranks, extents or options fail the tape.
  */
-topos_value topos_attention(topos_tape *tape, topos_value q, topos_value k,
-                            topos_value v, const topos_attention_opts *opts);
+TOPOS_API topos_value topos_attention(topos_tape *tape, topos_value q,
+                                      topos_value k, topos_value v,
+                                      const topos_attention_opts *opts);
 
 /*
  * A self-attention block (GPT-2's attn): x[B,T,D]; w_qkv[D,3D] holds the
@@ -1066,12 +1150,11 @@ topos_value topos_attention(topos_tape *tape, topos_value q, topos_value k,
  * attended over ([B,P+T,D]), for the caller to keep as its cache: the
  * state stays the caller's.  Returns [B,T,D].
  */
-topos_value topos_self_attention(topos_tape *tape, topos_value x,
-                                 topos_value w_qkv, topos_value b_qkv,
-                                 topos_value w_o, topos_value b_o,
-                                 const topos_attention_opts *opts,
-                                 topos_value k_cache, topos_value v_cache,
-                                 topos_value *k_all, topos_value *v_all);
+TOPOS_API topos_value topos_self_attention(
+    topos_tape *tape, topos_value x, topos_value w_qkv, topos_value b_qkv,
+    topos_value w_o, topos_value b_o, const topos_attention_opts *opts,
+    topos_value k_cache, topos_value v_cache, topos_value *k_all,
+    topos_value *v_all);
 
 /*
  * Rotary position embedding of x[B,T,D], D = heads·Dh with Dh even, in the
@@ -1080,8 +1163,8 @@ topos_value topos_self_attention(topos_tape *tape, topos_value x,
  * offset+T−1, frequencies 1/base^(2i/Dh); the tables are computed in
  * double and rounded to the tape's dtype.  base 0 means 10000.
  */
-topos_value topos_rope(topos_tape *tape, topos_value x, int heads,
-                       int64_t offset, double base);
+TOPOS_API topos_value topos_rope(topos_tape *tape, topos_value x, int heads,
+                                 int64_t offset, double base);
 
 /*
  * Softmax cross entropy of logits[N,V] against i32 targets[N], averaged
@@ -1091,9 +1174,10 @@ topos_value topos_rope(topos_tape *tape, topos_value x, int heads,
  * NaN loss when it lies between ignore_index and [0, V).  An all-ignored
  * batch gives NaN (0/0), as PyTorch does.
  */
-topos_value topos_cross_entropy_ignore(topos_tape *tape, topos_value logits,
-                                       topos_value targets,
-                                       int32_t ignore_index);
+TOPOS_API topos_value topos_cross_entropy_ignore(topos_tape *tape,
+                                                 topos_value logits,
+                                                 topos_value targets,
+                                                 int32_t ignore_index);
 
 /*
  * Global-norm gradient clipping over n recorded values (the gradients
@@ -1104,9 +1188,10 @@ topos_value topos_cross_entropy_ignore(topos_tape *tape, topos_value logits,
  * topos_status; on failure the tape carries the error (TOPOS_ERR_STATE
  * when it already had one) and clipped[] is TOPOS_NONE.
  */
-int topos_clip_global_norm(topos_tape *tape, int n, const topos_value *grads,
-                           double max_norm, topos_value *clipped,
-                           topos_value *norm_out);
+TOPOS_API int topos_clip_global_norm(topos_tape *tape, int n,
+                                     const topos_value *grads, double max_norm,
+                                     topos_value *clipped,
+                                     topos_value *norm_out);
 
 /*
  * A learning-rate schedule, a pure function of the step: linear warmup
@@ -1117,8 +1202,9 @@ int topos_clip_global_norm(topos_tape *tape, int n, const topos_value *grads,
  * total on.  NaN for nonsense: step < 0, warmup < 0, total < 1,
  * warmup > total, peak or floor negative or not finite, floor > peak.
  */
-double topos_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total,
-                              double peak, double floor);
+TOPOS_API double topos_lr_warmup_cosine(int64_t step, int64_t warmup,
+                                        int64_t total, double peak,
+                                        double floor);
 
 /* ------------------------------------------------------------ checkpoints */
 
@@ -1133,8 +1219,10 @@ double topos_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total,
  * whole new file.  Returns a topos_status: TOPOS_ERR_ARGUMENT for bad
  * names or NULLs, TOPOS_ERR_IO when the file cannot be written.
  */
-int topos_safetensors_save(const char *path, int n, const char *const *names,
-                           topos_tensor *const *tensors, topos_error *err);
+TOPOS_API int topos_safetensors_save(const char *path, int n,
+                                     const char *const *names,
+                                     topos_tensor *const *tensors,
+                                     topos_error *err);
 
 typedef struct topos_safetensors topos_safetensors;
 
@@ -1151,20 +1239,23 @@ typedef struct topos_safetensors topos_safetensors;
  * file stays open until topos_safetensors_free, and each tensor's bytes
  * are read by topos_safetensors_get, so the data is in memory once.
  */
-topos_safetensors *topos_safetensors_load(const char *path, topos_error *err);
+TOPOS_API topos_safetensors *topos_safetensors_load(const char *path,
+                                                    topos_error *err);
 /* Tensors in the set (-1 for NULL); names in header order, borrowed
  * (NULL when i is out of range). */
-int topos_safetensors_count(const topos_safetensors *st);
-const char *topos_safetensors_name(const topos_safetensors *st, int i);
+TOPOS_API int topos_safetensors_count(const topos_safetensors *st);
+TOPOS_API const char *topos_safetensors_name(const topos_safetensors *st,
+                                             int i);
 /* The tensor named `name`, read from the open file (a new tensor each
  * call: caller releases), or NULL with TOPOS_ERR_NOT_FOUND for an
  * unknown name, TOPOS_ERR_IO when the read fails or the file was cut or
  * modified since it was loaded (removing it or renaming another file
  * over its path changes nothing: the set reads the file it opened),
  * TOPOS_ERR_MEMORY.  Safe to call from several threads at once. */
-topos_tensor *topos_safetensors_get(const topos_safetensors *st,
-                                    const char *name, topos_error *err);
-void topos_safetensors_free(topos_safetensors *st);
+TOPOS_API topos_tensor *topos_safetensors_get(const topos_safetensors *st,
+                                              const char *name,
+                                              topos_error *err);
+TOPOS_API void topos_safetensors_free(topos_safetensors *st);
 
 #ifdef __cplusplus
 }

@@ -12,7 +12,7 @@ static bool fault(size_t i, const char *what, size_t *at, const char **why) {
   return false;
 }
 
-bool utf8_check(const char *s, size_t n, size_t *at, const char **why) {
+bool topos_utf8_check(const char *s, size_t n, size_t *at, const char **why) {
   const unsigned char *u = (const unsigned char *)s;
   for (size_t i = 0; i < n;) {
     unsigned c = u[i];

@@ -6,13 +6,16 @@
  * out in any reply and parse in every standard client.
  *
  * Internal to the engine and the layers above it (wire.c); not part of
- * topos.h.
+ * topos.h, and not installed.  Exported (TOPOS_API) because the client
+ * library links the engine's shared library and checks with it.
  */
 #ifndef TOPOS_UTF8_H
 #define TOPOS_UTF8_H
 
 #include <stdbool.h>
 #include <stddef.h>
+
+#include "topos.h" /* TOPOS_API */
 
 /*
  * Checks the n bytes at s (NULL with n == 0 is the empty string): valid
@@ -26,6 +29,7 @@
  * continuation byte", "byte 0xff cannot start a character").  Either
  * out-pointer may be NULL.
  */
-bool utf8_check(const char *s, size_t n, size_t *at, const char **why);
+TOPOS_API bool topos_utf8_check(const char *s, size_t n, size_t *at,
+                                const char **why);
 
 #endif /* TOPOS_UTF8_H */

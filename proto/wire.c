@@ -317,7 +317,7 @@ static int walk_message(const string_walk *w, const walk_frame *here,
     if (f->type == PROTOBUF_C_TYPE_STRING) {
       size_t bad = 0;
       const char *why = NULL;
-      if (!utf8_check((const char *)v, (size_t)len, &bad, &why)) {
+      if (!topos_utf8_check((const char *)v, (size_t)len, &bad, &why)) {
         char text[160];
         snprintf(text, sizeof text, "%s at byte %zu", why, bad);
         return walk_fail(w, &frame, text);

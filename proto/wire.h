@@ -134,7 +134,7 @@ int wire_pack(const ProtobufCMessage *m, uint8_t **bytes, size_t *len,
  * protobuf wire bytes field by field as desc describes them, recursing
  * into sub-message fields (repeated and oneof ones too) at most
  * WIRE_STRING_DEPTH deep, and holds every occurrence of a string field to
- * utf8_check's rule (engine/utf8.h): UTF-8 without NUL.  It reads the raw
+ * topos_utf8_check's rule (engine/utf8.h): UTF-8 without NUL.  It reads the raw
  * bytes because protobuf-c hands strings over NUL-terminated, so after
  * unpacking "loss\0x" already reads "loss".  Unknown fields, bytes and
  * scalars are skipped by their wire type.  Returns TOPOS_OK, or

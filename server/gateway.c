@@ -111,7 +111,7 @@ static void utf8_scrub(char *text) {
   for (size_t i = 0; i < n;) {
     size_t at = 0;
     const char *why = NULL;
-    if (utf8_check(text + i, n - i, &at, &why)) break;
+    if (topos_utf8_check(text + i, n - i, &at, &why)) break;
     text[i + at] = '?';
     i += at + 1;
   }

@@ -6,13 +6,16 @@
 # schemathesis into another (.schemathesis-venv) for the HTTP suite.
 # openssl (the command) makes the TLS suite's CA and certificates at test
 # time (tests/daemon/test_tls.c).
+# libsystemd-dev: toposd's sd_notify readiness and watchdog (Type=notify).
+# python3-yaml checks deploy/'s manifests; python3-pytest, -numpy and
+# -setuptools build and test the Python client (client/python).
 # python3-torch is Debian's PyTorch, run by /usr/bin/python3: the GPT-2
 # and Llama suites' reference models (tests/python/gpt2_torch.py,
 # llama_torch.py) and bench/train's peer.
 # Idempotent: when everything is present it prints nothing and touches
 # nothing (no apt, no pip, no network).
 set -e
-PACKAGES="gcc g++ make pkg-config check libsubunit-dev valgrind libssl-dev clang-format clang libclang-rt-14-dev libcjson-dev libsqlite3-dev mlir-19-tools libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-grpcio python3-protobuf python3-grpc-tools libopenblas-dev python3-venv zlib1g-dev dataset-fashion-mnist gnuplot-nox libuv1-dev libhttp-parser-dev libgraphviz-dev prometheus chromium wrk python3-torch openssl"
+PACKAGES="gcc g++ make pkg-config check libsubunit-dev valgrind libssl-dev clang-format clang libclang-rt-14-dev libcjson-dev libsqlite3-dev mlir-19-tools libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-grpcio python3-protobuf python3-grpc-tools libopenblas-dev python3-venv zlib1g-dev dataset-fashion-mnist gnuplot-nox libuv1-dev libhttp-parser-dev libgraphviz-dev prometheus chromium wrk python3-torch openssl python3-yaml python3-pytest python3-numpy python3-setuptools libsystemd-dev"
 missing=""
 for p in $PACKAGES; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

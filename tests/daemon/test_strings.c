@@ -134,7 +134,7 @@ END_TEST
 static void expect_utf8(const char *s, const char *what) {
   size_t at = 0;
   const char *why = NULL;
-  ck_assert_msg(utf8_check(s, strlen(s), &at, &why), "%s: %s at byte %zu", what,
+  ck_assert_msg(topos_utf8_check(s, strlen(s), &at, &why), "%s: %s at byte %zu", what,
                 why, at);
 }
 

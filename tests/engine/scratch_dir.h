@@ -39,7 +39,7 @@ static void scratch_dir_remove(void) {
     nftw(g_dir, scratch_remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-static uint64_t next_random(uint64_t *state) {
+static inline uint64_t next_random(uint64_t *state) {
   uint64_t x = *state;
   x ^= x << 13;
   x ^= x >> 7;

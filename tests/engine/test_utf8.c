@@ -18,7 +18,7 @@
 static void expect_valid(const char *s, size_t n) {
   size_t at = 99;
   const char *why = NULL;
-  ck_assert_msg(utf8_check(s, n, &at, &why), "%zu bytes refused at %zu: %s", n,
+  ck_assert_msg(topos_utf8_check(s, n, &at, &why), "%zu bytes refused at %zu: %s", n,
                 at, why ? why : "");
 }
 
@@ -26,7 +26,7 @@ static void expect_fault(const char *s, size_t n, size_t want_at,
                          const char *phrase) {
   size_t at = 99;
   const char *why = NULL;
-  ck_assert_msg(!utf8_check(s, n, &at, &why), "'%.*s' accepted", (int)n, s);
+  ck_assert_msg(!topos_utf8_check(s, n, &at, &why), "'%.*s' accepted", (int)n, s);
   ck_assert_msg(at == want_at, "'%.*s': fault at %zu, want %zu (%s)", (int)n, s,
                 at, want_at, why);
   ck_assert_msg(why && strstr(why, phrase), "'%.*s': '%s' lacks '%s'", (int)n,
@@ -52,8 +52,8 @@ START_TEST(test_valid_forms) {
   expect_valid("ab\xff", 2);
   size_t at = 7;
   const char *why = "x";
-  ck_assert(utf8_check("ok", 2, NULL, NULL));
-  ck_assert(utf8_check("ok", 2, &at, &why));
+  ck_assert(topos_utf8_check("ok", 2, NULL, NULL));
+  ck_assert(topos_utf8_check("ok", 2, &at, &why));
   ck_assert_uint_eq(at, 7); /* untouched on success */
 }
 END_TEST
@@ -96,7 +96,7 @@ START_TEST(test_malformed_forms) {
   expect_fault("\xce\xbb\0", 3, 2, "contains NUL");
   /* Every phrase but NUL's says "not valid UTF-8". */
   const char *why = NULL;
-  ck_assert(!utf8_check("\xed\xa0\x80", 3, NULL, &why));
+  ck_assert(!topos_utf8_check("\xed\xa0\x80", 3, NULL, &why));
   ck_assert_ptr_nonnull(strstr(why, "not valid UTF-8"));
 }
 END_TEST
@@ -143,12 +143,12 @@ START_TEST(test_against_reference) {
   unsigned char b[4];
   for (unsigned a = 0; a < 256; a++) {
     b[0] = (unsigned char)a;
-    ck_assert_msg(utf8_check((char *)b, 1, NULL, NULL) == reference_valid(b, 1),
+    ck_assert_msg(topos_utf8_check((char *)b, 1, NULL, NULL) == reference_valid(b, 1),
                   "%02x", a);
     for (unsigned c = 0; c < 256; c++) {
       b[1] = (unsigned char)c;
       ck_assert_msg(
-          utf8_check((char *)b, 2, NULL, NULL) == reference_valid(b, 2),
+          topos_utf8_check((char *)b, 2, NULL, NULL) == reference_valid(b, 2),
           "%02x %02x", a, c);
     }
   }
@@ -164,7 +164,7 @@ START_TEST(test_against_reference) {
         b[3] = 0x80;
         size_t n = a < 0xF0 ? 3 : 4;
         ck_assert_msg(
-            utf8_check((char *)b, n, NULL, NULL) == reference_valid(b, n),
+            topos_utf8_check((char *)b, n, NULL, NULL) == reference_valid(b, n),
             "%02x %02x %02x", a, seconds[j], c);
       }
 }

@@ -15,6 +15,8 @@ GVC_LIBS := $(shell pkg-config --libs libgvc 2>/dev/null || echo -lgvc -lcgraph 
 HTTP_LIBS := $(shell pkg-config --libs libuv 2>/dev/null || echo -luv) -lhttp_parser
 # The gateway's TLS (and the tests' HTTPS client): OpenSSL's libssl.
 TLS_LIBS := -lssl
+# toposd's readiness and watchdog notifications to systemd (server/notify.c).
+SYSTEMD_LIBS := $(shell pkg-config --libs libsystemd 2>/dev/null || echo -lsystemd)
 
 # Public structs grow at the end (topos_entry's `threads`): a positional
 # initialiser that stops early still means 0 for the rest, as C says.
@@ -186,7 +188,7 @@ $(LIB_CLIENT): $(CLIENT_OBJ)
 $(TOPOSD): $(SERVER_OBJ) $(LIB_CLIENT) $(LIB_STORE) $(LIB_A) $(if $(BACKEND_SRC),$(LIB_BACKENDS))
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(SERVER_OBJ) -o $@ $(LIB_CLIENT) $(LIB_STORE) $(ENGINE_LINK) \
-	  $(GRPC_LIBS) $(HTTP_LIBS) $(TLS_LIBS) $(GVC_LIBS) $(STORE_LIBS) $(LDLIBS)
+	  $(GRPC_LIBS) $(HTTP_LIBS) $(TLS_LIBS) $(GVC_LIBS) $(SYSTEMD_LIBS) $(STORE_LIBS) $(LDLIBS)
 
 # The gateway carries its OpenAPI document (.incbin).
 $(BUILD)/obj/server/gateway.o: server/openapi.json

@@ -70,10 +70,11 @@ static void add_field(admin_call *a, const char *fmt, ...) {
 /* The audit line of the call, whatever its outcome. */
 static void admin_end(admin_call *a) {
   call_ctx *cx = a->cx;
-  log_event("audit", "action=%s%s%s by=%s peer=%s status=%s", a->action,
-            a->fields[0] ? " " : "", a->fields, auth_off(cx) ? "-" : cx->tenant,
-            cx->peer && cx->peer[0] ? cx->peer : "-",
-            wire_grpc_status_name(cx->status));
+  log_event_at(LOG_WARN, "audit", "action=%s%s%s by=%s peer=%s status=%s",
+               a->action, a->fields[0] ? " " : "", a->fields,
+               auth_off(cx) ? "-" : cx->tenant,
+               cx->peer && cx->peer[0] ? cx->peer : "-",
+               wire_grpc_status_name(cx->status));
 }
 
 /* What a request names, for the audit line (valid names and ids only). */

@@ -121,8 +121,8 @@ static bool stored_counts(blob_writer *w, int64_t *blobs, int64_t *bytes) {
   store_stats_info si;
   topos_error err = {0};
   if (store_stats(w->store, &si, &err) != TOPOS_OK) {
-    log_event("warning", "blob writer cannot count the stored blobs: %s",
-              err.message);
+    log_event_at(LOG_WARN, "warning",
+                 "blob writer cannot count the stored blobs: %s", err.message);
     return false;
   }
   *blobs = si.blob_count;
@@ -135,7 +135,7 @@ static void *writer_main(void *arg) {
   /* Persistence is background work: requests go first (Linux nice values
    * are per thread). */
   if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10) != 0)
-    log_event("warning", "blob writer keeps its priority");
+    log_event_at(LOG_WARN, "warning", "blob writer keeps its priority");
   /* Whether stored_* must be counted afresh before the next write: at
    * first, and after every pause, so that whatever else changed the
    * store meanwhile (another process on the file) is in them. */
@@ -164,10 +164,10 @@ static void *writer_main(void *arg) {
     char id[65];
     int rc = store_put_blob_as(w->store, p->owner, p->bytes, p->len, id, &err);
     if (rc != TOPOS_OK)
-      log_event("error", "blob %s (%zu bytes) was not stored: %s", p->id,
-                p->len, err.message);
+      log_event_at(LOG_ERROR, "error", "blob %s (%zu bytes) was not stored: %s",
+                   p->id, p->len, err.message);
     else if (strcmp(id, p->id) != 0)
-      log_event("error", "blob %s was stored as %s", p->id, id);
+      log_event_at(LOG_ERROR, "error", "blob %s was stored as %s", p->id, id);
     /* A new blob under the cap adds itself; anything else (a failure, an
      * eviction, a stored blob put again) is counted afresh.  Only this
      * thread changes stored_*, so it reads them unlocked. */
@@ -233,7 +233,8 @@ blob_writer *blob_writer_start(const char *path, int64_t blob_cap,
   if (w->max_pending > 0) {
     w->started = pthread_create(&w->thread, NULL, writer_main, w) == 0;
     if (!w->started) {
-      log_event("warning", "no blob writer thread: PutBlob writes durably");
+      log_event_at(LOG_WARN, "warning",
+                   "no blob writer thread: PutBlob writes durably");
       w->max_pending = 0;
       w->spare_max = DURABLE_SPARE_BYTES;
     }

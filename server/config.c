@@ -41,6 +41,13 @@ const char config_usage[] =
     "  --deadline-ms N          deadline of calls that set none; 0 = none\n"
     "                           (default 60000)\n"
     "  --log-format text|json   request log format on stderr (default text)\n"
+    "  --log-level LEVEL        debug|info|warn|error: lines below it are\n"
+    "                           not written (default info; request lines\n"
+    "                           are info when OK, warn or error when not)\n"
+    "  --log-requests WHICH     all|errors|sample:N|none: every request\n"
+    "                           line, those that failed, one OK line in N\n"
+    "                           (each marked sample=N) and every failure,\n"
+    "                           or none (default all)\n"
     "  --blob-cap-bytes N       bytes of uploaded blobs kept (default 1G)\n"
     "  --blob-pending-bytes N   early acknowledgement: up to N uploaded\n"
     "                           bytes may wait to be written to the store\n"
@@ -120,6 +127,9 @@ void config_defaults(toposd_config *cfg) {
   cfg->queue = 1024;
   cfg->deadline_ms = 60000;
   cfg->log_format = LOG_TEXT;
+  cfg->log_level = LOG_INFO;
+  cfg->log_requests = LOG_REQUESTS_ALL;
+  cfg->log_sample = 1;
   cfg->blob_cap_bytes = STORE_DEFAULT_BLOB_CAP;
   cfg->blob_pending_bytes = 0; /* durable PutBlob; > 0 opts into early acks */
   cfg->cache_entries = 256;
@@ -274,6 +284,22 @@ int config_split_listen(const char *text, char *host, size_t hostlen, int *port,
   return 0;
 }
 
+bool config_known(const char *name) {
+  /* The usage text is the list: an option is known when a line of it
+   * starts with "  --NAME" followed by a space, a comma or the line's end,
+   * so --help and the parser cannot disagree. */
+  size_t n = strlen(name);
+  if (n == 0) return false;
+  for (const char *p = strstr(config_usage, "\n  --"); p != NULL;
+       p = strstr(p + 1, "\n  --")) {
+    const char *opt = p + 5;
+    if (strncmp(opt, name, n) == 0 &&
+        (opt[n] == ' ' || opt[n] == ',' || opt[n] == '\n'))
+      return true;
+  }
+  return false;
+}
+
 /* Applies one setting given by name (flag spelling, '-' or '_' alike). */
 static int apply(toposd_config *cfg, const char *key, const char *value,
                  char *msg, size_t msglen) {
@@ -316,6 +342,33 @@ static int apply(toposd_config *cfg, const char *key, const char *value,
       return config_error(msg, msglen, "deadline-ms: '%s' is not a duration",
                           value);
     cfg->deadline_ms = v;
+  } else if (strcmp(name, "log-level") == 0) {
+    static const char *const levels[] = {"debug", "info", "warn", "error"};
+    int found = -1;
+    for (int i = 0; i < 4; i++)
+      if (strcmp(value, levels[i]) == 0) found = i;
+    if (found < 0)
+      return config_error(msg, msglen,
+                          "log-level: '%s' is not debug, info, warn or error",
+                          value);
+    cfg->log_level = (log_level)found;
+  } else if (strcmp(name, "log-requests") == 0) {
+    if (strcmp(value, "all") == 0) {
+      cfg->log_requests = LOG_REQUESTS_ALL;
+    } else if (strcmp(value, "errors") == 0) {
+      cfg->log_requests = LOG_REQUESTS_ERRORS;
+    } else if (strcmp(value, "none") == 0) {
+      cfg->log_requests = LOG_REQUESTS_NONE;
+    } else if (strncmp(value, "sample:", 7) == 0 &&
+               parse_int64(value + 7, false, &v) && v >= 1 && v <= 1000000000) {
+      cfg->log_requests = LOG_REQUESTS_SAMPLE;
+      cfg->log_sample = v;
+    } else {
+      return config_error(msg, msglen,
+                          "log-requests: '%s' is not all, errors, "
+                          "sample:N (N in 1..1e9) or none",
+                          value);
+    }
   } else if (strcmp(name, "log-format") == 0) {
     if (strcmp(value, "text") == 0) {
       cfg->log_format = LOG_TEXT;
@@ -572,8 +625,10 @@ int config_parse(toposd_config *cfg, int argc, char **argv, char *msg,
       return config_error(msg, msglen, "unknown option '%s' (see --help)", arg);
     memcpy(key, arg + 2, klen);
     key[klen] = '\0';
-    if (strchr(key, '_') != NULL)
-      return config_error(msg, msglen, "unknown option '%s' (see --help)", arg);
+    if (strchr(key, '_') != NULL || !config_known(key) ||
+        strcmp(key, "help") == 0 || strcmp(key, "version") == 0)
+      return config_error(msg, msglen, "unknown option '--%s' (see --help)",
+                          key);
     if (eq != NULL) {
       value = eq + 1;
     } else if (strcmp(key, "insecure") == 0) {

@@ -11,6 +11,21 @@
 #include <stdint.h>
 
 typedef enum log_format { LOG_TEXT = 0, LOG_JSON = 1 } log_format;
+/* Lines below the level are not written (--log-level). */
+typedef enum log_level {
+  LOG_DEBUG = 0,
+  LOG_INFO = 1,
+  LOG_WARN = 2,
+  LOG_ERROR = 3
+} log_level;
+/* Which request lines are written (--log-requests): all, only those with
+ * a status other than OK, one OK line in N (every error line), none. */
+typedef enum log_requests {
+  LOG_REQUESTS_ALL = 0,
+  LOG_REQUESTS_ERRORS = 1,
+  LOG_REQUESTS_SAMPLE = 2,
+  LOG_REQUESTS_NONE = 3
+} log_requests;
 
 typedef struct toposd_config {
   char listen[256];          /* HOST:PORT; port 0 picks an ephemeral one */
@@ -20,6 +35,9 @@ typedef struct toposd_config {
   int queue;                 /* job queue capacity */
   int64_t deadline_ms;       /* applied when a client sets none; 0 = none */
   log_format log_format;
+  log_level log_level;
+  log_requests log_requests;
+  int64_t log_sample;         /* N of sample:N */
   int64_t blob_cap_bytes;     /* the store's blob cap */
   int64_t blob_pending_bytes; /* uploads not yet in the store; 0 = sync */
   int cache_entries;          /* networks, plans and decoded blobs */
@@ -74,6 +92,9 @@ typedef struct toposd_config {
   /* Serve a non-loopback address in plain text anyway (main.c's rule). */
   bool insecure;
 } toposd_config;
+
+/* Whether NAME (flag spelling, without the dashes) is a setting. */
+bool config_known(const char *name);
 
 /* Fills *cfg with the defaults. */
 void config_defaults(toposd_config *cfg);

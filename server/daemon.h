@@ -21,6 +21,9 @@ typedef struct daemon_state {
   cache *cache;
   blob_writer *blobs;        /* uploaded blobs on their way into the store */
   struct listener *listener; /* the front's connections (Stats reads) */
+  /* The gRPC address bound before the store opened (listener_bind); -1
+   * with TLS, where gRPC binds it. */
+  int listen_fd;
   /* Bearer tokens against the store's tenants (auth.h); every transport
    * checks each call but the health probes with it. */
   struct auth *auth;

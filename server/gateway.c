@@ -973,9 +973,9 @@ static bool authenticate(gateway *g, http_exchange *x, const char *path) {
     if (r.status == 16) /* UNAUTHENTICATED */
       auth_peer_failed(g->d->auth, peer, now_ms);
   }
-  log_event("auth", "refused %.200s from %s (http): %s%s%s", path,
-            x->req.peer ? x->req.peer : "", r.reason,
-            r.token_id[0] ? " token " : "", r.token_id);
+  log_event_at(LOG_WARN, "auth", "refused %.200s from %s (http): %s%s%s", path,
+               x->req.peer ? x->req.peer : "", r.reason,
+               r.token_id[0] ? " token " : "", r.token_id);
   if (r.status == 16) { /* UNAUTHENTICATED */
     gateway_http_error(&x->resp, 401, "UNAUTHENTICATED", "%s", r.message);
     snprintf(x->resp.headers, sizeof x->resp.headers,

@@ -787,8 +787,8 @@ static void tls_refuse(conn *c) {
   bool plain_http = ERR_GET_LIB(e) == ERR_LIB_SSL &&
                     (ERR_GET_REASON(e) == SSL_R_HTTP_REQUEST ||
                      ERR_GET_REASON(e) == SSL_R_HTTPS_PROXY_REQUEST);
-  log_event("tls", "refused the handshake of %s: %s", c->peer,
-            plain_http ? "plain HTTP on the HTTPS port" : tls_reason());
+  log_event_at(LOG_WARN, "tls", "refused the handshake of %s: %s", c->peer,
+               plain_http ? "plain HTTP on the HTTPS port" : tls_reason());
   ERR_clear_error();
   c->state = C_WRITING;
   c->write_start_ns = now_ns();
@@ -836,7 +836,7 @@ static void tls_pump(conn *c) {
     if (e == SSL_ERROR_WANT_READ) break;
     /* close_notify (the client is done: like EOF) or a broken record. */
     if (e != SSL_ERROR_ZERO_RETURN)
-      log_event("tls", "closing %s: %s", c->peer, tls_reason());
+      log_event_at(LOG_WARN, "tls", "closing %s: %s", c->peer, tls_reason());
     ERR_clear_error();
     conn_close(c);
     return;

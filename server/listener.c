@@ -113,6 +113,16 @@ static void format_addr(const struct sockaddr *sa, char *out, size_t outlen) {
 
 /* Binds and listens on host:port; the first resolved address that binds
  * wins (IPv4 first, as "localhost" means 127.0.0.1 to most clients). */
+/* The local port a bound socket has. */
+static int socket_port(int fd) {
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) return 0;
+  return ss.ss_family == AF_INET
+             ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
+             : ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+}
+
 static int bind_listen(const char *host, int port, int *bound_port, char *msg,
                        size_t msglen) {
   struct addrinfo hints;
@@ -155,13 +165,29 @@ static int bind_listen(const char *host, int port, int *bound_port, char *msg,
              strerror(last_errno));
     return -1;
   }
-  struct sockaddr_storage ss;
-  socklen_t sl = sizeof ss;
-  getsockname(fd, (struct sockaddr *)&ss, &sl);
-  *bound_port = ss.ss_family == AF_INET
-                    ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
-                    : ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+  *bound_port = socket_port(fd);
   return fd;
+}
+
+int listener_bind(const toposd_config *cfg, char *msg, size_t msglen) {
+  char host[256];
+  int port = 0, bound = 0;
+  if (config_split_listen(cfg->listen, host, sizeof host, &port, msg, msglen) !=
+      0)
+    return -1;
+  return bind_listen(host, port, &bound, msg, msglen);
+}
+
+int listener_probe(const char *address, char *msg, size_t msglen) {
+  char host[256];
+  int port = 0, bound = 0;
+  if (config_split_listen(address, host, sizeof host, &port, msg, msglen) != 0)
+    return -1;
+  if (port == 0) return 0;
+  int fd = bind_listen(host, port, &bound, msg, msglen);
+  if (fd < 0) return -1;
+  close(fd); /* never accepted on: no TIME_WAIT is left behind */
+  return 0;
 }
 
 /* ---------------------------------------------------------------- table */
@@ -188,7 +214,7 @@ static void conn_shed(listener *l, int fd, const char *why) {
   shutdown(fd, SHUT_RDWR);
   c->shed = true;
   l->shed++;
-  log_event("shed", "connection %s: %s", c->addr, why);
+  log_event_at(LOG_WARN, "shed", "connection %s: %s", c->addr, why);
 }
 
 /* Drops entries gRPC has closed; sheds connections silent past the idle
@@ -265,7 +291,7 @@ static void refuse(listener *l, int fd, const char *why) {
   pthread_mutex_lock(&l->lock);
   l->refused++;
   pthread_mutex_unlock(&l->lock);
-  log_event("shed", "connection refused: %s", why);
+  log_event_at(LOG_WARN, "shed", "connection refused: %s", why);
 }
 
 /* Takes a freshly accepted connection: into the table, then to gRPC. */
@@ -353,11 +379,11 @@ static void *accept_main(void *arg) {
       if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
           errno == ENOMEM) {
-        log_event("shed", "accept: %s", strerror(errno));
+        log_event_at(LOG_WARN, "shed", "accept: %s", strerror(errno));
         out_of_descriptors(l);
         paused_until = now_ns() + (int64_t)PAUSE_MS * 1000000;
       } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        log_event("error", "accept: %s", strerror(errno));
+        log_event_at(LOG_ERROR, "error", "accept: %s", strerror(errno));
         paused_until = now_ns() + (int64_t)PAUSE_MS * 1000000;
       }
       break;
@@ -608,15 +634,21 @@ static listener *listen_tls(grpc_server *server, const toposd_config *cfg,
 
 /* Without TLS: binds cfg->listen; the accept thread starts later. */
 static listener *listen_plain(grpc_server *server, const toposd_config *cfg,
-                              const char *host, int port, char *bound,
+                              int fd, const char *host, int port, char *bound,
                               size_t boundlen, char *msg, size_t msglen) {
   listener *l = calloc(1, sizeof *l);
   if (l == NULL) {
     snprintf(msg, msglen, "out of memory");
+    if (fd >= 0) close(fd);
     return NULL;
   }
   int bound_port = 0;
-  l->fd = bind_listen(host, port, &bound_port, msg, msglen);
+  if (fd >= 0) {
+    l->fd = fd;
+    bound_port = socket_port(fd);
+  } else {
+    l->fd = bind_listen(host, port, &bound_port, msg, msglen);
+  }
   if (l->fd < 0) {
     free(l);
     return NULL;
@@ -645,7 +677,7 @@ static listener *listen_plain(grpc_server *server, const toposd_config *cfg,
   return l;
 }
 
-listener *listener_start(grpc_server *server, const toposd_config *cfg,
+listener *listener_start(grpc_server *server, const toposd_config *cfg, int fd,
                          char *bound, size_t boundlen, char *msg,
                          size_t msglen) {
   char host[256];
@@ -655,7 +687,7 @@ listener *listener_start(grpc_server *server, const toposd_config *cfg,
       0)
     l = cfg->tls_cert[0] != '\0'
             ? listen_tls(server, cfg, host, bound, boundlen, msg, msglen)
-            : listen_plain(server, cfg, host, port, bound, boundlen, msg,
+            : listen_plain(server, cfg, fd, host, port, bound, boundlen, msg,
                            msglen);
   /* Ports are added before the start (gRPC's rule); connections are
    * handed over only after it. */

@@ -49,15 +49,26 @@ int listener_tls_load(const toposd_config *cfg, listener_tls *out, char *msg,
                       size_t msglen);
 void listener_tls_free(listener_tls *tls);
 
+/* Binds before anything else is touched (main calls these before the
+ * store is opened, so an address in use stops the daemon with one clear
+ * line and no store file).  listener_bind: cfg->listen without TLS, bound
+ * and listening; the descriptor goes to listener_start.  listener_probe:
+ * an address something else binds later (gRPC's TLS port, the gateway):
+ * a bind is tried and released; port 0 always passes.  -1 with msg
+ * ("cannot listen on 127.0.0.1:50051: Address already in use"). */
+int listener_bind(const toposd_config *cfg, char *msg, size_t msglen);
+int listener_probe(const char *address, char *msg, size_t msglen);
+
 /* Starts `server` (created, its methods registered, not started) on
- * cfg->listen (strictly parsed: config_split_listen): without TLS, binds
- * the address and starts the accept thread; with TLS, adds the address to
+ * cfg->listen (strictly parsed: config_split_listen): without TLS, takes
+ * listener_bind's descriptor fd (or binds the address when fd is -1) and
+ * starts the accept thread; with TLS, adds the address to
  * gRPC with SSL server credentials (client certificates required and
  * verified with --tls-client-ca).  The server is started whatever the
  * outcome, so the caller shuts it down the same way on failure.  bound
  * gets HOST:PORT with the actual port.  NULL with a message when the
  * address does not resolve or cannot be bound, or a TLS file is bad. */
-listener *listener_start(grpc_server *server, const toposd_config *cfg,
+listener *listener_start(grpc_server *server, const toposd_config *cfg, int fd,
                          char *bound, size_t boundlen, char *msg,
                          size_t msglen);
 /* Stops accepting: joins the thread and closes the listening socket (a

@@ -18,10 +18,26 @@
 #include <unistd.h>
 
 static _Atomic int current_format = LOG_TEXT;
+static _Atomic int current_level = LOG_INFO;
+static _Atomic int current_requests = LOG_REQUESTS_ALL;
+static _Atomic int64_t current_sample = 1;
+/* OK request lines seen, for sample:N (one written in N). */
+static _Atomic uint64_t ok_seen;
 
 void log_set_format(log_format format) {
   atomic_store(&current_format, (int)format);
 }
+
+void log_set_level(log_level level) {
+  atomic_store(&current_level, (int)level);
+}
+
+void log_set_requests(log_requests which, int64_t sample) {
+  atomic_store(&current_requests, (int)which);
+  atomic_store(&current_sample, sample < 1 ? 1 : sample);
+}
+
+static const char *const level_names[] = {"debug", "info", "warn", "error"};
 
 /* A line being built; overlong content is cut, never overflowed. */
 typedef struct line_buf {
@@ -104,7 +120,7 @@ static void put_digits(char *out, long v, int width) {
   }
 }
 
-static void put_time(line_buf *b, bool json) {
+static void put_time(line_buf *b, bool json, log_level level) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   struct tm tm;
@@ -121,6 +137,8 @@ static void put_time(line_buf *b, bool json) {
   if (json) put_raw(b, "{", 1);
   put_key(b, "ts", json, true);
   put_string(b, when, json);
+  put_key(b, "level", json, false);
+  put_string(b, level_names[level], json);
 }
 
 static void finish(line_buf *b, bool json) {
@@ -137,10 +155,28 @@ static void finish(line_buf *b, bool json) {
   }
 }
 
+/* A request's level: OK is info; a fault of the daemon's (INTERNAL,
+ * UNKNOWN, DATA_LOSS) is error; any other refusal is warn. */
+static log_level request_level(int status) {
+  if (status == 0) return LOG_INFO;
+  if (status == 13 || status == 2 || status == 15) return LOG_ERROR;
+  return LOG_WARN;
+}
+
 void log_request(const log_request_line *r) {
+  log_level level = request_level(r->status);
+  if ((int)level < atomic_load(&current_level)) return;
+  int which = atomic_load(&current_requests);
+  int64_t sample = 0;
+  if (which == LOG_REQUESTS_NONE) return;
+  if (which == LOG_REQUESTS_ERRORS && r->status == 0) return;
+  if (which == LOG_REQUESTS_SAMPLE && r->status == 0) {
+    sample = atomic_load(&current_sample);
+    if (atomic_fetch_add(&ok_seen, 1) % (uint64_t)sample != 0) return;
+  }
   bool json = atomic_load(&current_format) == LOG_JSON;
   line_buf b = {.len = 0};
-  put_time(&b, json);
+  put_time(&b, json, level);
   put_key(&b, "event", json, false);
   put_string(&b, "request", json);
   put_key(&b, "req", json, false);
@@ -169,21 +205,39 @@ void log_request(const log_request_line *r) {
     put_key(&b, "msg", json, false);
     put_string(&b, r->message, json);
   }
+  if (sample > 1) {
+    /* This line stands for N OK requests: readers multiply. */
+    put_key(&b, "sample", json, false);
+    put_int(&b, (long long)sample);
+  }
   finish(&b, json);
 }
 
-void log_event(const char *event, const char *fmt, ...) {
+static void event_line(log_level level, const char *event, const char *fmt,
+                       va_list ap) {
+  if ((int)level < atomic_load(&current_level)) return;
   bool json = atomic_load(&current_format) == LOG_JSON;
   line_buf b = {.len = 0};
   char text[1024];
-  va_list ap;
-  va_start(ap, fmt);
   vsnprintf(text, sizeof text, fmt, ap);
-  va_end(ap);
-  put_time(&b, json);
+  put_time(&b, json, level);
   put_key(&b, "event", json, false);
   put_string(&b, event, json);
   put_key(&b, "msg", json, false);
   put_string(&b, text, json);
   finish(&b, json);
+}
+
+void log_event(const char *event, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  event_line(LOG_INFO, event, fmt, ap);
+  va_end(ap);
+}
+
+void log_event_at(log_level level, const char *event, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  event_line(level, event, fmt, ap);
+  va_end(ap);
 }

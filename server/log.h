@@ -1,7 +1,10 @@
 /*
  * log.h - toposd's structured log on stderr: one line per request, and
  * a few lines for the daemon's own events (start, drain, stop), as
- * logfmt text (key=value) or one JSON object per line.
+ * logfmt text (key=value) or one JSON object per line.  Every line says
+ * its level (level=info); --log-level drops the lines below one, and
+ * --log-requests keeps all request lines, the failed ones, a sample of
+ * the rest, or none.
  */
 #ifndef TOPOSD_LOG_H
 #define TOPOSD_LOG_H
@@ -26,10 +29,16 @@ typedef struct log_request_line {
 } log_request_line;
 
 void log_set_format(log_format format);
+/* The least level written, and which request lines (config.h). */
+void log_set_level(log_level level);
+void log_set_requests(log_requests which, int64_t sample);
 /* Writes one request line (one write(2), so lines never interleave). */
 void log_request(const log_request_line *line);
-/* Writes one event line: event=<event> msg=<printf text>. */
+/* Writes one event line at info: event=<event> msg=<printf text>. */
 void log_event(const char *event, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* The same at a level of its own (a warning, an error). */
+void log_event_at(log_level level, const char *event, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #endif /* TOPOSD_LOG_H */

@@ -25,6 +25,7 @@
 #include "http.h"
 #include "listener.h"
 #include "log.h"
+#include "notify.h"
 #include "rpc.h"
 #include "store.h"
 #include "version.h"
@@ -95,6 +96,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   log_set_format(cfg.log_format);
+  log_set_level(cfg.log_level);
+  log_set_requests(cfg.log_requests, cfg.log_sample);
   /* TLS files are read and checked first: a bad one stops the daemon now,
    * naming the file, not at every client's handshake.  listener_start
    * reads them again when it makes gRPC's credentials. */
@@ -105,6 +108,24 @@ int main(int argc, char **argv) {
       return 1;
     }
     listener_tls_free(&tls);
+  }
+
+  /* The addresses are bound (or tried) before the store is touched: a
+   * port in use stops the daemon here, with no store file made. */
+  int listen_fd = -1;
+  if (cfg.tls_cert[0] == '\0') {
+    listen_fd = listener_bind(&cfg, msg, sizeof msg);
+    if (listen_fd < 0) {
+      fprintf(stderr, "toposd: %s\n", msg);
+      return 1;
+    }
+  } else if (listener_probe(cfg.listen, msg, sizeof msg) != 0) {
+    fprintf(stderr, "toposd: %s\n", msg);
+    return 1;
+  }
+  if (cfg.http[0] != '\0' && listener_probe(cfg.http, msg, sizeof msg) != 0) {
+    fprintf(stderr, "toposd: http: %s\n", msg);
+    return 1;
   }
 
   /* Exact backends reproduce the reference's bits, so registering them
@@ -259,6 +280,7 @@ int main(int argc, char **argv) {
   d.cache = c;
   d.blobs = blobs;
   d.auth = authn;
+  d.listen_fd = listen_fd;
 
   grpc_init();
   char bound[300];
@@ -306,6 +328,12 @@ int main(int argc, char **argv) {
     log_event("start", "http gateway on %s%s%s", http_bound,
               cfg.tls_cert[0] ? " over TLS (https)" : "",
               cfg.tls_client_ca[0] ? ", client certificates required" : "");
+  {
+    char status[700];
+    snprintf(status, sizeof status, "serving on %s%s%s", bound,
+             http != NULL ? ", http on " : "", http != NULL ? http_bound : "");
+    notify_ready(status);
+  }
 
   int rc = rpc_server_run(server, &stop_requested);
   if (rc != 0) {

@@ -54,6 +54,7 @@
 #include "listener.h"
 #include "log.h"
 #include "metrics.h"
+#include "notify.h"
 #include "quota.h"
 #include "wire.h"
 
@@ -440,7 +441,8 @@ static void job_finish(job *j, bool initial_metadata, bool with_message,
       grpc_call_start_batch(j->call, ops, n, &j->send_tag, NULL);
   if (e != GRPC_CALL_OK) {
     /* No completion will come for a batch that did not start. */
-    log_event("error", "start_batch failed (%d) on request reply", (int)e);
+    log_event_at(LOG_ERROR, "error", "start_batch failed (%d) on request reply",
+                 (int)e);
     job_unref(j);
   }
 }
@@ -503,7 +505,8 @@ static void stream_io(job *j, bool first, uint8_t *out, size_t out_len) {
   n++;
   grpc_call_error e = grpc_call_start_batch(j->call, ops, n, &j->io_tag, NULL);
   if (e != GRPC_CALL_OK) {
-    log_event("error", "start_batch failed (%d) on a Train stream", (int)e);
+    log_event_at(LOG_ERROR, "error",
+                 "start_batch failed (%d) on a Train stream", (int)e);
     stream_drop(j);
   }
 }
@@ -1014,8 +1017,8 @@ static bool authenticate(rpc_server *s, job *j, const char *method) {
     if (r.status == GRPC_STATUS_UNAUTHENTICATED)
       auth_peer_failed(s->d->auth, j->peer, now_ms);
   }
-  log_event("auth", "refused %s from %s (grpc): %s%s%s", method, j->peer,
-            r.reason, r.token_id[0] ? " token " : "", r.token_id);
+  log_event_at(LOG_WARN, "auth", "refused %s from %s (grpc): %s%s%s", method,
+               j->peer, r.reason, r.token_id[0] ? " token " : "", r.token_id);
   reject(s, j, r.status, r.message, method, false);
   return false;
 }
@@ -1377,7 +1380,9 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
   /* gRPC gets no port of its own: the listener accepts and hands it each
    * connection (listener.h says why), or with TLS adds gRPC's SSL port.
    * listener_start starts the server either way, failure included. */
-  s->listener = listener_start(s->server, cfg, bound, boundlen, msg, msglen);
+  s->listener = listener_start(s->server, cfg, d->listen_fd, bound, boundlen,
+                               msg, msglen);
+  d->listen_fd = -1; /* the listener's now, whatever the outcome */
   d->listener = s->listener;
   if (s->listener == NULL) {
     grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
@@ -1439,7 +1444,8 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
     arena_init(&w->arena, WORKER_RETAIN_BYTES);
     w->input.retain = WORKER_RETAIN_BYTES;
     w->started = pthread_create(&w->thread, NULL, worker_main, w) == 0;
-    if (!w->started) log_event("error", "cannot start worker %d", i);
+    if (!w->started)
+      log_event_at(LOG_ERROR, "error", "cannot start worker %d", i);
   }
   return s;
 }
@@ -1448,6 +1454,8 @@ int rpc_server_run(rpc_server *s, volatile sig_atomic_t *stop) {
   daemon_state *d = s->d;
   int64_t grace_end = 0, abandon_end = 0;
   int64_t next_trim = daemon_now_ns() + (int64_t)TRIM_MS * 1000000;
+  /* systemd's watchdog (notify.h), fed while this loop turns. */
+  int64_t watchdog_ns = notify_watchdog_period_ns(), next_watchdog = 0;
   bool cancelled = false;
   int rc = 0;
   for (;;) {
@@ -1459,6 +1467,7 @@ int rpc_server_run(rpc_server *s, volatile sig_atomic_t *stop) {
       atomic_store(&d->draining, 1);
       log_event("drain", "draining: no new work, %d calls in flight",
                 atomic_load(&s->live_jobs));
+      notify_stopping("draining");
       grace_end = now + d->cfg->grace_ms * 1000000;
       watchers_update(s, false); /* NOT_SERVING */
     }
@@ -1486,11 +1495,15 @@ int rpc_server_run(rpc_server *s, volatile sig_atomic_t *stop) {
       }
       if (s->shutdown_done && atomic_load(&s->live_jobs) == 0) break;
       if (cancelled && now >= abandon_end) {
-        log_event("error", "abandoning %d stuck calls",
-                  atomic_load(&s->live_jobs));
+        log_event_at(LOG_ERROR, "error", "abandoning %d stuck calls",
+                     atomic_load(&s->live_jobs));
         rc = 1;
         break;
       }
+    }
+    if (watchdog_ns > 0 && now >= next_watchdog) {
+      notify_watchdog();
+      next_watchdog = now + watchdog_ns;
     }
     if (now >= next_trim) {
       /* Memory freed after large messages and runs goes back to the

@@ -1,9 +1,12 @@
 /*
- * version.h - the daemon's version, reported by --version and Health.
+ * version.h - the daemon's version, reported by --version and Health:
+ * the engine's (topos.h), one number for the whole project.
  */
 #ifndef TOPOSD_VERSION_H
 #define TOPOSD_VERSION_H
 
-#define TOPOSD_VERSION "0.1.0"
+#include "topos.h"
+
+#define TOPOSD_VERSION TOPOS_VERSION
 
 #endif /* TOPOSD_VERSION_H */

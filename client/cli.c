@@ -911,6 +911,9 @@ static topos_client *cli_connect(const char *server, const char *tls_ca,
     return NULL;
   }
   if (deadline > 0) topos_client_set_deadline(c, deadline);
+  /* A person waits: a daemon that is down is said so within seconds,
+   * not after the library's 30 s of retries. */
+  topos_client_set_retry(c, 2.0);
   if (token && topos_client_set_token(c, token, &err) != TOPOS_OK) {
     topos_client_close(c);
     *rc = usage_error("--token: %s", err.message);

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "wire.h"
 
@@ -88,10 +89,26 @@ static const char *const method_names[M_COUNT] = {
 /* The longest token accepted (the daemon's are 68 characters). */
 #define TOKEN_MAX 256
 
+/* Specs this client recorded, kept packed so that a replica (or a
+ * restarted daemon with a fresh store) that answers "no spec with id"
+ * gets them again (topos_client_record, unary).  The newest KEPT_SPECS. */
+#define KEPT_SPECS 16
+
+typedef struct kept_spec {
+  char id[65];
+  grpc_byte_buffer *packed; /* the Record request, as sent */
+  uint64_t used;            /* for eviction: the oldest use goes first */
+} kept_spec;
+
 struct topos_client {
   grpc_channel *channel;
   void *methods[M_COUNT]; /* registered-call handles */
+  char address[256];      /* as given, for messages */
   _Atomic int64_t deadline_ms;
+  _Atomic int64_t retry_ms; /* topos_client_set_retry */
+  pthread_mutex_t kept_lock;
+  kept_spec kept[KEPT_SPECS];
+  uint64_t kept_clock;
   /* "Bearer TOKEN", sent as "authorization" metadata on every call; ""
    * for none.  Under token_lock: a call copies it as it starts. */
   pthread_mutex_t token_lock;
@@ -220,6 +237,49 @@ topos_client *topos_client_connect(const char *address, topos_error *err) {
   return topos_client_connect_tls(address, NULL, err);
 }
 
+/* The gRPC target of an address: a gRPC target with a scheme ("dns:",
+ * "ipv4:", "unix:", ...) as it is; HOST:PORT as it is (gRPC resolves the
+ * host by DNS); a list of IP HOST:PORTs ("127.0.0.1:50051,10.0.0.2:50051",
+ * brackets around IPv6) as an ipv4:/ipv6: list, over which the channel
+ * balances round-robin.  Without a scheme every entry must end in :PORT
+ * (a bare "127.0.0.1" would otherwise be port 0 to gRPC's resolver). */
+static int client_target(const char *address, char *target, size_t cap,
+                         topos_error *err) {
+  size_t n = strlen(address);
+  if (n + 8 > cap)
+    return fail(err, TOPOS_ERR_ARGUMENT,
+                "connect: the address is %zu characters, too long", n);
+  static const char *const schemes[] = {
+      "dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:"};
+  bool scheme = false;
+  for (size_t i = 0; i < sizeof schemes / sizeof *schemes; i++)
+    scheme = scheme || strncmp(address, schemes[i], strlen(schemes[i])) == 0;
+  if (scheme) {
+    memcpy(target, address, n + 1);
+    return TOPOS_OK;
+  }
+  bool list = strchr(address, ',') != NULL, v6 = false;
+  for (const char *p = address; *p;) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    const char *last = NULL;
+    for (size_t i = 0; i < len; i++)
+      if (p[i] == ':') last = p + i;
+    bool port =
+        last != NULL && last + 1 < p + len && (p[0] != '[' || last[-1] == ']');
+    for (const char *q = last ? last + 1 : p + len; port && q < p + len; q++)
+      port = *q >= '0' && *q <= '9';
+    if (!port)
+      return fail(err, TOPOS_ERR_ARGUMENT,
+                  "connect: \"%.*s\" needs HOST:PORT (as 127.0.0.1:50051)",
+                  (int)(len > 200 ? 200 : len), p);
+    v6 = v6 || p[0] == '[';
+    p = end ? end + 1 : p + len;
+  }
+  snprintf(target, cap, "%s%s", list ? (v6 ? "ipv6:" : "ipv4:") : "", address);
+  return TOPOS_OK;
+}
+
 topos_client *topos_client_connect_tls(const char *address,
                                        const topos_client_tls *tls,
                                        topos_error *err) {
@@ -227,6 +287,9 @@ topos_client *topos_client_connect_tls(const char *address,
     fail(err, TOPOS_ERR_ARGUMENT, "connect: the address is empty");
     return NULL;
   }
+  char target[sizeof((topos_client *)0)->address + 8];
+  if (client_target(address, target, sizeof target, err) != TOPOS_OK)
+    return NULL;
   topos_client *c = calloc(1, sizeof *c);
   if (!c) {
     fail(err, TOPOS_ERR_MEMORY, "connect: out of memory");
@@ -240,8 +303,12 @@ topos_client *topos_client_connect_tls(const char *address,
     return NULL;
   }
   /* The daemon enforces its own message limit; the client accepts any
-   * size (the default is 4 MiB each way). */
-  grpc_arg args[2];
+   * size (the default is 4 MiB each way).  Several addresses are
+   * balanced round-robin (gRPC's own policy: only connected replicas are
+   * picked).  A lost connection is retried within 100 ms to 2 s, not
+   * gRPC's default of up to 120 s, so a restarted daemon is found again
+   * while calls retry (invoke). */
+  grpc_arg args[6];
   memset(args, 0, sizeof args);
   args[0].type = GRPC_ARG_INTEGER;
   args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -249,8 +316,21 @@ topos_client *topos_client_connect_tls(const char *address,
   args[1].type = GRPC_ARG_INTEGER;
   args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
   args[1].value.integer = -1;
-  grpc_channel_args chargs = {2, args};
-  c->channel = grpc_channel_create(address, creds, &chargs);
+  args[2].type = GRPC_ARG_STRING;
+  args[2].key = (char *)GRPC_ARG_LB_POLICY_NAME;
+  args[2].value.string = (char *)"round_robin";
+  args[3].type = GRPC_ARG_INTEGER;
+  args[3].key = (char *)GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS;
+  args[3].value.integer = 100;
+  args[4].type = GRPC_ARG_INTEGER;
+  args[4].key = (char *)GRPC_ARG_MIN_RECONNECT_BACKOFF_MS;
+  args[4].value.integer = 100;
+  args[5].type = GRPC_ARG_INTEGER;
+  args[5].key = (char *)GRPC_ARG_MAX_RECONNECT_BACKOFF_MS;
+  args[5].value.integer = 2000;
+  grpc_channel_args chargs = {6, args};
+  c->channel = grpc_channel_create(target, creds, &chargs);
+  snprintf(c->address, sizeof c->address, "%s", address);
   grpc_channel_credentials_release(creds);
   if (!c->channel) {
     grpc_shutdown();
@@ -265,7 +345,9 @@ topos_client *topos_client_connect_tls(const char *address,
     c->methods[m] = grpc_channel_register_call(c->channel, path, NULL, NULL);
   }
   atomic_init(&c->deadline_ms, 60000);
+  atomic_init(&c->retry_ms, 30000);
   pthread_mutex_init(&c->token_lock, NULL);
+  pthread_mutex_init(&c->kept_lock, NULL);
   /* A shared daemon wants a token (docs/operations.md): programs that
    * never call topos_client_set_token still send $TOPOS_TOKEN.  A value
    * that is not a token is ignored here; the daemon then says what it
@@ -301,6 +383,9 @@ int topos_client_set_token(topos_client *c, const char *token,
 void topos_client_close(topos_client *c) {
   if (!c) return;
   grpc_channel_destroy(c->channel);
+  for (int i = 0; i < KEPT_SPECS; i++)
+    if (c->kept[i].packed) grpc_byte_buffer_destroy(c->kept[i].packed);
+  pthread_mutex_destroy(&c->kept_lock);
   pthread_mutex_destroy(&c->token_lock);
   memset(c->authorization, 0, sizeof c->authorization);
   free(c);
@@ -312,6 +397,13 @@ void topos_client_set_deadline(topos_client *c, double seconds) {
   double ms = seconds * 1e3;
   if (ms > 1e12) ms = 1e12;
   atomic_store(&c->deadline_ms, ms < 1 ? 1 : (int64_t)ms);
+}
+
+void topos_client_set_retry(topos_client *c, double seconds) {
+  if (!c || !(seconds >= 0)) return;
+  double ms = seconds * 1e3;
+  if (ms > 1e12) ms = 1e12;
+  atomic_store(&c->retry_ms, (int64_t)ms);
 }
 
 int topos_client_grpc_status(int code) {
@@ -346,15 +438,10 @@ static int status_code(grpc_status_code status, const grpc_metadata_array *md) {
  * `method`, or to `path` when method < 0, and on OK returns the reply in
  * *reply (a slice the caller unrefs).  *status_out (may be NULL) gets the
  * gRPC status. */
-static int invoke(topos_client *c, int method, const char *path,
-                  grpc_byte_buffer *send, double deadline_s, grpc_slice *reply,
-                  int *status_out, topos_error *err) {
+static int invoke_once(topos_client *c, int method, const char *path,
+                       grpc_byte_buffer *send, gpr_timespec deadline,
+                       grpc_slice *reply, int *status_out, topos_error *err) {
   const char *name = method >= 0 ? method_names[method] : path;
-  int64_t ms = deadline_s > 0 ? (int64_t)(deadline_s * 1e3)
-                              : atomic_load(&c->deadline_ms);
-  if (ms < 1) ms = 1;
-  gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                       gpr_time_from_millis(ms, GPR_TIMESPAN));
   grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
   grpc_call *call;
   if (method >= 0) {
@@ -455,6 +542,85 @@ static int invoke(topos_client *c, int method, const char *path,
   grpc_call_unref(call);
   grpc_completion_queue_shutdown(cq);
   grpc_completion_queue_destroy(cq);
+  return rc;
+}
+
+/* Whether a method may be sent again after UNAVAILABLE: every call but
+ * administration is a pure function of its request (specs and blobs are
+ * content-addressed, state is the caller's), so a second delivery
+ * changes nothing; an admin call might have taken effect. */
+static bool idempotent(int method) {
+  return method >= 0 && method != M_TRAIN &&
+         strncmp(method_names[method], "Admin", 5) != 0;
+}
+
+static int64_t mono_ms(void) {
+  gpr_timespec t = gpr_now(GPR_CLOCK_MONOTONIC);
+  return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* An UNAVAILABLE that says the daemon could not be reached, in words:
+ * "cannot reach toposd at 127.0.0.1:50051: connection refused".  gRPC's
+ * own text varies by attempt ("failed to connect to all addresses",
+ * "connections to all backends failing; last error: ..."), so `refused`
+ * says whether any attempt of the call saw the connection refused. */
+static void reach_message(const topos_client *c, bool refused,
+                          topos_error *err) {
+  if (!err) return;
+  const char *m = err->message;
+  const char *why =
+      refused                              ? "connection refused"
+      : strstr(m, "DNS resolution failed") ? "the name does not resolve"
+      : strstr(m, "failed to connect") || strstr(m, "backends failing") ||
+              strstr(m, "handshaker shutdown")
+          ? "no connection"
+      : strstr(m, "Socket closed") || strstr(m, "Broken pipe") ||
+              strstr(m, "Connection reset")
+          ? "the connection closed"
+          : NULL;
+  if (why == NULL) return;
+  snprintf(err->message, sizeof err->message, "cannot reach toposd at %s: %s",
+           c->address, why);
+}
+
+/* One unary call as the caller sees it: sent once, or again after
+ * UNAVAILABLE (a daemon restarting or draining, a replica gone, a full
+ * queue) for idempotent methods, with exponential backoff from 50 ms to
+ * 2 s plus jitter, for up to the client's retry time and never past the
+ * call's deadline (set once, here).  send is consumed. */
+static int invoke(topos_client *c, int method, const char *path,
+                  grpc_byte_buffer *send, double deadline_s, grpc_slice *reply,
+                  int *status_out, topos_error *err) {
+  int64_t ms = deadline_s > 0 ? (int64_t)(deadline_s * 1e3)
+                              : atomic_load(&c->deadline_ms);
+  if (ms < 1) ms = 1;
+  int64_t start = mono_ms();
+  gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                       gpr_time_from_millis(ms, GPR_TIMESPAN));
+  int64_t retry = idempotent(method) ? atomic_load(&c->retry_ms) : 0;
+  int64_t retry_end = start + (retry < ms ? retry : ms);
+  int64_t backoff = 50;
+  uint64_t jitter = (uint64_t)start * 0x9E3779B97F4A7C15ull ^ (uintptr_t)c;
+  int status = -1, rc;
+  bool refused = false;
+  for (;;) {
+    grpc_byte_buffer *again = retry > 0 ? grpc_byte_buffer_copy(send) : NULL;
+    rc = invoke_once(c, method, path, send, deadline, reply, &status, err);
+    send = again;
+    if (rc != TOPOS_OK && status == GRPC_STATUS_UNAVAILABLE && err)
+      refused = refused || strstr(err->message, "Connection refused") != NULL;
+    if (rc == TOPOS_OK || status != GRPC_STATUS_UNAVAILABLE || !again) break;
+    jitter ^= jitter << 13, jitter ^= jitter >> 7, jitter ^= jitter << 17;
+    int64_t wait = backoff + (int64_t)(jitter % (uint64_t)(backoff / 2 + 1));
+    if (mono_ms() + wait >= retry_end) break;
+    struct timespec ts = {wait / 1000, (wait % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+    backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
+  }
+  if (send) grpc_byte_buffer_destroy(send);
+  if (status_out) *status_out = status;
+  if (rc != TOPOS_OK && status == GRPC_STATUS_UNAVAILABLE)
+    reach_message(c, refused, err);
   return rc;
 }
 
@@ -601,17 +767,90 @@ static int pack_request(ProtobufCMessage *req, const char *name,
 
 /* Packs req, calls `method`, unpacks the reply as reply_desc (new message,
  * free with wire_message_free). */
-static int unary(topos_client *c, int method, ProtobufCMessage *req,
-                 const ProtobufCMessageDescriptor *reply_desc,
-                 ProtobufCMessage **reply, double deadline_s,
-                 topos_error *err) {
+/* The kept Record request of spec id (a new reference), or NULL. */
+static grpc_byte_buffer *kept_find(topos_client *c, const char *id) {
+  grpc_byte_buffer *b = NULL;
+  pthread_mutex_lock(&c->kept_lock);
+  for (int i = 0; i < KEPT_SPECS && !b; i++)
+    if (c->kept[i].packed && strcmp(c->kept[i].id, id) == 0) {
+      b = grpc_byte_buffer_copy(c->kept[i].packed);
+      c->kept[i].used = ++c->kept_clock;
+    }
+  pthread_mutex_unlock(&c->kept_lock);
+  return b;
+}
+
+/* Keeps spec id's Record request (consumed), replacing the least recently
+ * used entry when all are taken. */
+static void kept_put(topos_client *c, const char *id, grpc_byte_buffer *b) {
+  pthread_mutex_lock(&c->kept_lock);
+  int slot = 0;
+  for (int i = 0; i < KEPT_SPECS; i++) {
+    if (c->kept[i].packed && strcmp(c->kept[i].id, id) == 0) {
+      slot = i;
+      break;
+    }
+    if (!c->kept[i].packed ||
+        (c->kept[slot].packed && c->kept[i].used < c->kept[slot].used))
+      slot = i;
+  }
+  if (c->kept[slot].packed) grpc_byte_buffer_destroy(c->kept[slot].packed);
+  memcpy(c->kept[slot].id, id, 65);
+  c->kept[slot].packed = b;
+  c->kept[slot].used = ++c->kept_clock;
+  pthread_mutex_unlock(&c->kept_lock);
+}
+
+/* The spec id a request names: its `id` field, for the methods that run
+ * or read a stored spec; NULL for the others. */
+static const char *request_spec_id(int method, const ProtobufCMessage *req) {
+  if (method != M_DESCRIBE && method != M_LOWER && method != M_EMIT &&
+      method != M_FORWARD && method != M_BACKWARD && method != M_STEP &&
+      method != M_CONFORMANCE)
+    return NULL;
+  const ProtobufCFieldDescriptor *f =
+      protobuf_c_message_descriptor_get_field_by_name(req->descriptor, "id");
+  if (!f || f->type != PROTOBUF_C_TYPE_STRING) return NULL;
+  const char *id = *(char *const *)((const char *)req + f->offset);
+  return wire_id_valid(id) ? id : NULL;
+}
+
+/* Packs req, calls `method`, unpacks the reply as reply_desc (new message,
+ * free with wire_message_free).  *keep (when keep is not NULL) gets a
+ * reference to the packed request.  A daemon that answers "no spec with
+ * id" for a spec this client recorded (a replica that never saw it, a
+ * daemon restarted on a fresh store) gets the spec again, and the call is
+ * sent once more. */
+static int unary_kept(topos_client *c, int method, ProtobufCMessage *req,
+                      const ProtobufCMessageDescriptor *reply_desc,
+                      ProtobufCMessage **reply, double deadline_s,
+                      grpc_byte_buffer **keep, topos_error *err) {
   *reply = NULL;
   if (!c) return fail(err, TOPOS_ERR_ARGUMENT, "client is NULL");
   grpc_byte_buffer *send = NULL;
+  char spec_id[65] = "";
+  const char *named = request_spec_id(method, req);
+  if (named) memcpy(spec_id, named, 65);
   int rc = pack_request(req, method_names[method], &send, err);
   if (rc != TOPOS_OK) return rc;
+  if (keep) *keep = grpc_byte_buffer_copy(send);
+  grpc_byte_buffer *again = spec_id[0] ? grpc_byte_buffer_copy(send) : NULL;
   grpc_slice r = grpc_empty_slice();
-  rc = invoke(c, method, NULL, send, deadline_s, &r, NULL, err);
+  int status = -1;
+  rc = invoke(c, method, NULL, send, deadline_s, &r, &status, err);
+  if (rc != TOPOS_OK && status == GRPC_STATUS_NOT_FOUND && again && err &&
+      strstr(err->message, "no spec with id") != NULL) {
+    grpc_byte_buffer *spec = kept_find(c, spec_id);
+    topos_error rerr = {0};
+    grpc_slice rr = grpc_empty_slice();
+    if (spec && invoke(c, M_RECORD, NULL, spec, deadline_s, &rr, NULL, &rerr) ==
+                    TOPOS_OK) {
+      grpc_slice_unref(rr);
+      rc = invoke(c, method, NULL, again, deadline_s, &r, &status, err);
+      again = NULL;
+    }
+  }
+  if (again) grpc_byte_buffer_destroy(again);
   if (rc != TOPOS_OK) {
     grpc_slice_unref(r);
     return rc;
@@ -624,6 +863,13 @@ static int unary(topos_client *c, int method, ProtobufCMessage *req,
                 "%s: the reply is not a valid %s", method_names[method],
                 reply_desc->name);
   return TOPOS_OK;
+}
+
+static int unary(topos_client *c, int method, ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *reply_desc,
+                 ProtobufCMessage **reply, double deadline_s,
+                 topos_error *err) {
+  return unary_kept(c, method, req, reply_desc, reply, deadline_s, NULL, err);
 }
 
 int topos_client_call_raw(topos_client *c, const char *method,
@@ -775,16 +1021,23 @@ int topos_client_record(topos_client *c, const topos_network *net, char id[65],
   int rc = wire_spec_from_network(net, &spec, err);
   if (rc != TOPOS_OK) return rc;
   ProtobufCMessage *r = NULL;
-  rc = unary(c, M_RECORD, &spec.base, &topos__v1__record_reply__descriptor, &r,
-             0, err);
+  grpc_byte_buffer *packed = NULL;
+  rc = unary_kept(c, M_RECORD, &spec.base, &topos__v1__record_reply__descriptor,
+                  &r, 0, &packed, err);
   wire_message_clear(&spec.base);
-  if (rc != TOPOS_OK) return rc;
+  if (rc != TOPOS_OK) {
+    if (packed) grpc_byte_buffer_destroy(packed);
+    return rc;
+  }
   Topos__V1__RecordReply *reply = (Topos__V1__RecordReply *)r;
   if (!wire_id_valid(reply->id)) {
     rc = fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
               "record: the daemon answered a malformed id");
+    grpc_byte_buffer_destroy(packed);
   } else {
     memcpy(id, reply->id, 65);
+    /* Kept for replicas that have not seen it (unary_kept). */
+    kept_put(c, id, packed);
   }
   wire_message_free(r);
   return rc;

@@ -53,10 +53,17 @@ extern "C" {
 
 typedef struct topos_client topos_client;
 
-/* A new client of the daemon at `address` ("host:port", or any gRPC
- * target such as "unix:/path").  The channel connects lazily: an
- * unreachable daemon shows up as UNAVAILABLE on the first call (use
- * topos_client_health to check).  Messages of any size are allowed in
+/* A new client of the daemon at `address`: "host:port"; a list of IP
+ * addresses "10.0.0.1:50051,10.0.0.2:50051" (replicas, balanced
+ * round-robin); or any gRPC target with its scheme ("dns:///name:port",
+ * whose every address is used, as for a Kubernetes headless Service;
+ * "unix:/path").  An address without its port is refused ("needs
+ * HOST:PORT").  The channel connects lazily: an unreachable daemon shows
+ * up on the first call, after its retries, as "cannot reach toposd at
+ * ADDRESS: connection refused" (use topos_client_health to check).
+ * Replicas are interchangeable: a spec this client recorded is recorded
+ * again on a replica that answers "no spec with id" (the newest 16 are
+ * kept), and the call is sent once more.  Messages of any size are allowed in
  * both directions (the daemon enforces its own limit).  NULL with err on
  * a bad address or out of memory.  Close with topos_client_close.
  * $TOPOS_TOKEN and $TOPOS_TLS_CA/_CERT/_KEY apply (below). */
@@ -92,6 +99,12 @@ TOPOS_API topos_client *topos_client_connect_tls(const char *address,
 TOPOS_API void topos_client_close(topos_client *c);
 /* The default deadline of later calls, in seconds (> 0; default 60). */
 TOPOS_API void topos_client_set_deadline(topos_client *c, double seconds);
+/* How long a call may be sent again after UNAVAILABLE (a daemon restarting
+ * or draining, a replica gone, a full queue), within its deadline:
+ * backoff from 50 ms doubling to 2 s, with jitter.  Every method but the
+ * Admin* ones is retried (each is a pure function of its request).  0
+ * turns retries off; default 30 s. */
+TOPOS_API void topos_client_set_retry(topos_client *c, double seconds);
 /* The bearer token sent with every later call as the gRPC metadata
  * "authorization: Bearer TOKEN" (docs/protocol.md, docs/operations.md);
  * NULL or "" sends none.  topos_client_connect sets $TOPOS_TOKEN when it

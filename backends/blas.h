@@ -28,7 +28,7 @@
  * Prescott and Haswell kernels).  OpenBLAS's process-global thread count
  * is set to 1 under a lock held for the call and restored afterwards;
  * OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are never touched here
- * (platform-notes.md).
+ * (docs/architecture.md, "Platform facts").
  */
 #ifndef TOPOS_BLAS_H
 #define TOPOS_BLAS_H

@@ -42,11 +42,11 @@
  * protobuf-c messages built by proto/wire.c (what libtoposclient does),
  * and stops the daemon with SIGTERM at the end.  The daemon runs with
  * GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (transparent huge pages for
- * malloc), which platform-notes.md measured to cut the first-touch cost
- * of large messages.  Times are medians after warm-up unless the row says
- * otherwise.  Exits 1 when a call fails (for rows 5 and 6: a non-2xx
- * response or a socket error counted by wrk, reported after the table) or
- * a bit check fails; a missed target is reported, not an error.
+ * malloc), which docs/architecture.md ("Platform facts") records measured to
+ * cut the first-touch cost of large messages.  Times are medians after warm-up
+ * unless the row says otherwise.  Exits 1 when a call fails (for rows 5 and 6:
+ * a non-2xx response or a socket error counted by wrk, reported after the
+ * table) or a bit check fails; a missed target is reported, not an error.
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -17,7 +17,8 @@
  *
  * OpenBLAS reads OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE when it loads, so
  * the process re-executes itself with both unset before touching it
- * (platform-notes.md: the environment may pin it to its AVX2 kernels).
+ * (docs/architecture.md, "Platform facts": the environment may pin it to its
+ * AVX2 kernels).
  */
 #include <math.h>
 #include <stdbool.h>

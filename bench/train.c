@@ -34,8 +34,8 @@
  *     that cannot import torch is absent, not an error: its columns print
  *     "-" and a last line says how to install it.
  * Every child runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed
- * from its environment (platform-notes.md), except the pinned PyTorch
- * runs, which set OPENBLAS_CORETYPE=SkylakeX.
+ * from its environment (docs/architecture.md, "Platform facts"), except the
+ * pinned PyTorch runs, which set OPENBLAS_CORETYPE=SkylakeX.
  *
  * A child warms up, then times blocks of steps (CLOCK_MONOTONIC) for a
  * fixed budget of seconds and reports the median block time per step and

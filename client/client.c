@@ -609,7 +609,14 @@ static int invoke(topos_client *c, int method, const char *path,
     send = again;
     if (rc != TOPOS_OK && status == GRPC_STATUS_UNAVAILABLE && err)
       refused = refused || strstr(err->message, "Connection refused") != NULL;
-    if (rc == TOPOS_OK || status != GRPC_STATUS_UNAVAILABLE || !again) break;
+    /* A failed TLS handshake does not heal by waiting. */
+    bool tls = rc != TOPOS_OK && err &&
+               (strstr(err->message, "Handshake failed") != NULL ||
+                strstr(err->message, "Ssl handshake") != NULL ||
+                strstr(err->message, "SSL_ERROR") != NULL ||
+                strstr(err->message, "certificate") != NULL);
+    if (rc == TOPOS_OK || status != GRPC_STATUS_UNAVAILABLE || !again || tls)
+      break;
     jitter ^= jitter << 13, jitter ^= jitter >> 7, jitter ^= jitter << 17;
     int64_t wait = backoff + (int64_t)(jitter % (uint64_t)(backoff / 2 + 1));
     if (mono_ms() + wait >= retry_end) break;
@@ -631,8 +638,8 @@ static int invoke(topos_client *c, int method, const char *path,
  * the engine's tensors by wire.c) are handed to gRPC as slices of their
  * own, and freed by gRPC when it is done with them; only the small parts
  * in between are copied.  First touch of fresh memory is the expensive
- * part of a large upload here (platform-notes.md), so every copy saved
- * counts. */
+ * part of a large upload here (docs/architecture.md, "Platform facts"), so
+ * every copy saved counts. */
 #define BIG_BYTES ((size_t)64 << 10)
 
 typedef struct sink {

@@ -2,10 +2,10 @@
  * arena.h - a per-worker bump allocator whose memory outlives requests.
  *
  * Why: on these machines the first touch of fresh memory costs ~11 µs per
- * 4 KiB page (platform-notes.md) while writing reused memory is ~100x
- * faster, so a 100 MB upload that lands in new pages every time is slow
- * before any work is done.  A worker unpacks each request into its arena
- * (protobuf-c takes a ProtobufCAllocator) and resets it afterwards; the
+ * 4 KiB page (docs/architecture.md, "Platform facts") while writing reused
+ * memory is ~100x faster, so a 100 MB upload that lands in new pages every time
+ * is slow before any work is done.  A worker unpacks each request into its
+ * arena (protobuf-c takes a ProtobufCAllocator) and resets it afterwards; the
  * pages stay mapped and the next request reuses them.  Memory beyond
  * `retain` bytes is returned to the system on reset, so one huge request
  * does not pin its size forever.

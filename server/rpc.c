@@ -21,9 +21,9 @@
  *    the last one frees it, so the order of the two completions does not
  *    matter.
  *
- * Shutdown (platform-notes.md): on the stop flag the queue thread calls
- * grpc_server_shutdown_and_notify and keeps draining events; pending
- * requests come back with success = 0 and are not reposted.  After the
+ * Shutdown (docs/architecture.md, "Platform facts"): on the stop flag the queue
+ * thread calls grpc_server_shutdown_and_notify and keeps draining events;
+ * pending requests come back with success = 0 and are not reposted.  After the
  * grace period it sets daemon.cancel_all (workers stop at their next
  * check) and cancels all calls.  Once the shutdown tag is in and no job
  * is alive, the workers are joined; rpc_server_destroy then destroys the

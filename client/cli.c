@@ -91,6 +91,7 @@ typedef struct options {
 
 static const char *const usage_text =
     "usage: topos [--server ADDRESS] [--deadline SECONDS] COMMAND [ARGS]\n"
+    "       topos --version\n"
     "\n"
     "commands:\n"
     "  record FILE [--summary]     store a spec (canonical encoding or a\n"
@@ -103,6 +104,7 @@ static const char *const usage_text =
     "  health                      exit 1 unless serving\n"
     "  stats\n"
     "  backends [--local]          the backend registry\n"
+    "  list                        the stored specs, newest first\n"
     "\n"
     "ENTRY: --roots V,... [--observes V,...] [--training] [--fast]\n"
     "       [--backend NAME] [--threads N]; V is a node index or name; the\n"
@@ -177,6 +179,10 @@ static const struct {
      "tasks run, device or ISA, dtypes and the ops their tasks cover.\n"
      "--local lists this program's own registry instead (the backends\n"
      "toposd registers by default), without a daemon.\n"},
+    {"list",
+     "usage: topos list\n"
+     "Lists the stored specs (the caller's, when the daemon has tenants),\n"
+     "newest first: id, bytes, first recorded and last used (UTC).\n"},
 };
 #define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
 
@@ -215,6 +221,9 @@ static int parse(int argc, char **argv, options *o) {
   } while (0)
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       o->help = true;
+    } else if (strcmp(a, "--version") == 0) {
+      printf("topos %s\n", topos_version());
+      return 0;
     } else if (strcmp(a, "--server") == 0) {
       VALUE(server);
     } else if (strcmp(a, "--token") == 0) {
@@ -262,7 +271,7 @@ static int parse(int argc, char **argv, options *o) {
     } else if (strcmp(a, "--local") == 0) {
       o->local = true;
     } else if (a[0] == '-' && a[1] != '\0') {
-      return usage_error("unknown option %s", a);
+      return usage_error("unknown option '%s'", a);
     } else if (!o->command) {
       o->command = a;
     } else if (!o->id) {
@@ -781,6 +790,39 @@ static int cmd_stats(topos_client *c, const options *o) {
   return 0;
 }
 
+/* The stored specs, page by page (ListSpecs). */
+static int cmd_list(topos_client *c, const options *o) {
+  char token[256] = "";
+  for (;;) {
+    Topos__V1__ListSpecsRequest req = TOPOS__V1__LIST_SPECS_REQUEST__INIT;
+    req.page_size = 100;
+    req.page_token = token;
+    ProtobufCMessage *r = NULL;
+    topos_error err = {0};
+    if (call(c, o, "ListSpecs", &req.base,
+             &topos__v1__list_specs_reply__descriptor, &r, &err) != TOPOS_OK)
+      return call_error("list", &err);
+    Topos__V1__ListSpecsReply *rep = (Topos__V1__ListSpecsReply *)r;
+    for (size_t i = 0; i < rep->n_specs; i++) {
+      const Topos__V1__SpecInfo *sp = rep->specs[i];
+      char when[2][32];
+      int64_t ms[2] = {sp->created_ms, sp->last_used_ms};
+      for (int k = 0; k < 2; k++) {
+        time_t t = (time_t)(ms[k] / 1000);
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        strftime(when[k], sizeof when[k], "%Y-%m-%dT%H:%M:%SZ", &tm);
+      }
+      printf("%s %lld %s %s\n", sp->id, (long long)sp->bytes, when[0], when[1]);
+    }
+    bool more = rep->next_page_token && rep->next_page_token[0] &&
+                strlen(rep->next_page_token) < sizeof token;
+    if (more) snprintf(token, sizeof token, "%s", rep->next_page_token);
+    wire_message_free(r);
+    if (!more) return 0;
+  }
+}
+
 /* ------------------------------------------------------- administration */
 
 static const char *const admin_usage =
@@ -906,8 +948,12 @@ static topos_client *cli_connect(const char *server, const char *tls_ca,
   }
   topos_client *c = topos_client_connect_tls(server, &tls, &err);
   if (!c) {
-    call_error("connect", &err);
-    *rc = 2;
+    /* "--server needs HOST:PORT", not the library's "connect: ...". */
+    const char *m = err.message;
+    if (strncmp(m, "connect: ", 9) == 0) m += 9;
+    *rc = strstr(m, "needs HOST:PORT") != NULL
+              ? usage_error("--server %s: %s", server, m)
+              : (call_error("connect", &err), 2);
     return NULL;
   }
   if (deadline > 0) topos_client_set_deadline(c, deadline);
@@ -1444,8 +1490,11 @@ int main(int argc, char **argv) {
     case 6:
       rc = cmd_stats(c, &o);
       break;
-    default:
+    case 7:
       rc = cmd_backends(c, &o);
+      break;
+    default:
+      rc = cmd_list(c, &o);
       break;
   }
   topos_client_close(c);

@@ -58,6 +58,7 @@ enum method {
   M_ADMIN_QUOTA_SET,
   M_ADMIN_QUOTA_SHOW,
   M_TRAIN,
+  M_LIST_SPECS,
   M_COUNT
 };
 
@@ -84,6 +85,7 @@ static const char *const method_names[M_COUNT] = {
     "AdminQuotaSet",
     "AdminQuotaShow",
     "Train",
+    "ListSpecs",
 };
 
 /* The longest token accepted (the daemon's are 68 characters). */

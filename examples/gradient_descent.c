@@ -67,6 +67,8 @@ int main(int argc, char **argv) {
   topos_value loss = topos_name(tape, topos_mul(tape, r, r), "loss");
   topos_network *net = topos_tape_seal(tape, &err);
   if (net == NULL) return fail("recording", &err);
+  if (args.save_spec != NULL && ex_save_spec(args.save_spec, net, &err) != 0)
+    return fail("--save-spec", &err);
 
   /* Where the steps run, chosen once: in-process (a training plan lowered
    * here) or on a daemon that stores the spec.  Everything below is the

@@ -15,7 +15,7 @@
 # Idempotent: when everything is present it prints nothing and touches
 # nothing (no apt, no pip, no network).
 set -e
-PACKAGES="gcc g++ make pkg-config check libsubunit-dev valgrind libssl-dev clang-format clang libclang-rt-14-dev libcjson-dev libsqlite3-dev mlir-19-tools libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-grpcio python3-protobuf python3-grpc-tools libopenblas-dev python3-venv zlib1g-dev dataset-fashion-mnist gnuplot-nox libuv1-dev libhttp-parser-dev libgraphviz-dev prometheus chromium wrk python3-torch openssl python3-yaml python3-pytest python3-numpy python3-setuptools libsystemd-dev"
+PACKAGES="gcc g++ make pkg-config check libsubunit-dev valgrind libssl-dev clang-format clang libclang-rt-14-dev libcjson-dev libsqlite3-dev mlir-19-tools libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-grpcio python3-protobuf python3-grpc-tools libopenblas-dev python3-venv zlib1g-dev dataset-fashion-mnist gnuplot-nox libuv1-dev libhttp-parser-dev libgraphviz-dev prometheus chromium wrk python3-torch openssl python3-yaml python3-pytest python3-numpy python3-setuptools python3-wheel libsystemd-dev"
 missing=""
 for p in $PACKAGES; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -33,6 +33,8 @@ const char ex_args_usage[] =
     "  --threads N        threads per backend task (default: all cores)\n"
     "  --save FILE        write a checkpoint (safetensors) at the end\n"
     "  --resume FILE      start from a checkpoint --save wrote\n"
+    "  --save-spec FILE   write the training network's spec (what `topos "
+    "record FILE` stores)\n"
     "  --metrics FILE     write metrics as CSV (tools/plot_metrics.sh plots "
     "them)\n"
     "  --data PATH        where the data set is\n"
@@ -58,7 +60,7 @@ int ex_arg(ex_args *a, int argc, char **argv, int *i) {
   const char *flag = argv[*i];
   static const char *const valued[] = {"--server", "--backend", "--threads",
                                        "--save",   "--resume",  "--metrics",
-                                       "--data",   "--stop-at"};
+                                       "--data",   "--stop-at", "--save-spec"};
   bool takes_value = false;
   for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
     if (strcmp(flag, valued[k]) == 0) takes_value = true;
@@ -79,6 +81,7 @@ int ex_arg(ex_args *a, int argc, char **argv, int *i) {
   if (strcmp(flag, "--server") == 0) a->server = v;
   if (strcmp(flag, "--backend") == 0) a->exec.backend = v;
   if (strcmp(flag, "--save") == 0) a->save = v;
+  if (strcmp(flag, "--save-spec") == 0) a->save_spec = v;
   if (strcmp(flag, "--resume") == 0) a->resume = v;
   if (strcmp(flag, "--metrics") == 0) a->metrics = v;
   if (strcmp(flag, "--data") == 0) a->data = v;
@@ -161,9 +164,30 @@ int ex_find_data(const char *given, const char *rel, char *out, size_t cap) {
 
 struct ex_session {
   topos_exec exec;
-  topos_client *client; /* NULL: in-process */
+  topos_client *client;  /* NULL: in-process */
+  const char *save_spec; /* --save-spec FILE, or NULL */
+  bool spec_written;     /* by a trainer (an evaluator writes only first) */
   char where[320];
 };
+
+int ex_save_spec(const char *path, const topos_network *net, topos_error *err) {
+  uint8_t *bytes = NULL;
+  size_t n = 0;
+  if (topos_network_encode(net, &bytes, &n, err) != TOPOS_OK) return -1;
+  FILE *f = fopen(path, "wb");
+  bool ok = f != NULL && fwrite(bytes, 1, n, f) == n;
+  if (f != NULL && fclose(f) != 0) ok = false;
+  topos_free(bytes);
+  if (!ok) {
+    if (err) {
+      err->code = TOPOS_ERR_IO;
+      snprintf(err->message, sizeof err->message, "--save-spec %s: %s", path,
+               strerror(errno));
+    }
+    return -1;
+  }
+  return 0;
+}
 
 ex_session *ex_session_open(const ex_args *a, topos_error *err) {
   ex_session *s = calloc(1, sizeof *s);
@@ -172,6 +196,7 @@ ex_session *ex_session_open(const ex_args *a, topos_error *err) {
     return NULL;
   }
   s->exec = a->exec;
+  s->save_spec = a->save_spec;
   if (a->server == NULL) {
     snprintf(s->where, sizeof s->where, "local");
     return s;
@@ -200,6 +225,11 @@ const char *ex_session_where(const ex_session *s) {
 
 topos_trainer *ex_trainer(ex_session *s, const topos_network *net,
                           topos_value loss, topos_error *err) {
+  /* The training network is the one --save-spec means. */
+  if (s->save_spec != NULL) {
+    if (ex_save_spec(s->save_spec, net, err) != 0) return NULL;
+    s->spec_written = true;
+  }
   if (s->client == NULL)
     return topos_trainer_local(net, loss, NULL, 0, &s->exec, err);
   char id[65];
@@ -220,6 +250,11 @@ struct ex_eval {
 
 ex_eval *ex_eval_new(ex_session *s, const topos_network *net,
                      const topos_value *roots, int nroots, topos_error *err) {
+  /* An example that only evaluates (gpt2, llama) saves what it runs; one
+   * that trains overwrites it with its training network (ex_trainer). */
+  if (s->save_spec != NULL && !s->spec_written) {
+    if (ex_save_spec(s->save_spec, net, err) != 0) return NULL;
+  }
   ex_eval *e = calloc(1, sizeof *e);
   topos_value *r = calloc((size_t)(nroots > 0 ? nroots : 1), sizeof *r);
   if (e == NULL || r == NULL) {

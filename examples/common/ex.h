@@ -23,17 +23,19 @@
 /* The flags every training example takes.  Zero-initialise, call ex_arg
  * for each argument the example does not know itself, then ex_args_done. */
 typedef struct ex_args {
-  const char *prog;    /* for messages: the example's name */
-  const char *server;  /* --server ADDRESS, else $TOPOS_SERVER, else NULL */
-  topos_exec exec;     /* --backend NAME, --fast, --threads N */
-  const char *save;    /* --save FILE: a checkpoint at the end */
-  const char *resume;  /* --resume FILE: start from a checkpoint */
-  const char *metrics; /* --metrics FILE: CSV rows (ex_metrics) */
-  const char *data;    /* --data PATH: where the data set is */
-  int64_t stop_at;     /* --stop-at K: stop after step K as if interrupted
-                          (0: run to the end); with --save, the checkpoint a
-                          later --resume continues from */
-  bool no_progress;    /* --no-progress */
+  const char *prog;      /* for messages: the example's name */
+  const char *server;    /* --server ADDRESS, else $TOPOS_SERVER, else NULL */
+  topos_exec exec;       /* --backend NAME, --fast, --threads N */
+  const char *save;      /* --save FILE: a checkpoint at the end */
+  const char *save_spec; /* --save-spec FILE: the training network's
+                            canonical encoding (`topos record FILE`) */
+  const char *resume;    /* --resume FILE: start from a checkpoint */
+  const char *metrics;   /* --metrics FILE: CSV rows (ex_metrics) */
+  const char *data;      /* --data PATH: where the data set is */
+  int64_t stop_at;       /* --stop-at K: stop after step K as if interrupted
+                            (0: run to the end); with --save, the checkpoint a
+                            later --resume continues from */
+  bool no_progress;      /* --no-progress */
 } ex_args;
 
 /* The usage text of the common flags (one line per flag, indented). */
@@ -45,6 +47,10 @@ extern const char ex_args_usage[];
  * decides), -1 when it is one but malformed (the message is printed).
  */
 int ex_arg(ex_args *a, int argc, char **argv, int *i);
+/* Writes net's canonical encoding (topos_network_encode) to path: what
+ * `topos record FILE` stores.  --save-spec does it through the session
+ * (ex_trainer, ex_eval_new). */
+int ex_save_spec(const char *path, const topos_network *net, topos_error *err);
 /* Fills what the flags left unset ($TOPOS_SERVER); 0, or -1 with a message. */
 int ex_args_done(ex_args *a);
 

@@ -88,6 +88,13 @@ static int parse(int argc, char **argv, ex_args *a, opts *o) {
     }
   }
   if (ex_args_done(a) != 0) return -1;
+  if (a->save_spec != NULL) {
+    /* The decoder runs several networks (prompt, steps); none is "the"
+     * spec.  --save-spec is the training examples'. */
+    fprintf(stderr, "%s: --save-spec applies to the training examples\n",
+            a->prog);
+    return -1;
+  }
   o->config.dtype = o->gen.dtype;
   return 0;
 }

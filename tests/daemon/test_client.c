@@ -1501,6 +1501,70 @@ START_TEST(test_backends_end_to_end) {
 }
 END_TEST
 
+/* An example's --save-spec file is what `topos record` stores: the id is
+ * the network's own, and `topos list` shows it; --version is the
+ * library's. */
+START_TEST(test_cli_save_spec) {
+  char path[400], cmd[1200], args[600];
+  snprintf(path, sizeof path, "%s/gd.spec", daemon_.dir);
+  snprintf(cmd, sizeof cmd,
+           "'%s/examples/gradient_descent' --save-spec '%s' >/dev/null",
+           build_dir(), path);
+  int st = -1;
+  char *err = NULL, *out = run_cmd(cmd, &st, &err);
+  ck_assert_msg(st == 0, "gradient_descent: %d %s", st, err);
+  free(out);
+  free(err);
+  /* The same network, recorded here (examples/gradient_descent.c's). */
+  topos_tape *t = topos_tape_new(TOPOS_F64);
+  topos_tensor *zero = topos_tensor_scalar(TOPOS_F64, 0.0, NULL);
+  topos_value w = topos_name(t, topos_parameter(t, zero), "w");
+  topos_value x = topos_name(t, topos_input(t, zero), "x");
+  topos_value y = topos_name(t, topos_input(t, zero), "y");
+  topos_tensor_release(zero);
+  topos_value r = topos_sub(t, topos_mul(t, w, x), y);
+  topos_name(t, topos_mul(t, r, r), "loss");
+  topos_network *net = topos_tape_seal(t, NULL);
+  ck_assert_ptr_nonnull(net);
+  char id[65];
+  topos_network_id(net, id, NULL);
+  snprintf(args, sizeof args, "record '%s'", path);
+  out = cli(args, &st, &err);
+  ck_assert_msg(st == 0, "record: %d %s", st, err);
+  ck_assert_msg(strncmp(out, id, 64) == 0 && out[64] == '\n', "'%s' vs %s", out,
+                id);
+  free(out);
+  free(err);
+  out = cli("list", &st, &err);
+  ck_assert_msg(st == 0, "list: %d %s", st, err);
+  char line[80];
+  snprintf(line, sizeof line, "%s ", id);
+  ck_assert_msg(strstr(out, line) != NULL, "list: %s", out);
+  free(out);
+  free(err);
+  out = cli("--version", &st, &err);
+  char want[64];
+  snprintf(want, sizeof want, "topos %s\n", topos_version());
+  ck_assert_int_eq(st, 0);
+  ck_assert_str_eq(out, want);
+  free(out);
+  free(err);
+  out = cli("--bogus health", &st, &err);
+  ck_assert_int_eq(st, 2);
+  ck_assert_msg(strstr(err, "unknown option '--bogus'") != NULL, "%s", err);
+  free(out);
+  free(err);
+  snprintf(cmd, sizeof cmd, "'%s/bin/topos' --server 127.0.0.1 health",
+           build_dir());
+  out = run_cmd(cmd, &st, &err);
+  ck_assert_int_eq(st, 2);
+  ck_assert_msg(strstr(err, "needs HOST:PORT") != NULL, "%s", err);
+  free(out);
+  free(err);
+  topos_network_release(net);
+}
+END_TEST
+
 START_TEST(test_cli) {
   topos_network *net = sn_mlp();
   char local[65], path[400], args[1200];
@@ -2183,6 +2247,7 @@ Suite *client_suite(void) {
   tcase_add_test(tools, test_makemore_remote);
   tcase_add_test(tools, test_gpt2_remote);
   tcase_add_test(tools, test_cli);
+  tcase_add_test(tools, test_cli_save_spec);
   tcase_add_test(tools, test_backends_end_to_end);
   tcase_add_test(tools, test_python_client);
   suite_add_tcase(s, tools);

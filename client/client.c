@@ -59,6 +59,8 @@ enum method {
   M_ADMIN_QUOTA_SHOW,
   M_TRAIN,
   M_LIST_SPECS,
+  M_GET_BLOB,
+  M_ADMIN_SPEC_DELETE,
   M_COUNT
 };
 
@@ -86,6 +88,8 @@ static const char *const method_names[M_COUNT] = {
     "AdminQuotaShow",
     "Train",
     "ListSpecs",
+    "GetBlob",
+    "AdminSpecDelete",
 };
 
 /* The longest token accepted (the daemon's are 68 characters). */
@@ -1475,6 +1479,57 @@ int topos_client_put_blob(topos_client *c, const topos_params *p, char id[65],
   }
   wire_message_free(r);
   return rc;
+}
+
+int topos_client_get_blob(topos_client *c, const char *id,
+                          topos_tensor ***tensors, int *n, topos_error *err) {
+  if (!tensors || !n)
+    return fail(err, TOPOS_ERR_ARGUMENT, "get_blob: an out pointer is NULL");
+  *tensors = NULL;
+  *n = 0;
+  Topos__V1__GetBlobRequest req = TOPOS__V1__GET_BLOB_REQUEST__INIT;
+  int rc = set_id(&req.id, id, err);
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_GET_BLOB, &req.base, &topos__v1__get_blob_reply__descriptor,
+               &r, 0, err);
+  wire_message_clear(&req.base);
+  if (rc != TOPOS_OK) return rc;
+  Topos__V1__GetBlobReply *reply = (Topos__V1__GetBlobReply *)r;
+  if (reply->n_tensors > INT32_MAX)
+    rc = fail(err, TOPOS_CLIENT_GRPC_BASE + GRPC_STATUS_INTERNAL,
+              "get_blob: the daemon answered too many tensors");
+  else
+    rc = wire_tensor_array_from_proto(reply->tensors, reply->n_tensors, NULL,
+                                      "blob.tensors", tensors, err);
+  if (rc == TOPOS_OK) *n = (int)reply->n_tensors;
+  wire_message_free(r);
+  return rc;
+}
+
+int topos_client_delete_spec(topos_client *c, const char *id, int64_t *bytes,
+                             topos_error *err) {
+  Topos__V1__AdminSpecDeleteRequest req =
+      TOPOS__V1__ADMIN_SPEC_DELETE_REQUEST__INIT;
+  int rc = set_id(&req.id, id, err);
+  ProtobufCMessage *r = NULL;
+  if (rc == TOPOS_OK)
+    rc = unary(c, M_ADMIN_SPEC_DELETE, &req.base,
+               &topos__v1__admin_spec_delete_reply__descriptor, &r, 0, err);
+  wire_message_clear(&req.base);
+  if (rc != TOPOS_OK) return rc;
+  if (bytes) *bytes = ((Topos__V1__AdminSpecDeleteReply *)r)->bytes;
+  wire_message_free(r);
+  /* A spec deleted on purpose is not recorded again behind the caller's
+   * back. */
+  pthread_mutex_lock(&c->kept_lock);
+  for (int i = 0; i < KEPT_SPECS; i++)
+    if (c->kept[i].packed && strcmp(c->kept[i].id, id) == 0) {
+      grpc_byte_buffer_destroy(c->kept[i].packed);
+      c->kept[i].packed = NULL;
+    }
+  pthread_mutex_unlock(&c->kept_lock);
+  return TOPOS_OK;
 }
 
 int topos_client_stat_blob(topos_client *c, const char *id, bool *present,

@@ -360,6 +360,19 @@ TOPOS_API int topos_client_backends(topos_client *c, topos_backend_info **out,
 TOPOS_API int topos_client_put_blob(topos_client *c, const topos_params *p,
                                     char id[65], int64_t *bytes,
                                     topos_error *err);
+/* GetBlob: the tensors of blob `id`, in the order PutBlob took them:
+ * *tensors a new array of *n new tensors (topos_client_tensors_free).
+ * NOT_FOUND for an unknown id (or another tenant's blob). */
+TOPOS_API int topos_client_get_blob(topos_client *c, const char *id,
+                                    topos_tensor ***tensors, int *n,
+                                    topos_error *err);
+/* AdminSpecDelete: removes stored spec `id` and what the daemon cached
+ * from it (an admin tenant's token when the daemon has tenants); *bytes
+ * (may be NULL) gets the size removed.  NOT_FOUND when there is none,
+ * FAILED_PRECONDITION while a call runs it.  Not retried, and this client
+ * no longer records it again on its own (topos_client_connect). */
+TOPOS_API int topos_client_delete_spec(topos_client *c, const char *id,
+                                       int64_t *bytes, topos_error *err);
 /* StatBlob: whether the daemon holds blob `id`, and its size. */
 TOPOS_API int topos_client_stat_blob(topos_client *c, const char *id,
                                      bool *present, int64_t *bytes,

@@ -571,3 +571,59 @@ void handle_admin_quota_show(call_ctx *cx) {
     quota_reply(cx, tenant, &now);
   admin_end(&a);
 }
+
+/* ------------------------------------------------------- AdminSpecDelete */
+
+static void describe_spec(admin_call *a, const ProtobufCMessage *m) {
+  const Topos__V1__AdminSpecDeleteRequest *r = (const void *)m;
+  if (wire_id_valid(r->id)) add_field(a, "spec=%s", r->id);
+}
+
+void handle_admin_spec_delete(call_ctx *cx) {
+  admin_call a;
+  Topos__V1__AdminSpecDeleteRequest *req = admin_begin(
+      cx, &a, "AdminSpecDelete", "spec.delete",
+      &topos__v1__admin_spec_delete_request__descriptor, describe_spec, false);
+  if (req == NULL) return;
+  if (!call_check_id(cx, req->id, "id")) {
+    admin_end(&a);
+    return;
+  }
+  topos_error err = {0};
+  char key[80];
+  snprintf(key, sizeof key, "net %s", req->id);
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  if (store_get_spec(cx->d->store, req->id, &bytes, &len, &err) != TOPOS_OK) {
+    if (err.code == TOPOS_ERR_NOT_FOUND)
+      call_fail(cx, WIRE_GRPC_NOT_FOUND, TOPOS_ERR_NOT_FOUND,
+                "AdminSpecDelete: no spec with id %s", req->id);
+    else
+      admin_fail_store(&a, &err);
+  } else if (cache_in_use(cx->d->cache, key)) {
+    /* A running call holds its network or a plan of it. */
+    call_fail(cx, WIRE_GRPC_FAILED_PRECONDITION, 0,
+              "AdminSpecDelete: spec %s is in use by a running call; try "
+              "again when it is done",
+              req->id);
+  } else {
+    /* The cached network (and its plans, its children), its describes,
+     * then the stored bytes: a call that starts after this finds none. */
+    cache_drop(cx->d->cache, key);
+    for (int f = 0; f <= 3; f++) {
+      snprintf(key, sizeof key, "describe %d %s", f, req->id);
+      cache_drop(cx->d->cache, key);
+    }
+    if (store_delete_spec(cx->d->store, req->id, &err) != TOPOS_OK)
+      admin_fail_store(&a, &err);
+  }
+  free(bytes);
+  if (cx->status == WIRE_GRPC_OK) {
+    add_field(&a, "bytes=%zu", len);
+    Topos__V1__AdminSpecDeleteReply r =
+        TOPOS__V1__ADMIN_SPEC_DELETE_REPLY__INIT;
+    r.bytes = (int64_t)len;
+    call_reply(cx, &r.base);
+  }
+  admin_end(&a);
+}

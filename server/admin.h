@@ -24,5 +24,6 @@ void handle_admin_token_list(call_ctx *cx);
 void handle_admin_token_revoke(call_ctx *cx);
 void handle_admin_quota_set(call_ctx *cx);
 void handle_admin_quota_show(call_ctx *cx);
+void handle_admin_spec_delete(call_ctx *cx);
 
 #endif /* TOPOSD_ADMIN_H */

@@ -441,3 +441,55 @@ void handle_stat_blob(call_ctx *cx) {
   }
   call_reply(cx, &r.base);
 }
+
+/* GetBlob: the stored PutBlobRequest bytes are the reply as they are
+ * (GetBlobReply has the same field 1), from the write-behind queue or the
+ * store; another tenant's blob is NOT_FOUND, as an unknown id. */
+void handle_get_blob(call_ctx *cx) {
+  Topos__V1__GetBlobRequest *req = call_unpack(
+      cx, &topos__v1__get_blob_request__descriptor, "GetBlob", false);
+  if (req == NULL || !call_check_id(cx, req->id, "id")) return;
+  topos_error err = {0};
+  bool visible = false;
+  if (!blob_visible(cx, req->id, &visible, &err)) {
+    call_fail_err(cx, &err, "store");
+    return;
+  }
+  if (!visible) {
+    call_fail(cx, WIRE_GRPC_NOT_FOUND, TOPOS_ERR_NOT_FOUND,
+              "no blob with id %s", req->id);
+    return;
+  }
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  blob_pending *pending = NULL;
+  const uint8_t *data =
+      blob_writer_lookup(cx->d->blobs, req->id, &len, &pending);
+  if (data != NULL) {
+    bytes = malloc(len ? len : 1);
+    if (bytes != NULL) memcpy(bytes, data, len);
+    blob_writer_release(cx->d->blobs, pending);
+    if (bytes == NULL) {
+      call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY,
+                "out of memory copying blob %s", req->id);
+      return;
+    }
+  } else if (store_get_blob(cx->d->store, req->id, &bytes, &len, &err) !=
+             TOPOS_OK) {
+    if (err.code == TOPOS_ERR_NOT_FOUND)
+      call_fail(cx, WIRE_GRPC_NOT_FOUND, TOPOS_ERR_NOT_FOUND,
+                "no blob with id %s", req->id);
+    else
+      call_fail_err(cx, &err, "store");
+    return;
+  }
+  if ((int64_t)len > cx->d->cfg->max_message_bytes) {
+    free(bytes);
+    call_fail(cx, WIRE_GRPC_RESOURCE_EXHAUSTED, TOPOS_ERR_MEMORY,
+              "blob %s is %zu bytes, over the daemon's max-message-bytes %lld",
+              req->id, len, (long long)cx->d->cfg->max_message_bytes);
+    return;
+  }
+  cx->out = bytes;
+  cx->out_len = len;
+}

@@ -295,6 +295,7 @@ const method_def handler_methods[] = {
     METHOD("Conformance", handle_conformance),
     METHOD("PutBlob", handle_put_blob),
     METHOD("StatBlob", handle_stat_blob),
+    METHOD("GetBlob", handle_get_blob),
     {"Health", "/topos.v1.Topos/Health", handle_health, true, false},
     METHOD("Stats", handle_stats),
     METHOD("Backends", handle_backends),
@@ -307,6 +308,7 @@ const method_def handler_methods[] = {
     METHOD("AdminTokenRevoke", handle_admin_token_revoke),
     METHOD("AdminQuotaSet", handle_admin_quota_set),
     METHOD("AdminQuotaShow", handle_admin_quota_show),
+    METHOD("AdminSpecDelete", handle_admin_spec_delete),
     {"grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Check",
      handle_health_check, true, false},
 };

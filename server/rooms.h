@@ -159,6 +159,7 @@ void handle_train(call_ctx *cx); /* a stream's message (cx->train) */
 void handle_conformance(call_ctx *cx);
 void handle_put_blob(call_ctx *cx);
 void handle_stat_blob(call_ctx *cx);
+void handle_get_blob(call_ctx *cx);
 void handle_health(call_ctx *cx);
 void handle_health_check(call_ctx *cx); /* grpc.health.v1.Health/Check */
 void handle_stats(call_ctx *cx);

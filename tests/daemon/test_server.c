@@ -871,9 +871,10 @@ static void expect_msg(client *c, const char *method, const ProtobufCMessage *m,
 
 /* Train is sent as a stream of one message (then the client's close). */
 static const char *const all_methods[] = {
-    "Record",   "Describe", "Lower",       "Emit",    "Forward",
-    "Backward", "Step",     "Conformance", "PutBlob", "StatBlob",
-    "Health",   "Stats",    "Backends",    "Train"};
+    "Record",    "Describe",       "Lower",       "Emit",    "Forward",
+    "Backward",  "Step",           "Conformance", "PutBlob", "StatBlob",
+    "Health",    "Stats",          "Backends",    "Train",   "GetBlob",
+    "ListSpecs", "AdminSpecDelete"};
 
 START_TEST(test_hostile_random_and_truncated) {
   start_default();
@@ -952,12 +953,13 @@ START_TEST(test_hostile_random_and_truncated) {
   assert_serving(&C);
 
   /* No message at all (only SEND_CLOSE): a request body is required,
-   * except by Health, Stats and Backends, and by Train (a stream the
+   * except by Health, Stats, Backends and ListSpecs, and by Train (a stream the
    * client closed at once ends OK, with no reply). */
   for (size_t k = 0; k < sizeof all_methods / sizeof *all_methods; k++) {
     bool bodyless = strcmp(all_methods[k], "Health") == 0 ||
                     strcmp(all_methods[k], "Stats") == 0 ||
                     strcmp(all_methods[k], "Backends") == 0 ||
+                    strcmp(all_methods[k], "ListSpecs") == 0 ||
                     strcmp(all_methods[k], "Train") == 0;
     expect_status(&C, all_methods[k], NULL, 0,
                   bodyless ? GRPC_STATUS_OK : GRPC_STATUS_INVALID_ARGUMENT,

@@ -20,7 +20,7 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='topos.proto',
   package='topos.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x0btopos.proto\x12\x08topos.v1\"u\n\x06Tensor\x12\x1e\n\x05\x64type\x18\x01 \x01(\x0e\x32\x0f.topos.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x1f\n\x04\x62lob\x18\x04 \x01(\x0b\x32\x11.topos.v1.BlobRef\x12\r\n\x05splat\x18\x05 \x01(\x08\"$\n\x07\x42lobRef\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\"\x94\x02\n\x04Node\x12\x18\n\x02op\x18\x01 \x01(\x0e\x32\x0c.topos.v1.Op\x12\x10\n\x08operands\x18\x02 \x03(\x05\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0c\n\x04\x61xis\x18\x04 \x01(\x05\x12\r\n\x05start\x18\x05 \x01(\x03\x12\x0e\n\x06length\x18\x06 \x01(\x03\x12\x0e\n\x06\x62\x65\x66ore\x18\x07 \x01(\x03\x12\r\n\x05\x61\x66ter\x18\x08 \x01(\x03\x12\x0c\n\x04size\x18\t \x01(\x03\x12\x0c\n\x04step\x18\n \x01(\x03\x12\x10\n\x08\x64ilation\x18\x0b \x01(\x03\x12\x0e\n\x06\x65xtent\x18\x0c \x01(\x03\x12\t\n\x01p\x18\r \x01(\x01\x12\x0c\n\x04perm\x18\x0e \x03(\x05\x12\r\n\x05shape\x18\x0f \x03(\x03\x12 \n\x06tensor\x18\x10 \x01(\x0b\x32\x10.topos.v1.Tensor\"E\n\x04Spec\x12\x1e\n\x05\x64type\x18\x01 \x01(\x0e\x32\x0f.topos.v1.DType\x12\x1d\n\x05nodes\x18\x02 \x03(\x0b\x32\x0e.topos.v1.Node\"/\n\x05Value\x12\x0f\n\x05index\x18\x01 \x01(\x05H\x00\x12\x0e\n\x04name\x18\x02 \x01(\tH\x00\x42\x05\n\x03ref\"U\n\x0b\x45xecOptions\x12$\n\x08numerics\x18\x01 \x01(\x0e\x32\x12.topos.v1.Numerics\x12\x0f\n\x07threads\x18\x02 \x01(\r\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\"\xb6\x01\n\x05\x45ntry\x12\x1e\n\x05roots\x18\x01 \x03(\x0b\x32\x0f.topos.v1.Value\x12!\n\x08observes\x18\x02 \x03(\x0b\x32\x0f.topos.v1.Value\x12\"\n\x07posture\x18\x03 \x01(\x0e\x32\x11.topos.v1.Posture\x12$\n\x08numerics\x18\x04 \x01(\x0e\x32\x12.topos.v1.Numerics\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12\x0f\n\x07threads\x18\x06 \x01(\r\"H\n\x04\x46\x65\x65\x64\x12\x1e\n\x05input\x18\x01 \x01(\x0b\x32\x0f.topos.v1.Value\x12 \n\x06tensor\x18\x02 \x01(\x0b\x32\x10.topos.v1.Tensor\"]\n\x0bRecordReply\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x01(\x05\x12\x12\n\nparameters\x18\x03 \x01(\x05\x12\x0e\n\x06inputs\x18\x04 \x01(\x05\x12\x0f\n\x07summary\x18\x05 \x01(\t\"?\n\x0f\x44\x65scribeRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x10.topos.v1.Format\"\x19\n\tTextReply\x12\x0c\n\x04text\x18\x01 \x01(\t\":\n\x0cLowerRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1e\n\x05\x65ntry\x18\x02 \x01(\x0b\x32\x0f.topos.v1.Entry\">\n\nLowerReply\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x12\n\npeak_bytes\x18\x02 \x01(\x03\x12\x0e\n\x06groups\x18\x03 \x01(\x05\"W\n\x0b\x45mitRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1e\n\x05\x65ntry\x18\x02 \x01(\x0b\x32\x0f.topos.v1.Entry\x12\x1c\n\x04\x66orm\x18\x03 \x01(\x0e\x32\x0e.topos.v1.Form\"\xa6\x01\n\x0e\x46orwardRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1e\n\x05\x65ntry\x18\x02 \x01(\x0b\x32\x0f.topos.v1.Entry\x12$\n\nparameters\x18\x03 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\x1d\n\x05\x66\x65\x65\x64s\x18\x04 \x03(\x0b\x32\x0e.topos.v1.Feed\x12#\n\x04\x65xec\x18\x05 \x01(\x0b\x32\x15.topos.v1.ExecOptions\"e\n\x0c\x46orwardReply\x12\x1f\n\x05roots\x18\x01 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\"\n\x08observes\x18\x02 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\x10\n\x08\x62\x61\x63kends\x18\x03 \x03(\t\"\xa6\x01\n\x0f\x42\x61\x63kwardRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1d\n\x04loss\x18\x02 \x01(\x0b\x32\x0f.topos.v1.Value\x12$\n\nparameters\x18\x03 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\x1d\n\x05\x66\x65\x65\x64s\x18\x04 \x03(\x0b\x32\x0e.topos.v1.Feed\x12#\n\x04\x65xec\x18\x05 \x01(\x0b\x32\x15.topos.v1.ExecOptions\"T\n\rBackwardReply\x12\x0c\n\x04loss\x18\x01 \x01(\x01\x12#\n\tgradients\x18\x02 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\x10\n\x08\x62\x61\x63kends\x18\x03 \x03(\t\"\xb5\x02\n\tOptimizer\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.topos.v1.OptimizerKind\x12\x0c\n\x02lr\x18\x02 \x01(\x01H\x00\x12\x12\n\x08momentum\x18\x03 \x01(\x01H\x01\x12\x0f\n\x05\x62\x65ta1\x18\x04 \x01(\x01H\x02\x12\x0f\n\x05\x62\x65ta2\x18\x05 \x01(\x01H\x03\x12\r\n\x03\x65ps\x18\x06 \x01(\x01H\x04\x12\x16\n\x0cweight_decay\x18\x07 \x01(\x01H\x05\x12\"\n\x05\x64\x65\x63\x61y\x18\x08 \x01(\x0e\x32\x13.topos.v1.DecayRule\x12\x13\n\x0b\x64\x65\x63\x61y_slots\x18\t \x03(\x05\x42\n\n\x08lr_givenB\x10\n\x0emomentum_givenB\r\n\x0b\x62\x65ta1_givenB\r\n\x0b\x62\x65ta2_givenB\x0b\n\teps_givenB\x14\n\x12weight_decay_given\"X\n\x0eOptimizerState\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x1b\n\x01m\x18\x02 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\x1b\n\x01v\x18\x03 \x03(\x0b\x32\x10.topos.v1.Tensor\"\x96\x02\n\x0bStepRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1d\n\x04loss\x18\x02 \x01(\x0b\x32\x0f.topos.v1.Value\x12$\n\nparameters\x18\x03 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\x1d\n\x05\x66\x65\x65\x64s\x18\x04 \x03(\x0b\x32\x0e.topos.v1.Feed\x12&\n\toptimizer\x18\x05 \x01(\x0b\x32\x13.topos.v1.Optimizer\x12\'\n\x05state\x18\x06 \x01(\x0b\x32\x18.topos.v1.OptimizerState\x12!\n\x08observes\x18\x07 \x03(\x0b\x32\x0f.topos.v1.Value\x12#\n\x04\x65xec\x18\x08 \x01(\x0b\x32\x15.topos.v1.ExecOptions\"\x9e\x01\n\tStepReply\x12$\n\nparameters\x18\x01 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\'\n\x05state\x18\x02 \x01(\x0b\x32\x18.topos.v1.OptimizerState\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\"\n\x08observes\x18\x04 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\x10\n\x08\x62\x61\x63kends\x18\x05 \x03(\t\"+\n\nTrainBatch\x12\x1d\n\x05\x66\x65\x65\x64s\x18\x01 \x03(\x0b\x32\x0e.topos.v1.Feed\"\x9e\x01\n\x0cTrainRequest\x12#\n\x04open\x18\x01 \x01(\x0b\x32\x15.topos.v1.StepRequest\x12\x1d\n\x05\x66\x65\x65\x64s\x18\x02 \x03(\x0b\x32\x0e.topos.v1.Feed\x12\x14\n\x0creturn_state\x18\x03 \x01(\x08\x12\x0f\n\x07no_step\x18\x04 \x01(\x08\x12#\n\x05steps\x18\x05 \x03(\x0b\x32\x14.topos.v1.TrainBatch\"\xcc\x01\n\nTrainReply\x12\r\n\x05steps\x18\x01 \x01(\x03\x12\x0c\n\x04loss\x18\x02 \x01(\x01\x12\"\n\x08observes\x18\x03 \x03(\x0b\x32\x10.topos.v1.Tensor\x12$\n\nparameters\x18\x04 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\'\n\x05state\x18\x05 \x01(\x0b\x32\x18.topos.v1.OptimizerState\x12\x10\n\x08\x62\x61\x63kends\x18\x06 \x03(\t\x12\x0c\n\x04last\x18\x07 \x01(\x08\x12\x0e\n\x06losses\x18\x08 \x03(\x01\"\xb0\x01\n\x12\x43onformanceRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1e\n\x05\x65ntry\x18\x02 \x01(\x0b\x32\x0f.topos.v1.Entry\x12$\n\nparameters\x18\x03 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\x1d\n\x05\x66\x65\x65\x64s\x18\x04 \x03(\x0b\x32\x0e.topos.v1.Feed\x12)\n\ncandidates\x18\x05 \x03(\x0b\x32\x15.topos.v1.ExecOptions\"\x8b\x01\n\x0cOutputResult\x12\x0c\n\x04what\x18\x01 \x01(\t\x12\r\n\x05holds\x18\x02 \x01(\x08\x12\x15\n\rbit_identical\x18\x03 \x01(\x08\x12\x0f\n\x07max_ulp\x18\x04 \x01(\x01\x12\x14\n\x0cmax_relative\x18\x05 \x01(\x01\x12\x0e\n\x06rel_l2\x18\x06 \x01(\x01\x12\x10\n\x08\x65nvelope\x18\x07 \x01(\x01\"\xf9\x01\n\rBackendResult\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x10\n\x08\x66idelity\x18\x02 \x01(\t\x12\x15\n\rbit_identical\x18\x03 \x01(\x08\x12\x0f\n\x07max_ulp\x18\x04 \x01(\x01\x12\x14\n\x0cmax_relative\x18\x05 \x01(\x01\x12\x0c\n\x04note\x18\x06 \x01(\t\x12\r\n\x05holds\x18\x07 \x01(\x08\x12\x0e\n\x06rel_l2\x18\x08 \x01(\x01\x12$\n\x08numerics\x18\t \x01(\x0e\x32\x12.topos.v1.Numerics\x12\x0b\n\x03ran\x18\n \x03(\t\x12\'\n\x07outputs\x18\x0b \x03(\x0b\x32\x16.topos.v1.OutputResult\"<\n\x10\x43onformanceReply\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.topos.v1.BackendResult\"\x11\n\x0f\x42\x61\x63kendsRequest\"\x8f\x01\n\x0b\x42\x61\x63kendInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x66idelity\x18\x02 \x01(\t\x12\x0b\n\x03ops\x18\x03 \x03(\t\x12\x1f\n\x06\x64types\x18\x04 \x03(\x0e\x32\x0f.topos.v1.DType\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\x0f\n\x07threads\x18\x06 \x01(\x05\x12\x11\n\ttasks_run\x18\x07 \x01(\x03\"p\n\rBackendsReply\x12\'\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x15.topos.v1.BackendInfo\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.topos.v1.DeviceInfo\x12\x0f\n\x07plugins\x18\x03 \x01(\t\"\xbe\x02\n\nDeviceInfo\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x0f\n\x07ordinal\x18\x02 \x01(\x05\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x14\n\x0cmemory_total\x18\x04 \x01(\x03\x12\x13\n\x0bmemory_free\x18\x05 \x01(\x03\x12\x10\n\x08\x63\x63_major\x18\x06 \x01(\x05\x12\x10\n\x08\x63\x63_minor\x18\x07 \x01(\x05\x12\x17\n\x0fmultiprocessors\x18\x08 \x01(\x05\x12\r\n\x05tasks\x18\t \x01(\x03\x12\x10\n\x08\x64\x65\x63lined\x18\n \x01(\x03\x12\x10\n\x08\x62ytes_up\x18\x0b \x01(\x03\x12\x12\n\nbytes_down\x18\x0c \x01(\x03\x12\x12\n\ncache_hits\x18\r \x01(\x03\x12\x14\n\x0c\x63\x61\x63he_misses\x18\x0e \x01(\x03\x12\x13\n\x0b\x63\x61\x63he_bytes\x18\x0f \x01(\x03\x12\x12\n\npool_bytes\x18\x10 \x01(\x03\"3\n\x0ePutBlobRequest\x12!\n\x07tensors\x18\x01 \x03(\x0b\x32\x10.topos.v1.Tensor\")\n\x0cPutBlobReply\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\"\x1d\n\x0fStatBlobRequest\x12\n\n\x02id\x18\x01 \x01(\t\"/\n\rStatBlobReply\x12\x0f\n\x07present\x18\x01 \x01(\x08\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\"\x0f\n\rHealthRequest\"U\n\x0bHealthReply\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12%\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x14.topos.v1.DeviceInfo\"\x0e\n\x0cStatsRequest\"\xf1\x03\n\nStatsReply\x12\x0f\n\x07workers\x18\x01 \x01(\x05\x12\x13\n\x0bqueue_depth\x18\x02 \x01(\x05\x12\x16\n\x0equeue_capacity\x18\x03 \x01(\x05\x12\x10\n\x08requests\x18\x04 \x01(\x03\x12\x0e\n\x06\x65rrors\x18\x05 \x01(\x03\x12\x15\n\rcache_entries\x18\x06 \x01(\x03\x12\x12\n\ncache_hits\x18\x07 \x01(\x03\x12\x14\n\x0c\x63\x61\x63he_misses\x18\x08 \x01(\x03\x12\r\n\x05specs\x18\t \x01(\x03\x12\x12\n\nspec_bytes\x18\n \x01(\x03\x12\r\n\x05\x62lobs\x18\x0b \x01(\x03\x12\x12\n\nblob_bytes\x18\x0c \x01(\x03\x12-\n\rbackend_tasks\x18\r \x03(\x0b\x32\x16.topos.v1.BackendCount\x12\x13\n\x0b\x63onnections\x18\x0e \x01(\x03\x12\x18\n\x10\x63onnections_shed\x18\x0f \x01(\x03\x12\x1b\n\x13\x63onnections_refused\x18\x10 \x01(\x03\x12\x16\n\x0e\x63onnection_cap\x18\x11 \x01(\x05\x12\x13\n\x0b\x63\x61\x63he_bytes\x18\x12 \x01(\x03\x12\x16\n\x0ereserved_bytes\x18\x13 \x01(\x03\x12\x15\n\rmemory_budget\x18\x14 \x01(\x03\x12%\n\x07\x64\x65vices\x18\x15 \x03(\x0b\x32\x14.topos.v1.DeviceInfo\"9\n\x10ListSpecsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"O\n\x08SpecInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\x12\x14\n\x0clast_used_ms\x18\x04 \x01(\x03\"L\n\x0eListSpecsReply\x12!\n\x05specs\x18\x01 \x03(\x0b\x32\x12.topos.v1.SpecInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\".\n\x0c\x42\x61\x63kendCount\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\r\n\x05tasks\x18\x02 \x01(\x03\"S\n\x0b\x41\x64minTenant\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x61\x64min\x18\x02 \x01(\x08\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\x12\x13\n\x0blive_tokens\x18\x04 \x01(\x03\"P\n\nAdminToken\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\x12\x12\n\nrevoked_ms\x18\x04 \x01(\x03\"H\n\x15\x41\x64minTenantAddRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x61\x64min\x18\x02 \x01(\x08\x12\x12\n\nwith_token\x18\x03 \x01(\x08\"q\n\x13\x41\x64minTenantAddReply\x12%\n\x06tenant\x18\x01 \x01(\x0b\x32\x15.topos.v1.AdminTenant\x12#\n\x05token\x18\x02 \x01(\x0b\x32\x14.topos.v1.AdminToken\x12\x0e\n\x06secret\x18\x03 \x01(\t\"\x18\n\x16\x41\x64minTenantListRequest\">\n\x14\x41\x64minTenantListReply\x12&\n\x07tenants\x18\x01 \x03(\x0b\x32\x15.topos.v1.AdminTenant\"(\n\x18\x41\x64minTenantRemoveRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"?\n\x16\x41\x64minTenantRemoveReply\x12%\n\x06tenant\x18\x01 \x01(\x0b\x32\x15.topos.v1.AdminTenant\")\n\x17\x41\x64minTokenCreateRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"L\n\x15\x41\x64minTokenCreateReply\x12#\n\x05token\x18\x01 \x01(\x0b\x32\x14.topos.v1.AdminToken\x12\x0e\n\x06secret\x18\x02 \x01(\t\"\'\n\x15\x41\x64minTokenListRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\";\n\x13\x41\x64minTokenListReply\x12$\n\x06tokens\x18\x01 \x03(\x0b\x32\x14.topos.v1.AdminToken\"%\n\x17\x41\x64minTokenRevokeRequest\x12\n\n\x02id\x18\x01 \x01(\t\"<\n\x15\x41\x64minTokenRevokeReply\x12#\n\x05token\x18\x01 \x01(\x0b\x32\x14.topos.v1.AdminToken\"\xb8\x01\n\nAdminQuota\x12\x14\n\x0cstored_bytes\x18\x01 \x01(\x03\x12\x10\n\x08inflight\x18\x02 \x01(\x03\x12\x12\n\nrate_per_s\x18\x03 \x01(\x01\x12\r\n\x05\x62urst\x18\x04 \x01(\x03\x12\x16\n\x0enodes_per_spec\x18\x05 \x01(\x03\x12\x0e\n\x06run_ms\x18\x06 \x01(\x03\x12\x11\n\trun_bytes\x18\x07 \x01(\x03\x12\x0e\n\x06weight\x18\x08 \x01(\x03\x12\x14\n\x0c\x64\x65vice_bytes\x18\t \x01(\x03\"\x90\x03\n\x14\x41\x64minQuotaSetRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0cstored_bytes\x18\x02 \x01(\x03H\x00\x12\x12\n\x08inflight\x18\x03 \x01(\x03H\x01\x12\x14\n\nrate_per_s\x18\x04 \x01(\x01H\x02\x12\x0f\n\x05\x62urst\x18\x05 \x01(\x03H\x03\x12\x18\n\x0enodes_per_spec\x18\x06 \x01(\x03H\x04\x12\x10\n\x06run_ms\x18\x07 \x01(\x03H\x05\x12\x13\n\trun_bytes\x18\x08 \x01(\x03H\x06\x12\x10\n\x06weight\x18\t \x01(\x03H\x07\x12\x16\n\x0c\x64\x65vice_bytes\x18\n \x01(\x03H\x08\x42\x14\n\x12stored_bytes_givenB\x10\n\x0einflight_givenB\x12\n\x10rate_per_s_givenB\r\n\x0b\x62urst_givenB\x16\n\x14nodes_per_spec_givenB\x0e\n\x0crun_ms_givenB\x11\n\x0frun_bytes_givenB\x0e\n\x0cweight_givenB\x14\n\x12\x64\x65vice_bytes_given\"\'\n\x15\x41\x64minQuotaShowRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"F\n\x0f\x41\x64minQuotaReply\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12#\n\x05quota\x18\x02 \x01(\x0b\x32\x14.topos.v1.AdminQuota*,\n\x05\x44Type\x12\x07\n\x03\x46\x33\x32\x10\x00\x12\x07\n\x03\x46\x36\x34\x10\x01\x12\x08\n\x04\x42\x46\x31\x36\x10\x02\x12\x07\n\x03I32\x10\x03*\xa2\x03\n\x02Op\x12\x0c\n\x08\x43ONSTANT\x10\x00\x12\r\n\tPARAMETER\x10\x01\x12\t\n\x05INPUT\x10\x02\x12\x07\n\x03\x41\x44\x44\x10\x03\x12\x07\n\x03SUB\x10\x04\x12\x07\n\x03MUL\x10\x05\x12\x07\n\x03\x44IV\x10\x06\x12\x07\n\x03NEG\x10\x07\x12\x07\n\x03\x45XP\x10\x08\x12\x07\n\x03LOG\x10\t\x12\x08\n\x04SQRT\x10\n\x12\x08\n\x04TANH\x10\x0b\x12\x07\n\x03POW\x10\x0c\x12\x0b\n\x07MAXIMUM\x10\r\x12\x08\n\x04STEP\x10\x0e\x12\x08\n\x04RELU\x10\x0f\x12\n\n\x06MATMUL\x10\x10\x12\r\n\tTRANSPOSE\x10\x11\x12\x0b\n\x07PERMUTE\x10\x12\x12\x0b\n\x07RESHAPE\x10\x13\x12\n\n\x06NARROW\x10\x14\x12\x07\n\x03PAD\x10\x15\x12\n\n\x06UNFOLD\x10\x16\x12\x08\n\x04\x46OLD\x10\x17\x12\n\n\x06\x43ONCAT\x10\x18\x12\r\n\tBROADCAST\x10\x19\x12\x13\n\x0f\x42ROADCAST_ALONG\x10\x1a\x12\x07\n\x03SUM\x10\x1b\x12\r\n\tSUM_ALONG\x10\x1c\x12\r\n\tMAX_ALONG\x10\x1d\x12\x0f\n\x0bLOG_SOFTMAX\x10\x1e\x12\r\n\tLOGSUMEXP\x10\x1f\x12\n\n\x06GATHER\x10 \x12\x0b\n\x07SCATTER\x10!\x12\x07\n\x03\x45RF\x10\"*$\n\x07Posture\x12\x0b\n\x07\x46ORWARD\x10\x00\x12\x0c\n\x08TRAINING\x10\x01*\x1f\n\x08Numerics\x12\t\n\x05\x45XACT\x10\x00\x12\x08\n\x04\x46\x41ST\x10\x01*.\n\x06\x46ormat\x12\x08\n\x04TEXT\x10\x00\x12\x08\n\x04JSON\x10\x01\x12\x07\n\x03\x44OT\x10\x02\x12\x07\n\x03SVG\x10\x03*\x1f\n\x04\x46orm\x12\n\n\x06PRETTY\x10\x00\x12\x0b\n\x07GENERIC\x10\x01*-\n\rOptimizerKind\x12\x07\n\x03SGD\x10\x00\x12\x08\n\x04\x41\x44\x41M\x10\x01\x12\t\n\x05\x41\x44\x41MW\x10\x02*A\n\tDecayRule\x12\x13\n\x0fRANK_AT_LEAST_2\x10\x00\x12\r\n\tALL_SLOTS\x10\x01\x12\x10\n\x0cLISTED_SLOTS\x10\x02\x32\xa3\x0c\n\x05Topos\x12/\n\x06Record\x12\x0e.topos.v1.Spec\x1a\x15.topos.v1.RecordReply\x12:\n\x08\x44\x65scribe\x12\x19.topos.v1.DescribeRequest\x1a\x13.topos.v1.TextReply\x12\x35\n\x05Lower\x12\x16.topos.v1.LowerRequest\x1a\x14.topos.v1.LowerReply\x12\x32\n\x04\x45mit\x12\x15.topos.v1.EmitRequest\x1a\x13.topos.v1.TextReply\x12;\n\x07\x46orward\x12\x18.topos.v1.ForwardRequest\x1a\x16.topos.v1.ForwardReply\x12>\n\x08\x42\x61\x63kward\x12\x19.topos.v1.BackwardRequest\x1a\x17.topos.v1.BackwardReply\x12\x32\n\x04Step\x12\x15.topos.v1.StepRequest\x1a\x13.topos.v1.StepReply\x12\x39\n\x05Train\x12\x16.topos.v1.TrainRequest\x1a\x14.topos.v1.TrainReply(\x01\x30\x01\x12G\n\x0b\x43onformance\x12\x1c.topos.v1.ConformanceRequest\x1a\x1a.topos.v1.ConformanceReply\x12;\n\x07PutBlob\x12\x18.topos.v1.PutBlobRequest\x1a\x16.topos.v1.PutBlobReply\x12>\n\x08StatBlob\x12\x19.topos.v1.StatBlobRequest\x1a\x17.topos.v1.StatBlobReply\x12\x38\n\x06Health\x12\x17.topos.v1.HealthRequest\x1a\x15.topos.v1.HealthReply\x12\x35\n\x05Stats\x12\x16.topos.v1.StatsRequest\x1a\x14.topos.v1.StatsReply\x12>\n\x08\x42\x61\x63kends\x12\x19.topos.v1.BackendsRequest\x1a\x17.topos.v1.BackendsReply\x12\x41\n\tListSpecs\x12\x1a.topos.v1.ListSpecsRequest\x1a\x18.topos.v1.ListSpecsReply\x12P\n\x0e\x41\x64minTenantAdd\x12\x1f.topos.v1.AdminTenantAddRequest\x1a\x1d.topos.v1.AdminTenantAddReply\x12S\n\x0f\x41\x64minTenantList\x12 .topos.v1.AdminTenantListRequest\x1a\x1e.topos.v1.AdminTenantListReply\x12Y\n\x11\x41\x64minTenantRemove\x12\".topos.v1.AdminTenantRemoveRequest\x1a .topos.v1.AdminTenantRemoveReply\x12V\n\x10\x41\x64minTokenCreate\x12!.topos.v1.AdminTokenCreateRequest\x1a\x1f.topos.v1.AdminTokenCreateReply\x12P\n\x0e\x41\x64minTokenList\x12\x1f.topos.v1.AdminTokenListRequest\x1a\x1d.topos.v1.AdminTokenListReply\x12V\n\x10\x41\x64minTokenRevoke\x12!.topos.v1.AdminTokenRevokeRequest\x1a\x1f.topos.v1.AdminTokenRevokeReply\x12J\n\rAdminQuotaSet\x12\x1e.topos.v1.AdminQuotaSetRequest\x1a\x19.topos.v1.AdminQuotaReply\x12L\n\x0e\x41\x64minQuotaShow\x12\x1f.topos.v1.AdminQuotaShowRequest\x1a\x19.topos.v1.AdminQuotaReplyb\x06proto3')
+  serialized_pb=_b('\n\x0btopos.proto\x12\x08topos.v1\"u\n\x06Tensor\x12\x1e\n\x05\x64type\x18\x01 \x01(\x0e\x32\x0f.topos.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x1f\n\x04\x62lob\x18\x04 \x01(\x0b\x32\x11.topos.v1.BlobRef\x12\r\n\x05splat\x18\x05 \x01(\x08\"$\n\x07\x42lobRef\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\"\x94\x02\n\x04Node\x12\x18\n\x02op\x18\x01 \x01(\x0e\x32\x0c.topos.v1.Op\x12\x10\n\x08operands\x18\x02 \x03(\x05\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0c\n\x04\x61xis\x18\x04 \x01(\x05\x12\r\n\x05start\x18\x05 \x01(\x03\x12\x0e\n\x06length\x18\x06 \x01(\x03\x12\x0e\n\x06\x62\x65\x66ore\x18\x07 \x01(\x03\x12\r\n\x05\x61\x66ter\x18\x08 \x01(\x03\x12\x0c\n\x04size\x18\t \x01(\x03\x12\x0c\n\x04step\x18\n \x01(\x03\x12\x10\n\x08\x64ilation\x18\x0b \x01(\x03\x12\x0e\n\x06\x65xtent\x18\x0c \x01(\x03\x12\t\n\x01p\x18\r \x01(\x01\x12\x0c\n\x04perm\x18\x0e \x03(\x05\x12\r\n\x05shape\x18\x0f \x03(\x03\x12 \n\x06tensor\x18\x10 \x01(\x0b\x32\x10.topos.v1.Tensor\"E\n\x04Spec\x12\x1e\n\x05\x64type\x18\x01 \x01(\x0e\x32\x0f.topos.v1.DType\x12\x1d\n\x05nodes\x18\x02 \x03(\x0b\x32\x0e.topos.v1.Node\"/\n\x05Value\x12\x0f\n\x05index\x18\x01 \x01(\x05H\x00\x12\x0e\n\x04name\x18\x02 \x01(\tH\x00\x42\x05\n\x03ref\"U\n\x0b\x45xecOptions\x12$\n\x08numerics\x18\x01 \x01(\x0e\x32\x12.topos.v1.Numerics\x12\x0f\n\x07threads\x18\x02 \x01(\r\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\"\xb6\x01\n\x05\x45ntry\x12\x1e\n\x05roots\x18\x01 \x03(\x0b\x32\x0f.topos.v1.Value\x12!\n\x08observes\x18\x02 \x03(\x0b\x32\x0f.topos.v1.Value\x12\"\n\x07posture\x18\x03 \x01(\x0e\x32\x11.topos.v1.Posture\x12$\n\x08numerics\x18\x04 \x01(\x0e\x32\x12.topos.v1.Numerics\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12\x0f\n\x07threads\x18\x06 \x01(\r\"H\n\x04\x46\x65\x65\x64\x12\x1e\n\x05input\x18\x01 \x01(\x0b\x32\x0f.topos.v1.Value\x12 \n\x06tensor\x18\x02 \x01(\x0b\x32\x10.topos.v1.Tensor\"]\n\x0bRecordReply\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x01(\x05\x12\x12\n\nparameters\x18\x03 \x01(\x05\x12\x0e\n\x06inputs\x18\x04 \x01(\x05\x12\x0f\n\x07summary\x18\x05 \x01(\t\"?\n\x0f\x44\x65scribeRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12 \n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x10.topos.v1.Format\"\x19\n\tTextReply\x12\x0c\n\x04text\x18\x01 \x01(\t\":\n\x0cLowerRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1e\n\x05\x65ntry\x18\x02 \x01(\x0b\x32\x0f.topos.v1.Entry\">\n\nLowerReply\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x12\n\npeak_bytes\x18\x02 \x01(\x03\x12\x0e\n\x06groups\x18\x03 \x01(\x05\"W\n\x0b\x45mitRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1e\n\x05\x65ntry\x18\x02 \x01(\x0b\x32\x0f.topos.v1.Entry\x12\x1c\n\x04\x66orm\x18\x03 \x01(\x0e\x32\x0e.topos.v1.Form\"\xa6\x01\n\x0e\x46orwardRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1e\n\x05\x65ntry\x18\x02 \x01(\x0b\x32\x0f.topos.v1.Entry\x12$\n\nparameters\x18\x03 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\x1d\n\x05\x66\x65\x65\x64s\x18\x04 \x03(\x0b\x32\x0e.topos.v1.Feed\x12#\n\x04\x65xec\x18\x05 \x01(\x0b\x32\x15.topos.v1.ExecOptions\"e\n\x0c\x46orwardReply\x12\x1f\n\x05roots\x18\x01 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\"\n\x08observes\x18\x02 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\x10\n\x08\x62\x61\x63kends\x18\x03 \x03(\t\"\xa6\x01\n\x0f\x42\x61\x63kwardRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1d\n\x04loss\x18\x02 \x01(\x0b\x32\x0f.topos.v1.Value\x12$\n\nparameters\x18\x03 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\x1d\n\x05\x66\x65\x65\x64s\x18\x04 \x03(\x0b\x32\x0e.topos.v1.Feed\x12#\n\x04\x65xec\x18\x05 \x01(\x0b\x32\x15.topos.v1.ExecOptions\"T\n\rBackwardReply\x12\x0c\n\x04loss\x18\x01 \x01(\x01\x12#\n\tgradients\x18\x02 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\x10\n\x08\x62\x61\x63kends\x18\x03 \x03(\t\"\xb5\x02\n\tOptimizer\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.topos.v1.OptimizerKind\x12\x0c\n\x02lr\x18\x02 \x01(\x01H\x00\x12\x12\n\x08momentum\x18\x03 \x01(\x01H\x01\x12\x0f\n\x05\x62\x65ta1\x18\x04 \x01(\x01H\x02\x12\x0f\n\x05\x62\x65ta2\x18\x05 \x01(\x01H\x03\x12\r\n\x03\x65ps\x18\x06 \x01(\x01H\x04\x12\x16\n\x0cweight_decay\x18\x07 \x01(\x01H\x05\x12\"\n\x05\x64\x65\x63\x61y\x18\x08 \x01(\x0e\x32\x13.topos.v1.DecayRule\x12\x13\n\x0b\x64\x65\x63\x61y_slots\x18\t \x03(\x05\x42\n\n\x08lr_givenB\x10\n\x0emomentum_givenB\r\n\x0b\x62\x65ta1_givenB\r\n\x0b\x62\x65ta2_givenB\x0b\n\teps_givenB\x14\n\x12weight_decay_given\"X\n\x0eOptimizerState\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x1b\n\x01m\x18\x02 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\x1b\n\x01v\x18\x03 \x03(\x0b\x32\x10.topos.v1.Tensor\"\x96\x02\n\x0bStepRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1d\n\x04loss\x18\x02 \x01(\x0b\x32\x0f.topos.v1.Value\x12$\n\nparameters\x18\x03 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\x1d\n\x05\x66\x65\x65\x64s\x18\x04 \x03(\x0b\x32\x0e.topos.v1.Feed\x12&\n\toptimizer\x18\x05 \x01(\x0b\x32\x13.topos.v1.Optimizer\x12\'\n\x05state\x18\x06 \x01(\x0b\x32\x18.topos.v1.OptimizerState\x12!\n\x08observes\x18\x07 \x03(\x0b\x32\x0f.topos.v1.Value\x12#\n\x04\x65xec\x18\x08 \x01(\x0b\x32\x15.topos.v1.ExecOptions\"\x9e\x01\n\tStepReply\x12$\n\nparameters\x18\x01 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\'\n\x05state\x18\x02 \x01(\x0b\x32\x18.topos.v1.OptimizerState\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\"\n\x08observes\x18\x04 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\x10\n\x08\x62\x61\x63kends\x18\x05 \x03(\t\"+\n\nTrainBatch\x12\x1d\n\x05\x66\x65\x65\x64s\x18\x01 \x03(\x0b\x32\x0e.topos.v1.Feed\"\x9e\x01\n\x0cTrainRequest\x12#\n\x04open\x18\x01 \x01(\x0b\x32\x15.topos.v1.StepRequest\x12\x1d\n\x05\x66\x65\x65\x64s\x18\x02 \x03(\x0b\x32\x0e.topos.v1.Feed\x12\x14\n\x0creturn_state\x18\x03 \x01(\x08\x12\x0f\n\x07no_step\x18\x04 \x01(\x08\x12#\n\x05steps\x18\x05 \x03(\x0b\x32\x14.topos.v1.TrainBatch\"\xcc\x01\n\nTrainReply\x12\r\n\x05steps\x18\x01 \x01(\x03\x12\x0c\n\x04loss\x18\x02 \x01(\x01\x12\"\n\x08observes\x18\x03 \x03(\x0b\x32\x10.topos.v1.Tensor\x12$\n\nparameters\x18\x04 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\'\n\x05state\x18\x05 \x01(\x0b\x32\x18.topos.v1.OptimizerState\x12\x10\n\x08\x62\x61\x63kends\x18\x06 \x03(\t\x12\x0c\n\x04last\x18\x07 \x01(\x08\x12\x0e\n\x06losses\x18\x08 \x03(\x01\"\xb0\x01\n\x12\x43onformanceRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1e\n\x05\x65ntry\x18\x02 \x01(\x0b\x32\x0f.topos.v1.Entry\x12$\n\nparameters\x18\x03 \x03(\x0b\x32\x10.topos.v1.Tensor\x12\x1d\n\x05\x66\x65\x65\x64s\x18\x04 \x03(\x0b\x32\x0e.topos.v1.Feed\x12)\n\ncandidates\x18\x05 \x03(\x0b\x32\x15.topos.v1.ExecOptions\"\x8b\x01\n\x0cOutputResult\x12\x0c\n\x04what\x18\x01 \x01(\t\x12\r\n\x05holds\x18\x02 \x01(\x08\x12\x15\n\rbit_identical\x18\x03 \x01(\x08\x12\x0f\n\x07max_ulp\x18\x04 \x01(\x01\x12\x14\n\x0cmax_relative\x18\x05 \x01(\x01\x12\x0e\n\x06rel_l2\x18\x06 \x01(\x01\x12\x10\n\x08\x65nvelope\x18\x07 \x01(\x01\"\xf9\x01\n\rBackendResult\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x10\n\x08\x66idelity\x18\x02 \x01(\t\x12\x15\n\rbit_identical\x18\x03 \x01(\x08\x12\x0f\n\x07max_ulp\x18\x04 \x01(\x01\x12\x14\n\x0cmax_relative\x18\x05 \x01(\x01\x12\x0c\n\x04note\x18\x06 \x01(\t\x12\r\n\x05holds\x18\x07 \x01(\x08\x12\x0e\n\x06rel_l2\x18\x08 \x01(\x01\x12$\n\x08numerics\x18\t \x01(\x0e\x32\x12.topos.v1.Numerics\x12\x0b\n\x03ran\x18\n \x03(\t\x12\'\n\x07outputs\x18\x0b \x03(\x0b\x32\x16.topos.v1.OutputResult\"<\n\x10\x43onformanceReply\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.topos.v1.BackendResult\"\x11\n\x0f\x42\x61\x63kendsRequest\"\x8f\x01\n\x0b\x42\x61\x63kendInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x66idelity\x18\x02 \x01(\t\x12\x0b\n\x03ops\x18\x03 \x03(\t\x12\x1f\n\x06\x64types\x18\x04 \x03(\x0e\x32\x0f.topos.v1.DType\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\x0f\n\x07threads\x18\x06 \x01(\x05\x12\x11\n\ttasks_run\x18\x07 \x01(\x03\"p\n\rBackendsReply\x12\'\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x15.topos.v1.BackendInfo\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.topos.v1.DeviceInfo\x12\x0f\n\x07plugins\x18\x03 \x01(\t\"\xbe\x02\n\nDeviceInfo\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x0f\n\x07ordinal\x18\x02 \x01(\x05\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x14\n\x0cmemory_total\x18\x04 \x01(\x03\x12\x13\n\x0bmemory_free\x18\x05 \x01(\x03\x12\x10\n\x08\x63\x63_major\x18\x06 \x01(\x05\x12\x10\n\x08\x63\x63_minor\x18\x07 \x01(\x05\x12\x17\n\x0fmultiprocessors\x18\x08 \x01(\x05\x12\r\n\x05tasks\x18\t \x01(\x03\x12\x10\n\x08\x64\x65\x63lined\x18\n \x01(\x03\x12\x10\n\x08\x62ytes_up\x18\x0b \x01(\x03\x12\x12\n\nbytes_down\x18\x0c \x01(\x03\x12\x12\n\ncache_hits\x18\r \x01(\x03\x12\x14\n\x0c\x63\x61\x63he_misses\x18\x0e \x01(\x03\x12\x13\n\x0b\x63\x61\x63he_bytes\x18\x0f \x01(\x03\x12\x12\n\npool_bytes\x18\x10 \x01(\x03\"3\n\x0ePutBlobRequest\x12!\n\x07tensors\x18\x01 \x03(\x0b\x32\x10.topos.v1.Tensor\")\n\x0cPutBlobReply\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\"\x1d\n\x0fStatBlobRequest\x12\n\n\x02id\x18\x01 \x01(\t\"/\n\rStatBlobReply\x12\x0f\n\x07present\x18\x01 \x01(\x08\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\"\x1c\n\x0eGetBlobRequest\x12\n\n\x02id\x18\x01 \x01(\t\"1\n\x0cGetBlobReply\x12!\n\x07tensors\x18\x01 \x03(\x0b\x32\x10.topos.v1.Tensor\"\x0f\n\rHealthRequest\"U\n\x0bHealthReply\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12%\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x14.topos.v1.DeviceInfo\"\x0e\n\x0cStatsRequest\"\xf1\x03\n\nStatsReply\x12\x0f\n\x07workers\x18\x01 \x01(\x05\x12\x13\n\x0bqueue_depth\x18\x02 \x01(\x05\x12\x16\n\x0equeue_capacity\x18\x03 \x01(\x05\x12\x10\n\x08requests\x18\x04 \x01(\x03\x12\x0e\n\x06\x65rrors\x18\x05 \x01(\x03\x12\x15\n\rcache_entries\x18\x06 \x01(\x03\x12\x12\n\ncache_hits\x18\x07 \x01(\x03\x12\x14\n\x0c\x63\x61\x63he_misses\x18\x08 \x01(\x03\x12\r\n\x05specs\x18\t \x01(\x03\x12\x12\n\nspec_bytes\x18\n \x01(\x03\x12\r\n\x05\x62lobs\x18\x0b \x01(\x03\x12\x12\n\nblob_bytes\x18\x0c \x01(\x03\x12-\n\rbackend_tasks\x18\r \x03(\x0b\x32\x16.topos.v1.BackendCount\x12\x13\n\x0b\x63onnections\x18\x0e \x01(\x03\x12\x18\n\x10\x63onnections_shed\x18\x0f \x01(\x03\x12\x1b\n\x13\x63onnections_refused\x18\x10 \x01(\x03\x12\x16\n\x0e\x63onnection_cap\x18\x11 \x01(\x05\x12\x13\n\x0b\x63\x61\x63he_bytes\x18\x12 \x01(\x03\x12\x16\n\x0ereserved_bytes\x18\x13 \x01(\x03\x12\x15\n\rmemory_budget\x18\x14 \x01(\x03\x12%\n\x07\x64\x65vices\x18\x15 \x03(\x0b\x32\x14.topos.v1.DeviceInfo\"9\n\x10ListSpecsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"O\n\x08SpecInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\x12\x14\n\x0clast_used_ms\x18\x04 \x01(\x03\"L\n\x0eListSpecsReply\x12!\n\x05specs\x18\x01 \x03(\x0b\x32\x12.topos.v1.SpecInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\".\n\x0c\x42\x61\x63kendCount\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\r\n\x05tasks\x18\x02 \x01(\x03\"S\n\x0b\x41\x64minTenant\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x61\x64min\x18\x02 \x01(\x08\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\x12\x13\n\x0blive_tokens\x18\x04 \x01(\x03\"P\n\nAdminToken\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\x12\x12\n\nrevoked_ms\x18\x04 \x01(\x03\"H\n\x15\x41\x64minTenantAddRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x61\x64min\x18\x02 \x01(\x08\x12\x12\n\nwith_token\x18\x03 \x01(\x08\"q\n\x13\x41\x64minTenantAddReply\x12%\n\x06tenant\x18\x01 \x01(\x0b\x32\x15.topos.v1.AdminTenant\x12#\n\x05token\x18\x02 \x01(\x0b\x32\x14.topos.v1.AdminToken\x12\x0e\n\x06secret\x18\x03 \x01(\t\"\x18\n\x16\x41\x64minTenantListRequest\">\n\x14\x41\x64minTenantListReply\x12&\n\x07tenants\x18\x01 \x03(\x0b\x32\x15.topos.v1.AdminTenant\"(\n\x18\x41\x64minTenantRemoveRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"?\n\x16\x41\x64minTenantRemoveReply\x12%\n\x06tenant\x18\x01 \x01(\x0b\x32\x15.topos.v1.AdminTenant\")\n\x17\x41\x64minTokenCreateRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"L\n\x15\x41\x64minTokenCreateReply\x12#\n\x05token\x18\x01 \x01(\x0b\x32\x14.topos.v1.AdminToken\x12\x0e\n\x06secret\x18\x02 \x01(\t\"\'\n\x15\x41\x64minTokenListRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\";\n\x13\x41\x64minTokenListReply\x12$\n\x06tokens\x18\x01 \x03(\x0b\x32\x14.topos.v1.AdminToken\"%\n\x17\x41\x64minTokenRevokeRequest\x12\n\n\x02id\x18\x01 \x01(\t\"<\n\x15\x41\x64minTokenRevokeReply\x12#\n\x05token\x18\x01 \x01(\x0b\x32\x14.topos.v1.AdminToken\"\xb8\x01\n\nAdminQuota\x12\x14\n\x0cstored_bytes\x18\x01 \x01(\x03\x12\x10\n\x08inflight\x18\x02 \x01(\x03\x12\x12\n\nrate_per_s\x18\x03 \x01(\x01\x12\r\n\x05\x62urst\x18\x04 \x01(\x03\x12\x16\n\x0enodes_per_spec\x18\x05 \x01(\x03\x12\x0e\n\x06run_ms\x18\x06 \x01(\x03\x12\x11\n\trun_bytes\x18\x07 \x01(\x03\x12\x0e\n\x06weight\x18\x08 \x01(\x03\x12\x14\n\x0c\x64\x65vice_bytes\x18\t \x01(\x03\"\x90\x03\n\x14\x41\x64minQuotaSetRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0cstored_bytes\x18\x02 \x01(\x03H\x00\x12\x12\n\x08inflight\x18\x03 \x01(\x03H\x01\x12\x14\n\nrate_per_s\x18\x04 \x01(\x01H\x02\x12\x0f\n\x05\x62urst\x18\x05 \x01(\x03H\x03\x12\x18\n\x0enodes_per_spec\x18\x06 \x01(\x03H\x04\x12\x10\n\x06run_ms\x18\x07 \x01(\x03H\x05\x12\x13\n\trun_bytes\x18\x08 \x01(\x03H\x06\x12\x10\n\x06weight\x18\t \x01(\x03H\x07\x12\x16\n\x0c\x64\x65vice_bytes\x18\n \x01(\x03H\x08\x42\x14\n\x12stored_bytes_givenB\x10\n\x0einflight_givenB\x12\n\x10rate_per_s_givenB\r\n\x0b\x62urst_givenB\x16\n\x14nodes_per_spec_givenB\x0e\n\x0crun_ms_givenB\x11\n\x0frun_bytes_givenB\x0e\n\x0cweight_givenB\x14\n\x12\x64\x65vice_bytes_given\"$\n\x16\x41\x64minSpecDeleteRequest\x12\n\n\x02id\x18\x01 \x01(\t\"%\n\x14\x41\x64minSpecDeleteReply\x12\r\n\x05\x62ytes\x18\x01 \x01(\x03\"\'\n\x15\x41\x64minQuotaShowRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"F\n\x0f\x41\x64minQuotaReply\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12#\n\x05quota\x18\x02 \x01(\x0b\x32\x14.topos.v1.AdminQuota*,\n\x05\x44Type\x12\x07\n\x03\x46\x33\x32\x10\x00\x12\x07\n\x03\x46\x36\x34\x10\x01\x12\x08\n\x04\x42\x46\x31\x36\x10\x02\x12\x07\n\x03I32\x10\x03*\xa2\x03\n\x02Op\x12\x0c\n\x08\x43ONSTANT\x10\x00\x12\r\n\tPARAMETER\x10\x01\x12\t\n\x05INPUT\x10\x02\x12\x07\n\x03\x41\x44\x44\x10\x03\x12\x07\n\x03SUB\x10\x04\x12\x07\n\x03MUL\x10\x05\x12\x07\n\x03\x44IV\x10\x06\x12\x07\n\x03NEG\x10\x07\x12\x07\n\x03\x45XP\x10\x08\x12\x07\n\x03LOG\x10\t\x12\x08\n\x04SQRT\x10\n\x12\x08\n\x04TANH\x10\x0b\x12\x07\n\x03POW\x10\x0c\x12\x0b\n\x07MAXIMUM\x10\r\x12\x08\n\x04STEP\x10\x0e\x12\x08\n\x04RELU\x10\x0f\x12\n\n\x06MATMUL\x10\x10\x12\r\n\tTRANSPOSE\x10\x11\x12\x0b\n\x07PERMUTE\x10\x12\x12\x0b\n\x07RESHAPE\x10\x13\x12\n\n\x06NARROW\x10\x14\x12\x07\n\x03PAD\x10\x15\x12\n\n\x06UNFOLD\x10\x16\x12\x08\n\x04\x46OLD\x10\x17\x12\n\n\x06\x43ONCAT\x10\x18\x12\r\n\tBROADCAST\x10\x19\x12\x13\n\x0f\x42ROADCAST_ALONG\x10\x1a\x12\x07\n\x03SUM\x10\x1b\x12\r\n\tSUM_ALONG\x10\x1c\x12\r\n\tMAX_ALONG\x10\x1d\x12\x0f\n\x0bLOG_SOFTMAX\x10\x1e\x12\r\n\tLOGSUMEXP\x10\x1f\x12\n\n\x06GATHER\x10 \x12\x0b\n\x07SCATTER\x10!\x12\x07\n\x03\x45RF\x10\"*$\n\x07Posture\x12\x0b\n\x07\x46ORWARD\x10\x00\x12\x0c\n\x08TRAINING\x10\x01*\x1f\n\x08Numerics\x12\t\n\x05\x45XACT\x10\x00\x12\x08\n\x04\x46\x41ST\x10\x01*.\n\x06\x46ormat\x12\x08\n\x04TEXT\x10\x00\x12\x08\n\x04JSON\x10\x01\x12\x07\n\x03\x44OT\x10\x02\x12\x07\n\x03SVG\x10\x03*\x1f\n\x04\x46orm\x12\n\n\x06PRETTY\x10\x00\x12\x0b\n\x07GENERIC\x10\x01*-\n\rOptimizerKind\x12\x07\n\x03SGD\x10\x00\x12\x08\n\x04\x41\x44\x41M\x10\x01\x12\t\n\x05\x41\x44\x41MW\x10\x02*A\n\tDecayRule\x12\x13\n\x0fRANK_AT_LEAST_2\x10\x00\x12\r\n\tALL_SLOTS\x10\x01\x12\x10\n\x0cLISTED_SLOTS\x10\x02\x32\xb5\r\n\x05Topos\x12/\n\x06Record\x12\x0e.topos.v1.Spec\x1a\x15.topos.v1.RecordReply\x12:\n\x08\x44\x65scribe\x12\x19.topos.v1.DescribeRequest\x1a\x13.topos.v1.TextReply\x12\x35\n\x05Lower\x12\x16.topos.v1.LowerRequest\x1a\x14.topos.v1.LowerReply\x12\x32\n\x04\x45mit\x12\x15.topos.v1.EmitRequest\x1a\x13.topos.v1.TextReply\x12;\n\x07\x46orward\x12\x18.topos.v1.ForwardRequest\x1a\x16.topos.v1.ForwardReply\x12>\n\x08\x42\x61\x63kward\x12\x19.topos.v1.BackwardRequest\x1a\x17.topos.v1.BackwardReply\x12\x32\n\x04Step\x12\x15.topos.v1.StepRequest\x1a\x13.topos.v1.StepReply\x12\x39\n\x05Train\x12\x16.topos.v1.TrainRequest\x1a\x14.topos.v1.TrainReply(\x01\x30\x01\x12G\n\x0b\x43onformance\x12\x1c.topos.v1.ConformanceRequest\x1a\x1a.topos.v1.ConformanceReply\x12;\n\x07PutBlob\x12\x18.topos.v1.PutBlobRequest\x1a\x16.topos.v1.PutBlobReply\x12>\n\x08StatBlob\x12\x19.topos.v1.StatBlobRequest\x1a\x17.topos.v1.StatBlobReply\x12;\n\x07GetBlob\x12\x18.topos.v1.GetBlobRequest\x1a\x16.topos.v1.GetBlobReply\x12\x38\n\x06Health\x12\x17.topos.v1.HealthRequest\x1a\x15.topos.v1.HealthReply\x12\x35\n\x05Stats\x12\x16.topos.v1.StatsRequest\x1a\x14.topos.v1.StatsReply\x12>\n\x08\x42\x61\x63kends\x12\x19.topos.v1.BackendsRequest\x1a\x17.topos.v1.BackendsReply\x12\x41\n\tListSpecs\x12\x1a.topos.v1.ListSpecsRequest\x1a\x18.topos.v1.ListSpecsReply\x12P\n\x0e\x41\x64minTenantAdd\x12\x1f.topos.v1.AdminTenantAddRequest\x1a\x1d.topos.v1.AdminTenantAddReply\x12S\n\x0f\x41\x64minTenantList\x12 .topos.v1.AdminTenantListRequest\x1a\x1e.topos.v1.AdminTenantListReply\x12Y\n\x11\x41\x64minTenantRemove\x12\".topos.v1.AdminTenantRemoveRequest\x1a .topos.v1.AdminTenantRemoveReply\x12V\n\x10\x41\x64minTokenCreate\x12!.topos.v1.AdminTokenCreateRequest\x1a\x1f.topos.v1.AdminTokenCreateReply\x12P\n\x0e\x41\x64minTokenList\x12\x1f.topos.v1.AdminTokenListRequest\x1a\x1d.topos.v1.AdminTokenListReply\x12V\n\x10\x41\x64minTokenRevoke\x12!.topos.v1.AdminTokenRevokeRequest\x1a\x1f.topos.v1.AdminTokenRevokeReply\x12J\n\rAdminQuotaSet\x12\x1e.topos.v1.AdminQuotaSetRequest\x1a\x19.topos.v1.AdminQuotaReply\x12L\n\x0e\x41\x64minQuotaShow\x12\x1f.topos.v1.AdminQuotaShowRequest\x1a\x19.topos.v1.AdminQuotaReply\x12S\n\x0f\x41\x64minSpecDelete\x12 .topos.v1.AdminSpecDeleteRequest\x1a\x1e.topos.v1.AdminSpecDeleteReplyb\x06proto3')
 )
 
 _DTYPE = _descriptor.EnumDescriptor(
@@ -48,8 +48,8 @@ _DTYPE = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=6988,
-  serialized_end=7032,
+  serialized_start=7146,
+  serialized_end=7190,
 )
 _sym_db.RegisterEnumDescriptor(_DTYPE)
 
@@ -203,8 +203,8 @@ _OP = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=7035,
-  serialized_end=7453,
+  serialized_start=7193,
+  serialized_end=7611,
 )
 _sym_db.RegisterEnumDescriptor(_OP)
 
@@ -226,8 +226,8 @@ _POSTURE = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=7455,
-  serialized_end=7491,
+  serialized_start=7613,
+  serialized_end=7649,
 )
 _sym_db.RegisterEnumDescriptor(_POSTURE)
 
@@ -249,8 +249,8 @@ _NUMERICS = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=7493,
-  serialized_end=7524,
+  serialized_start=7651,
+  serialized_end=7682,
 )
 _sym_db.RegisterEnumDescriptor(_NUMERICS)
 
@@ -280,8 +280,8 @@ _FORMAT = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=7526,
-  serialized_end=7572,
+  serialized_start=7684,
+  serialized_end=7730,
 )
 _sym_db.RegisterEnumDescriptor(_FORMAT)
 
@@ -303,8 +303,8 @@ _FORM = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=7574,
-  serialized_end=7605,
+  serialized_start=7732,
+  serialized_end=7763,
 )
 _sym_db.RegisterEnumDescriptor(_FORM)
 
@@ -330,8 +330,8 @@ _OPTIMIZERKIND = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=7607,
-  serialized_end=7652,
+  serialized_start=7765,
+  serialized_end=7810,
 )
 _sym_db.RegisterEnumDescriptor(_OPTIMIZERKIND)
 
@@ -357,8 +357,8 @@ _DECAYRULE = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=7654,
-  serialized_end=7719,
+  serialized_start=7812,
+  serialized_end=7877,
 )
 _sym_db.RegisterEnumDescriptor(_DECAYRULE)
 
@@ -2485,6 +2485,68 @@ _STATBLOBREPLY = _descriptor.Descriptor(
 )
 
 
+_GETBLOBREQUEST = _descriptor.Descriptor(
+  name='GetBlobRequest',
+  full_name='topos.v1.GetBlobRequest',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='id', full_name='topos.v1.GetBlobRequest.id', index=0,
+      number=1, type=9, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b("").decode('utf-8'),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=4522,
+  serialized_end=4550,
+)
+
+
+_GETBLOBREPLY = _descriptor.Descriptor(
+  name='GetBlobReply',
+  full_name='topos.v1.GetBlobReply',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='tensors', full_name='topos.v1.GetBlobReply.tensors', index=0,
+      number=1, type=11, cpp_type=10, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=4552,
+  serialized_end=4601,
+)
+
+
 _HEALTHREQUEST = _descriptor.Descriptor(
   name='HealthRequest',
   full_name='topos.v1.HealthRequest',
@@ -2504,8 +2566,8 @@ _HEALTHREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=4522,
-  serialized_end=4537,
+  serialized_start=4603,
+  serialized_end=4618,
 )
 
 
@@ -2549,8 +2611,8 @@ _HEALTHREPLY = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=4539,
-  serialized_end=4624,
+  serialized_start=4620,
+  serialized_end=4705,
 )
 
 
@@ -2573,8 +2635,8 @@ _STATSREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=4626,
-  serialized_end=4640,
+  serialized_start=4707,
+  serialized_end=4721,
 )
 
 
@@ -2744,8 +2806,8 @@ _STATSREPLY = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=4643,
-  serialized_end=5140,
+  serialized_start=4724,
+  serialized_end=5221,
 )
 
 
@@ -2782,8 +2844,8 @@ _LISTSPECSREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=5142,
-  serialized_end=5199,
+  serialized_start=5223,
+  serialized_end=5280,
 )
 
 
@@ -2834,8 +2896,8 @@ _SPECINFO = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=5201,
-  serialized_end=5280,
+  serialized_start=5282,
+  serialized_end=5361,
 )
 
 
@@ -2872,8 +2934,8 @@ _LISTSPECSREPLY = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=5282,
-  serialized_end=5358,
+  serialized_start=5363,
+  serialized_end=5439,
 )
 
 
@@ -2910,8 +2972,8 @@ _BACKENDCOUNT = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=5360,
-  serialized_end=5406,
+  serialized_start=5441,
+  serialized_end=5487,
 )
 
 
@@ -2962,8 +3024,8 @@ _ADMINTENANT = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=5408,
-  serialized_end=5491,
+  serialized_start=5489,
+  serialized_end=5572,
 )
 
 
@@ -3014,8 +3076,8 @@ _ADMINTOKEN = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=5493,
-  serialized_end=5573,
+  serialized_start=5574,
+  serialized_end=5654,
 )
 
 
@@ -3059,8 +3121,8 @@ _ADMINTENANTADDREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=5575,
-  serialized_end=5647,
+  serialized_start=5656,
+  serialized_end=5728,
 )
 
 
@@ -3104,8 +3166,8 @@ _ADMINTENANTADDREPLY = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=5649,
-  serialized_end=5762,
+  serialized_start=5730,
+  serialized_end=5843,
 )
 
 
@@ -3128,8 +3190,8 @@ _ADMINTENANTLISTREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=5764,
-  serialized_end=5788,
+  serialized_start=5845,
+  serialized_end=5869,
 )
 
 
@@ -3159,8 +3221,8 @@ _ADMINTENANTLISTREPLY = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=5790,
-  serialized_end=5852,
+  serialized_start=5871,
+  serialized_end=5933,
 )
 
 
@@ -3190,8 +3252,8 @@ _ADMINTENANTREMOVEREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=5854,
-  serialized_end=5894,
+  serialized_start=5935,
+  serialized_end=5975,
 )
 
 
@@ -3221,8 +3283,8 @@ _ADMINTENANTREMOVEREPLY = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=5896,
-  serialized_end=5959,
+  serialized_start=5977,
+  serialized_end=6040,
 )
 
 
@@ -3252,8 +3314,8 @@ _ADMINTOKENCREATEREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=5961,
-  serialized_end=6002,
+  serialized_start=6042,
+  serialized_end=6083,
 )
 
 
@@ -3290,8 +3352,8 @@ _ADMINTOKENCREATEREPLY = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=6004,
-  serialized_end=6080,
+  serialized_start=6085,
+  serialized_end=6161,
 )
 
 
@@ -3321,8 +3383,8 @@ _ADMINTOKENLISTREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=6082,
-  serialized_end=6121,
+  serialized_start=6163,
+  serialized_end=6202,
 )
 
 
@@ -3352,8 +3414,8 @@ _ADMINTOKENLISTREPLY = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=6123,
-  serialized_end=6182,
+  serialized_start=6204,
+  serialized_end=6263,
 )
 
 
@@ -3383,8 +3445,8 @@ _ADMINTOKENREVOKEREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=6184,
-  serialized_end=6221,
+  serialized_start=6265,
+  serialized_end=6302,
 )
 
 
@@ -3414,8 +3476,8 @@ _ADMINTOKENREVOKEREPLY = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=6223,
-  serialized_end=6283,
+  serialized_start=6304,
+  serialized_end=6364,
 )
 
 
@@ -3501,8 +3563,8 @@ _ADMINQUOTA = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=6286,
-  serialized_end=6470,
+  serialized_start=6367,
+  serialized_end=6551,
 )
 
 
@@ -3622,8 +3684,70 @@ _ADMINQUOTASETREQUEST = _descriptor.Descriptor(
       name='device_bytes_given', full_name='topos.v1.AdminQuotaSetRequest.device_bytes_given',
       index=8, containing_type=None, fields=[]),
   ],
-  serialized_start=6473,
-  serialized_end=6873,
+  serialized_start=6554,
+  serialized_end=6954,
+)
+
+
+_ADMINSPECDELETEREQUEST = _descriptor.Descriptor(
+  name='AdminSpecDeleteRequest',
+  full_name='topos.v1.AdminSpecDeleteRequest',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='id', full_name='topos.v1.AdminSpecDeleteRequest.id', index=0,
+      number=1, type=9, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b("").decode('utf-8'),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=6956,
+  serialized_end=6992,
+)
+
+
+_ADMINSPECDELETEREPLY = _descriptor.Descriptor(
+  name='AdminSpecDeleteReply',
+  full_name='topos.v1.AdminSpecDeleteReply',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='bytes', full_name='topos.v1.AdminSpecDeleteReply.bytes', index=0,
+      number=1, type=3, cpp_type=2, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=6994,
+  serialized_end=7031,
 )
 
 
@@ -3653,8 +3777,8 @@ _ADMINQUOTASHOWREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=6875,
-  serialized_end=6914,
+  serialized_start=7033,
+  serialized_end=7072,
 )
 
 
@@ -3691,8 +3815,8 @@ _ADMINQUOTAREPLY = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=6916,
-  serialized_end=6986,
+  serialized_start=7074,
+  serialized_end=7144,
 )
 
 _TENSOR.fields_by_name['dtype'].enum_type = _DTYPE
@@ -3779,6 +3903,7 @@ _BACKENDINFO.fields_by_name['dtypes'].enum_type = _DTYPE
 _BACKENDSREPLY.fields_by_name['backends'].message_type = _BACKENDINFO
 _BACKENDSREPLY.fields_by_name['devices'].message_type = _DEVICEINFO
 _PUTBLOBREQUEST.fields_by_name['tensors'].message_type = _TENSOR
+_GETBLOBREPLY.fields_by_name['tensors'].message_type = _TENSOR
 _HEALTHREPLY.fields_by_name['devices'].message_type = _DEVICEINFO
 _STATSREPLY.fields_by_name['backend_tasks'].message_type = _BACKENDCOUNT
 _STATSREPLY.fields_by_name['devices'].message_type = _DEVICEINFO
@@ -3855,6 +3980,8 @@ DESCRIPTOR.message_types_by_name['PutBlobRequest'] = _PUTBLOBREQUEST
 DESCRIPTOR.message_types_by_name['PutBlobReply'] = _PUTBLOBREPLY
 DESCRIPTOR.message_types_by_name['StatBlobRequest'] = _STATBLOBREQUEST
 DESCRIPTOR.message_types_by_name['StatBlobReply'] = _STATBLOBREPLY
+DESCRIPTOR.message_types_by_name['GetBlobRequest'] = _GETBLOBREQUEST
+DESCRIPTOR.message_types_by_name['GetBlobReply'] = _GETBLOBREPLY
 DESCRIPTOR.message_types_by_name['HealthRequest'] = _HEALTHREQUEST
 DESCRIPTOR.message_types_by_name['HealthReply'] = _HEALTHREPLY
 DESCRIPTOR.message_types_by_name['StatsRequest'] = _STATSREQUEST
@@ -3879,6 +4006,8 @@ DESCRIPTOR.message_types_by_name['AdminTokenRevokeRequest'] = _ADMINTOKENREVOKER
 DESCRIPTOR.message_types_by_name['AdminTokenRevokeReply'] = _ADMINTOKENREVOKEREPLY
 DESCRIPTOR.message_types_by_name['AdminQuota'] = _ADMINQUOTA
 DESCRIPTOR.message_types_by_name['AdminQuotaSetRequest'] = _ADMINQUOTASETREQUEST
+DESCRIPTOR.message_types_by_name['AdminSpecDeleteRequest'] = _ADMINSPECDELETEREQUEST
+DESCRIPTOR.message_types_by_name['AdminSpecDeleteReply'] = _ADMINSPECDELETEREPLY
 DESCRIPTOR.message_types_by_name['AdminQuotaShowRequest'] = _ADMINQUOTASHOWREQUEST
 DESCRIPTOR.message_types_by_name['AdminQuotaReply'] = _ADMINQUOTAREPLY
 DESCRIPTOR.enum_types_by_name['DType'] = _DTYPE
@@ -4150,6 +4279,20 @@ StatBlobReply = _reflection.GeneratedProtocolMessageType('StatBlobReply', (_mess
   ))
 _sym_db.RegisterMessage(StatBlobReply)
 
+GetBlobRequest = _reflection.GeneratedProtocolMessageType('GetBlobRequest', (_message.Message,), dict(
+  DESCRIPTOR = _GETBLOBREQUEST,
+  __module__ = 'topos_pb2'
+  # @@protoc_insertion_point(class_scope:topos.v1.GetBlobRequest)
+  ))
+_sym_db.RegisterMessage(GetBlobRequest)
+
+GetBlobReply = _reflection.GeneratedProtocolMessageType('GetBlobReply', (_message.Message,), dict(
+  DESCRIPTOR = _GETBLOBREPLY,
+  __module__ = 'topos_pb2'
+  # @@protoc_insertion_point(class_scope:topos.v1.GetBlobReply)
+  ))
+_sym_db.RegisterMessage(GetBlobReply)
+
 HealthRequest = _reflection.GeneratedProtocolMessageType('HealthRequest', (_message.Message,), dict(
   DESCRIPTOR = _HEALTHREQUEST,
   __module__ = 'topos_pb2'
@@ -4318,6 +4461,20 @@ AdminQuotaSetRequest = _reflection.GeneratedProtocolMessageType('AdminQuotaSetRe
   ))
 _sym_db.RegisterMessage(AdminQuotaSetRequest)
 
+AdminSpecDeleteRequest = _reflection.GeneratedProtocolMessageType('AdminSpecDeleteRequest', (_message.Message,), dict(
+  DESCRIPTOR = _ADMINSPECDELETEREQUEST,
+  __module__ = 'topos_pb2'
+  # @@protoc_insertion_point(class_scope:topos.v1.AdminSpecDeleteRequest)
+  ))
+_sym_db.RegisterMessage(AdminSpecDeleteRequest)
+
+AdminSpecDeleteReply = _reflection.GeneratedProtocolMessageType('AdminSpecDeleteReply', (_message.Message,), dict(
+  DESCRIPTOR = _ADMINSPECDELETEREPLY,
+  __module__ = 'topos_pb2'
+  # @@protoc_insertion_point(class_scope:topos.v1.AdminSpecDeleteReply)
+  ))
+_sym_db.RegisterMessage(AdminSpecDeleteReply)
+
 AdminQuotaShowRequest = _reflection.GeneratedProtocolMessageType('AdminQuotaShowRequest', (_message.Message,), dict(
   DESCRIPTOR = _ADMINQUOTASHOWREQUEST,
   __module__ = 'topos_pb2'
@@ -4340,8 +4497,8 @@ _TOPOS = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=7722,
-  serialized_end=9293,
+  serialized_start=7880,
+  serialized_end=9597,
   methods=[
   _descriptor.MethodDescriptor(
     name='Record',
@@ -4443,9 +4600,18 @@ _TOPOS = _descriptor.ServiceDescriptor(
     options=None,
   ),
   _descriptor.MethodDescriptor(
+    name='GetBlob',
+    full_name='topos.v1.Topos.GetBlob',
+    index=11,
+    containing_service=None,
+    input_type=_GETBLOBREQUEST,
+    output_type=_GETBLOBREPLY,
+    options=None,
+  ),
+  _descriptor.MethodDescriptor(
     name='Health',
     full_name='topos.v1.Topos.Health',
-    index=11,
+    index=12,
     containing_service=None,
     input_type=_HEALTHREQUEST,
     output_type=_HEALTHREPLY,
@@ -4454,7 +4620,7 @@ _TOPOS = _descriptor.ServiceDescriptor(
   _descriptor.MethodDescriptor(
     name='Stats',
     full_name='topos.v1.Topos.Stats',
-    index=12,
+    index=13,
     containing_service=None,
     input_type=_STATSREQUEST,
     output_type=_STATSREPLY,
@@ -4463,7 +4629,7 @@ _TOPOS = _descriptor.ServiceDescriptor(
   _descriptor.MethodDescriptor(
     name='Backends',
     full_name='topos.v1.Topos.Backends',
-    index=13,
+    index=14,
     containing_service=None,
     input_type=_BACKENDSREQUEST,
     output_type=_BACKENDSREPLY,
@@ -4472,7 +4638,7 @@ _TOPOS = _descriptor.ServiceDescriptor(
   _descriptor.MethodDescriptor(
     name='ListSpecs',
     full_name='topos.v1.Topos.ListSpecs',
-    index=14,
+    index=15,
     containing_service=None,
     input_type=_LISTSPECSREQUEST,
     output_type=_LISTSPECSREPLY,
@@ -4481,7 +4647,7 @@ _TOPOS = _descriptor.ServiceDescriptor(
   _descriptor.MethodDescriptor(
     name='AdminTenantAdd',
     full_name='topos.v1.Topos.AdminTenantAdd',
-    index=15,
+    index=16,
     containing_service=None,
     input_type=_ADMINTENANTADDREQUEST,
     output_type=_ADMINTENANTADDREPLY,
@@ -4490,7 +4656,7 @@ _TOPOS = _descriptor.ServiceDescriptor(
   _descriptor.MethodDescriptor(
     name='AdminTenantList',
     full_name='topos.v1.Topos.AdminTenantList',
-    index=16,
+    index=17,
     containing_service=None,
     input_type=_ADMINTENANTLISTREQUEST,
     output_type=_ADMINTENANTLISTREPLY,
@@ -4499,7 +4665,7 @@ _TOPOS = _descriptor.ServiceDescriptor(
   _descriptor.MethodDescriptor(
     name='AdminTenantRemove',
     full_name='topos.v1.Topos.AdminTenantRemove',
-    index=17,
+    index=18,
     containing_service=None,
     input_type=_ADMINTENANTREMOVEREQUEST,
     output_type=_ADMINTENANTREMOVEREPLY,
@@ -4508,7 +4674,7 @@ _TOPOS = _descriptor.ServiceDescriptor(
   _descriptor.MethodDescriptor(
     name='AdminTokenCreate',
     full_name='topos.v1.Topos.AdminTokenCreate',
-    index=18,
+    index=19,
     containing_service=None,
     input_type=_ADMINTOKENCREATEREQUEST,
     output_type=_ADMINTOKENCREATEREPLY,
@@ -4517,7 +4683,7 @@ _TOPOS = _descriptor.ServiceDescriptor(
   _descriptor.MethodDescriptor(
     name='AdminTokenList',
     full_name='topos.v1.Topos.AdminTokenList',
-    index=19,
+    index=20,
     containing_service=None,
     input_type=_ADMINTOKENLISTREQUEST,
     output_type=_ADMINTOKENLISTREPLY,
@@ -4526,7 +4692,7 @@ _TOPOS = _descriptor.ServiceDescriptor(
   _descriptor.MethodDescriptor(
     name='AdminTokenRevoke',
     full_name='topos.v1.Topos.AdminTokenRevoke',
-    index=20,
+    index=21,
     containing_service=None,
     input_type=_ADMINTOKENREVOKEREQUEST,
     output_type=_ADMINTOKENREVOKEREPLY,
@@ -4535,7 +4701,7 @@ _TOPOS = _descriptor.ServiceDescriptor(
   _descriptor.MethodDescriptor(
     name='AdminQuotaSet',
     full_name='topos.v1.Topos.AdminQuotaSet',
-    index=21,
+    index=22,
     containing_service=None,
     input_type=_ADMINQUOTASETREQUEST,
     output_type=_ADMINQUOTAREPLY,
@@ -4544,10 +4710,19 @@ _TOPOS = _descriptor.ServiceDescriptor(
   _descriptor.MethodDescriptor(
     name='AdminQuotaShow',
     full_name='topos.v1.Topos.AdminQuotaShow',
-    index=22,
+    index=23,
     containing_service=None,
     input_type=_ADMINQUOTASHOWREQUEST,
     output_type=_ADMINQUOTAREPLY,
+    options=None,
+  ),
+  _descriptor.MethodDescriptor(
+    name='AdminSpecDelete',
+    full_name='topos.v1.Topos.AdminSpecDelete',
+    index=24,
+    containing_service=None,
+    input_type=_ADMINSPECDELETEREQUEST,
+    output_type=_ADMINSPECDELETEREPLY,
     options=None,
   ),
 ])

@@ -69,6 +69,11 @@ class ToposStub(object):
         request_serializer=topos__pb2.StatBlobRequest.SerializeToString,
         response_deserializer=topos__pb2.StatBlobReply.FromString,
         )
+    self.GetBlob = channel.unary_unary(
+        '/topos.v1.Topos/GetBlob',
+        request_serializer=topos__pb2.GetBlobRequest.SerializeToString,
+        response_deserializer=topos__pb2.GetBlobReply.FromString,
+        )
     self.Health = channel.unary_unary(
         '/topos.v1.Topos/Health',
         request_serializer=topos__pb2.HealthRequest.SerializeToString,
@@ -128,6 +133,11 @@ class ToposStub(object):
         '/topos.v1.Topos/AdminQuotaShow',
         request_serializer=topos__pb2.AdminQuotaShowRequest.SerializeToString,
         response_deserializer=topos__pb2.AdminQuotaReply.FromString,
+        )
+    self.AdminSpecDelete = channel.unary_unary(
+        '/topos.v1.Topos/AdminSpecDelete',
+        request_serializer=topos__pb2.AdminSpecDeleteRequest.SerializeToString,
+        response_deserializer=topos__pb2.AdminSpecDeleteReply.FromString,
         )
 
 
@@ -206,6 +216,13 @@ class ToposServicer(object):
     raise NotImplementedError('Method not implemented!')
 
   def StatBlob(self, request, context):
+    # missing associated documentation comment in .proto file
+    pass
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
+  def GetBlob(self, request, context):
     # missing associated documentation comment in .proto file
     pass
     context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -296,6 +313,13 @@ class ToposServicer(object):
     context.set_details('Method not implemented!')
     raise NotImplementedError('Method not implemented!')
 
+  def AdminSpecDelete(self, request, context):
+    # missing associated documentation comment in .proto file
+    pass
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
 
 def add_ToposServicer_to_server(servicer, server):
   rpc_method_handlers = {
@@ -353,6 +377,11 @@ def add_ToposServicer_to_server(servicer, server):
           servicer.StatBlob,
           request_deserializer=topos__pb2.StatBlobRequest.FromString,
           response_serializer=topos__pb2.StatBlobReply.SerializeToString,
+      ),
+      'GetBlob': grpc.unary_unary_rpc_method_handler(
+          servicer.GetBlob,
+          request_deserializer=topos__pb2.GetBlobRequest.FromString,
+          response_serializer=topos__pb2.GetBlobReply.SerializeToString,
       ),
       'Health': grpc.unary_unary_rpc_method_handler(
           servicer.Health,
@@ -413,6 +442,11 @@ def add_ToposServicer_to_server(servicer, server):
           servicer.AdminQuotaShow,
           request_deserializer=topos__pb2.AdminQuotaShowRequest.FromString,
           response_serializer=topos__pb2.AdminQuotaReply.SerializeToString,
+      ),
+      'AdminSpecDelete': grpc.unary_unary_rpc_method_handler(
+          servicer.AdminSpecDelete,
+          request_deserializer=topos__pb2.AdminSpecDeleteRequest.FromString,
+          response_serializer=topos__pb2.AdminSpecDeleteReply.SerializeToString,
       ),
   }
   generic_handler = grpc.method_handlers_generic_handler(

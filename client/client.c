@@ -99,6 +99,9 @@ static const char *const method_names[M_COUNT] = {
  * restarted daemon with a fresh store) that answers "no spec with id"
  * gets them again (topos_client_record, unary).  The newest KEPT_SPECS. */
 #define KEPT_SPECS 16
+/* How many times a call that finds no spec records it again and is
+ * resent (unary_kept). */
+#define RERECORD_ROUNDS 8
 
 typedef struct kept_spec {
   char id[65];
@@ -851,17 +854,23 @@ static int unary_kept(topos_client *c, int method, ProtobufCMessage *req,
   grpc_slice r = grpc_empty_slice();
   int status = -1;
   rc = invoke(c, method, NULL, send, deadline_s, &r, &status, err);
-  if (rc != TOPOS_OK && status == GRPC_STATUS_NOT_FOUND && again && err &&
-      strstr(err->message, "no spec with id") != NULL) {
+  /* Over several replicas the Record and the call may land on different
+   * ones (round-robin), so this goes on until the call finds the spec:
+   * each Record reaches another replica, so a few rounds cover them. */
+  for (int round = 0; round < RERECORD_ROUNDS && rc != TOPOS_OK &&
+                      status == GRPC_STATUS_NOT_FOUND && again && err &&
+                      strstr(err->message, "no spec with id") != NULL;
+       round++) {
     grpc_byte_buffer *spec = kept_find(c, spec_id);
     topos_error rerr = {0};
     grpc_slice rr = grpc_empty_slice();
-    if (spec && invoke(c, M_RECORD, NULL, spec, deadline_s, &rr, NULL, &rerr) ==
-                    TOPOS_OK) {
-      grpc_slice_unref(rr);
-      rc = invoke(c, method, NULL, again, deadline_s, &r, &status, err);
-      again = NULL;
-    }
+    if (!spec || invoke(c, M_RECORD, NULL, spec, deadline_s, &rr, NULL,
+                        &rerr) != TOPOS_OK)
+      break;
+    grpc_slice_unref(rr);
+    grpc_byte_buffer *next = grpc_byte_buffer_copy(again);
+    rc = invoke(c, method, NULL, again, deadline_s, &r, &status, err);
+    again = next;
   }
   if (again) grpc_byte_buffer_destroy(again);
   if (rc != TOPOS_OK) {

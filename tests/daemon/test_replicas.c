@@ -8,6 +8,7 @@
  * finishes with the bits of an in-process run.  Also the client's words
  * for a daemon it cannot reach, and addresses without a port.
  */
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -200,6 +201,106 @@ START_TEST(test_three_replicas_one_killed) {
 }
 END_TEST
 
+/* The bytes of a file (malloc'd), *n its size. */
+static uint8_t *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *b = malloc(size > 0 ? (size_t)size : 1);
+  *n = fread(b, 1, size > 0 ? (size_t)size : 0, f);
+  fclose(f);
+  return b;
+}
+
+/* Starts makemore_mlp against port, saving its checkpoint to save;
+ * returns its pid (output to log). */
+static pid_t makemore_start(int port, const char *save, const char *log) {
+  const char *build = getenv("TOPOS_BUILD");
+  char bin[512], server[64];
+  snprintf(bin, sizeof bin, "%s/examples/makemore_mlp",
+           build && *build ? build : "build");
+  snprintf(server, sizeof server, "127.0.0.1:%d", port);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+    }
+    execl(bin, bin, "--server", server, "--steps", "1500", "--no-progress",
+          "--save", save, (char *)NULL);
+    _exit(127);
+  }
+  return pid;
+}
+
+static int wait_exit(pid_t pid) {
+  int status = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* The requests a daemon has answered (Stats), -1 when it does not answer. */
+static int64_t requests_of(int port) {
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+  topos_error err = {0};
+  topos_client *c = topos_client_connect(addr, &err);
+  ck_assert_ptr_nonnull(c);
+  topos_client_set_retry(c, 0);
+  topos_client_stats_info st;
+  int64_t n = topos_client_stats(c, &st, &err) == TOPOS_OK ? st.requests : -1;
+  topos_client_close(c);
+  return n;
+}
+
+/* The makemore MLP example, run remotely, is killed out from under: its
+ * daemon gets SIGKILL mid-run and a new one starts on the same port with
+ * a fresh store.  The example finishes, and its checkpoint is byte for
+ * byte the one of a run that was never interrupted. */
+START_TEST(test_example_survives_restart) {
+  daemon_proc d;
+  memset(&d, 0, sizeof d);
+  daemon_dir(&d);
+  daemon_start(&d, NULL);
+  char listen[64], want[400], got[400], log[400];
+  snprintf(listen, sizeof listen, "127.0.0.1:%d", d.port);
+  snprintf(want, sizeof want, "%s/want.safetensors", d.dir);
+  snprintf(got, sizeof got, "%s/got.safetensors", d.dir);
+  snprintf(log, sizeof log, "%s/makemore.log", d.dir);
+  ck_assert_int_eq(wait_exit(makemore_start(d.port, want, log)), 0);
+  int64_t base = requests_of(d.port);
+
+  pid_t pid = makemore_start(d.port, got, log);
+  double until = now_s() + 120;
+  while (requests_of(d.port) < base + 300 && now_s() < until) usleep(2000);
+  daemon_kill(&d);
+  daemon_proc fresh;
+  memset(&fresh, 0, sizeof fresh);
+  daemon_dir(&fresh);
+  usleep(300 * 1000);
+  daemon_start(&fresh, (const char *const[]){"--listen", listen, NULL});
+  int rc = wait_exit(pid);
+  ck_assert_msg(rc == 0, "makemore_mlp exited %d (log %s)", rc, log);
+  size_t nw = 0, ng = 0;
+  uint8_t *w = slurp(want, &nw), *g = slurp(got, &ng);
+  ck_assert_msg(nw == ng && memcmp(w, g, nw) == 0,
+                "the checkpoint after the restart differs (%zu vs %zu bytes)",
+                ng, nw);
+  free(w);
+  free(g);
+  /* The fresh daemon served the rest: the spec was recorded on it. */
+  ck_assert_int_gt(requests_of(fresh.port), 0);
+  assert_clean_exit(daemon_stop(&fresh, SIGTERM, 30), 30);
+  daemon_cleanup(&fresh);
+  daemon_cleanup(&d);
+}
+END_TEST
+
 /* A daemon that is not there, in words, after the retries; retries off
  * answer at once; an address without its port is refused up front. */
 START_TEST(test_unreachable_in_words) {
@@ -223,7 +324,8 @@ START_TEST(test_unreachable_in_words) {
            addr);
   ck_assert_str_eq(err.message, want);
   ck_assert_int_eq(topos_client_grpc_status(err.code), 14); /* UNAVAILABLE */
-  ck_assert_msg(took >= 0.3 && took < 10, "retried for %.2f s", took);
+  /* 50 + 100 ms of backoff at least (the next wait would pass 0.5 s). */
+  ck_assert_msg(took >= 0.14 && took < 10, "retried for %.2f s", took);
   topos_client_set_retry(c, 0);
   t0 = now_s();
   ck_assert_int_ne(topos_client_health(c, NULL, NULL, &err), 0);
@@ -246,6 +348,7 @@ Suite *replicas_suite(void) {
   tcase_set_timeout(tc, 240);
   tcase_add_test(tc, test_restart_mid_training);
   tcase_add_test(tc, test_three_replicas_one_killed);
+  tcase_add_test(tc, test_example_survives_restart);
   tcase_add_test(tc, test_unreachable_in_words);
   suite_add_tcase(s, tc);
   return s;

@@ -855,19 +855,24 @@ static int unary_kept(topos_client *c, int method, ProtobufCMessage *req,
   int status = -1;
   rc = invoke(c, method, NULL, send, deadline_s, &r, &status, err);
   /* Over several replicas the Record and the call may land on different
-   * ones (round-robin), so this goes on until the call finds the spec:
-   * each Record reaches another replica, so a few rounds cover them. */
+   * ones (round-robin picks each call's replica in turn; with two, one
+   * Record and one call would alternate forever).  So round r sends r + 1
+   * Records just before the call: they reach r + 1 consecutive replicas,
+   * and once r + 1 is the number of replicas the call's own has it. */
   for (int round = 0; round < RERECORD_ROUNDS && rc != TOPOS_OK &&
                       status == GRPC_STATUS_NOT_FOUND && again && err &&
                       strstr(err->message, "no spec with id") != NULL;
        round++) {
-    grpc_byte_buffer *spec = kept_find(c, spec_id);
-    topos_error rerr = {0};
-    grpc_slice rr = grpc_empty_slice();
-    if (!spec || invoke(c, M_RECORD, NULL, spec, deadline_s, &rr, NULL,
-                        &rerr) != TOPOS_OK)
-      break;
-    grpc_slice_unref(rr);
+    bool recorded = true;
+    for (int k = 0; k <= round && recorded; k++) {
+      grpc_byte_buffer *spec = kept_find(c, spec_id);
+      topos_error rerr = {0};
+      grpc_slice rr = grpc_empty_slice();
+      recorded = spec != NULL && invoke(c, M_RECORD, NULL, spec, deadline_s,
+                                        &rr, NULL, &rerr) == TOPOS_OK;
+      grpc_slice_unref(rr);
+    }
+    if (!recorded) break;
     grpc_byte_buffer *next = grpc_byte_buffer_copy(again);
     rc = invoke(c, method, NULL, again, deadline_s, &r, &status, err);
     again = next;

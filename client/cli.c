@@ -19,6 +19,19 @@
  *   health               exit status 1 unless the daemon is serving
  *   stats
  *   backends [--local]   the daemon's (or this binary's) backend registry
+ *   list                 the stored specs, newest first
+ *   forward ID           [ENTRY] [--feed NAME=FILE ...] [--params FILE]
+ *                        [--out FILE]  the entry's roots and observes on
+ *                        tensors read from files (.npy, .safetensors),
+ *                        written to FILE (.safetensors, or .npy for one
+ *                        root) or printed
+ *   step ID              --loss V --lr X [--optimizer sgd|adam|adamw]
+ *                        [--momentum X] [--beta1 X] [--beta2 X] [--eps X]
+ *                        [--weight-decay X] [--feed NAME=FILE ...]
+ *                        [--params FILE] [--state FILE] [--out-params FILE]
+ *                        [--out-state FILE]  one optimizer step; prints the
+ *                        loss; the parameters and state it writes are the
+ *                        next step's --params and --state
  *
  *   ENTRY: --roots V,V,... [--observes V,...] [--training] [--fast]
  *          [--backend NAME] [--threads N].  A value V is a node index
@@ -52,12 +65,15 @@
  * certificate a daemon with --tls-client-ca asks for.
  * --server defaults to $TOPOS_SERVER, then 127.0.0.1:50051.  Every command
  * takes --help.  Results go to stdout, errors to stderr; the exit status
- * is 0 on success, 1 on a failed call or mismatch, 2 on a usage error.
+ * is 0 on success, 1 on a failed call or mismatch, 2 on a usage error
+ * (for forward and step also a file that cannot be read, is malformed or
+ * does not fit the spec).
  *
  * Values travel by name here, so the CLI builds its requests itself
  * (proto/wire.h, protobuf-c) and sends them with topos_client_call_raw.
  */
 #include <cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -74,6 +90,19 @@
 #include "topos_client.h"
 #include "wire.h"
 
+/* step's hyperparameters, in Optimizer's field order (hp_flags). */
+enum {
+  HP_LR,
+  HP_MOMENTUM,
+  HP_BETA1,
+  HP_BETA2,
+  HP_EPS,
+  HP_WEIGHT_DECAY,
+  HP_COUNT
+};
+static const char *const hp_flags[HP_COUNT] = {
+    "--lr", "--momentum", "--beta1", "--beta2", "--eps", "--weight-decay"};
+
 typedef struct options {
   const char *server;
   const char *token; /* --token, else $TOPOS_TOKEN (the library reads it) */
@@ -87,6 +116,13 @@ typedef struct options {
   const char *roots, *observes, *backend;
   bool training, fast, generic, allow_envelope, summary, help, format_given;
   bool local;
+  /* forward and step */
+  const char **feeds; /* --feed NAME=FILE, nfeeds of them (argv's) */
+  int nfeeds;
+  const char *params, *out;
+  const char *loss, *state, *optimizer, *out_params, *out_state;
+  double hp[HP_COUNT];
+  bool hp_given[HP_COUNT];
 } options;
 
 static const char *const usage_text =
@@ -105,6 +141,11 @@ static const char *const usage_text =
     "  stats\n"
     "  backends [--local]          the backend registry\n"
     "  list                        the stored specs, newest first\n"
+    "  forward ID [ENTRY] [--feed NAME=FILE ...] [--params FILE] [--out FILE]\n"
+    "                              run the entry on tensors from files\n"
+    "  step ID --loss V --lr X [--optimizer sgd|adam|adamw] [--feed ...]\n"
+    "       [--params FILE] [--state FILE] [--out-params FILE]\n"
+    "       [--out-state FILE]     one optimizer step; prints the loss\n"
     "\n"
     "ENTRY: --roots V,... [--observes V,...] [--training] [--fast]\n"
     "       [--backend NAME] [--threads N]; V is a node index or name; the\n"
@@ -183,6 +224,61 @@ static const struct {
      "usage: topos list\n"
      "Lists the stored specs (the caller's, when the daemon has tenants),\n"
      "newest first: id, bytes, first recorded and last used (UTC).\n"},
+    {"forward",
+     "usage: topos forward ID [--roots V,...] [--observes V,...] [--training]\n"
+     "                    [--fast] [--backend NAME] [--threads N]\n"
+     "                    [--feed NAME=FILE ...] [--params FILE] [--out FILE]\n"
+     "Runs the entry on the daemon with tensors read from files, and writes\n"
+     "its roots and observes to a file or prints them.\n"
+     "  --feed NAME=FILE  an input's value, NAME the input node's name\n"
+     "                    or index (repeat it per input; the others take\n"
+     "                    their defaults).  FILE is .npy, or .safetensors\n"
+     "                    holding one tensor or one named NAME\n"
+     "  --params FILE     every parameter slot, from a safetensors file: each\n"
+     "                    tensor named as its parameter node, or by its slot\n"
+     "                    (\"0\", \"1\", ...); other tensors are ignored.\n"
+     "                    Default: the spec's initial values\n"
+     "  --out FILE        .safetensors: every root and observe, named as\n"
+     "                    --roots and --observes name them (a name, or an\n"
+     "                    index's digits; root0, root1, ... without --roots);\n"
+     "                    .npy: the one root.  Without it, one line per\n"
+     "                    output on stdout: name, dtype, shape, and the\n"
+     "                    elements when there are at most 16 (f32, bf16\n"
+     "                    %.9g; f64 %.17g)\n"
+     ".npy is NumPy's format 1.0 or 2.0, little-endian '<f4', '<f8' or '<i4'\n"
+     "in C order (bf16 needs .safetensors).  Exit status 0; 1 when the call\n"
+     "fails (the daemon's message: a feed that is not an input, a wrong dtype\n"
+     "or shape) or a result cannot be written; 2 on a usage error or a file\n"
+     "that cannot be read, is malformed or does not fit the spec.\n"},
+    {"step",
+     "usage: topos step ID --loss V --lr X [--optimizer sgd|adam|adamw]\n"
+     "                 [--momentum X] [--beta1 X] [--beta2 X] [--eps X]\n"
+     "                 [--weight-decay X] [--feed NAME=FILE ...]\n"
+     "                 [--params FILE] [--state FILE] [--out-params FILE]\n"
+     "                 [--out-state FILE]\n"
+     "One training step on the daemon: forward, backward of the scalar V (a\n"
+     "node name or index), and the optimizer's update.  Prints the loss\n"
+     "before the update (%.17g).  The optimizer's defaults are the daemon's:\n"
+     "  --optimizer KIND  sgd (the default), adam or adamw\n"
+     "  --lr X            the learning rate; required\n"
+     "  --momentum X      sgd only; default 0\n"
+     "  --beta1 X, --beta2 X, --eps X\n"
+     "                    adam and adamw only; defaults 0.9, 0.999, 1e-8\n"
+     "  --weight-decay X  sgd and adam: L2 added to the gradient; adamw:\n"
+     "                    decoupled, on the parameters of rank 2 or more;\n"
+     "                    default 0, adamw 0.01\n"
+     "  --state FILE      the optimizer state to go on from, as --out-state\n"
+     "                    writes it; default: a fresh state\n"
+     "  --out-params FILE the new parameters, a safetensors file named as\n"
+     "                    --params reads it\n"
+     "  --out-state FILE  the new optimizer state, a safetensors file: step\n"
+     "                    (f64[1], the steps taken) and the moments m.KEY and\n"
+     "                    v.KEY the optimizer keeps, KEY a parameter's name\n"
+     "                    (or its slot)\n"
+     "--feed and --params are read as for forward (topos forward --help).\n"
+     "One step's --out-params and --out-state are the next one's --params\n"
+     "and --state, bit for bit what topos_client_step passes on.  Exit status\n"
+     "as for forward.\n"},
 };
 #define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
 
@@ -205,7 +301,15 @@ static int call_error(const char *what, const topos_error *err) {
   return 1;
 }
 
-/* Parses argv into o.  Returns -1 to go on, or an exit status. */
+/* The hp_flags index of a flag, or -1. */
+static int hp_index(const char *flag) {
+  for (int i = 0; i < HP_COUNT; i++)
+    if (strcmp(flag, hp_flags[i]) == 0) return i;
+  return -1;
+}
+
+/* Parses argv into o (o->feeds has room for argc entries).  Returns -1 to
+ * go on, or an exit status. */
 static int parse(int argc, char **argv, options *o) {
   const char *env = getenv("TOPOS_SERVER");
   o->server = env && env[0] ? env : TOPOS_CLIENT_DEFAULT_ADDRESS;
@@ -270,6 +374,32 @@ static int parse(int argc, char **argv, options *o) {
       o->summary = true;
     } else if (strcmp(a, "--local") == 0) {
       o->local = true;
+    } else if (strcmp(a, "--feed") == 0) {
+      if (!more) return usage_error("--feed needs NAME=FILE");
+      o->feeds[o->nfeeds++] = argv[++i];
+    } else if (strcmp(a, "--params") == 0) {
+      VALUE(params);
+    } else if (strcmp(a, "--out") == 0) {
+      VALUE(out);
+    } else if (strcmp(a, "--loss") == 0) {
+      VALUE(loss);
+    } else if (strcmp(a, "--state") == 0) {
+      VALUE(state);
+    } else if (strcmp(a, "--optimizer") == 0) {
+      VALUE(optimizer);
+    } else if (strcmp(a, "--out-params") == 0) {
+      VALUE(out_params);
+    } else if (strcmp(a, "--out-state") == 0) {
+      VALUE(out_state);
+    } else if (hp_index(a) >= 0) {
+      int h = hp_index(a);
+      if (!more) return usage_error("%s needs a value", a);
+      const char *v = argv[++i];
+      char *end = NULL;
+      o->hp[h] = strtod(v, &end);
+      if (!end || end == v || *end)
+        return usage_error("%s needs a number, not '%s'", a, v);
+      o->hp_given[h] = true;
     } else if (a[0] == '-' && a[1] != '\0') {
       return usage_error("unknown option '%s'", a);
     } else if (!o->command) {
@@ -821,6 +951,1162 @@ static int cmd_list(topos_client *c, const options *o) {
     wire_message_free(r);
     if (!more) return 0;
   }
+}
+
+/* ------------------------------------------------------- tensor files */
+
+/* An input error: a file that cannot be read, is malformed or does not
+ * fit the spec.  One line on stderr; exit status 2. */
+static int input_error(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+
+static int input_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("topos: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  return 2;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* "f32[2,3]" ("f64[]" for a scalar). */
+static void shape_text(topos_dtype dtype, int rank, const int64_t *shape,
+                       char *out, size_t cap) {
+  size_t w = (size_t)snprintf(out, cap, "%s[", topos_dtype_name(dtype));
+  for (int i = 0; i < rank && w < cap; i++)
+    w += (size_t)snprintf(out + w, cap - w, "%s%lld", i ? "," : "",
+                          (long long)shape[i]);
+  if (w < cap) snprintf(out + w, cap - w, "]");
+}
+
+static void tensor_text(const topos_tensor *t, char *out, size_t cap) {
+  shape_text(topos_tensor_dtype(t), topos_tensor_rank(t), topos_tensor_shape(t),
+             out, cap);
+}
+
+/* A new file gets the permissions the umask leaves of 0666, as a shell
+ * redirection or numpy.save would give it (the temporary file it was
+ * written as is 0600). */
+static void default_mode(const char *path) {
+  mode_t mask = umask(0);
+  umask(mask);
+  (void)chmod(path, 0666 & ~mask);
+}
+
+/*
+ * NumPy's .npy format (numpy.lib.format): the magic "\x93NUMPY", a major
+ * and a minor version byte, the header's length (little-endian: 2 bytes
+ * in version 1.0, 4 in 2.0), the header, then the elements.  The header
+ * is an ASCII Python dict literal with exactly the keys 'descr',
+ * 'fortran_order' and 'shape', padded with spaces and a newline.
+ *
+ * Read: versions 1.0 and 2.0; descr '<f4', '<f8' or '<i4' (f32, f64,
+ * i32); fortran_order False; a tuple shape of at most TOPOS_MAX_RANK
+ * extents whose byte count is exactly what follows the header.  Anything
+ * else (another magic or version, a header past the end of the file,
+ * another key or dtype, big-endian or column-major data, a shape that
+ * overflows or disagrees with the file's size) is refused with the reason.
+ * Written: version 1.0, the header padded so the data starts at a multiple
+ * of 64 bytes, as numpy.save writes it.  bf16 has no NumPy dtype: it is
+ * refused (.safetensors carries it).  The host is little-endian, as the
+ * wire and safetensors assume.
+ */
+#define NPY_MAGIC "\x93NUMPY"
+
+static const struct {
+  const char *descr;
+  topos_dtype dtype;
+} npy_dtypes[] = {{"<f4", TOPOS_F32}, {"<f8", TOPOS_F64}, {"<i4", TOPOS_I32}};
+#define NPY_NDTYPES ((int)(sizeof npy_dtypes / sizeof npy_dtypes[0]))
+
+/* Where the header's parse is, and where it ends. */
+typedef struct npy_cursor {
+  const char *p, *end;
+} npy_cursor;
+
+static void npy_space(npy_cursor *c) {
+  while (c->p < c->end &&
+         (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r'))
+    c->p++;
+}
+
+/* Takes ch (after blanks) when it comes next. */
+static bool npy_char(npy_cursor *c, char ch) {
+  npy_space(c);
+  if (c->p >= c->end || *c->p != ch) return false;
+  c->p++;
+  return true;
+}
+
+/* A quoted string without escapes ('...' or "...") into out. */
+static bool npy_string(npy_cursor *c, char *out, size_t cap) {
+  npy_space(c);
+  if (c->p >= c->end || (*c->p != '\'' && *c->p != '"')) return false;
+  char quote = *c->p++;
+  size_t n = 0;
+  while (c->p < c->end && *c->p != quote) {
+    if (*c->p == '\\' || n + 1 >= cap) return false;
+    out[n++] = *c->p++;
+  }
+  if (c->p >= c->end) return false;
+  c->p++;
+  out[n] = '\0';
+  return true;
+}
+
+/* Takes the identifier w when it comes next, whole. */
+static bool npy_word(npy_cursor *c, const char *w) {
+  npy_space(c);
+  size_t n = strlen(w);
+  if ((size_t)(c->end - c->p) < n || memcmp(c->p, w, n) != 0) return false;
+  const char *after = c->p + n;
+  if (after < c->end && (isalnum((unsigned char)*after) || *after == '_'))
+    return false;
+  c->p = after;
+  return true;
+}
+
+/* A shape tuple: "()", "(3,)", "(2, 3)".  false with the reason. */
+static bool npy_shape(npy_cursor *c, int64_t *shape, int *rank, char *why,
+                      size_t cap) {
+  *rank = 0;
+  if (!npy_char(c, '(')) {
+    snprintf(why, cap, "the header's shape is not a tuple");
+    return false;
+  }
+  if (npy_char(c, ')')) return true;
+  for (;;) {
+    npy_space(c);
+    if (c->p >= c->end || !isdigit((unsigned char)*c->p)) {
+      snprintf(why, cap,
+               "the header's shape holds something other than "
+               "whole numbers");
+      return false;
+    }
+    uint64_t v = 0;
+    while (c->p < c->end && isdigit((unsigned char)*c->p)) {
+      unsigned d = (unsigned)(*c->p++ - '0');
+      if (v > ((uint64_t)INT64_MAX - d) / 10) {
+        snprintf(why, cap, "a shape extent is too large");
+        return false;
+      }
+      v = v * 10 + d;
+    }
+    if (c->p < c->end && *c->p == 'L') c->p++; /* Python 2's long */
+    if (*rank == TOPOS_MAX_RANK) {
+      snprintf(why, cap, "the shape has more than %d extents", TOPOS_MAX_RANK);
+      return false;
+    }
+    shape[(*rank)++] = (int64_t)v;
+    if (npy_char(c, ',')) {
+      if (npy_char(c, ')')) return true;
+      continue;
+    }
+    /* "(3)" is the number 3 in Python, not a tuple. */
+    if (*rank > 1 && npy_char(c, ')')) return true;
+    snprintf(why, cap, "the header's shape is not a tuple of whole numbers");
+    return false;
+  }
+}
+
+/* "(2, 3)", "(3,)", "()": a shape as Python writes a tuple. */
+static void npy_shape_text(const int64_t *shape, int rank, char *out,
+                           size_t cap) {
+  size_t w = (size_t)snprintf(out, cap, "(");
+  for (int i = 0; i < rank && w < cap; i++)
+    w += (size_t)snprintf(out + w, cap - w, "%s%lld", i ? ", " : "",
+                          (long long)shape[i]);
+  if (w < cap) snprintf(out + w, cap - w, rank == 1 ? ",)" : ")");
+}
+
+/* The header dict between p and end: descr, fortran_order, shape. */
+static bool npy_header(npy_cursor *c, char *descr, size_t dcap, bool *fortran,
+                       int64_t *shape, int *rank, char *why, size_t cap) {
+  static const char *const keys[3] = {"descr", "fortran_order", "shape"};
+  bool have[3] = {false, false, false};
+  if (!npy_char(c, '{')) {
+    snprintf(why, cap, "the header is not a dict");
+    return false;
+  }
+  for (bool done = npy_char(c, '}'); !done;) {
+    char key[32];
+    if (!npy_string(c, key, sizeof key)) {
+      snprintf(why, cap, "the header holds a key that is not a string");
+      return false;
+    }
+    int k = -1;
+    for (int i = 0; i < 3; i++)
+      if (strcmp(key, keys[i]) == 0) k = i;
+    if (k < 0) {
+      snprintf(why, cap, "the header has an unexpected key '%s'", key);
+      return false;
+    }
+    if (have[k]) {
+      snprintf(why, cap, "the header has '%s' twice", key);
+      return false;
+    }
+    have[k] = true;
+    if (!npy_char(c, ':')) {
+      snprintf(why, cap, "the header has no ':' after '%s'", key);
+      return false;
+    }
+    if (k == 0 && !npy_string(c, descr, dcap)) {
+      snprintf(why, cap,
+               "the header's descr is not a plain dtype string "
+               "(structured dtypes are not supported)");
+      return false;
+    }
+    if (k == 1) {
+      if (npy_word(c, "True")) {
+        *fortran = true;
+      } else if (npy_word(c, "False")) {
+        *fortran = false;
+      } else {
+        snprintf(why, cap, "the header's fortran_order is not True or False");
+        return false;
+      }
+    }
+    if (k == 2 && !npy_shape(c, shape, rank, why, cap)) return false;
+    if (npy_char(c, ','))
+      done = npy_char(c, '}');
+    else if (npy_char(c, '}'))
+      done = true;
+    else {
+      snprintf(why, cap, "the header has no ',' or '}' after '%s'", key);
+      return false;
+    }
+  }
+  npy_space(c);
+  if (c->p != c->end) {
+    snprintf(why, cap, "the header has bytes after its dict");
+    return false;
+  }
+  for (int k = 0; k < 3; k++)
+    if (!have[k]) {
+      snprintf(why, cap, "the header has no '%s'", keys[k]);
+      return false;
+    }
+  return true;
+}
+
+/* A .npy file's bytes -> a new tensor, or NULL with the reason in why. */
+static topos_tensor *npy_parse(const uint8_t *b, size_t len, char *why,
+                               size_t cap) {
+  size_t magic = strlen(NPY_MAGIC);
+  if (memcmp(b, NPY_MAGIC, len < magic ? len : magic) != 0) {
+    snprintf(why, cap, "not a .npy file (no \\x93NUMPY magic)");
+    return NULL;
+  }
+  if (len < 10) {
+    snprintf(why, cap, "truncated: %zu bytes, not even a .npy preamble", len);
+    return NULL;
+  }
+  int major = b[6], minor = b[7];
+  size_t start;
+  uint64_t hlen;
+  if (major == 1 && minor == 0) {
+    start = 10;
+    hlen = (uint64_t)b[8] | (uint64_t)b[9] << 8;
+  } else if (major == 2 && minor == 0 && len >= 12) {
+    start = 12;
+    hlen = (uint64_t)b[8] | (uint64_t)b[9] << 8 | (uint64_t)b[10] << 16 |
+           (uint64_t)b[11] << 24;
+  } else if (major == 2 && minor == 0) {
+    snprintf(why, cap, "truncated: %zu bytes, not even a .npy preamble", len);
+    return NULL;
+  } else {
+    snprintf(why, cap, ".npy version %d.%d is not supported (1.0 and 2.0 are)",
+             major, minor);
+    return NULL;
+  }
+  if (hlen > len - start) {
+    snprintf(why, cap,
+             "truncated: the header's %llu bytes run past the end of the "
+             "file (%zu bytes)",
+             (unsigned long long)hlen, len);
+    return NULL;
+  }
+  npy_cursor c = {(const char *)b + start, (const char *)b + start + hlen};
+  char descr[16] = "";
+  bool fortran = false;
+  int64_t shape[TOPOS_MAX_RANK];
+  int rank = 0;
+  if (!npy_header(&c, descr, sizeof descr, &fortran, shape, &rank, why, cap))
+    return NULL;
+  int k = -1;
+  for (int i = 0; i < NPY_NDTYPES; i++)
+    if (strcmp(descr, npy_dtypes[i].descr) == 0) k = i;
+  if (k < 0 && descr[0] == '>') {
+    snprintf(why, cap,
+             "big-endian data ('%s') is not supported: save it little-endian "
+             "(a.astype('<%s'))",
+             descr, descr + 1);
+    return NULL;
+  }
+  if (k < 0) {
+    snprintf(why, cap,
+             "dtype '%s' is not supported ('<f4' f32, '<f8' f64, '<i4' i32; "
+             "bf16 travels in .safetensors)",
+             descr);
+    return NULL;
+  }
+  if (fortran) {
+    snprintf(why, cap,
+             "fortran_order True (column-major) is not supported: save "
+             "np.ascontiguousarray(a)");
+    return NULL;
+  }
+  topos_dtype dtype = npy_dtypes[k].dtype;
+  size_t esize = topos_dtype_size(dtype);
+  char st[200];
+  npy_shape_text(shape, rank, st, sizeof st);
+  uint64_t count = 1;
+  bool huge = false;
+  for (int i = 0; i < rank; i++) {
+    if (shape[i] != 0 && count > (uint64_t)INT64_MAX / (uint64_t)shape[i])
+      huge = true;
+    else
+      count *= (uint64_t)shape[i];
+  }
+  if (huge || count > (uint64_t)INT64_MAX / esize) {
+    snprintf(why, cap, "shape %s holds more bytes than any file", st);
+    return NULL;
+  }
+  uint64_t bytes = count * esize;
+  size_t data = len - start - (size_t)hlen;
+  if (bytes != data) {
+    snprintf(why, cap,
+             "the data is %zu bytes, and '%s' %s needs %llu (a truncated "
+             "file, or a wrong shape)",
+             data, descr, st, (unsigned long long)bytes);
+    return NULL;
+  }
+  /* The data may sit anywhere after the header: copy it to an aligned
+   * buffer before the engine reads it as elements. */
+  void *aligned = malloc(bytes ? (size_t)bytes : 1);
+  if (!aligned) {
+    snprintf(why, cap, "out of memory for %llu bytes",
+             (unsigned long long)bytes);
+    return NULL;
+  }
+  memcpy(aligned, b + start + hlen, (size_t)bytes);
+  topos_error err = {0};
+  topos_tensor *t =
+      topos_tensor_from(dtype, rank, rank ? shape : NULL, aligned, &err);
+  free(aligned);
+  if (!t) snprintf(why, cap, "%.*s", (int)cap - 1, err.message);
+  return t;
+}
+
+/* Writes the n byte ranges parts[i] (lens[i] bytes) to path: a temporary
+ * file beside it, renamed over it, so path holds its old bytes or all the
+ * new ones.  false with the reason. */
+static bool write_parts(const char *path, const void *const *parts,
+                        const size_t *lens, int n, char *why, size_t cap) {
+  size_t plen = strlen(path);
+  char *tmp = malloc(plen + 8);
+  if (!tmp) {
+    snprintf(why, cap, "out of memory");
+    return false;
+  }
+  snprintf(tmp, plen + 8, "%s.XXXXXX", path);
+  int fd = mkstemp(tmp);
+  FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+  bool ok = f != NULL;
+  for (int i = 0; ok && i < n; i++)
+    ok = lens[i] == 0 || fwrite(parts[i], 1, lens[i], f) == lens[i];
+  int e = errno;
+  if (f && fclose(f) != 0 && ok) {
+    ok = false;
+    e = errno;
+  } else if (!f && fd >= 0) {
+    close(fd);
+  }
+  if (ok && rename(tmp, path) != 0) {
+    ok = false;
+    e = errno;
+  }
+  if (!ok) {
+    if (fd >= 0) unlink(tmp);
+    snprintf(why, cap, "cannot write %s: %s", path, strerror(e));
+  } else {
+    default_mode(path);
+  }
+  free(tmp);
+  return ok;
+}
+
+/* Writes t to path as .npy.  false with the reason. */
+static bool npy_write(const char *path, const topos_tensor *t, char *why,
+                      size_t cap) {
+  topos_dtype dtype = topos_tensor_dtype(t);
+  const char *descr = NULL;
+  for (int i = 0; i < NPY_NDTYPES; i++)
+    if (npy_dtypes[i].dtype == dtype) descr = npy_dtypes[i].descr;
+  if (!descr) {
+    snprintf(why, cap, "%s: %s has no .npy dtype; write .safetensors instead",
+             path, topos_dtype_name(dtype));
+    return false;
+  }
+  char st[200], header[320];
+  npy_shape_text(topos_tensor_shape(t), topos_tensor_rank(t), st, sizeof st);
+  int hl = snprintf(header, sizeof header,
+                    "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
+                    descr, st);
+  /* Spaces, then a newline, so the data starts at a multiple of 64. */
+  size_t total = 10 + (size_t)hl + 1, pad = (64 - total % 64) % 64;
+  if ((size_t)hl + pad + 1 >= sizeof header) {
+    snprintf(why, cap, "%s: the shape is too long for a header", path);
+    return false;
+  }
+  memset(header + hl, ' ', pad);
+  header[(size_t)hl + pad] = '\n';
+  size_t hlen = (size_t)hl + pad + 1;
+  uint8_t pre[10] = {0x93,
+                     'N',
+                     'U',
+                     'M',
+                     'P',
+                     'Y',
+                     1,
+                     0,
+                     (uint8_t)(hlen & 0xff),
+                     (uint8_t)(hlen >> 8)};
+  size_t bytes = (size_t)topos_tensor_count(t) * topos_dtype_size(dtype);
+  void *data = malloc(bytes ? bytes : 1);
+  topos_error err = {0};
+  if (!data || topos_tensor_read(t, data, bytes, &err) != TOPOS_OK) {
+    snprintf(why, cap, "%s: %s", path, data ? err.message : "out of memory");
+    free(data);
+    return false;
+  }
+  const void *parts[3] = {pre, header, data};
+  size_t lens[3] = {sizeof pre, hlen, bytes};
+  bool ok = write_parts(path, parts, lens, 3, why, cap);
+  free(data);
+  return ok;
+}
+
+/* The engine's safetensors message without what the caller says
+ * already: the function's name and the path. */
+static const char *st_message(const char *msg, const char *path) {
+  static const char *const fns[3] = {
+      "topos_safetensors_load: ", "topos_safetensors_save: ",
+      "topos_safetensors_get: "};
+  for (int i = 0; i < 3; i++)
+    if (strncmp(msg, fns[i], strlen(fns[i])) == 0) msg += strlen(fns[i]);
+  size_t n = strlen(path);
+  if (strncmp(msg, path, n) == 0 && strncmp(msg + n, ": ", 2) == 0)
+    msg += n + 2;
+  return msg;
+}
+
+/* "no such file", "not a safetensors file (why)", or the reason. */
+static void st_why(const topos_error *err, const char *path, char *why,
+                   size_t cap) {
+  const char *m = st_message(err->message, path);
+  if (err->code == TOPOS_ERR_NOT_FOUND)
+    snprintf(why, cap, "no such file");
+  else if (err->code == TOPOS_ERR_CORRUPT)
+    snprintf(why, cap, "not a safetensors file (%s)", m);
+  else
+    snprintf(why, cap, "%s", m);
+}
+
+/* A tensor from FILE for the input `name`: .safetensors holding one
+ * tensor, or a tensor called `name`; anything else is read as .npy.  NULL
+ * with the reason (which does not repeat the path). */
+static topos_tensor *tensor_file_read(const char *path, const char *name,
+                                      char *why, size_t cap) {
+  if (ends_with(path, ".safetensors")) {
+    topos_error err = {0};
+    topos_safetensors *st = topos_safetensors_load(path, &err);
+    if (!st) {
+      st_why(&err, path, why, cap);
+      return NULL;
+    }
+    int n = topos_safetensors_count(st);
+    topos_tensor *t = topos_safetensors_get(
+        st, n == 1 ? topos_safetensors_name(st, 0) : name, &err);
+    if (!t && err.code == TOPOS_ERR_NOT_FOUND)
+      snprintf(why, cap, "it holds %d tensors, none of them named %s", n, name);
+    else if (!t)
+      st_why(&err, path, why, cap);
+    topos_safetensors_free(st);
+    return t;
+  }
+  size_t len = 0;
+  errno = 0;
+  uint8_t *bytes = read_file(path, &len);
+  if (!bytes) {
+    snprintf(why, cap, "%s", errno ? strerror(errno) : "cannot be read");
+    return NULL;
+  }
+  topos_tensor *t = npy_parse(bytes, len, why, cap);
+  free(bytes);
+  return t;
+}
+
+/* Saves n named tensors to path: .npy for one tensor when path ends in
+ * .npy, safetensors otherwise.  Returns 0, or 1 with the reason printed. */
+static int tensors_save(const char *path, int n, const char *const *names,
+                        topos_tensor *const *tensors) {
+  char why[600];
+  if (ends_with(path, ".npy")) {
+    if (n != 1) {
+      fprintf(stderr, "topos: %s: .npy holds one tensor, not %d\n", path, n);
+      return 1;
+    }
+    if (!npy_write(path, tensors[0], why, sizeof why)) {
+      fprintf(stderr, "topos: %s\n", why);
+      return 1;
+    }
+    return 0;
+  }
+  topos_error err = {0};
+  if (topos_safetensors_save(path, n, names, tensors, &err) != TOPOS_OK) {
+    fprintf(stderr, "topos: %s: %s\n", path, st_message(err.message, path));
+    return 1;
+  }
+  default_mode(path);
+  return 0;
+}
+
+/* ------------------------------------------------------- forward, step */
+
+/* A node given by index (decimal digits) or by name: a new Value, or NULL
+ * (an index past INT32_MAX, or no memory). */
+static Topos__V1__Value *value_of(const char *tok) {
+  bool digits = *tok != '\0';
+  for (const char *p = tok; *p; p++) digits = digits && *p >= '0' && *p <= '9';
+  if (!digits) return wire_value_new_name(tok);
+  errno = 0;
+  long long k = strtoll(tok, NULL, 10);
+  if (errno != 0 || k > INT32_MAX) return NULL;
+  return wire_value_new_index((int32_t)k);
+}
+
+/* A parameter slot of the stored spec, from its JSON describe.  `key`
+ * names it in parameter and state files: the parameter's name, or the
+ * slot as decimal digits when it has none. */
+typedef struct spec_param {
+  char key[300];
+  bool named;
+  topos_dtype dtype;
+  int rank;
+  int64_t shape[TOPOS_MAX_RANK];
+} spec_param;
+
+typedef struct spec_params {
+  spec_param *v;
+  int n;
+} spec_params;
+
+static bool dtype_named(const char *name, topos_dtype *out) {
+  for (int d = 0; d < 4; d++)
+    if (strcmp(name, topos_dtype_name((topos_dtype)d)) == 0) {
+      *out = (topos_dtype)d;
+      return true;
+    }
+  return false;
+}
+
+/* The spec's parameter slots.  Returns -1, or an exit status (printed). */
+static int spec_params_read(topos_client *c, const options *o,
+                            spec_params *out) {
+  topos_error err = {0};
+  char *json = NULL;
+  char what[64];
+  snprintf(what, sizeof what, "%s (describing the spec)", o->command);
+  if (topos_client_describe(c, o->id, TOPOS_FORMAT_JSON, &json, &err) !=
+      TOPOS_OK)
+    return call_error(what, &err);
+  cJSON *doc = cJSON_Parse(json);
+  topos_free(json);
+  const cJSON *np =
+      doc ? cJSON_GetObjectItemCaseSensitive(doc, "parameters") : NULL;
+  const cJSON *nodes =
+      doc ? cJSON_GetObjectItemCaseSensitive(doc, "nodes") : NULL;
+  bool ok = cJSON_IsNumber(np) && np->valuedouble >= 0 &&
+            np->valuedouble <= 1e7 && cJSON_IsArray(nodes);
+  int n = ok ? (int)np->valuedouble : 0;
+  spec_param *v = calloc((size_t)(n > 0 ? n : 1), sizeof *v);
+  int found = 0;
+  ok = ok && v != NULL;
+  const cJSON *node;
+  cJSON_ArrayForEach(node, nodes) {
+    if (!ok) break;
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(node, "role");
+    if (!cJSON_IsString(role) || strcmp(role->valuestring, "parameter") != 0)
+      continue;
+    const cJSON *slot = cJSON_GetObjectItemCaseSensitive(node, "slot");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(node, "name");
+    const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(node, "dtype");
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(node, "shape");
+    int s = cJSON_IsNumber(slot) ? (int)slot->valuedouble : -1;
+    ok = s >= 0 && s < n && !v[s].key[0] && cJSON_IsString(dtype) &&
+         dtype_named(dtype->valuestring, &v[s].dtype) && cJSON_IsArray(shape) &&
+         cJSON_GetArraySize(shape) <= TOPOS_MAX_RANK;
+    if (!ok) break;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, shape) {
+      v[s].shape[v[s].rank++] = (int64_t)e->valuedouble;
+    }
+    v[s].named = cJSON_IsString(name) && name->valuestring[0];
+    if (v[s].named)
+      snprintf(v[s].key, sizeof v[s].key, "%s", name->valuestring);
+    else
+      snprintf(v[s].key, sizeof v[s].key, "%d", s);
+    found++;
+  }
+  cJSON_Delete(doc);
+  if (!ok || found != n) {
+    free(v);
+    fprintf(stderr,
+            "topos: %s: the daemon's describe of the spec is "
+            "malformed\n",
+            o->command);
+    return 1;
+  }
+  out->v = v;
+  out->n = n;
+  return -1;
+}
+
+/* Slot s's tensor under prefix ("" parameters, "m." and "v." moments):
+ * named by the parameter's name, else by the slot's index.  NULL with err
+ * (TOPOS_ERR_NOT_FOUND when neither is there). */
+static topos_tensor *slot_tensor(const topos_safetensors *st,
+                                 const char *prefix, const spec_params *sp,
+                                 int s, topos_error *err) {
+  char name[320];
+  if (sp->v[s].named) {
+    snprintf(name, sizeof name, "%s%s", prefix, sp->v[s].key);
+    topos_tensor *t = topos_safetensors_get(st, name, err);
+    if (t || err->code != TOPOS_ERR_NOT_FOUND) return t;
+  }
+  snprintf(name, sizeof name, "%s%d", prefix, s);
+  return topos_safetensors_get(st, name, err);
+}
+
+/* "W1" or "W1 (or 0)": how a slot may be named in a file. */
+static void slot_names(const spec_params *sp, const char *prefix, int s,
+                       char *out, size_t cap) {
+  if (sp->v[s].named)
+    snprintf(out, cap, "%s%s (or %s%d)", prefix, sp->v[s].key, prefix, s);
+  else
+    snprintf(out, cap, "%s%d", prefix, s);
+}
+
+/* Opens a safetensors file that `flag` names.  NULL with the error
+ * printed. */
+static topos_safetensors *open_safetensors(const char *flag, const char *path) {
+  topos_error err = {0};
+  topos_safetensors *st = topos_safetensors_load(path, &err);
+  if (!st) {
+    char why[600];
+    st_why(&err, path, why, sizeof why);
+    input_error("%s %s: %s", flag, path, why);
+  }
+  return st;
+}
+
+/* --params FILE: every slot's tensor (slot_tensor), with the slot's dtype
+ * and shape; the file's other tensors are ignored.  Returns -1, or an
+ * exit status. */
+static int params_read(const char *path, const spec_params *sp,
+                       Topos__V1__Tensor ***out, size_t *nout) {
+  topos_safetensors *st = open_safetensors("--params", path);
+  if (!st) return 2;
+  Topos__V1__Tensor **v = calloc((size_t)(sp->n ? sp->n : 1), sizeof *v);
+  int rc = v ? -1 : usage_error("out of memory");
+  for (int s = 0; s < sp->n && rc < 0; s++) {
+    topos_error err = {0};
+    char names[640], got[200], want[200];
+    topos_tensor *t = slot_tensor(st, "", sp, s, &err);
+    if (!t) {
+      slot_names(sp, "", s, names, sizeof names);
+      rc = err.code == TOPOS_ERR_NOT_FOUND
+               ? input_error(
+                     "--params %s has no tensor %s for parameter "
+                     "slot %d",
+                     path, names, s)
+               : input_error("--params %s: %s", path,
+                             st_message(err.message, path));
+      break;
+    }
+    const spec_param *p = &sp->v[s];
+    shape_text(p->dtype, p->rank, p->shape, want, sizeof want);
+    tensor_text(t, got, sizeof got);
+    if (strcmp(got, want) != 0)
+      rc = input_error("--params %s: %s is %s, the spec's parameter is %s",
+                       path, p->key, got, want);
+    else if (!(v[s] = wire_tensor_new(t, &err)))
+      rc = input_error("--params %s: %s", path, err.message);
+    topos_tensor_release(t);
+  }
+  topos_safetensors_free(st);
+  if (rc >= 0) {
+    wire_tensors_free(v, v ? (size_t)sp->n : 0);
+    return rc;
+  }
+  *out = v;
+  *nout = (size_t)sp->n;
+  return -1;
+}
+
+/* --state FILE: "step" (one element, i32 or a whole f64) and the moments
+ * m.KEY and v.KEY of every slot, or of none.  Returns -1, or an exit
+ * status. */
+static int state_read(const char *path, const spec_params *sp,
+                      Topos__V1__OptimizerState **out) {
+  topos_safetensors *st = open_safetensors("--state", path);
+  if (!st) return 2;
+  topos_error err = {0};
+  int rc = -1;
+  Topos__V1__OptimizerState *s = malloc(sizeof *s);
+  if (!s) rc = usage_error("out of memory");
+  if (s) topos__v1__optimizer_state__init(s);
+  topos_tensor *step = s ? topos_safetensors_get(st, "step", &err) : NULL;
+  if (rc < 0 && !step)
+    rc = err.code == TOPOS_ERR_NOT_FOUND
+             ? input_error("--state %s has no tensor step", path)
+             : input_error("--state %s: %s", path,
+                           st_message(err.message, path));
+  if (rc < 0) {
+    double d = -1;
+    uint8_t buf[8];
+    topos_dtype dt = topos_tensor_dtype(step);
+    if (topos_tensor_count(step) == 1 &&
+        topos_tensor_read(step, buf, sizeof buf, &err) == TOPOS_OK) {
+      if (dt == TOPOS_F64) memcpy(&d, buf, sizeof d);
+      if (dt == TOPOS_I32) {
+        int32_t i;
+        memcpy(&i, buf, sizeof i);
+        d = i;
+      }
+    }
+    if (!(d >= 0 && d < 9007199254740992.0 && d == (double)(int64_t)d))
+      rc = input_error(
+          "--state %s: step is not one whole number >= 0 (i32 or f64)", path);
+    else
+      s->step = (int64_t)d;
+  }
+  topos_tensor_release(step);
+  for (int which = 0; which < 2 && rc < 0; which++) {
+    const char *prefix = which ? "v." : "m.";
+    Topos__V1__Tensor **v = calloc((size_t)(sp->n ? sp->n : 1), sizeof *v);
+    int have = 0, missing = -1;
+    if (!v) rc = usage_error("out of memory");
+    for (int k = 0; k < sp->n && rc < 0; k++) {
+      topos_error e = {0};
+      topos_tensor *t = slot_tensor(st, prefix, sp, k, &e);
+      if (!t && e.code != TOPOS_ERR_NOT_FOUND)
+        rc = input_error("--state %s: %s", path, st_message(e.message, path));
+      if (!t) {
+        if (missing < 0) missing = k;
+        continue;
+      }
+      if (!(v[k] = wire_tensor_new(t, &e)))
+        rc = input_error("--state %s: %s", path, e.message);
+      topos_tensor_release(t);
+      have++;
+    }
+    if (rc < 0 && have > 0 && missing >= 0) {
+      char names[640];
+      slot_names(sp, prefix, missing, names, sizeof names);
+      rc = input_error(
+          "--state %s has %d of the %d %s moments, not %s: every slot's or "
+          "none",
+          path, have, sp->n, which ? "v" : "m", names);
+    }
+    if (rc < 0 && have > 0) {
+      if (which) {
+        s->v = v;
+        s->n_v = (size_t)sp->n;
+      } else {
+        s->m = v;
+        s->n_m = (size_t)sp->n;
+      }
+    } else {
+      wire_tensors_free(v, v ? (size_t)sp->n : 0);
+    }
+  }
+  topos_safetensors_free(st);
+  if (rc >= 0) {
+    wire_message_free(s ? &s->base : NULL);
+    return rc;
+  }
+  *out = s;
+  return -1;
+}
+
+/* The --feed NAME=FILE options as Feed messages.  Returns -1, or an exit
+ * status. */
+static int feeds_read(const options *o, Topos__V1__Feed ***out, size_t *n) {
+  for (int i = 0; i < o->nfeeds; i++) {
+    const char *arg = o->feeds[i];
+    const char *eq = strchr(arg, '=');
+    if (!eq || eq == arg || !eq[1])
+      return usage_error("--feed needs NAME=FILE, not '%s'", arg);
+    char *name = strndup(arg, (size_t)(eq - arg));
+    if (!name) return usage_error("out of memory");
+    char why[700];
+    topos_tensor *t = tensor_file_read(eq + 1, name, why, sizeof why);
+    if (!t) {
+      free(name);
+      return input_error("--feed %s: %s", arg, why);
+    }
+    topos_error err = {0};
+    Topos__V1__Feed *f = malloc(sizeof *f);
+    Topos__V1__Feed **grown = realloc(*out, sizeof *grown * (*n + 1));
+    if (grown) *out = grown;
+    if (f) {
+      topos__v1__feed__init(f);
+      f->input = value_of(name);
+      f->tensor = wire_tensor_new(t, &err);
+    }
+    topos_tensor_release(t);
+    bool ok = f && grown && f->input && f->tensor;
+    if (!ok) {
+      int rc =
+          f && grown && !f->input
+              ? usage_error("--feed %s: index too large", name)
+              : usage_error("--feed %s: %s", name,
+                            err.message[0] ? err.message : "out of memory");
+      wire_message_free(f ? &f->base : NULL);
+      free(name);
+      return rc;
+    }
+    free(name);
+    (*out)[(*n)++] = f;
+  }
+  return -1;
+}
+
+/* What a reply tensor is on this side (new), or NULL with the error
+ * printed. */
+static topos_tensor *reply_tensor(const Topos__V1__Tensor *m,
+                                  const char *what) {
+  topos_error err = {0};
+  topos_tensor *t = wire_tensor_from_proto(m, NULL, what, &err);
+  if (!t) fprintf(stderr, "topos: the daemon's reply: %s\n", err.message);
+  return t;
+}
+
+/* One line per tensor: name, dtype and shape, and its elements when there
+ * are at most 16 (f32 and bf16 with %.9g, f64 with %.17g: each reads
+ * back to the same bits). */
+static void tensor_print(const char *name, const topos_tensor *t) {
+  char shape[200];
+  tensor_text(t, shape, sizeof shape);
+  int64_t n = topos_tensor_count(t);
+  printf("%s %s", name, shape);
+  uint8_t buf[16 * 8];
+  topos_error err = {0};
+  if (n > 16 || topos_tensor_read(t, buf, sizeof buf, &err) != TOPOS_OK) {
+    printf(" (%lld elements)\n", (long long)n);
+    return;
+  }
+  bool list = topos_tensor_rank(t) > 0;
+  fputs(list ? " = [" : " = ", stdout);
+  for (int64_t i = 0; i < n; i++) {
+    if (i) fputs(", ", stdout);
+    switch (topos_tensor_dtype(t)) {
+      case TOPOS_F32: {
+        float f;
+        memcpy(&f, buf + 4 * i, sizeof f);
+        printf("%.9g", f);
+        break;
+      }
+      case TOPOS_F64: {
+        double d;
+        memcpy(&d, buf + 8 * i, sizeof d);
+        printf("%.17g", d);
+        break;
+      }
+      case TOPOS_BF16: {
+        uint16_t h;
+        memcpy(&h, buf + 2 * i, sizeof h);
+        printf("%.9g", topos_bf16_to_f32(h));
+        break;
+      }
+      default: {
+        int32_t k;
+        memcpy(&k, buf + 4 * i, sizeof k);
+        printf("%d", k);
+        break;
+      }
+    }
+  }
+  fputs(list ? "]\n" : "\n", stdout);
+}
+
+/* The label of a root or observe in the output: as --roots/--observes
+ * named it (a node name, or an index's digits); a default root (no
+ * --roots) is rootK. */
+static char *value_label(const Topos__V1__Value *v, bool given,
+                         const char *fallback, size_t k) {
+  char buf[64];
+  if (given && v->ref_case == TOPOS__V1__VALUE__REF_NAME)
+    return strdup(v->name);
+  if (given)
+    snprintf(buf, sizeof buf, "%d", (int)v->index);
+  else
+    snprintf(buf, sizeof buf, "%s%zu", fallback, k);
+  return strdup(buf);
+}
+
+/* The file a result goes to must say its format. */
+static int check_out_path(const char *flag, const char *path, bool npy_ok) {
+  if (!path) return -1;
+  if (ends_with(path, ".safetensors") || (npy_ok && ends_with(path, ".npy")))
+    return -1;
+  return usage_error("%s %s: the file name must end in %s", flag, path,
+                     npy_ok ? ".safetensors or .npy" : ".safetensors");
+}
+
+static int cmd_forward(topos_client *c, const options *o) {
+  topos_error err = {0};
+  Topos__V1__ForwardRequest req = TOPOS__V1__FORWARD_REQUEST__INIT;
+  spec_params sp = {0};
+  int rc = check_out_path("--out", o->out, true);
+  if (rc < 0) rc = feeds_read(o, &req.feeds, &req.n_feeds);
+  if (rc < 0 && o->params) rc = spec_params_read(c, o, &sp);
+  if (rc < 0 && o->params)
+    rc = params_read(o->params, &sp, &req.parameters, &req.n_parameters);
+  free(sp.v);
+  if (rc < 0) rc = build_entry(c, o, &req.entry, &err);
+  /* Every output's label, roots then observes. */
+  size_t nout = req.entry ? req.entry->n_roots + req.entry->n_observes : 0;
+  char **labels = rc < 0 ? calloc(nout + 1, sizeof *labels) : NULL;
+  if (rc < 0 && !labels) rc = usage_error("out of memory");
+  for (size_t i = 0; rc < 0 && i < nout; i++) {
+    bool root = i < req.entry->n_roots;
+    labels[i] =
+        root ? value_label(req.entry->roots[i], o->roots != NULL, "root", i)
+             : value_label(req.entry->observes[i - req.entry->n_roots], true,
+                           "", 0);
+    if (!labels[i]) rc = usage_error("out of memory");
+    for (size_t k = 0; rc < 0 && o->out && k < i; k++)
+      if (strcmp(labels[k], labels[i]) == 0)
+        rc = usage_error(
+            "--out %s: two outputs named %s (a file needs "
+            "distinct names)",
+            o->out, labels[i]);
+  }
+  if (rc < 0 && o->out && ends_with(o->out, ".npy") && nout != 1)
+    rc = usage_error(
+        "--out %s: .npy holds one tensor, and there are %zu "
+        "outputs (write .safetensors)",
+        o->out, nout);
+  ProtobufCMessage *r = NULL;
+  if (rc < 0) {
+    req.id = heap_id(o->id);
+    if (call(c, o, "Forward", &req.base, &topos__v1__forward_reply__descriptor,
+             &r, &err) != TOPOS_OK)
+      rc = call_error("forward", &err);
+  }
+  Topos__V1__ForwardReply *reply = (Topos__V1__ForwardReply *)r;
+  topos_tensor **outs = rc < 0 ? calloc(nout + 1, sizeof *outs) : NULL;
+  if (rc < 0 && !outs) rc = usage_error("out of memory");
+  if (rc < 0 && (reply->n_roots != req.entry->n_roots ||
+                 reply->n_observes != req.entry->n_observes)) {
+    fprintf(stderr,
+            "topos: forward: the daemon answered %zu roots and %zu observes "
+            "for %zu and %zu\n",
+            reply->n_roots, reply->n_observes, req.entry->n_roots,
+            req.entry->n_observes);
+    rc = 1;
+  }
+  for (size_t i = 0; rc < 0 && i < nout; i++) {
+    bool root = i < reply->n_roots;
+    outs[i] = reply_tensor(
+        root ? reply->roots[i] : reply->observes[i - reply->n_roots],
+        labels[i]);
+    if (!outs[i]) rc = 1;
+  }
+  /* Written to --out (rc becomes 0 or 1), or printed. */
+  if (rc < 0 && o->out)
+    rc = tensors_save(o->out, (int)nout, (const char *const *)labels, outs);
+  for (size_t i = 0; rc < 0 && i < nout; i++) tensor_print(labels[i], outs[i]);
+  for (size_t i = 0; i < nout; i++) {
+    if (outs) topos_tensor_release(outs[i]);
+    if (labels) free(labels[i]);
+  }
+  free(outs);
+  free(labels);
+  wire_message_free(r);
+  wire_message_clear(&req.base);
+  return rc < 0 ? 0 : rc;
+}
+
+/* Writes a parameter set from the reply under the slots' keys (as
+ * --params reads them).  Returns 0, or 1 with the error printed. */
+static int params_write(const char *path, const spec_params *sp,
+                        Topos__V1__Tensor *const *v, size_t n) {
+  if (n != (size_t)sp->n) {
+    fprintf(stderr,
+            "topos: step: the daemon answered %zu parameters for a spec of "
+            "%d\n",
+            n, sp->n);
+    return 1;
+  }
+  const char **names = calloc(n + 1, sizeof *names);
+  topos_tensor **ts = calloc(n + 1, sizeof *ts);
+  int rc = names && ts ? 0 : usage_error("out of memory");
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    names[i] = sp->v[i].key;
+    if (!(ts[i] = reply_tensor(v[i], sp->v[i].key))) rc = 1;
+  }
+  if (rc == 0) rc = tensors_save(path, (int)n, names, ts);
+  for (size_t i = 0; ts && i < n; i++) topos_tensor_release(ts[i]);
+  free(names);
+  free(ts);
+  return rc;
+}
+
+/* Writes an optimizer state: "step" (f64[1], exact up to 2^53), then
+ * m.KEY and v.KEY for the moments the optimizer keeps.  Returns 0, or 1
+ * with the error printed. */
+static int state_write(const char *path, const spec_params *sp,
+                       const Topos__V1__OptimizerState *s) {
+  if (!s || (s->n_m && s->n_m != (size_t)sp->n) ||
+      (s->n_v && s->n_v != (size_t)sp->n)) {
+    fprintf(stderr,
+            "topos: step: the daemon's optimizer state does not fit "
+            "the spec's %d parameters\n",
+            sp->n);
+    return 1;
+  }
+  size_t n = 1 + s->n_m + s->n_v;
+  char(*names)[320] = calloc(n, sizeof *names);
+  const char **ptrs = calloc(n, sizeof *ptrs);
+  topos_tensor **ts = calloc(n, sizeof *ts);
+  int rc = names && ptrs && ts ? 0 : usage_error("out of memory");
+  topos_error err = {0};
+  double step = (double)s->step;
+  int64_t one = 1;
+  if (rc == 0) {
+    snprintf(names[0], sizeof names[0], "step");
+    ts[0] = topos_tensor_from(TOPOS_F64, 1, &one, &step, &err);
+    if (!ts[0]) rc = call_error("step", &err);
+  }
+  for (size_t i = 1; rc == 0 && i < n; i++) {
+    bool m = i <= s->n_m;
+    size_t k = m ? i - 1 : i - 1 - s->n_m;
+    snprintf(names[i], sizeof names[i], "%s.%s", m ? "m" : "v", sp->v[k].key);
+    if (!(ts[i] = reply_tensor(m ? s->m[k] : s->v[k], names[i]))) rc = 1;
+  }
+  for (size_t i = 0; ptrs && names && i < n; i++) ptrs[i] = names[i];
+  if (rc == 0) rc = tensors_save(path, (int)n, ptrs, ts);
+  for (size_t i = 0; ts && i < n; i++) topos_tensor_release(ts[i]);
+  free(names);
+  free(ptrs);
+  free(ts);
+  return rc;
+}
+
+/* The Optimizer message of the options: the kind, and only the numbers
+ * given (the daemon's defaults apply to the others, as for any client).
+ * Returns -1, or an exit status. */
+static int step_optimizer(const options *o, Topos__V1__Optimizer **out) {
+  const char *kind = o->optimizer ? o->optimizer : "sgd";
+  Topos__V1__OptimizerKind k;
+  if (strcmp(kind, "sgd") == 0)
+    k = TOPOS__V1__OPTIMIZER_KIND__SGD;
+  else if (strcmp(kind, "adam") == 0)
+    k = TOPOS__V1__OPTIMIZER_KIND__ADAM;
+  else if (strcmp(kind, "adamw") == 0)
+    k = TOPOS__V1__OPTIMIZER_KIND__ADAMW;
+  else
+    return usage_error("--optimizer is sgd, adam or adamw, not %s", kind);
+  if (!o->hp_given[HP_LR])
+    return usage_error(
+        "step needs --lr X (the optimizer has no default learning rate)");
+  bool sgd = k == TOPOS__V1__OPTIMIZER_KIND__SGD;
+  if (!sgd && o->hp_given[HP_MOMENTUM])
+    return usage_error("--momentum applies to --optimizer sgd only");
+  for (int i = HP_BETA1; sgd && i <= HP_EPS; i++)
+    if (o->hp_given[i])
+      return usage_error("%s applies to --optimizer adam and adamw only",
+                         hp_flags[i]);
+  Topos__V1__Optimizer *m = malloc(sizeof *m);
+  if (!m) return usage_error("out of memory");
+  topos__v1__optimizer__init(m);
+  m->kind = k;
+  m->lr_given_case = TOPOS__V1__OPTIMIZER__LR_GIVEN_LR;
+  m->lr = o->hp[HP_LR];
+  if (o->hp_given[HP_MOMENTUM]) {
+    m->momentum_given_case = TOPOS__V1__OPTIMIZER__MOMENTUM_GIVEN_MOMENTUM;
+    m->momentum = o->hp[HP_MOMENTUM];
+  }
+  if (o->hp_given[HP_BETA1]) {
+    m->beta1_given_case = TOPOS__V1__OPTIMIZER__BETA1_GIVEN_BETA1;
+    m->beta1 = o->hp[HP_BETA1];
+  }
+  if (o->hp_given[HP_BETA2]) {
+    m->beta2_given_case = TOPOS__V1__OPTIMIZER__BETA2_GIVEN_BETA2;
+    m->beta2 = o->hp[HP_BETA2];
+  }
+  if (o->hp_given[HP_EPS]) {
+    m->eps_given_case = TOPOS__V1__OPTIMIZER__EPS_GIVEN_EPS;
+    m->eps = o->hp[HP_EPS];
+  }
+  if (o->hp_given[HP_WEIGHT_DECAY]) {
+    m->weight_decay_given_case =
+        TOPOS__V1__OPTIMIZER__WEIGHT_DECAY_GIVEN_WEIGHT_DECAY;
+    m->weight_decay = o->hp[HP_WEIGHT_DECAY];
+  }
+  *out = m;
+  return -1;
+}
+
+static int cmd_step(topos_client *c, const options *o) {
+  if (!o->loss)
+    return usage_error("step needs --loss V (the scalar value to minimise)");
+  topos_error err = {0};
+  Topos__V1__StepRequest req = TOPOS__V1__STEP_REQUEST__INIT;
+  spec_params sp = {0};
+  int rc = step_optimizer(o, &req.optimizer);
+  if (rc < 0) rc = check_out_path("--out-params", o->out_params, false);
+  if (rc < 0) rc = check_out_path("--out-state", o->out_state, false);
+  if (rc < 0 && !(req.loss = value_of(o->loss)))
+    rc = usage_error("--loss %s: index too large", o->loss);
+  if (rc < 0) rc = feeds_read(o, &req.feeds, &req.n_feeds);
+  if (rc < 0 && (o->params || o->state || o->out_params || o->out_state))
+    rc = spec_params_read(c, o, &sp);
+  if (rc < 0 && o->params)
+    rc = params_read(o->params, &sp, &req.parameters, &req.n_parameters);
+  if (rc < 0 && o->state) rc = state_read(o->state, &sp, &req.state);
+  ProtobufCMessage *r = NULL;
+  if (rc < 0) {
+    req.id = heap_id(o->id);
+    if (call(c, o, "Step", &req.base, &topos__v1__step_reply__descriptor, &r,
+             &err) != TOPOS_OK)
+      rc = call_error("step", &err);
+  }
+  Topos__V1__StepReply *reply = (Topos__V1__StepReply *)r;
+  if (rc < 0) printf("%.17g\n", reply->loss);
+  if (rc < 0 && o->out_params) {
+    rc = params_write(o->out_params, &sp, reply->parameters,
+                      reply->n_parameters);
+    if (rc == 0) rc = -1;
+  }
+  if (rc < 0 && o->out_state) {
+    rc = state_write(o->out_state, &sp, reply->state);
+    if (rc == 0) rc = -1;
+  }
+  free(sp.v);
+  wire_message_free(r);
+  wire_message_clear(&req.base);
+  return rc < 0 ? 0 : rc;
 }
 
 /* ------------------------------------------------------- administration */
@@ -1403,6 +2689,125 @@ static int admin_main(int argc, char **argv) {
   return rc;
 }
 
+/* The commands, in the order of `commands`. */
+enum {
+  C_RECORD,
+  C_DESCRIBE,
+  C_LOWER,
+  C_EMIT,
+  C_CONFORMANCE,
+  C_HEALTH,
+  C_STATS,
+  C_BACKENDS,
+  C_LIST,
+  C_FORWARD,
+  C_STEP
+};
+_Static_assert(C_STEP + 1 == NCOMMANDS, "one C_ constant per command");
+
+/* The command o names, after parse.  Returns its exit status. */
+static int run_command(options *o) {
+  if (!o->command || strcmp(o->command, "help") == 0) {
+    if (o->command || o->help) {
+      fputs(usage_text, stdout);
+      return 0;
+    }
+    fputs(usage_text, stderr);
+    return 2;
+  }
+  int k = -1;
+  for (int i = 0; i < NCOMMANDS; i++)
+    if (strcmp(o->command, commands[i].name) == 0) k = i;
+  if (k < 0) return usage_error("unknown command %s", o->command);
+  if (o->help) {
+    fputs(commands[k].usage, stdout);
+    return 0;
+  }
+  /* Options a command does not read are usage errors, not ignored. */
+  bool entry =
+      k == C_LOWER || k == C_EMIT || k == C_CONFORMANCE || k == C_FORWARD;
+  bool run = k == C_FORWARD || k == C_STEP;
+  const char *hp = NULL; /* the first hyperparameter given */
+  for (int i = HP_COUNT - 1; i >= 0; i--)
+    if (o->hp_given[i]) hp = hp_flags[i];
+  const char *stray =
+      o->format_given && k != C_DESCRIBE        ? "--format"
+      : (o->roots || o->observes) && !entry     ? "--roots/--observes"
+      : (o->training || o->fast) && !entry      ? "--training/--fast"
+      : o->backend && !entry                    ? "--backend"
+      : o->threads >= 0 && !entry               ? "--threads"
+      : o->generic && k != C_EMIT               ? "--generic"
+      : o->allow_envelope && k != C_CONFORMANCE ? "--allow-envelope"
+      : o->summary && k != C_RECORD             ? "--summary"
+      : o->local && k != C_BACKENDS             ? "--local"
+      : o->nfeeds && !run                       ? "--feed"
+      : o->params && !run                       ? "--params"
+      : o->out && k != C_FORWARD                ? "--out"
+      : k == C_STEP                             ? NULL
+      : o->loss                                 ? "--loss"
+      : o->optimizer                            ? "--optimizer"
+      : hp                                      ? hp
+      : o->state                                ? "--state"
+      : o->out_params                           ? "--out-params"
+      : o->out_state                            ? "--out-state"
+                                                : NULL;
+  if (stray) return usage_error("%s does not apply to %s", stray, o->command);
+  bool takes_id = k <= C_CONFORMANCE || run;
+  if (takes_id && !o->id) {
+    fputs(commands[k].usage, stderr);
+    return 2;
+  }
+  if (!takes_id && o->id)
+    return usage_error("%s takes no argument (got %s)", o->command, o->id);
+  if (takes_id && k != C_RECORD && !wire_id_valid(o->id))
+    return usage_error("%s: \"%s\" is not an id (64 lowercase hex digits)",
+                       o->command, o->id);
+
+  if (k == C_BACKENDS && o->local) return cmd_backends_local();
+  int rc = 0;
+  topos_client *c = cli_connect(o->server, o->tls_ca, o->tls_cert, o->tls_key,
+                                o->deadline, o->token, &rc);
+  if (!c) return rc;
+  switch (k) {
+    case C_RECORD:
+      rc = cmd_record(c, o);
+      break;
+    case C_DESCRIBE:
+      rc = cmd_describe(c, o);
+      break;
+    case C_LOWER:
+      rc = cmd_lower(c, o);
+      break;
+    case C_EMIT:
+      rc = cmd_emit(c, o);
+      break;
+    case C_CONFORMANCE:
+      rc = cmd_conformance(c, o);
+      break;
+    case C_HEALTH:
+      rc = cmd_health(c, o);
+      break;
+    case C_STATS:
+      rc = cmd_stats(c, o);
+      break;
+    case C_BACKENDS:
+      rc = cmd_backends(c, o);
+      break;
+    case C_FORWARD:
+      rc = cmd_forward(c, o);
+      break;
+    case C_STEP:
+      rc = cmd_step(c, o);
+      break;
+    default:
+      rc = cmd_list(c, o);
+      break;
+  }
+  topos_client_close(c);
+  fflush(stdout);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   /* tenant, token and quota: on the store file or through the daemon. */
   for (int i = 1; i < argc; i++) {
@@ -1422,82 +2827,10 @@ int main(int argc, char **argv) {
   }
   options o;
   memset(&o, 0, sizeof o);
+  o.feeds = calloc((size_t)argc, sizeof *o.feeds);
+  if (!o.feeds) return usage_error("out of memory");
   int rc = parse(argc, argv, &o);
-  if (rc >= 0) return rc;
-  if (!o.command || strcmp(o.command, "help") == 0) {
-    if (o.command || o.help) {
-      fputs(usage_text, stdout);
-      return 0;
-    }
-    fputs(usage_text, stderr);
-    return 2;
-  }
-  int k = -1;
-  for (int i = 0; i < NCOMMANDS; i++)
-    if (strcmp(o.command, commands[i].name) == 0) k = i;
-  if (k < 0) return usage_error("unknown command %s", o.command);
-  if (o.help) {
-    fputs(commands[k].usage, stdout);
-    return 0;
-  }
-  /* Options a command does not read are usage errors, not ignored. */
-  bool entry = k >= 2 && k <= 4;
-  const char *stray = o.format_given && k != 1            ? "--format"
-                      : (o.roots || o.observes) && !entry ? "--roots/--observes"
-                      : (o.training || o.fast) && !entry  ? "--training/--fast"
-                      : o.backend && !entry               ? "--backend"
-                      : o.threads >= 0 && !entry          ? "--threads"
-                      : o.generic && k != 3               ? "--generic"
-                      : o.allow_envelope && k != 4        ? "--allow-envelope"
-                      : o.summary && k != 0               ? "--summary"
-                      : o.local && k != 7                 ? "--local"
-                                                          : NULL;
-  if (stray) return usage_error("%s does not apply to %s", stray, o.command);
-  bool takes_id = k <= 4;
-  if (takes_id && !o.id) {
-    fputs(commands[k].usage, stderr);
-    return 2;
-  }
-  if (!takes_id && o.id)
-    return usage_error("%s takes no argument (got %s)", o.command, o.id);
-  if (takes_id && k != 0 && !wire_id_valid(o.id))
-    return usage_error("%s: \"%s\" is not an id (64 lowercase hex digits)",
-                       o.command, o.id);
-
-  if (k == 7 && o.local) return cmd_backends_local();
-  topos_client *c = cli_connect(o.server, o.tls_ca, o.tls_cert, o.tls_key,
-                                o.deadline, o.token, &rc);
-  if (!c) return rc;
-  switch (k) {
-    case 0:
-      rc = cmd_record(c, &o);
-      break;
-    case 1:
-      rc = cmd_describe(c, &o);
-      break;
-    case 2:
-      rc = cmd_lower(c, &o);
-      break;
-    case 3:
-      rc = cmd_emit(c, &o);
-      break;
-    case 4:
-      rc = cmd_conformance(c, &o);
-      break;
-    case 5:
-      rc = cmd_health(c, &o);
-      break;
-    case 6:
-      rc = cmd_stats(c, &o);
-      break;
-    case 7:
-      rc = cmd_backends(c, &o);
-      break;
-    default:
-      rc = cmd_list(c, &o);
-      break;
-  }
-  topos_client_close(c);
-  fflush(stdout);
+  if (rc < 0) rc = run_command(&o);
+  free(o.feeds);
   return rc;
 }

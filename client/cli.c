@@ -146,6 +146,9 @@ static const char *const usage_text =
     "  step ID --loss V --lr X [--optimizer sgd|adam|adamw] [--feed ...]\n"
     "       [--params FILE] [--state FILE] [--out-params FILE]\n"
     "       [--out-state FILE]     one optimizer step; prints the loss\n"
+    "  put-blob FILE               upload a file's tensors; prints the id\n"
+    "  get-blob ID [--out FILE]    a blob's tensors, to a file or printed\n"
+    "  delete ID                   remove a stored spec (an admin's call)\n"
     "\n"
     "ENTRY: --roots V,... [--observes V,...] [--training] [--fast]\n"
     "       [--backend NAME] [--threads N]; V is a node index or name; the\n"
@@ -250,6 +253,23 @@ static const struct {
      "fails (the daemon's message: a feed that is not an input, a wrong dtype\n"
      "or shape) or a result cannot be written; 2 on a usage error or a file\n"
      "that cannot be read, is malformed or does not fit the spec.\n"},
+    {"put-blob",
+     "usage: topos put-blob FILE\n"
+     "Uploads the tensors of FILE as one blob and prints its id (64 hex\n"
+     "digits, the content's: the same tensors give the same id).  FILE is\n"
+     ".safetensors (every tensor, in the file's order) or .npy (one).  A\n"
+     "blob's tensors are parameter slots 0, 1, ... of a call that names it.\n"},
+    {"get-blob",
+     "usage: topos get-blob ID [--out FILE]\n"
+     "Downloads blob ID's tensors: to FILE (.safetensors, named \"0\", \"1\",\n"
+     "...; .npy for a blob of one tensor), or one line per tensor on stdout\n"
+     "(index, dtype, shape, and the elements when there are at most 16).\n"},
+    {"delete",
+     "usage: topos delete ID\n"
+     "Removes stored spec ID, whoever recorded it, and what the daemon\n"
+     "cached from it (AdminSpecDelete: an admin tenant's token when the\n"
+     "daemon has tenants).  Exit status 1 when there is no such spec or a\n"
+     "call is running it.\n"},
     {"step",
      "usage: topos step ID --loss V --lr X [--optimizer sgd|adam|adamw]\n"
      "                 [--momentum X] [--beta1 X] [--beta2 X] [--eps X]\n"
@@ -2701,9 +2721,101 @@ enum {
   C_BACKENDS,
   C_LIST,
   C_FORWARD,
+  C_PUT_BLOB,
+  C_GET_BLOB,
+  C_DELETE,
   C_STEP
 };
 _Static_assert(C_STEP + 1 == NCOMMANDS, "one C_ constant per command");
+
+/* put-blob FILE: the file's tensors as one blob. */
+static int cmd_put_blob(topos_client *c, const options *o) {
+  topos_tensor **t = NULL;
+  int n = 0;
+  char why[600] = "";
+  if (ends_with(o->id, ".safetensors")) {
+    topos_error err = {0};
+    topos_safetensors *st = topos_safetensors_load(o->id, &err);
+    if (!st) {
+      st_why(&err, o->id, why, sizeof why);
+    } else {
+      n = topos_safetensors_count(st);
+      t = calloc((size_t)(n > 0 ? n : 1), sizeof *t);
+      for (int i = 0; t && i < n && !why[0]; i++) {
+        t[i] = topos_safetensors_get(st, topos_safetensors_name(st, i), &err);
+        if (!t[i]) st_why(&err, o->id, why, sizeof why);
+      }
+      if (!t) snprintf(why, sizeof why, "out of memory");
+      topos_safetensors_free(st);
+    }
+  } else {
+    t = calloc(1, sizeof *t);
+    n = 1;
+    if (t) t[0] = tensor_file_read(o->id, "", why, sizeof why);
+    if (!t) snprintf(why, sizeof why, "out of memory");
+  }
+  int rc = 0;
+  if (why[0] || !t) {
+    fprintf(stderr, "topos: put-blob: %s: %s\n", o->id, why);
+    rc = 2;
+  } else if (n == 0) {
+    fprintf(stderr, "topos: put-blob: %s holds no tensor\n", o->id);
+    rc = 2;
+  } else {
+    topos_error err = {0};
+    topos_params *p = topos_params_new(n, t, &err);
+    char id[65];
+    int64_t bytes = 0;
+    if (!p || topos_client_put_blob(c, p, id, &bytes, &err) != TOPOS_OK)
+      rc = call_error("put-blob", &err);
+    else
+      printf("%s\n", id);
+    topos_params_free(p);
+  }
+  for (int i = 0; t && i < n; i++) topos_tensor_release(t[i]);
+  free(t);
+  return rc;
+}
+
+/* get-blob ID: to --out, or printed. */
+static int cmd_get_blob(topos_client *c, const options *o) {
+  int rc = check_out_path("--out", o->out, true);
+  if (rc >= 0) return rc;
+  topos_error err = {0};
+  topos_tensor **t = NULL;
+  int n = 0;
+  if (topos_client_get_blob(c, o->id, &t, &n, &err) != TOPOS_OK)
+    return call_error("get-blob", &err);
+  char(*names)[16] = calloc((size_t)(n > 0 ? n : 1), sizeof *names);
+  const char **np = calloc((size_t)(n > 0 ? n : 1), sizeof *np);
+  rc = 0;
+  if (!names || !np) {
+    rc = usage_error("out of memory");
+  } else {
+    for (int i = 0; i < n; i++) {
+      snprintf(names[i], sizeof names[i], "%d", i);
+      np[i] = names[i];
+    }
+    if (o->out)
+      rc = tensors_save(o->out, n, np, t);
+    else
+      for (int i = 0; i < n; i++) tensor_print(names[i], t[i]);
+  }
+  free(np);
+  free(names);
+  topos_client_tensors_free(t, n);
+  return rc;
+}
+
+/* delete ID: AdminSpecDelete. */
+static int cmd_delete(topos_client *c, const options *o) {
+  topos_error err = {0};
+  int64_t bytes = 0;
+  if (topos_client_delete_spec(c, o->id, &bytes, &err) != TOPOS_OK)
+    return call_error("delete", &err);
+  printf("deleted %s (%lld bytes)\n", o->id, (long long)bytes);
+  return 0;
+}
 
 /* The command o names, after parse.  Returns its exit status. */
 static int run_command(options *o) {
@@ -2731,35 +2843,36 @@ static int run_command(options *o) {
   for (int i = HP_COUNT - 1; i >= 0; i--)
     if (o->hp_given[i]) hp = hp_flags[i];
   const char *stray =
-      o->format_given && k != C_DESCRIBE        ? "--format"
-      : (o->roots || o->observes) && !entry     ? "--roots/--observes"
-      : (o->training || o->fast) && !entry      ? "--training/--fast"
-      : o->backend && !entry                    ? "--backend"
-      : o->threads >= 0 && !entry               ? "--threads"
-      : o->generic && k != C_EMIT               ? "--generic"
-      : o->allow_envelope && k != C_CONFORMANCE ? "--allow-envelope"
-      : o->summary && k != C_RECORD             ? "--summary"
-      : o->local && k != C_BACKENDS             ? "--local"
-      : o->nfeeds && !run                       ? "--feed"
-      : o->params && !run                       ? "--params"
-      : o->out && k != C_FORWARD                ? "--out"
-      : k == C_STEP                             ? NULL
-      : o->loss                                 ? "--loss"
-      : o->optimizer                            ? "--optimizer"
-      : hp                                      ? hp
-      : o->state                                ? "--state"
-      : o->out_params                           ? "--out-params"
-      : o->out_state                            ? "--out-state"
-                                                : NULL;
+      o->format_given && k != C_DESCRIBE            ? "--format"
+      : (o->roots || o->observes) && !entry         ? "--roots/--observes"
+      : (o->training || o->fast) && !entry          ? "--training/--fast"
+      : o->backend && !entry                        ? "--backend"
+      : o->threads >= 0 && !entry                   ? "--threads"
+      : o->generic && k != C_EMIT                   ? "--generic"
+      : o->allow_envelope && k != C_CONFORMANCE     ? "--allow-envelope"
+      : o->summary && k != C_RECORD                 ? "--summary"
+      : o->local && k != C_BACKENDS                 ? "--local"
+      : o->nfeeds && !run                           ? "--feed"
+      : o->params && !run                           ? "--params"
+      : o->out && k != C_FORWARD && k != C_GET_BLOB ? "--out"
+      : k == C_STEP                                 ? NULL
+      : o->loss                                     ? "--loss"
+      : o->optimizer                                ? "--optimizer"
+      : hp                                          ? hp
+      : o->state                                    ? "--state"
+      : o->out_params                               ? "--out-params"
+      : o->out_state                                ? "--out-state"
+                                                    : NULL;
   if (stray) return usage_error("%s does not apply to %s", stray, o->command);
-  bool takes_id = k <= C_CONFORMANCE || run;
+  bool takes_id = k <= C_CONFORMANCE || run || k == C_PUT_BLOB ||
+                  k == C_GET_BLOB || k == C_DELETE;
   if (takes_id && !o->id) {
     fputs(commands[k].usage, stderr);
     return 2;
   }
   if (!takes_id && o->id)
     return usage_error("%s takes no argument (got %s)", o->command, o->id);
-  if (takes_id && k != C_RECORD && !wire_id_valid(o->id))
+  if (takes_id && k != C_RECORD && k != C_PUT_BLOB && !wire_id_valid(o->id))
     return usage_error("%s: \"%s\" is not an id (64 lowercase hex digits)",
                        o->command, o->id);
 
@@ -2798,6 +2911,15 @@ static int run_command(options *o) {
       break;
     case C_STEP:
       rc = cmd_step(c, o);
+      break;
+    case C_PUT_BLOB:
+      rc = cmd_put_blob(c, o);
+      break;
+    case C_GET_BLOB:
+      rc = cmd_get_blob(c, o);
+      break;
+    case C_DELETE:
+      rc = cmd_delete(c, o);
       break;
     default:
       rc = cmd_list(c, o);

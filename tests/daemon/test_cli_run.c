@@ -779,6 +779,90 @@ START_TEST(test_refusals) {
 }
 END_TEST
 
+/* put-blob of a safetensors file (the client's id for the same tensors)
+ * and of a .npy, get-blob back to files with the same bits, delete of the
+ * stored spec, and their refusals. */
+START_TEST(test_blobs_and_delete) {
+  env e;
+  env_up(&e);
+  topos_params *p = other_params(&e.m, 7);
+  topos_tensor *ts[4];
+  for (int s = 0; s < 4; s++) ts[s] = (topos_tensor *)topos_params_get(p, s);
+  write_safetensors(path_in(&e, "p.safetensors"), 4, param_names, ts);
+  cli_result r = cli(&e, "put-blob '%s'", path_in(&e, "p.safetensors"));
+  ck_assert_msg(r.status == 0, "%s", r.err);
+  char want[65];
+  topos_error err = {0};
+  ck_assert_int_eq(topos_client_put_blob(e.c, p, want, NULL, &err), TOPOS_OK);
+  ck_assert_msg(strncmp(r.out, want, 64) == 0 && r.out[64] == '\n',
+                "put-blob said %s, the client %s", r.out, want);
+  cli_free(&r);
+  CLI_OK(&e, "get-blob %s --out '%s'", want, path_in(&e, "g.safetensors"));
+  ck_assert_int_eq(st_count(path_in(&e, "g.safetensors")), 4);
+  for (int s = 0; s < 4; s++) {
+    char name[8];
+    snprintf(name, sizeof name, "%d", s);
+    topos_tensor *t = st_get(path_in(&e, "g.safetensors"), name);
+    assert_same_bits(t, ts[s], param_names[s]);
+    topos_tensor_release(t);
+  }
+  /* One tensor through .npy both ways. */
+  write_npy(path_in(&e, "w1.npy"), ts[0], 1);
+  r = cli(&e, "put-blob '%s'", path_in(&e, "w1.npy"));
+  ck_assert_msg(r.status == 0 && strlen(r.out) == 65, "%s", r.err);
+  char one[65];
+  memcpy(one, r.out, 64);
+  one[64] = '\0';
+  cli_free(&r);
+  CLI_OK(&e, "get-blob %s --out '%s'", one, path_in(&e, "w1b.npy"));
+  char shape[64];
+  snprintf(shape, sizeof shape, "(%lld, %lld)",
+           (long long)topos_tensor_shape(ts[0])[0],
+           (long long)topos_tensor_shape(ts[0])[1]);
+  size_t len = 0;
+  uint8_t *back = read_npy(path_in(&e, "w1b.npy"), "<f4", shape, &len);
+  size_t wl = 0;
+  void *wb = tensor_bytes(ts[0], &wl);
+  ck_assert_msg(len == wl && memcmp(back, wb, wl) == 0, "W1 through .npy");
+  free(back);
+  free(wb);
+  /* Printed: index, dtype, shape. */
+  char gb[100];
+  snprintf(gb, sizeof gb, "get-blob %s", one);
+  r = cli_ok_(&e, gb);
+  ck_assert_msg(strncmp(r.out, "0 f32[", 6) == 0, "%s", r.out);
+  cli_free(&r);
+
+  /* delete: the spec goes, and saying it again is NOT_FOUND. */
+  char args[200];
+  snprintf(args, sizeof args, "delete %s", e.id);
+  r = cli_ok_(&e, args);
+  char said[120];
+  snprintf(said, sizeof said, "deleted %s (", e.id);
+  ck_assert_msg(strncmp(r.out, said, strlen(said)) == 0, "%s", r.out);
+  cli_free(&r);
+  expect_refusal(&e, 1, "no spec with id", args);
+  snprintf(args, sizeof args, "describe %s", e.id);
+  expect_refusal(&e, 1, "NOT_FOUND", args);
+
+  /* Refusals. */
+  expect_refusal(
+      &e, 1, "no blob with id",
+      "get-blob "
+      "0000000000000000000000000000000000000000000000000000000000000000");
+  expect_refusal(&e, 2, "is not an id", "delete xyz");
+  expect_refusal(&e, 2, "is not an id", "get-blob xyz");
+  snprintf(args, sizeof args, "get-blob %s --out x.txt", one);
+  expect_refusal(&e, 2, "must end in", args);
+  snprintf(args, sizeof args, "put-blob '%s'", path_in(&e, "missing.npy"));
+  expect_refusal(&e, 2, "missing.npy", args);
+  snprintf(args, sizeof args, "get-blob %s --feed x=y.npy", one);
+  expect_refusal(&e, 2, "does not apply", args);
+  topos_params_free(p);
+  env_down(&e);
+}
+END_TEST
+
 Suite *cli_run_suite(void) {
   Suite *s = suite_create("cli_run");
   TCase *tc = tcase_create("cli_run");
@@ -786,6 +870,7 @@ Suite *cli_run_suite(void) {
   tcase_add_test(tc, test_forward_bits);
   tcase_add_test(tc, test_step_chain_bits);
   tcase_add_test(tc, test_refusals);
+  tcase_add_test(tc, test_blobs_and_delete);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1516,15 +1516,7 @@ START_TEST(test_cli_save_spec) {
   free(out);
   free(err);
   /* The same network, recorded here (examples/gradient_descent.c's). */
-  topos_tape *t = topos_tape_new(TOPOS_F64);
-  topos_tensor *zero = topos_tensor_scalar(TOPOS_F64, 0.0, NULL);
-  topos_value w = topos_name(t, topos_parameter(t, zero), "w");
-  topos_value x = topos_name(t, topos_input(t, zero), "x");
-  topos_value y = topos_name(t, topos_input(t, zero), "y");
-  topos_tensor_release(zero);
-  topos_value r = topos_sub(t, topos_mul(t, w, x), y);
-  topos_name(t, topos_mul(t, r, r), "loss");
-  topos_network *net = topos_tape_seal(t, NULL);
+  topos_network *net = sn_gradient_descent();
   ck_assert_ptr_nonnull(net);
   char id[65];
   topos_network_id(net, id, NULL);

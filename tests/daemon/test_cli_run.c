@@ -800,7 +800,7 @@ START_TEST(test_blobs_and_delete) {
   CLI_OK(&e, "get-blob %s --out '%s'", want, path_in(&e, "g.safetensors"));
   ck_assert_int_eq(st_count(path_in(&e, "g.safetensors")), 4);
   for (int s = 0; s < 4; s++) {
-    char name[8];
+    char name[16];
     snprintf(name, sizeof name, "%d", s);
     topos_tensor *t = st_get(path_in(&e, "g.safetensors"), name);
     assert_same_bits(t, ts[s], param_names[s]);

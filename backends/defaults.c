@@ -10,9 +10,9 @@
  * Plugins (libtopos_cuda.so) are found at run time: $TOPOS_CUDA_PLUGIN
  * if set, else next to the executable, else in ../lib from it (the build
  * tree's layout: build/bin, build/tests -> build/lib), else in
- * ../lib/topos (where `make install` puts it: sbin/ -> lib/topos).  TOPOS_CUDA=off
- * skips the search.  A plugin that is missing, fails to load (its own
- * libraries absent) or finds no device is reported, never fatal.  A
+ * ../lib/topos (where `make install` puts it: sbin/ -> lib/topos).
+ * TOPOS_CUDA=off skips the search.  A plugin that is missing, fails to load
+ * (its own libraries absent) or finds no device is reported, never fatal.  A
  * plugin's backends are registered before `cpu`: a GPU that is there is
  * preferred for the tasks it takes (its `supports` leaves small ones to
  * the CPU), and under exact numerics either gives the same bits.
@@ -142,7 +142,9 @@ static void load_slot(plugin_slot *s, const topos_plugin_options *opt) {
     return;
   }
   snprintf(s->report, sizeof s->report, "%s: not built (no %s)", s->name,
-           given && *given ? given : "libtopos_cuda.so beside, in ../lib or ../lib/topos");
+           given && *given
+               ? given
+               : "libtopos_cuda.so beside, in ../lib or ../lib/topos");
 }
 
 void topos_backends_register_with(const topos_plugin_options *opt) {

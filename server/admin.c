@@ -592,9 +592,8 @@ void handle_admin_spec_delete(call_ctx *cx) {
   topos_error err = {0};
   char key[80];
   snprintf(key, sizeof key, "net %s", req->id);
-  uint8_t *bytes = NULL;
-  size_t len = 0;
-  if (store_get_spec(cx->d->store, req->id, &bytes, &len, &err) != TOPOS_OK) {
+  int64_t len = 0;
+  if (store_stat_spec(cx->d->store, req->id, &len, &err) != TOPOS_OK) {
     if (err.code == TOPOS_ERR_NOT_FOUND)
       call_fail(cx, WIRE_GRPC_NOT_FOUND, TOPOS_ERR_NOT_FOUND,
                 "AdminSpecDelete: no spec with id %s", req->id);
@@ -617,12 +616,11 @@ void handle_admin_spec_delete(call_ctx *cx) {
     if (store_delete_spec(cx->d->store, req->id, &err) != TOPOS_OK)
       admin_fail_store(&a, &err);
   }
-  free(bytes);
   if (cx->status == WIRE_GRPC_OK) {
-    add_field(&a, "bytes=%zu", len);
+    add_field(&a, "bytes=%lld", (long long)len);
     Topos__V1__AdminSpecDeleteReply r =
         TOPOS__V1__ADMIN_SPEC_DELETE_REPLY__INIT;
-    r.bytes = (int64_t)len;
+    r.bytes = len;
     call_reply(cx, &r.base);
   }
   admin_end(&a);

@@ -158,8 +158,10 @@ static void finish(line_buf *b, bool json) {
 /* A request's level: OK is info; a fault of the daemon's (INTERNAL,
  * UNKNOWN, DATA_LOSS) is error; any other refusal is warn. */
 static log_level request_level(int status) {
-  if (status == 0) return LOG_INFO;
-  if (status == 13 || status == 2 || status == 15) return LOG_ERROR;
+  if (status == WIRE_GRPC_OK) return LOG_INFO;
+  if (status == WIRE_GRPC_INTERNAL || status == WIRE_GRPC_UNKNOWN ||
+      status == WIRE_GRPC_DATA_LOSS)
+    return LOG_ERROR;
   return LOG_WARN;
 }
 
@@ -169,8 +171,8 @@ void log_request(const log_request_line *r) {
   int which = atomic_load(&current_requests);
   int64_t sample = 0;
   if (which == LOG_REQUESTS_NONE) return;
-  if (which == LOG_REQUESTS_ERRORS && r->status == 0) return;
-  if (which == LOG_REQUESTS_SAMPLE && r->status == 0) {
+  if (which == LOG_REQUESTS_ERRORS && r->status == WIRE_GRPC_OK) return;
+  if (which == LOG_REQUESTS_SAMPLE && r->status == WIRE_GRPC_OK) {
     sample = atomic_load(&current_sample);
     if (atomic_fetch_add(&ok_seen, 1) % (uint64_t)sample != 0) return;
   }

@@ -1228,17 +1228,29 @@ int store_get_blob(topos_store *st, const char *id, uint8_t **bytes,
   return get_object(st, &BLOBS, id, bytes, len, err);
 }
 
-int store_stat_blob(topos_store *st, const char *id, int64_t *size,
-                    topos_error *err) {
+/* The stored size of an object; NOT_FOUND when there is none. */
+static int stat_size(topos_store *st, const kind *k, const char *id,
+                     int64_t *size, topos_error *err) {
   if (size == NULL) return fail(err, TOPOS_ERR_ARGUMENT, "store: size is NULL");
   *size = -1;
   bool found = false;
   int64_t n = 0;
-  int status = stat_object(st, &BLOBS, id, &found, &n, err);
+  int status = stat_object(st, k, id, &found, &n, err);
   if (status != TOPOS_OK) return status;
-  if (!found) return fail(err, TOPOS_ERR_NOT_FOUND, "store: no blob %s", id);
+  if (!found)
+    return fail(err, TOPOS_ERR_NOT_FOUND, "store: no %s %s", k->noun, id);
   *size = n;
   return TOPOS_OK;
+}
+
+int store_stat_spec(topos_store *st, const char *id, int64_t *size,
+                    topos_error *err) {
+  return stat_size(st, &SPECS, id, size, err);
+}
+
+int store_stat_blob(topos_store *st, const char *id, int64_t *size,
+                    topos_error *err) {
+  return stat_size(st, &BLOBS, id, size, err);
 }
 
 int store_delete_blob(topos_store *st, const char *id, topos_error *err) {

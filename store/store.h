@@ -135,6 +135,10 @@ int store_get_spec(topos_store *st, const char *id, uint8_t **bytes,
 int store_has_spec(topos_store *st, const char *id, bool *present,
                    topos_error *err);
 /* Removes the spec; an unknown id is TOPOS_ERR_NOT_FOUND. */
+/* A stored spec's size in bytes, without reading it; NOT_FOUND when
+ * there is none. */
+int store_stat_spec(topos_store *st, const char *id, int64_t *size,
+                    topos_error *err);
 int store_delete_spec(topos_store *st, const char *id, topos_error *err);
 /* At most `limit` specs, newest first (by order of first put), skipping
  * the first `offset`.  *out is new (free(); NULL when *n is 0). */

@@ -86,9 +86,108 @@ static void daemon_cleanup(daemon_proc *d) {
   d->dir[0] = '\0';
 }
 
+/* The port of a start-up line's HOST:PORT ("toposd listening on
+ * [::]:50051"), 0 when there is none. */
+static int start_line_port(const char *line) {
+  const char *end = strchr(line, '\n');
+  const char *colon = NULL;
+  for (const char *p = line; *p && p != end; p++)
+    if (*p == ':') colon = p;
+  return colon ? atoi(colon + 1) : 0;
+}
+
+/* Runs argv (argv[0] the toposd binary, NULL-terminated) with env
+ * (NAME=VALUE strings added to the environment; may be NULL), stderr
+ * appended to d->log, and waits for its start-up lines ("toposd listening
+ * on HOST:PORT", then "toposd http on HOST:PORT" unless --http is off).
+ * Sets d->pid, d->port and d->http_port.  The child dies with the test
+ * process (PR_SET_PDEATHSIG) so a failed test leaves nothing; a daemon
+ * that does not start fails the test, saying why. */
+static void daemon_exec(daemon_proc *d, char *const *argv,
+                        const char *const *env) {
+  bool http_off = false;
+  for (int i = 1; argv[i] && argv[i + 1]; i++)
+    if (strcmp(argv[i], "--http") == 0)
+      http_off = strcmp(argv[i + 1], "off") == 0;
+  int fds[2];
+  ck_assert_int_eq(pipe(fds), 0);
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    int log = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (log >= 0) dup2(log, STDERR_FILENO);
+    for (int i = 0; env && env[i]; i++) putenv((char *)env[i]);
+    execv(argv[0], argv);
+    _exit(127);
+  }
+  close(fds[1]);
+  d->pid = pid;
+  char out[1024] = {0};
+  size_t len = 0;
+  int want = http_off ? 1 : 2;
+  double until = now_s() + 60;
+  for (;;) {
+    int lines = 0;
+    for (const char *p = out; (p = strchr(p, '\n')) != NULL; p++) lines++;
+    if (lines >= want || len >= sizeof out - 1 || now_s() > until) break;
+    struct pollfd p = {fds[0], POLLIN, 0};
+    if (poll(&p, 1, 200) <= 0) continue;
+    ssize_t n = read(fds[0], out + len, sizeof out - 1 - len);
+    if (n <= 0) break;
+    len += (size_t)n;
+  }
+  close(fds[0]);
+  const char *grpc_line = strstr(out, "toposd listening on ");
+  const char *http_line = strstr(out, "toposd http on ");
+  if (grpc_line == NULL || (!http_off && http_line == NULL)) {
+    /* Say why: the command, whether the child is gone (and how), and the
+     * ends of its output and log. */
+    char cmd[2048] = "";
+    for (int i = 0; argv[i]; i++) {
+      size_t used = strlen(cmd);
+      snprintf(cmd + used, sizeof cmd - used, "%s ", argv[i]);
+    }
+    char why[96] = "still running after 60 s";
+    int status = 0;
+    pid_t gone = 0;
+    for (double t = now_s() + 2; gone == 0 && now_s() < t; usleep(10000))
+      gone = waitpid(pid, &status, WNOHANG);
+    if (gone == pid) {
+      snprintf(why, sizeof why, "exited: status %d, signal %d",
+               WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+               WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+      d->pid = 0;
+    }
+    char tail[1024] = "";
+    FILE *f = fopen(d->log, "r");
+    if (f != NULL) {
+      if (fseek(f, 0, SEEK_END) == 0) {
+        long size = ftell(f);
+        fseek(f,
+              size > (long)sizeof tail - 1 ? size - (long)sizeof tail + 1 : 0,
+              SEEK_SET);
+      }
+      size_t n = fread(tail, 1, sizeof tail - 1, f);
+      tail[n] = '\0';
+      fclose(f);
+    }
+    ck_abort_msg("toposd did not start (%s): %s\nstdout: '%s'\nlog %s ends: %s",
+                 why, cmd, out, d->log, tail);
+  }
+  d->port = start_line_port(grpc_line + strlen("toposd listening on "));
+  d->http_port =
+      http_line ? start_line_port(http_line + strlen("toposd http on ")) : 0;
+  ck_assert_int_gt(d->port, 0);
+}
+
 /* Starts toposd on 127.0.0.1:0 over d->store with extra flags (NULL-
- * terminated) and waits for its "listening" line.  The child dies with
- * the test process (PR_SET_PDEATHSIG) so a failed test leaves nothing. */
+ * terminated) and waits for its "listening" line (daemon_exec). */
 static void daemon_start(daemon_proc *d, const char *const *extra) {
   const char *build = getenv("TOPOS_BUILD");
   char bin[512];
@@ -110,69 +209,26 @@ static void daemon_start(daemon_proc *d, const char *const *extra) {
   }
   for (int i = 0; extra && extra[i] && argc < 30; i++) argv[argc++] = extra[i];
   argv[argc] = NULL;
-  int fds[2];
-  ck_assert_int_eq(pipe(fds), 0);
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    dup2(fds[1], STDOUT_FILENO);
-    close(fds[0]);
-    close(fds[1]);
-    int log = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (log >= 0) dup2(log, STDERR_FILENO);
-    execv(bin, (char *const *)argv);
-    _exit(127);
-  }
-  close(fds[1]);
-  d->pid = pid;
-  char line[512] = {0};
-  size_t len = 0;
-  double until = now_s() + 60;
-  /* Both lines come in one write: "toposd listening on ...", then
-   * "toposd http on ..." unless --http is off. */
-  while (len < sizeof line - 1 && strchr(line, '\n') == NULL &&
-         now_s() < until) {
-    struct pollfd p = {fds[0], POLLIN, 0};
-    if (poll(&p, 1, 200) <= 0) continue;
-    ssize_t n = read(fds[0], line + len, sizeof line - 1 - len);
-    if (n <= 0) break;
-    len += (size_t)n;
-  }
-  close(fds[0]);
-  int port = 0;
-  if (sscanf(line, "toposd listening on 127.0.0.1:%d", &port) != 1) {
-    /* Say why: whether the child is gone (and how), and the log's end. */
-    char why[96] = "still running after 60 s";
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      snprintf(why, sizeof why, "exited: status %d, signal %d",
-               WIFEXITED(status) ? WEXITSTATUS(status) : -1,
-               WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-      d->pid = 0;
-    }
-    char tail[1024] = "";
-    FILE *f = fopen(d->log, "r");
-    if (f != NULL) {
-      if (fseek(f, 0, SEEK_END) == 0) {
-        long size = ftell(f);
-        fseek(f,
-              size > (long)sizeof tail - 1 ? size - (long)sizeof tail + 1 : 0,
-              SEEK_SET);
-      }
-      size_t n = fread(tail, 1, sizeof tail - 1, f);
-      tail[n] = '\0';
-      fclose(f);
-    }
-    ck_abort_msg("toposd did not start (%s; stdout: '%s'; log %s ends: %s)",
-                 why, line, d->log, tail);
-  }
-  d->port = port;
-  d->http_port = 0;
-  const char *http = strstr(line, "toposd http on 127.0.0.1:");
-  if (http != NULL) sscanf(http, "toposd http on 127.0.0.1:%d", &d->http_port);
+  daemon_exec(d, (char *const *)argv, NULL);
+}
+
+/* Runs toposd with args (NULL-terminated) to its exit, its stdout and
+ * stderr into out; returns the exit status (-1 when it did not exit
+ * normally). */
+static int run_toposd(const char *const *args, char *out, size_t outlen) {
+  const char *build = getenv("TOPOS_BUILD");
+  char cmd[4096];
+  int n = snprintf(cmd, sizeof cmd, "'%s/bin/toposd'",
+                   build && *build ? build : "build");
+  for (int i = 0; args[i]; i++)
+    n += snprintf(cmd + n, sizeof cmd - (size_t)n, " '%s'", args[i]);
+  snprintf(cmd + n, sizeof cmd - (size_t)n, " 2>&1");
+  FILE *p = popen(cmd, "r");
+  ck_assert_ptr_nonnull(p);
+  size_t len = fread(out, 1, outlen - 1, p);
+  out[len] = '\0';
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 /* Whether a line of the daemon's log holds `needle`. */

@@ -284,13 +284,6 @@ static bool kind_is(const cJSON *doc, const char *kind) {
   return k != NULL && strcmp(k, kind) == 0;
 }
 
-/* The port at the end of the first line of text ("... HOST:PORT\n"). */
-static int line_port(const char *text) {
-  char line[512];
-  snprintf(line, sizeof line, "%.*s", (int)strcspn(text, "\n"), text);
-  return port_of(line);
-}
-
 static const char *const probe_kinds[] = {"startupProbe", "livenessProbe",
                                           "readinessProbe"};
 
@@ -346,71 +339,8 @@ static void start_with(daemon_proc *d, const cJSON *args,
   for (int i = 0; append && append[i] && argc < MAX - 1; i++)
     argv[argc++] = strdup(append[i]);
   argv[argc] = NULL;
-  bool http_off = false;
-  for (int i = 1; i + 1 < argc; i++)
-    if (strcmp(argv[i], "--http") == 0)
-      http_off = strcmp(argv[i + 1], "off") == 0;
-
-  int fds[2];
-  ck_assert_int_eq(pipe(fds), 0);
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    dup2(fds[1], STDOUT_FILENO);
-    close(fds[0]);
-    close(fds[1]);
-    int log = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (log >= 0) dup2(log, STDERR_FILENO);
-    for (int i = 0; env && env[i]; i++) putenv((char *)env[i]);
-    execv(bin, argv);
-    _exit(127);
-  }
-  close(fds[1]);
-  d->pid = pid;
-  char out[1024] = {0};
-  size_t len = 0;
-  int want = http_off ? 1 : 2;
-  double until = now_s() + 60;
-  for (;;) {
-    int lines = 0;
-    for (const char *p = out; (p = strchr(p, '\n')) != NULL; p++) lines++;
-    if (lines >= want || len >= sizeof out - 1 || now_s() > until) break;
-    struct pollfd p = {fds[0], POLLIN, 0};
-    if (poll(&p, 1, 200) <= 0) continue;
-    ssize_t n = read(fds[0], out + len, sizeof out - 1 - len);
-    if (n <= 0) break;
-    len += (size_t)n;
-  }
-  close(fds[0]);
-  const char *grpc_line = strstr(out, "toposd listening on ");
-  const char *http_line = strstr(out, "toposd http on ");
-  char cmdline[2048] = "";
-  for (int i = 0; i < argc; i++) {
-    size_t used = strlen(cmdline);
-    snprintf(cmdline + used, sizeof cmdline - used, "%s ", argv[i]);
-    free(argv[i]);
-  }
-  if (grpc_line == NULL || (!http_off && http_line == NULL)) {
-    int status = 0;
-    char why[96] = "still running after 60 s";
-    pid_t gone = 0;
-    for (double t = now_s() + 2; gone == 0 && now_s() < t; usleep(10000))
-      gone = waitpid(pid, &status, WNOHANG);
-    if (gone == pid) {
-      snprintf(why, sizeof why, "exit status %d",
-               WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-      d->pid = 0;
-    }
-    char *log = read_text(d->log);
-    ck_abort_msg("toposd did not start (%s): %s\nstdout: %s\nstderr: %s", why,
-                 cmdline, tail(out, 1000), tail(log, 1500));
-  }
-  d->port = line_port(grpc_line);
-  d->http_port = http_line ? line_port(http_line) : 0;
-  ck_assert_int_gt(d->port, 0);
+  daemon_exec(d, argv, env);
+  for (int i = 0; i < argc; i++) free(argv[i]);
 }
 
 /* grpc.health.v1.Health/Check(service) on 127.0.0.1:port: the serving

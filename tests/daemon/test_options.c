@@ -12,28 +12,10 @@
 #include "harness.h"
 #include "topos_client.h"
 
-/* Runs toposd with args (NULL-terminated), its stdout and stderr into out;
- * returns the exit status (-1 when it did not exit normally). */
-static int toposd_run(const char *const *args, char *out, size_t cap) {
-  const char *build = getenv("TOPOS_BUILD");
-  char cmd[4096];
-  int n = snprintf(cmd, sizeof cmd, "'%s/bin/toposd'",
-                   build && *build ? build : "build");
-  for (int i = 0; args[i]; i++)
-    n += snprintf(cmd + n, sizeof cmd - (size_t)n, " '%s'", args[i]);
-  snprintf(cmd + n, sizeof cmd - (size_t)n, " 2>&1");
-  FILE *p = popen(cmd, "r");
-  ck_assert_ptr_nonnull(p);
-  size_t len = fread(out, 1, cap - 1, p);
-  out[len] = '\0';
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* Each mistake is one line naming it, exit status 2. */
 static void assert_refused(const char *const *args, const char *want) {
   char out[4096];
-  int rc = toposd_run(args, out, sizeof out);
+  int rc = run_toposd(args, out, sizeof out);
   ck_assert_msg(rc == 2, "toposd %s: exit %d, want 2 (%s)", args[0], rc, out);
   ck_assert_msg(strstr(out, want) != NULL, "toposd %s said '%s', want '%s'",
                 args[0], out, want);
@@ -62,12 +44,12 @@ START_TEST(test_strict_options) {
                  "unexpected argument 'stray'");
   char out[16384];
   ck_assert_int_eq(
-      toposd_run((const char *const[]){"--version", NULL}, out, sizeof out), 0);
+      run_toposd((const char *const[]){"--version", NULL}, out, sizeof out), 0);
   char want[64];
   snprintf(want, sizeof want, "toposd %s\n", TOPOS_VERSION);
   ck_assert_str_eq(out, want);
   ck_assert_int_eq(
-      toposd_run((const char *const[]){"--help", NULL}, out, sizeof out), 0);
+      run_toposd((const char *const[]){"--help", NULL}, out, sizeof out), 0);
   ck_assert(strstr(out, "--log-level LEVEL") != NULL);
   ck_assert(strstr(out, "--log-requests WHICH") != NULL);
 }
@@ -103,7 +85,7 @@ START_TEST(test_port_in_use_leaves_no_store) {
                           "--http",   which == 1 ? busy : "off",
                           "--store",  store,
                           NULL};
-    int rc = toposd_run(args, out, sizeof out);
+    int rc = run_toposd(args, out, sizeof out);
     ck_assert_msg(rc == 1, "exit %d: %s", rc, out);
     snprintf(want, sizeof want, "toposd: %scannot listen on %s: %s\n",
              which == 1 ? "http: " : "", busy, strerror(EADDRINUSE));

@@ -1675,22 +1675,6 @@ END_TEST
 
 /* ---------------------------------------------------------------- config */
 
-static int run_toposd(const char *const *args, char *out, size_t outlen) {
-  const char *build = getenv("TOPOS_BUILD");
-  char cmd[2048];
-  int n = snprintf(cmd, sizeof cmd, "%s/bin/toposd",
-                   build && *build ? build : "build");
-  for (int i = 0; args[i]; i++)
-    n += snprintf(cmd + n, sizeof cmd - (size_t)n, " '%s'", args[i]);
-  snprintf(cmd + n, sizeof cmd - (size_t)n, " 2>&1");
-  FILE *p = popen(cmd, "r");
-  ck_assert_ptr_nonnull(p);
-  size_t len = fread(out, 1, outlen - 1, p);
-  out[len] = '\0';
-  int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 START_TEST(test_config) {
   char out[8192];
   const char *help[] = {"--help", NULL};

@@ -134,8 +134,8 @@ END_TEST
 static void expect_utf8(const char *s, const char *what) {
   size_t at = 0;
   const char *why = NULL;
-  ck_assert_msg(topos_utf8_check(s, strlen(s), &at, &why), "%s: %s at byte %zu", what,
-                why, at);
+  ck_assert_msg(topos_utf8_check(s, strlen(s), &at, &why), "%s: %s at byte %zu",
+                what, why, at);
 }
 
 START_TEST(test_non_ascii_names_round_trip) {

@@ -18,15 +18,16 @@
 static void expect_valid(const char *s, size_t n) {
   size_t at = 99;
   const char *why = NULL;
-  ck_assert_msg(topos_utf8_check(s, n, &at, &why), "%zu bytes refused at %zu: %s", n,
-                at, why ? why : "");
+  ck_assert_msg(topos_utf8_check(s, n, &at, &why),
+                "%zu bytes refused at %zu: %s", n, at, why ? why : "");
 }
 
 static void expect_fault(const char *s, size_t n, size_t want_at,
                          const char *phrase) {
   size_t at = 99;
   const char *why = NULL;
-  ck_assert_msg(!topos_utf8_check(s, n, &at, &why), "'%.*s' accepted", (int)n, s);
+  ck_assert_msg(!topos_utf8_check(s, n, &at, &why), "'%.*s' accepted", (int)n,
+                s);
   ck_assert_msg(at == want_at, "'%.*s': fault at %zu, want %zu (%s)", (int)n, s,
                 at, want_at, why);
   ck_assert_msg(why && strstr(why, phrase), "'%.*s': '%s' lacks '%s'", (int)n,
@@ -143,8 +144,9 @@ START_TEST(test_against_reference) {
   unsigned char b[4];
   for (unsigned a = 0; a < 256; a++) {
     b[0] = (unsigned char)a;
-    ck_assert_msg(topos_utf8_check((char *)b, 1, NULL, NULL) == reference_valid(b, 1),
-                  "%02x", a);
+    ck_assert_msg(
+        topos_utf8_check((char *)b, 1, NULL, NULL) == reference_valid(b, 1),
+        "%02x", a);
     for (unsigned c = 0; c < 256; c++) {
       b[1] = (unsigned char)c;
       ck_assert_msg(

@@ -211,10 +211,10 @@ $(LIB_A): $(ENGINE_OBJ)
 # Shared libraries: SONAME libNAME.so.$(MAJOR), the two links beside
 # them, nothing left undefined but what the named libraries provide.
 # The backends and the client link the engine's shared library.
-SO_LINK = $(CC) -shared -Wl,-soname,$(basename $(basename $(basename $(notdir $@)))).$(MAJOR) \
-	  -Wl,--no-undefined -o $@
-SO_NAMES = cd $(dir $@) && ln -sf $(notdir $@) $(basename $(basename $(basename $(notdir $@)))).$(MAJOR) && \
-	   ln -sf $(basename $(basename $(basename $(notdir $@)))).$(MAJOR) $(basename $(basename $(basename $(notdir $@))))
+SO_STEM = $(firstword $(subst .so., ,$(notdir $@))).so
+SO_LINK = $(CC) -shared -Wl,-soname,$(SO_STEM).$(MAJOR) -Wl,--no-undefined -o $@
+SO_NAMES = cd $(dir $@) && ln -sf $(notdir $@) $(SO_STEM).$(MAJOR) && \
+	   ln -sf $(SO_STEM).$(MAJOR) $(SO_STEM)
 $(LIB_SO): $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(SO_LINK) $^ $(LDLIBS)

@@ -461,6 +461,18 @@ static int call(topos_client *c, const options *o, const char *method,
 
 /* ------------------------------------------------------------ values */
 
+/* A node given by index (decimal digits) or by name: a new Value, or NULL
+ * (an index past INT32_MAX, or no memory). */
+static Topos__V1__Value *value_of(const char *tok) {
+  bool digits = *tok != '\0';
+  for (const char *p = tok; *p; p++) digits = digits && *p >= '0' && *p <= '9';
+  if (!digits) return wire_value_new_name(tok);
+  errno = 0;
+  long long k = strtoll(tok, NULL, 10);
+  if (errno != 0 || k > INT32_MAX) return NULL;
+  return wire_value_new_index((int32_t)k);
+}
+
 /* "a,3,b" -> Values (name, index, name) appended to *v. */
 static int parse_values(const char *list, const char *what,
                         Topos__V1__Value ***v, size_t *n) {
@@ -474,16 +486,10 @@ static int parse_values(const char *list, const char *what,
     bool digits = true;
     for (const char *p = tok; *p; p++)
       digits = digits && *p >= '0' && *p <= '9';
-    Topos__V1__Value *val = NULL;
-    if (digits) {
-      long k = strtol(tok, NULL, 10);
-      if (k > INT32_MAX) {
-        rc = usage_error("%s: index %s is too large", what, tok);
-        break;
-      }
-      val = wire_value_new_index((int32_t)k);
-    } else {
-      val = wire_value_new_name(tok);
+    Topos__V1__Value *val = value_of(tok);
+    if (!val && digits) {
+      rc = usage_error("%s: index %s is too large", what, tok);
+      break;
     }
     Topos__V1__Value **grown = realloc(*v, sizeof **v * (*n + 1));
     if (!val || !grown) {
@@ -940,6 +946,13 @@ static int cmd_stats(topos_client *c, const options *o) {
   return 0;
 }
 
+static void format_ms(int64_t ms, char *out, size_t len) {
+  time_t t = (time_t)(ms / 1000);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  strftime(out, len, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
 /* The stored specs, page by page (ListSpecs). */
 static int cmd_list(topos_client *c, const options *o) {
   char token[256] = "";
@@ -956,13 +969,8 @@ static int cmd_list(topos_client *c, const options *o) {
     for (size_t i = 0; i < rep->n_specs; i++) {
       const Topos__V1__SpecInfo *sp = rep->specs[i];
       char when[2][32];
-      int64_t ms[2] = {sp->created_ms, sp->last_used_ms};
-      for (int k = 0; k < 2; k++) {
-        time_t t = (time_t)(ms[k] / 1000);
-        struct tm tm;
-        gmtime_r(&t, &tm);
-        strftime(when[k], sizeof when[k], "%Y-%m-%dT%H:%M:%SZ", &tm);
-      }
+      format_ms(sp->created_ms, when[0], sizeof when[0]);
+      format_ms(sp->last_used_ms, when[1], sizeof when[1]);
       printf("%s %lld %s %s\n", sp->id, (long long)sp->bytes, when[0], when[1]);
     }
     bool more = rep->next_page_token && rep->next_page_token[0] &&
@@ -1499,18 +1507,6 @@ static int tensors_save(const char *path, int n, const char *const *names,
 }
 
 /* ------------------------------------------------------- forward, step */
-
-/* A node given by index (decimal digits) or by name: a new Value, or NULL
- * (an index past INT32_MAX, or no memory). */
-static Topos__V1__Value *value_of(const char *tok) {
-  bool digits = *tok != '\0';
-  for (const char *p = tok; *p; p++) digits = digits && *p >= '0' && *p <= '9';
-  if (!digits) return wire_value_new_name(tok);
-  errno = 0;
-  long long k = strtoll(tok, NULL, 10);
-  if (errno != 0 || k > INT32_MAX) return NULL;
-  return wire_value_new_index((int32_t)k);
-}
 
 /* A parameter slot of the stored spec, from its JSON describe.  `key`
  * names it in parameter and state files: the parameter's name, or the
@@ -2179,13 +2175,6 @@ static const char *const quota_usage =
     "compete (\"Fair scheduling\").  --device-bytes N bounds the device\n"
     "memory of one run on a GPU host (its largest task's operands and\n"
     "output).\n";
-
-static void format_ms(int64_t ms, char *out, size_t len) {
-  time_t t = (time_t)(ms / 1000);
-  struct tm tm;
-  gmtime_r(&t, &tm);
-  strftime(out, len, "%Y-%m-%dT%H:%M:%SZ", &tm);
-}
 
 /* Where the administration commands work: the store file, or the daemon
  * (server set). */

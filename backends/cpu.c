@@ -556,6 +556,53 @@ static __attribute__((target("avx512f"))) void pack_a_rows_512_f64(
   }
 }
 
+/*
+ * pack_a for an A whose rows run contiguous (rs 1, k cs apart: a
+ * transposed operand, as in the weight gradient X^T·dY) on AVX-512: each
+ * k's mr values one masked load and one masked store (rows mr..MR zero),
+ * instead of a scalar copy per value.  The source walks down a column of
+ * the stored matrix, a row apart per k, so the rows a few k ahead are
+ * asked for early.  A copy: no bits change.
+ */
+#define PACK_A_AHEAD 8
+static __attribute__((target("avx512f"))) void pack_a_cols_512_f32(
+    const float *src, int64_t cs, int64_t mr, int64_t kc, int MR, float *dst) {
+  const __mmask16 mi = (__mmask16)((1u << mr) - 1u);
+  const __mmask16 mo = (__mmask16)((1u << MR) - 1u);
+  for (int64_t k = 0; k < kc; k++) {
+    if (k + PACK_A_AHEAD < kc) {
+      const char *ahead = (const char *)(src + (k + PACK_A_AHEAD) * cs);
+      __builtin_prefetch(ahead, 0, 3);
+      __builtin_prefetch(ahead + (size_t)(mr - 1) * sizeof(float), 0, 3);
+    }
+    _mm512_mask_storeu_ps(dst + k * MR, mo,
+                          _mm512_maskz_loadu_ps(mi, src + k * cs));
+  }
+}
+
+static __attribute__((target("avx512f"))) void pack_a_cols_512_f64(
+    const double *src, int64_t cs, int64_t mr, int64_t kc, int MR,
+    double *dst) {
+  /* rows 0..7 and 8..MR, a masked vector each */
+  const int64_t mr1 = mr > 8 ? mr - 8 : 0;
+  const __mmask8 mi0 = (__mmask8)(mr >= 8 ? 0xffu : (1u << mr) - 1u);
+  const __mmask8 mi1 = (__mmask8)((1u << mr1) - 1u);
+  const __mmask8 mo0 = (__mmask8)(MR >= 8 ? 0xffu : (1u << MR) - 1u);
+  const __mmask8 mo1 = (__mmask8)(MR > 8 ? (1u << (MR - 8)) - 1u : 0u);
+  for (int64_t k = 0; k < kc; k++) {
+    const double *s = src + k * cs;
+    if (k + PACK_A_AHEAD < kc) {
+      const char *ahead = (const char *)(s + PACK_A_AHEAD * cs);
+      __builtin_prefetch(ahead, 0, 3);
+      __builtin_prefetch(ahead + (size_t)(mr - 1) * sizeof(double), 0, 3);
+    }
+    _mm512_mask_storeu_pd(dst + k * MR, mo0, _mm512_maskz_loadu_pd(mi0, s));
+    if (mo1)
+      _mm512_mask_storeu_pd(dst + k * MR + 8, mo1,
+                            _mm512_maskz_loadu_pd(mi1, s + 8));
+  }
+}
+
 /* pack_b for a row-major B (cs 1) on AVX-512, a panel (NR elements) a
  * multiple of 64 bytes: each k's panel as whole-vector loads and stores,
  * the last panel's columns past nc zero through masked loads (instead of
@@ -728,6 +775,17 @@ static void pack_a(const gemm_job *j, const char *src, int64_t mr, int64_t kc,
                           (double *)dst);
     else
       pack_a_rows_512_f32((const float *)src, g->a_row, mr, kc, j->im->mr,
+                          (float *)dst);
+    return;
+  }
+  /* rows contiguous, k apart (a transposed A) */
+  if (g->a_row == 1 && g->a_col != 1 && j->im->mr <= 16 &&
+      current_isa() == ISA_AVX512 && g->dtype != TOPOS_BF16) {
+    if (g->dtype == TOPOS_F64)
+      pack_a_cols_512_f64((const double *)src, g->a_col, mr, kc, j->im->mr,
+                          (double *)dst);
+    else
+      pack_a_cols_512_f32((const float *)src, g->a_col, mr, kc, j->im->mr,
                           (float *)dst);
     return;
   }

@@ -456,8 +456,11 @@ END_TEST
 /* Transposed, narrowed, broadcast and strided operands; padded and
  * strided outputs. */
 START_TEST(layouts) {
+  /* {29, 200, 70}: enough column panels that A is packed (rows 14, 14
+   * and 1 of a micro-panel), from every layout */
   const int64_t shapes[][3] = {{17, 65, 63}, {64, 64, 64}, {255, 7, 257},
-                               {1, 257, 16}, {65, 1, 255}, {15, 33, 300}};
+                               {1, 257, 16}, {65, 1, 255}, {15, 33, 300},
+                               {29, 200, 70}};
   int c = 0;
   for (int d = 0; d < 2; d++)
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)

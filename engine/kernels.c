@@ -55,12 +55,14 @@ static int64_t binary_512(op_code op, const float *a, const float *b, float *y,
                           int64_t n);
 static int64_t scalar_512(op_code op, const float *a, float v, bool v_right,
                           float *y, int64_t n);
+static int64_t unary_512(op_code op, const float *x, float *y, int64_t n);
 #define POOL_ROW_512 pool_row_512
 #define POOL_GRAD_ROW_512 pool_grad_row_512
 #define FOLD_ROWS_512 fold_rows_512
 #define GATHER_SCALAR_512 gather_scalar_512
 #define BINARY_512 binary_512
 #define SCALAR_512 scalar_512
+#define UNARY_512 unary_512
 #else
 #define POOL_ROW_512(...) false
 #define POOL_GRAD_ROW_512(...) false
@@ -68,6 +70,7 @@ static int64_t scalar_512(op_code op, const float *a, float v, bool v_right,
 #define GATHER_SCALAR_512(...) false
 #define BINARY_512(...) ((int64_t)0)
 #define SCALAR_512(...) ((int64_t)0)
+#define UNARY_512(...) ((int64_t)0)
 #endif
 
 #define R float
@@ -96,12 +99,14 @@ static int64_t scalar_512(op_code op, const float *a, float v, bool v_right,
 #undef GATHER_SCALAR_512
 #undef BINARY_512
 #undef SCALAR_512
+#undef UNARY_512
 #define POOL_ROW_512(...) false
 #define POOL_GRAD_ROW_512(...) false
 #define FOLD_ROWS_512(...) false
 #define GATHER_SCALAR_512(...) false
 #define BINARY_512(...) ((int64_t)0)
 #define SCALAR_512(...) ((int64_t)0)
+#define UNARY_512(...) ((int64_t)0)
 
 #define R double
 #define K(name) name##_f64
@@ -958,10 +963,12 @@ static bool fold_rows_512(const float *src, int64_t rs, int64_t cs,
   return true;
 }
 
-/* The ops with a pinned vector form (fma_pinned.h), and one of them on
- * sixteen lanes, u the first source. */
-static bool pinned_op(op_code op) {
-  return op == OP_ADD || op == OP_SUB || op == OP_MUL || op == OP_DIV;
+/* The binary ops with a sixteen-lane form: the arithmetic ones pinned
+ * (fma_pinned.h), and step and maximum, which only compare and select
+ * (kernels_real.h's expressions, NaN cases included, lane by lane). */
+static bool vector_op(op_code op) {
+  return op == OP_ADD || op == OP_SUB || op == OP_MUL || op == OP_DIV ||
+         op == OP_STEP || op == OP_MAXIMUM;
 }
 
 __attribute__((target("avx512f"), always_inline)) static inline __m512 op_ps(
@@ -973,6 +980,14 @@ __attribute__((target("avx512f"), always_inline)) static inline __m512 op_ps(
       return sub_ps512(u, w);
     case OP_MUL:
       return mul_ps512(u, w);
+    case OP_STEP: /* u >= w ? 1 : 0, false for NaN */
+      return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, w, _CMP_GE_OQ),
+                                 _mm512_set1_ps(1.0f));
+    case OP_MAXIMUM: { /* isnan(u) ? u : isnan(w) ? w : u >= w ? u : w */
+      __mmask16 take_u = _mm512_cmp_ps_mask(u, u, _CMP_UNORD_Q) |
+                         _mm512_cmp_ps_mask(u, w, _CMP_GE_OQ);
+      return _mm512_mask_mov_ps(w, take_u, u);
+    }
     default: /* OP_DIV */
       return div_ps512(u, w);
   }
@@ -984,30 +999,25 @@ __attribute__((target("avx512f"))) static void gather_scalar_512_run(
     op_code op, const float *a, int64_t sa, float v, bool v_right, float *y,
     int64_t n) {
   const __m512i idx = gather16_index(sa);
-  const __m512 vv = _mm512_set1_ps(v), one = _mm512_set1_ps(1.0f);
+  const __m512 vv = _mm512_set1_ps(v);
   for (int64_t i = 0; i < n; i += 16) {
     __mmask16 m = first_lanes(n - i);
     __m512 x =
         _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, a + i * sa, 4);
-    __m512 u = v_right ? x : vv, w = v_right ? vv : x, r;
-    if (op == OP_STEP) /* u >= w, false for NaN */
-      r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, w, _CMP_GE_OQ), one);
-    else
-      r = op_ps(op, u, w);
-    _mm512_mask_storeu_ps(y + i, m, r);
+    __m512 u = v_right ? x : vv, w = v_right ? vv : x;
+    _mm512_mask_storeu_ps(y + i, m, op_ps(op, u, w));
   }
 }
 
 static bool gather_scalar_512(op_code op, const float *a, int64_t sa, float v,
                               bool v_right, float *y, int64_t n) {
   bool fits = sa > 0 && sa <= GATHER16_STRIDE_MAX;
-  if (!fits || !avx512_available() || (!pinned_op(op) && op != OP_STEP))
-    return false;
+  if (!fits || !avx512_available() || !vector_op(op)) return false;
   gather_scalar_512_run(op, a, sa, v, v_right, y, n);
   return true;
 }
 
-/* K(binary)'s contiguous f32 add, sub, mul and div over whole vectors
+/* K(binary)'s contiguous f32 vector ops over whole vectors
  * (n a multiple of 16).  y may be a or b: each vector is read before it
  * is written. */
 __attribute__((target("avx512f"))) static void binary_512_run(
@@ -1017,12 +1027,12 @@ __attribute__((target("avx512f"))) static void binary_512_run(
                      op_ps(op, _mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
 }
 
-/* How many leading elements of n the pinned vector loops take: the
- * whole vectors, none where op has no pinned form or the CPU lacks
- * AVX-512.  The caller's scalar loop does the rest. */
+/* How many leading elements of n the vector loops take: the whole
+ * vectors, none where op has no vector form or the CPU lacks AVX-512.
+ * The caller's scalar loop does the rest. */
 static int64_t pinned_whole(op_code op, int64_t n) {
   int64_t whole = n & ~(int64_t)15;
-  return whole > 0 && pinned_op(op) && avx512_available() ? whole : 0;
+  return whole > 0 && vector_op(op) && avx512_available() ? whole : 0;
 }
 
 static int64_t binary_512(op_code op, const float *a, const float *b, float *y,
@@ -1032,7 +1042,7 @@ static int64_t binary_512(op_code op, const float *a, const float *b, float *y,
   return whole;
 }
 
-/* K(binary_scalar)'s contiguous f32 add, sub, mul and div: a[i] op v
+/* K(binary_scalar)'s contiguous f32 vector ops: a[i] op v
  * (v_right) or v op a[i], over whole vectors, as binary_512_run. */
 __attribute__((target("avx512f"))) static void scalar_512_run(
     op_code op, const float *a, float v, bool v_right, float *y, int64_t n) {
@@ -1049,6 +1059,35 @@ static int64_t scalar_512(op_code op, const float *a, float v, bool v_right,
                           float *y, int64_t n) {
   int64_t whole = pinned_whole(op, n);
   if (whole) scalar_512_run(op, a, v, v_right, y, whole);
+  return whole;
+}
+
+/* K(unary)'s f32 relu and neg over whole vectors: relu keeps x where x >
+ * 0 or x is NaN and is +0 elsewhere (-0 included), neg flips the sign bit
+ * (NaN too, as the scalar negation does). */
+__attribute__((target("avx512f"))) static void unary_512_run(op_code op,
+                                                             const float *x,
+                                                             float *y,
+                                                             int64_t n) {
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+  for (int64_t i = 0; i < n; i += 16) {
+    __m512 v = _mm512_loadu_ps(x + i);
+    if (op == OP_RELU)
+      v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ) |
+                                  _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                              v);
+    else
+      v = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), sign));
+    _mm512_storeu_ps(y + i, v);
+  }
+}
+
+static int64_t unary_512(op_code op, const float *x, float *y, int64_t n) {
+  int64_t whole = n & ~(int64_t)15;
+  if (whole <= 0 || (op != OP_RELU && op != OP_NEG) || !avx512_available())
+    return 0;
+  unary_512_run(op, x, y, whole);
   return whole;
 }
 

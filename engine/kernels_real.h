@@ -39,8 +39,10 @@ static R K(reduce)(const R *x, int64_t n, int64_t s) {
  * multiply's operands in the order written: a vectorised commutative op
  * may swap them, and when both are NaN that changes which NaN comes out.
  * So the f32 add, sub, mul and div run whole vectors through inline asm
- * that pins the order (BINARY_512, SCALAR_512: kernels.c, fma_pinned.h)
- * and these loops do the rest (docs/decisions.md). */
+ * that pins the order (BINARY_512, SCALAR_512: kernels.c, fma_pinned.h),
+ * step, maximum, relu and neg (which compare, select or flip a sign bit,
+ * no arithmetic to reorder) through AVX-512 intrinsics (the same macros
+ * and UNARY_512), and these loops do the rest (docs/decisions.md). */
 #define IVDEP _Pragma("GCC ivdep")
 
 ELEMENTWISE_CLONES static void K(unary)(op_code op, double p, const void *xv,
@@ -48,6 +50,11 @@ ELEMENTWISE_CLONES static void K(unary)(op_code op, double p, const void *xv,
   const R *x = xv;
   R *y = yv;
   R pr = (R)p;
+  /* Whole vectors of f32 relu and neg (kernels.c); the loops do the rest. */
+  int64_t done = UNARY_512(op, x, y, n);
+  x += done;
+  y += done;
+  n -= done;
   switch (op) {
     case OP_NEG:
       IVDEP for (int64_t i = 0; i < n; i++) y[i] = -x[i];

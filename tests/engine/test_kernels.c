@@ -355,6 +355,75 @@ START_TEST(maximum_step_edges) {
 }
 END_TEST
 
+/* The f32 sixteen-lane forms of relu, neg, maximum and step (AVX-512,
+ * kernels.c) against the scalar definitions, bit for bit, NaN payloads
+ * and zero signs included: 67 elements (four whole vectors and a tail)
+ * cycling through the edge values, both operands contiguous, and each
+ * side a broadcast scalar. */
+static float bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+START_TEST(vector_forms_edges) {
+  enum { N = 67 };
+  const uint32_t edge[] = {0x00000000u, 0x80000000u, 0x7fc00000u, 0xffc01234u,
+                           0x7f800001u, 0x7f800000u, 0xff800000u, 0x3f800000u,
+                           0xbf800000u, 0x00000001u, 0x80000001u, 0x7f7fffffu,
+                           0x40490fdbu};
+  const int ne = (int)(sizeof edge / sizeof *edge);
+  float a[N], b[N], want[N];
+  for (int i = 0; i < N; i++) {
+    a[i] = bits_f32(edge[i % ne]);
+    b[i] = bits_f32(edge[(i / ne + 2 * i) % ne]);
+  }
+  topos_error err = {0};
+  /* unary */
+  for (int o = 0; o < 2; o++) {
+    topos_tape *tp = topos_tape_new(TOPOS_F32);
+    topos_value x = cst(tp, topos_tensor_from(TOPOS_F32, 1, S(N), a, &err));
+    topos_tensor *y = eval(tp, o ? topos_neg(tp, x) : topos_relu(tp, x));
+    for (int i = 0; i < N; i++)
+      want[i] = o ? -a[i] : isnan(a[i]) ? a[i] : a[i] > 0 ? a[i] : 0.0f;
+    expect_bits32(y, want, N, o ? "neg" : "relu");
+    topos_tensor_release(y);
+  }
+  /* binary: contiguous, then a scalar on the right, then on the left */
+  for (int o = 0; o < 2; o++)
+    for (int side = 0; side < 3; side++)
+      for (int si = 0; si < (side ? ne : 1); si++) {
+        topos_tape *tp = topos_tape_new(TOPOS_F32);
+        topos_value x = cst(tp, topos_tensor_from(TOPOS_F32, 1, S(N), a, &err));
+        float sv = bits_f32(edge[si]);
+        topos_value w =
+            side == 0
+                ? cst(tp, topos_tensor_from(TOPOS_F32, 1, S(N), b, &err))
+                : topos_broadcast(
+                      tp,
+                      cst(tp, topos_tensor_from(TOPOS_F32, 0, NULL, &sv, &err)),
+                      1, S(N));
+        topos_value l = side == 2 ? w : x, r = side == 2 ? x : w;
+        topos_tensor *y =
+            eval(tp, o ? topos_step(tp, l, r) : topos_maximum(tp, l, r));
+        for (int i = 0; i < N; i++) {
+          float wv = side ? sv : b[i];
+          float u = side == 2 ? wv : a[i], v = side == 2 ? a[i] : wv;
+          want[i] = o          ? (u >= v ? 1.0f : 0.0f)
+                    : isnan(u) ? u
+                    : isnan(v) ? v
+                    : u >= v   ? u
+                               : v;
+        }
+        char what[48];
+        snprintf(what, sizeof what, "%s side %d scalar %d",
+                 o ? "step" : "maximum", side, si);
+        expect_bits32(y, want, N, what);
+        topos_tensor_release(y);
+      }
+}
+END_TEST
+
 START_TEST(add_i32) {
   topos_tape *tp = topos_tape_new(TOPOS_F32);
   topos_value a = cvals(tp, TOPOS_I32, 1, S(4), D(1, 2, -7, 100000));
@@ -2033,6 +2102,7 @@ Suite *kernels_suite(void) {
   tcase_add_test(tc, elementwise_hand_values);
   tcase_add_test(tc, elementwise_scalar_rank0);
   tcase_add_test(tc, maximum_step_edges);
+  tcase_add_test(tc, vector_forms_edges);
   tcase_add_test(tc, add_i32);
   tcase_add_test(tc, unary_bits_libm);
   tcase_add_test(tc, binary_bits);

@@ -756,6 +756,43 @@ fail:
 
 /* ------------------------------------------------------------- donation */
 
+/* The in-place SGD pass in units of SGD_UNIT elements of one slot (a
+ * multiple of 8, the vector loop's width; each element's arithmetic is
+ * its own, so any split gives the same bits), spread over env's threads:
+ * a pass of a few hundred thousand parameters is memory-bound work the
+ * second core halves. */
+#define SGD_UNIT ((int64_t)1 << 14)
+#define SGD_MIN_PARALLEL (4 * SGD_UNIT)
+
+typedef struct sgd_job {
+  topos_tensor *const *p, *const *g;
+  const int64_t *first; /* slot s's units are [first[s], first[s + 1]) */
+  int n;
+  bool l2;
+  double wd, lr;
+} sgd_job;
+
+static void sgd_unit(void *arg, int64_t unit, int slot) {
+  (void)slot;
+  const sgd_job *j = arg;
+  int lo = 0, hi = j->n - 1; /* the slot holding unit */
+  while (lo < hi) {
+    int mid = lo + (hi - lo + 1) / 2;
+    if (j->first[mid] <= unit)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  topos_tensor *t = j->p[lo];
+  int64_t count = shape_count(t->rank, t->shape);
+  int64_t i0 = (unit - j->first[lo]) * SGD_UNIT;
+  int64_t len = count - i0 < SGD_UNIT ? count - i0 : SGD_UNIT;
+  size_t es = t->dtype == TOPOS_F64 ? sizeof(double) : sizeof(float);
+  char *d = (char *)tensor_data(t) + (size_t)i0 * es;
+  const char *g = (const char *)tensor_data(j->g[lo]) + (size_t)i0 * es;
+  sgd_plain(t->dtype, d, g, d, len, j->l2, j->wd, j->lr);
+}
+
 /* Whether plain SGD may write slot tensor p in place: p is held by the
  * donated set alone (one reference, its buffer unshared), and p and its
  * gradient g are contiguous arrays of the same f32/f64 dtype (so the
@@ -767,8 +804,8 @@ static bool donatable(const topos_tensor *p, const topos_tensor *g) {
          topos_tensor_is_contiguous(g);
 }
 
-int optimizer_step_donated(const topos_optimizer *opt, topos_params **params,
-                           const topos_params *grads,
+int optimizer_step_donated(const exec_env *env, const topos_optimizer *opt,
+                           topos_params **params, const topos_params *grads,
                            const topos_opt_state *state,
                            topos_params **params_out,
                            topos_opt_state **state_out, topos_error *err) {
@@ -794,8 +831,11 @@ int optimizer_step_donated(const topos_optimizer *opt, topos_params **params,
   step_ctx c = {.opt = opt, .bc1 = 1, .bc2 = 1, .fn = fn};
   topos_params *po = params_alloc(n);
   bool *in_place = calloc((size_t)(n > 0 ? n : 1), sizeof *in_place);
+  /* the in-place slots' tensors and gradients, and their first units */
+  topos_tensor **ip = calloc((size_t)(2 * n + 1), sizeof *ip);
+  int64_t *first = calloc((size_t)(n + 1), sizeof *first);
   topos_opt_state *so = state_make(state->step + 1, NULL, NULL);
-  if (!po || !in_place || !so) {
+  if (!po || !in_place || !ip || !first || !so) {
     rc = error_set(err, TOPOS_ERR_MEMORY, "%s: out of memory", fn);
     goto fail;
   }
@@ -808,18 +848,46 @@ int optimizer_step_donated(const topos_optimizer *opt, topos_params **params,
                    NULL, err);
     if (rc != TOPOS_OK) goto fail;
   }
-  /* Then the rest in place, which cannot fail; their tensors move over. */
-  bool l2 = opt->weight_decay != 0;
+  /* Then the rest in place, which cannot fail (the pass is not stopped
+   * midway: the caller asked its context once before it); their tensors
+   * move over. */
+  int nip = 0;
+  int64_t total = 0;
   for (int s = 0; s < n; s++) {
     if (!in_place[s]) continue;
     topos_tensor *t = p->t[s];
-    sgd_plain(t->dtype, tensor_data(t), tensor_data(grads->t[s]),
-              tensor_data(t), shape_count(t->rank, t->shape), l2,
-              opt->weight_decay, opt->lr);
-    po->t[s] = t;
+    int64_t count = shape_count(t->rank, t->shape);
+    total += count;
+    ip[nip] = t;
+    ip[n + nip] = grads->t[s];
+    first[nip + 1] = first[nip] + (count + SGD_UNIT - 1) / SGD_UNIT;
+    nip++;
+  }
+  if (nip > 0) {
+    sgd_job job = {.p = ip,
+                   .g = ip + n,
+                   .first = first,
+                   .n = nip,
+                   .l2 = opt->weight_decay != 0,
+                   .wd = opt->weight_decay,
+                   .lr = opt->lr};
+    exec_env whole = {.threads = 1};
+    /* a pass of a few units runs on the caller alone: a wake-up of the
+     * pool costs more than it would save */
+    if (env && total >= SGD_MIN_PARALLEL) whole = *env;
+    whole.cancel = NULL;
+    whole.deadline_ns = 0;
+    whole.report = NULL; /* a report covers the plan's kernels */
+    exec_units(&whole, sgd_unit, &job, first[nip], NULL);
+  }
+  for (int s = 0; s < n; s++) {
+    if (!in_place[s]) continue;
+    po->t[s] = p->t[s];
     p->t[s] = NULL;
   }
   free(in_place);
+  free(ip);
+  free(first);
   topos_params_free(p);
   *params = NULL;
   *params_out = po;
@@ -827,6 +895,8 @@ int optimizer_step_donated(const topos_optimizer *opt, topos_params **params,
   return TOPOS_OK;
 fail:
   free(in_place);
+  free(ip);
+  free(first);
   topos_params_free(po);
   topos_opt_state_free(so);
   return rc;

@@ -105,10 +105,11 @@ static int plan_step(const topos_plan *plan, const topos_params *params,
   }
   /* The update is one pass over the parameters: a cancel or deadline is
    * asked once more before it. */
-  if (rc == TOPOS_OK && ctx) {
-    exec_env env;
-    if (exec_resolve(ctx, &env, &e) == TOPOS_OK && exec_stop(&env, &e))
-      rc = e.code;
+  exec_env env;
+  bool have_env = false;
+  if (rc == TOPOS_OK) {
+    have_env = exec_resolve(ctx, &env, &e) == TOPOS_OK;
+    if (have_env && ctx && exec_stop(&env, &e)) rc = e.code;
   }
   bool donating = donate_params != NULL;
   if (!donating) {
@@ -124,8 +125,8 @@ static int plan_step(const topos_plan *plan, const topos_params *params,
       topos_run_free(run);
       run = NULL;
       topos_params *given = initial ? initial : *donate_params;
-      rc = optimizer_step_donated(opt, &given, grads, state, &out->params,
-                                  &out->state, &e);
+      rc = optimizer_step_donated(have_env ? &env : NULL, opt, &given, grads,
+                                  state, &out->params, &out->state, &e);
       if (rc == TOPOS_OK) {
         if (initial)
           initial = NULL; /* consumed */

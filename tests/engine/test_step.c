@@ -445,6 +445,76 @@ static bool always_cancel(void *ctx) {
 /* A given context governs the forward and the gradients: what ran is
  * what the composed calls under the same context ran, and the bits are
  * those of the plan's default. */
+/* A donated SGD pass large enough to be split into units over the
+ * threads (a [321,257] weight: five units of 16K elements and a partial
+ * sixth, a tail of one past the vector width; slots of one unit and
+ * less beside it): at 1, 2 and 3 threads the same bits as the
+ * undonated step. */
+START_TEST(step_donated_units) {
+  topos_backends_register_defaults();
+  enum { N = 3, WIN = 321, WOUT = 257 };
+  topos_tape *t = topos_tape_new(TOPOS_F32);
+  topos_value x = rand_leaf(t, false, TOPOS_F32, 2, S(N, WIN), 11);
+  topos_value w = rand_leaf(t, true, TOPOS_F32, 2, S(WIN, WOUT), 12);
+  topos_value b = rand_leaf(t, true, TOPOS_F32, 1, S(WOUT), 13);
+  topos_value w2 = rand_leaf(t, true, TOPOS_F32, 2, S(WOUT, 5), 14);
+  topos_tensor *y0 = topos_tensor_zeros(TOPOS_I32, 1, S(N), NULL);
+  topos_value y = topos_input(t, y0);
+  topos_tensor_release(y0);
+  topos_value h = topos_tanh(t, topos_linear(t, x, w, b));
+  topos_value loss = topos_cross_entropy(t, topos_matmul(t, h, w2), y);
+  topos_error err = {0};
+  topos_network *net = topos_tape_seal(t, &err);
+  ck_assert_msg(net != NULL, "%s", err.message);
+  topos_plan *plan = lower_training(net, loss, NULL, 0);
+  topos_optimizer opt = topos_sgd(0.05, 0.0);
+  for (int threads = 1; threads <= 3; threads++) {
+    topos_exec ctx = {.threads = threads};
+    topos_params *rp = NULL, *dp = NULL;
+    topos_opt_state *rs = NULL, *ds = NULL;
+    for (int k = 0; k < 3; k++) {
+      topos_tensor *xv = tt_random(TOPOS_F32, 2, S(N, WIN), 50 + k, -1, 1);
+      double yv[N] = {(double)k, 2, 4};
+      topos_tensor *yt = tt_tensor(TOPOS_I32, 1, S(N), yv);
+      topos_feed feeds[2] = {{x, xv}, {y, yt}};
+      topos_step_result r, d;
+      ck_assert_int_eq(
+          topos_plan_step(plan, rp, feeds, 2, &opt, rs, &ctx, &r, &err),
+          TOPOS_OK);
+      ck_assert_msg(topos_plan_step_donated(plan, &dp, feeds, 2, &opt, &ds,
+                                            &ctx, &d, &err) == TOPOS_OK,
+                    "%s", err.message);
+      ck_assert_msg(topos_params_bitwise_equal(d.params, r.params),
+                    "threads %d step %d: params differ", threads, k);
+      topos_params_free(rp);
+      topos_opt_state_free(rs);
+      rp = r.params;
+      rs = r.state;
+      r.params = NULL;
+      r.state = NULL;
+      topos_step_result_clear(&r);
+      dp = d.params;
+      ds = d.state;
+      d.params = NULL;
+      d.state = NULL;
+      topos_step_result_clear(&d);
+      topos_tensor_release(xv);
+      topos_tensor_release(yt);
+    }
+    /* the weight moved */
+    topos_params *p0 = topos_network_parameters(net);
+    ck_assert(!topos_params_bitwise_equal(p0, dp));
+    topos_params_free(p0);
+    topos_params_free(rp);
+    topos_opt_state_free(rs);
+    topos_params_free(dp);
+    topos_opt_state_free(ds);
+  }
+  topos_plan_free(plan);
+  topos_network_release(net);
+}
+END_TEST
+
 START_TEST(step_context) {
   topos_backends_register_defaults();
   mlp m = mlp_build(TOPOS_F64);
@@ -863,6 +933,7 @@ Suite *step_suite(void) {
   tcase_add_test(bits, step_bits_conv);
   tcase_add_test(bits, step_context);
   tcase_add_test(bits, step_donated);
+  tcase_add_test(bits, step_donated_units);
   suite_add_tcase(s, bits);
   TCase *errors = tcase_create("errors");
   tcase_add_test(errors, step_errors);

@@ -513,7 +513,7 @@ static __attribute__((target("avx512f"))) void pack_a_rows_512_f32(
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++)
       r[i] = i < mr ? _mm512_loadu_ps(src + i * rs + k0) : _mm512_setzero_ps();
-    cpu_transpose16(r);
+    transpose16_ps(r);
 #pragma GCC unroll 16
     for (int t = 0; t < 16; t++)
       _mm512_mask_storeu_ps(dst + (k0 + t) * MR, mo, r[t]);
@@ -524,7 +524,7 @@ static __attribute__((target("avx512f"))) void pack_a_rows_512_f32(
     for (int i = 0; i < 16; i++)
       r[i] = i < mr ? _mm512_maskz_loadu_ps(mk, src + i * rs + k0)
                     : _mm512_setzero_ps();
-    cpu_transpose16(r);
+    transpose16_ps(r);
     for (int t = 0; t < kt; t++)
       _mm512_mask_storeu_ps(dst + (k0 + t) * MR, mo, r[t]);
   }

@@ -250,7 +250,7 @@ __attribute__((target("avx512f"))) static inline __m512 part_bf16(
                          _MM_HINT_T0);                                        \
             r[i] = LDB(base + i * ldb + k0);                                  \
           }                                                                   \
-          cpu_transpose16(r);                                                 \
+          transpose16_ps(r);                                                  \
           _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++) acc =         \
               fma231_ps512(_mm512_set1_ps(SA(a[(k0 + t) * acs])), r[t], acc); \
         }                                                                     \
@@ -259,7 +259,7 @@ __attribute__((target("avx512f"))) static inline __m512 part_bf16(
         for (int i = 0; i < 16; i++)                                          \
           r[i] =                                                              \
               i < rows ? PART(base + i * ldb + k0, kt) : _mm512_setzero_ps(); \
-        cpu_transpose16(r);                                                   \
+        transpose16_ps(r);                                                    \
         for (int t = 0; t < kt; t++)                                          \
           acc =                                                               \
               fma231_ps512(_mm512_set1_ps(SA(a[(k0 + t) * acs])), r[t], acc); \
@@ -294,7 +294,7 @@ DEFINE_TRANS_512(trans_512_bf16, uint16_t, ld512_bf16, part_bf16,
           for (; k0 < kfull; k0 += 16) {                                       \
             _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) r[i] =       \
                 LDB(s + i * cs + k0);                                          \
-            cpu_transpose16(r);                                                \
+            transpose16_ps(r);                                                 \
             _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++)              \
                 _mm512_storeu_ps(d + (k0 + t) * NR + jj, r[t]);                \
           }                                                                    \
@@ -302,7 +302,7 @@ DEFINE_TRANS_512(trans_512_bf16, uint16_t, ld512_bf16, part_bf16,
           int kt = kc - k0 < 16 ? (int)(kc - k0) : 16;                         \
           for (int i = 0; i < 16; i++)                                         \
             r[i] = i < rows ? PART(s + i * cs + k0, kt) : _mm512_setzero_ps(); \
-          cpu_transpose16(r);                                                  \
+          transpose16_ps(r);                                                   \
           for (int t = 0; t < kt; t++)                                         \
             _mm512_storeu_ps(d + (k0 + t) * NR + jj, r[t]);                    \
         }                                                                      \

@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "transpose16.h"
 
 /* The largest buffer one tensor may own: far beyond any real model, and
  * low enough that element offsets and byte sizes never overflow. */
@@ -442,6 +443,37 @@ __attribute__((target("avx512f"))) static void copy_gather_rows32(
     }
 }
 
+/* n1 x n0 4-byte elements at src + i1 + i0·s0 (the source contiguous
+ * along i1: a transposing copy, as a conv's [positions, channels] output
+ * read as [channels, positions] or the gradient going back) into dst +
+ * i1·d1 + i0, in 16 x 16 tiles: sixteen i0 each a vector along i1
+ * (masked past n1), one register transpose, sixteen i1 each a vector
+ * along i0 (masked past n0).  Unlike a gather per sixteen elements, every
+ * load and store is a plain vector.  The masked-off lanes are neither
+ * read nor written. */
+__attribute__((target("avx512f"))) static void copy_transpose32(
+    char *dst, int64_t d1, const char *src, int64_t s0, int64_t n1,
+    int64_t n0) {
+  const float *sf = (const float *)src;
+  float *df = (float *)dst;
+  for (int64_t i1 = 0; i1 < n1; i1 += 16) {
+    int64_t w1 = n1 - i1 < 16 ? n1 - i1 : 16;
+    __mmask16 m1 = (__mmask16)((1u << w1) - 1u);
+    for (int64_t i0 = 0; i0 < n0; i0 += 16) {
+      int64_t w0 = n0 - i0 < 16 ? n0 - i0 : 16;
+      __mmask16 m0 = (__mmask16)((1u << w0) - 1u);
+      __m512 r[16];
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; t++)
+        r[t] = t < w0 ? _mm512_maskz_loadu_ps(m1, sf + (i0 + t) * s0 + i1)
+                      : _mm512_setzero_ps();
+      transpose16_ps(r);
+      for (int t = 0; t < w1; t++)
+        _mm512_mask_storeu_ps(df + (i1 + t) * d1 + i0, m0, r[t]);
+    }
+  }
+}
+
 static bool have_avx512(void) {
   static int known = -1;
   if (known < 0) known = __builtin_cpu_supports("avx512f") ? 1 : 0;
@@ -456,6 +488,8 @@ static void copy_short_rows32(char *dst, int64_t d1, const char *src,
 static void copy_gather_rows32(char *dst, int64_t d1, const char *src,
                                int64_t s1, int64_t s0, int64_t n1, int64_t n0) {
 }
+static void copy_transpose32(char *dst, int64_t d1, const char *src, int64_t s0,
+                             int64_t n1, int64_t n0) {}
 #endif
 
 /* Element i0 of each of n1 rows, es bytes each; dst may be unaligned (an
@@ -481,7 +515,10 @@ void tensor_copy_strided(const topos_tensor *src, void *dst,
           d1 = r > 1 ? ds[r - 2] : 0;
   bool rows = s0 == 1 && d0 == 1;
   bool short_rows = rows && es == 4 && n0 < 16 && n1 > 1 && have_avx512();
-  /* A strided source into contiguous rows, 4-byte elements: gathers. */
+  /* A source contiguous along the outer axis into contiguous rows, 4-byte
+   * elements: a tiled transpose; otherwise strided rows: gathers. */
+  bool transpose = !rows && es == 4 && d0 == 1 && s1 == 1 && s0 > 1 &&
+                   n1 >= 4 && n0 >= 2 && have_avx512();
   bool gather = !rows && es == 4 && d0 == 1 && s0 > 0 &&
                 s0 <= GATHER16_STRIDE_MAX && n0 >= 4 && have_avx512();
   const char *s = tensor_data(src);
@@ -491,6 +528,8 @@ void tensor_copy_strided(const topos_tensor *src, void *dst,
     char *d = (char *)dst + doff * (int64_t)es;
     if (short_rows)
       copy_short_rows32(d, d1, sp, s1, n1, n0);
+    else if (transpose)
+      copy_transpose32(d, d1, sp, s0, n1, n0);
     else if (gather)
       copy_gather_rows32(d, d1, sp, s1, s0, n1, n0);
     else if (rows)

@@ -905,6 +905,58 @@ START_TEST(test_bitwise_equal) {
 }
 END_TEST
 
+/* Transposing copies (a source contiguous along the outer axis of the
+ * block: tensor.c's tiled transpose on AVX-512): a conv layout's
+ * [N,HW,C] seen as [N,C,HW] and the reverse, channel counts below, at
+ * and past one vector, positions not a multiple of 16, and a narrowed
+ * view inside a wider buffer; each element as its view names it. */
+START_TEST(test_contiguous_transposing) {
+  const int64_t cases[][3] = {{2, 784, 6}, {3, 100, 16}, {2, 37, 5},
+                              {1, 17, 33}, {2, 5, 40},   {1, 300, 3}};
+  topos_error err = {0};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+    for (int dir = 0; dir < 3; dir++) {
+      int64_t shape[3] = {cases[c][0], cases[c][1], cases[c][2]};
+      topos_tensor *t = iota(TOPOS_F32, 3, shape);
+      int perm[3] = {0, 2, 1};
+      topos_tensor *v = topos_tensor_permute(t, perm, &err);
+      if (dir == 1) { /* back again: [N,C,HW] contiguous, read as [N,HW,C] */
+        topos_tensor *m = topos_tensor_contiguous(v, &err);
+        topos_tensor_release(v);
+        v = topos_tensor_permute(m, perm, &err);
+        topos_tensor_release(m);
+      } else if (dir == 2) { /* a narrowed channel range */
+        topos_tensor *n = topos_tensor_narrow(v, 1, 1, shape[2] - 1, &err);
+        topos_tensor_release(v);
+        v = n;
+      }
+      ck_assert_ptr_nonnull(v);
+      topos_tensor *cv = topos_tensor_contiguous(v, &err);
+      ck_assert(topos_tensor_is_contiguous(cv));
+      ck_assert_msg(topos_tensor_bitwise_equal(cv, v),
+                    "case %zu dir %d: the copy differs from its view", c, dir);
+      /* and against the elements by index */
+      int64_t n = topos_tensor_count(cv);
+      const float *got = tensor_data(cv);
+      for (int64_t i = 0; i < n; i++) {
+        int64_t idx[3], r = i;
+        for (int a = 2; a >= 0; a--) {
+          idx[a] = r % v->shape[a];
+          r /= v->shape[a];
+        }
+        const float *src = (const float *)tensor_data(v) +
+                           idx[0] * v->stride[0] + idx[1] * v->stride[1] +
+                           idx[2] * v->stride[2];
+        ck_assert_msg(memcmp(&got[i], src, 4) == 0,
+                      "case %zu dir %d element %lld", c, dir, (long long)i);
+      }
+      topos_tensor_release(cv);
+      topos_tensor_release(v);
+      topos_tensor_release(t);
+    }
+}
+END_TEST
+
 START_TEST(test_contiguous) {
   topos_error err = {0};
   int64_t shape[2] = {3, 4};
@@ -1260,6 +1312,7 @@ Suite *tensor_suite(void) {
   tcase_add_test(tc, test_unfold_view);
   tcase_add_test(tc, test_bitwise_equal);
   tcase_add_test(tc, test_contiguous);
+  tcase_add_test(tc, test_contiguous_transposing);
   tcase_add_test(tc, test_bf16_ties_to_even);
   tcase_add_test(tc, test_bf16_specials);
   tcase_add_test(tc, test_bf16_roundtrip_all);

@@ -28,6 +28,7 @@
 
 #include "fma_pinned.h"
 #include "internal.h"
+#include "transpose16.h"
 
 /* The fma chains' one operation has its NaN fixed: fma_pinned.h. */
 
@@ -51,6 +52,9 @@ static bool fold_rows_512(const float *src, int64_t rs, int64_t cs,
                           float *out, int64_t nrows);
 static bool gather_scalar_512(op_code op, const float *a, int64_t sa, float v,
                               bool v_right, float *y, int64_t n);
+static bool transposed_scalar_512(op_code op, const float *a, int64_t sa0,
+                                  const float *c, int64_t c1, bool v_right,
+                                  float *y, int64_t n1, int64_t n0);
 static int64_t binary_512(op_code op, const float *a, const float *b, float *y,
                           int64_t n);
 static int64_t scalar_512(op_code op, const float *a, float v, bool v_right,
@@ -60,6 +64,7 @@ static int64_t unary_512(op_code op, const float *x, float *y, int64_t n);
 #define POOL_GRAD_ROW_512 pool_grad_row_512
 #define FOLD_ROWS_512 fold_rows_512
 #define GATHER_SCALAR_512 gather_scalar_512
+#define TRANSPOSED_SCALAR_512 transposed_scalar_512
 #define BINARY_512 binary_512
 #define SCALAR_512 scalar_512
 #define UNARY_512 unary_512
@@ -68,6 +73,7 @@ static int64_t unary_512(op_code op, const float *x, float *y, int64_t n);
 #define POOL_GRAD_ROW_512(...) false
 #define FOLD_ROWS_512(...) false
 #define GATHER_SCALAR_512(...) false
+#define TRANSPOSED_SCALAR_512(...) false
 #define BINARY_512(...) ((int64_t)0)
 #define SCALAR_512(...) ((int64_t)0)
 #define UNARY_512(...) ((int64_t)0)
@@ -97,6 +103,7 @@ static int64_t unary_512(op_code op, const float *x, float *y, int64_t n);
 #undef POOL_GRAD_ROW_512
 #undef FOLD_ROWS_512
 #undef GATHER_SCALAR_512
+#undef TRANSPOSED_SCALAR_512
 #undef BINARY_512
 #undef SCALAR_512
 #undef UNARY_512
@@ -104,6 +111,7 @@ static int64_t unary_512(op_code op, const float *x, float *y, int64_t n);
 #define POOL_GRAD_ROW_512(...) false
 #define FOLD_ROWS_512(...) false
 #define GATHER_SCALAR_512(...) false
+#define TRANSPOSED_SCALAR_512(...) false
 #define BINARY_512(...) ((int64_t)0)
 #define SCALAR_512(...) ((int64_t)0)
 #define UNARY_512(...) ((int64_t)0)
@@ -1014,6 +1022,48 @@ static bool gather_scalar_512(op_code op, const float *a, int64_t sa, float v,
   bool fits = sa > 0 && sa <= GATHER16_STRIDE_MAX;
   if (!fits || !avx512_available() || !vector_op(op)) return false;
   gather_scalar_512_run(op, a, sa, v, v_right, y, n);
+  return true;
+}
+
+/* K(binary_block)'s rows of a strided operand against one value per row
+ * (a scalar, or a per-channel value such as a bias), where the operand
+ * runs contiguous across rows (sa1 = 1, elements of a row sa0 apart: a
+ * conv's [positions, channels] output read as [channels, positions]):
+ * sixteen rows by sixteen columns a tile, each of sixteen columns loaded
+ * as one vector across the rows, transposed in registers, the op applied
+ * to each row's vector and its value, each row's sixteen results stored
+ * at once.  The same IEEE operation per element, operands in the same
+ * order, as K(binary_scalar) - instead of a gather per sixteen. */
+__attribute__((target("avx512f"))) static void transposed_scalar_512_run(
+    op_code op, const float *a, int64_t sa0, const float *c, int64_t c1,
+    bool v_right, float *y, int64_t n1, int64_t n0) {
+  for (int64_t i1 = 0; i1 < n1; i1 += 16) {
+    int64_t w1 = n1 - i1 < 16 ? n1 - i1 : 16;
+    __mmask16 m1 = first_lanes(w1);
+    for (int64_t i0 = 0; i0 < n0; i0 += 16) {
+      int64_t w0 = n0 - i0 < 16 ? n0 - i0 : 16;
+      __mmask16 m0 = first_lanes(w0);
+      __m512 r[16];
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; t++)
+        r[t] = t < w0 ? _mm512_maskz_loadu_ps(m1, a + (i0 + t) * sa0 + i1)
+                      : _mm512_setzero_ps();
+      transpose16_ps(r);
+      for (int t = 0; t < w1; t++) {
+        __m512 vv = _mm512_set1_ps(c[(i1 + t) * c1]);
+        __m512 out = v_right ? op_ps(op, r[t], vv) : op_ps(op, vv, r[t]);
+        _mm512_mask_storeu_ps(y + (i1 + t) * n0 + i0, m0, out);
+      }
+    }
+  }
+}
+
+static bool transposed_scalar_512(op_code op, const float *a, int64_t sa0,
+                                  const float *c, int64_t c1, bool v_right,
+                                  float *y, int64_t n1, int64_t n0) {
+  if (!avx512_available() || !vector_op(op) || sa0 < 2 || n1 < 4 || n0 < 4)
+    return false;
+  transposed_scalar_512_run(op, a, sa0, c, c1, v_right, y, n1, n0);
   return true;
 }
 

@@ -222,6 +222,9 @@ static void K(binary_block)(op_code op, const R *a, int64_t sa1, int64_t sa0,
     int64_t ss = v_right ? sa0 : sb0, s1 = v_right ? sa1 : sb1;
     const R *c = v_right ? b : a;
     int64_t c1 = v_right ? sb1 : sa1;
+    /* rows that run contiguous across: tiles through a transpose */
+    if (s1 == 1 && TRANSPOSED_SCALAR_512(op, s, ss, c, c1, v_right, y, n1, n0))
+      return;
     for (int64_t i1 = 0; i1 < n1; i1++, s += s1, c += c1, y += n0)
       if (ss == 1 || !GATHER_SCALAR_512(op, s, ss, *c, v_right, y, n0))
         K(binary_scalar)(op, s, ss, *c, v_right, y, n0);

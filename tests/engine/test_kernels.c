@@ -822,19 +822,22 @@ START_TEST(binary_broadcast_sides) {
   for (int k = 0; k < 2; k++) {
     topos_dtype d = float_dtypes[k];
     for (int o = 0; o < 6; o++)
-      for (int shape = 0; shape < 3; shape++)
+      for (int shape = 0; shape < 4; shape++)
         for (int left = 0; left < 2; left++) {
           topos_tape *tp = topos_tape_new(d);
-          /* a: x [R,C] (shape 2: the transpose of x seen as [C,R]) */
+          /* a: x [R,C] (shapes 2 and 3: the transpose of x seen as [C,R]) */
           topos_value a =
-              shape == 2
+              shape >= 2
                   ? topos_transpose(tp, cst(tp, tt_tensor(d, 2, S(C, R), x)))
                   : cst(tp, tt_tensor(d, 2, S(R, C), x));
-          /* b: w along rows (shape 0) or the scalar w[0] (1, 2) */
+          /* b: w along rows (shape 0), the scalar w[0] (1, 2), or w[i]
+           * for row i (3: a per-channel value, as a bias) */
           topos_value b =
-              shape == 0
-                  ? topos_broadcast_along(tp, cst(tp, tt_tensor(d, 1, S(C), w)),
-                                          0, R)
+              shape == 0 ? topos_broadcast_along(
+                               tp, cst(tp, tt_tensor(d, 1, S(C), w)), 0, R)
+              : shape == 3
+                  ? topos_broadcast_along(tp, cst(tp, tt_tensor(d, 1, S(R), w)),
+                                          1, C)
                   : topos_broadcast(tp, cst(tp, tt_tensor(d, 0, NULL, w)), 2,
                                     S(R, C));
           topos_tensor *y =
@@ -842,8 +845,8 @@ START_TEST(binary_broadcast_sides) {
           double *got = tt_values(y);
           for (int64_t i = 0; i < R; i++)
             for (int64_t j = 0; j < C; j++) {
-              double av = shape == 2 ? x[j * R + i] : x[i * C + j];
-              double bv = shape == 0 ? w[j] : w[0];
+              double av = shape >= 2 ? x[j * R + i] : x[i * C + j];
+              double bv = shape == 0 ? w[j] : shape == 3 ? w[i] : w[0];
               if (d == TOPOS_F32) {
                 av = (float)av;
                 bv = (float)bv;

@@ -45,6 +45,7 @@
 #include "cpu_math.h"
 #include "cpu_reduce.h"
 #include "cpu_window.h"
+#include "fma_pinned.h"
 
 /* Reductions of fewer elements stay on the reference (a task costs little,
  * but so do they). */
@@ -55,6 +56,10 @@
  * arithmetic ops (memory bound) only from MAP_MIN_CHEAP. */
 #define MAP_MIN_LIBM ((int64_t)1 << 16)
 #define MAP_MIN_CHEAP ((int64_t)1 << 20)
+/* ... and from MAP_MIN_CHEAP_512 where they run on sixteen lanes (f32 on
+ * AVX-512, map_f32_512): a pass of a few hundred kilobytes, which one
+ * core streams in tens of microseconds, the other core halves. */
+#define MAP_MIN_CHEAP_512 ((int64_t)1 << 15)
 /* f32 exp/tanh/log on cpu_math.c's vector kernels: taken from this many
  * elements at any thread count, threads from MAP_VEC_PER_THREAD each. */
 #define MAP_MIN_VEC 16
@@ -533,8 +538,84 @@ static int map_math_fn(const topos_map_task *m) {
   }
 }
 
+#if FMA_PINNED_X86
+/* The f32 ops map_f32 runs on sixteen lanes: the arithmetic ones with the
+ * operand order pinned (fma_pinned.h), as the reference's vector loops,
+ * and the compare-and-select ones lane by lane. */
+static bool map_has_512(const topos_map_task *m) {
+  /* the backend's ISA, as forced for tests (topos_cpu_force_isa) */
+  if (m->dtype != TOPOS_F32 || strcmp(topos_cpu_isa(), "avx512") != 0)
+    return false;
+  switch (m->op) {
+    case TOPOS_MAP_NEG:
+    case TOPOS_MAP_RELU:
+    case TOPOS_MAP_ADD:
+    case TOPOS_MAP_SUB:
+    case TOPOS_MAP_MUL:
+    case TOPOS_MAP_DIV:
+    case TOPOS_MAP_MAXIMUM:
+    case TOPOS_MAP_STEP:
+      return true;
+    default:
+      return false;
+  }
+}
+
+/* Whole vectors of [i0, i1) (map_has_512's ops); returns where it
+ * stopped, map_f32 doing the rest. */
+__attribute__((target("avx512f"))) static int64_t map_f32_512(
+    const topos_map_task *m, int64_t i0, int64_t i1) {
+  const float *x = m->a, *b = m->b;
+  float *y = m->y;
+  int64_t i = i0;
+  for (; i + 16 <= i1; i += 16) {
+    __m512 u = _mm512_loadu_ps(x + i), r;
+    if (m->op == TOPOS_MAP_NEG)
+      r = neg_ps512(u);
+    else if (m->op == TOPOS_MAP_RELU)
+      r = relu_ps512(u);
+    else {
+      __m512 w = _mm512_loadu_ps(b + i);
+      switch (m->op) {
+        case TOPOS_MAP_ADD:
+          r = add_ps512(u, w);
+          break;
+        case TOPOS_MAP_SUB:
+          r = sub_ps512(u, w);
+          break;
+        case TOPOS_MAP_MUL:
+          r = mul_ps512(u, w);
+          break;
+        case TOPOS_MAP_DIV:
+          r = div_ps512(u, w);
+          break;
+        case TOPOS_MAP_MAXIMUM:
+          r = maximum_ps512(u, w);
+          break;
+        default: /* TOPOS_MAP_STEP */
+          r = step_ps512(u, w);
+          break;
+      }
+    }
+    _mm512_storeu_ps(y + i, r);
+  }
+  return i;
+}
+#else
+static bool map_has_512(const topos_map_task *m) {
+  (void)m;
+  return false;
+}
+static int64_t map_f32_512(const topos_map_task *m, int64_t i0, int64_t i1) {
+  (void)m;
+  (void)i1;
+  return i0;
+}
+#endif
+
 static void map_range(void *ctx, int64_t i0, int64_t i1) {
   const topos_map_task *m = ctx;
+  if (map_has_512(m)) i0 = map_f32_512(m, i0, i1);
   int mf = map_math_fn(m);
   if (mf >= 0) {
     cpu_math_f32((cpu_math_fn)mf, (const float *)m->a + i0, (float *)m->y + i0,
@@ -572,6 +653,7 @@ bool cpu_map_supports(const topos_task *task) {
   /* vector exp/tanh/log pay at any thread count */
   if (map_is_vec(m)) return m->n >= MAP_MIN_VEC;
   if (task->threads < 2) return false;
+  if (map_has_512(m)) return m->n >= MAP_MIN_CHEAP_512;
   return m->n >= (map_is_libm(m->op) ? MAP_MIN_LIBM : MAP_MIN_CHEAP);
 }
 
@@ -579,6 +661,7 @@ int cpu_map_run(const topos_task *task) {
   const topos_map_task *m = &task->u.map;
   if (!map_ok(m)) return TOPOS_ERR_ARGUMENT;
   int64_t per = map_is_vec(m)        ? MAP_VEC_PER_THREAD
+                : map_has_512(m)     ? MAP_MIN_CHEAP_512 / 2
                 : map_is_libm(m->op) ? MAP_MIN_LIBM / 4
                                      : MAP_MIN_CHEAP / 4;
   int64_t want = m->n / per;

@@ -78,6 +78,32 @@ PINNED_512(add_pd512, __m512d, "vaddpd")
 PINNED_512(sub_pd512, __m512d, "vsubpd")
 PINNED_512(mul_pd512, __m512d, "vmulpd")
 #undef PINNED_512
+/* The compare-and-select ops on sixteen f32 lanes, each lane the scalar
+ * loop's expression (kernels_real.h), NaN cases included: no arithmetic,
+ * so nothing to pin.  step: u >= w ? 1 : 0 (false for NaN); maximum:
+ * isnan(u) ? u : isnan(w) ? w : u >= w ? u : w; relu: x where x > 0 or x
+ * is NaN, else +0 (-0 included); neg: the sign bit flipped (NaN too). */
+__attribute__((target("avx512f"))) static inline __m512 step_ps512(__m512 u,
+                                                                   __m512 w) {
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, w, _CMP_GE_OQ),
+                             _mm512_set1_ps(1.0f));
+}
+__attribute__((target("avx512f"))) static inline __m512 maximum_ps512(
+    __m512 u, __m512 w) {
+  __mmask16 take_u = _mm512_cmp_ps_mask(u, u, _CMP_UNORD_Q) |
+                     _mm512_cmp_ps_mask(u, w, _CMP_GE_OQ);
+  return _mm512_mask_mov_ps(w, take_u, u);
+}
+__attribute__((target("avx512f"))) static inline __m512 relu_ps512(__m512 x) {
+  return _mm512_maskz_mov_ps(
+      _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ) |
+          _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
+      x);
+}
+__attribute__((target("avx512f"))) static inline __m512 neg_ps512(__m512 x) {
+  return _mm512_castsi512_ps(_mm512_xor_si512(
+      _mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u)));
+}
 /* The scalar forms (SSE, in every x86-64): a scalar loop with many
  * temporaries may have its operands swapped too. */
 #define PINNED_SCALAR(NAME, T, INSN)            \

@@ -988,14 +988,10 @@ __attribute__((target("avx512f"), always_inline)) static inline __m512 op_ps(
       return sub_ps512(u, w);
     case OP_MUL:
       return mul_ps512(u, w);
-    case OP_STEP: /* u >= w ? 1 : 0, false for NaN */
-      return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, w, _CMP_GE_OQ),
-                                 _mm512_set1_ps(1.0f));
-    case OP_MAXIMUM: { /* isnan(u) ? u : isnan(w) ? w : u >= w ? u : w */
-      __mmask16 take_u = _mm512_cmp_ps_mask(u, u, _CMP_UNORD_Q) |
-                         _mm512_cmp_ps_mask(u, w, _CMP_GE_OQ);
-      return _mm512_mask_mov_ps(w, take_u, u);
-    }
+    case OP_STEP:
+      return step_ps512(u, w);
+    case OP_MAXIMUM:
+      return maximum_ps512(u, w);
     default: /* OP_DIV */
       return div_ps512(u, w);
   }
@@ -1119,17 +1115,9 @@ __attribute__((target("avx512f"))) static void unary_512_run(op_code op,
                                                              const float *x,
                                                              float *y,
                                                              int64_t n) {
-  const __m512 zero = _mm512_setzero_ps();
-  const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
   for (int64_t i = 0; i < n; i += 16) {
     __m512 v = _mm512_loadu_ps(x + i);
-    if (op == OP_RELU)
-      v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ) |
-                                  _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
-                              v);
-    else
-      v = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), sign));
-    _mm512_storeu_ps(y + i, v);
+    _mm512_storeu_ps(y + i, op == OP_RELU ? relu_ps512(v) : neg_ps512(v));
   }
 }
 

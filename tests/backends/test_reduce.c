@@ -289,6 +289,19 @@ START_TEST(reduce_supports) {
   ck_assert(!cpu->supports(cpu, &m));
   m.u.map.b = &dummy;
   ck_assert(cpu->supports(cpu, &m));
+  /* on sixteen lanes (f32 on AVX-512) from 32K elements */
+  m.u.map.dtype = TOPOS_F32;
+  m.u.map.n = 1 << 15;
+  ck_assert_int_eq(cpu->supports(cpu, &m),
+                   strcmp(topos_cpu_isa(), "avx512") == 0);
+  m.u.map.n = (1 << 15) - 1;
+  ck_assert(!cpu->supports(cpu, &m));
+  if (topos_cpu_force_isa("avx2") == 0) {
+    m.u.map.n = 1 << 15;
+    ck_assert(!cpu->supports(cpu, &m));
+    topos_cpu_force_isa(NULL);
+  }
+  m.u.map.n = 1 << 20;
   m.u.map.op = TOPOS_MAP_COUNT;
   ck_assert(!cpu->supports(cpu, &m));
 }

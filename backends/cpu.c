@@ -55,6 +55,10 @@
 /* The smallest product split across threads (smaller runs on the caller). */
 #define CPU_MIN_PARALLEL_WORK ((int64_t)128 * 128 * 64)
 
+/* Units of work (row panel x column group) per thread that a product's
+ * column panels are grouped to give, where its row panels are fewer. */
+#define CPU_UNITS_PER_THREAD 6
+
 /* Products with at most this many NR-wide column panels read A in place. */
 #define CPU_DIRECT_A_PANELS 4
 
@@ -913,10 +917,13 @@ static void job_work(gemm_job *j, int tid) {
     for (int64_t i0 = 0; i0 < g->m; i0 += j->mc) {
       int64_t i1 = i0 + j->mc < g->m ? i0 + j->mc : g->m;
       int64_t rowpanels = (i1 - i0 + MR - 1) / MR;
-      /* Column groups: enough units for every thread to have two. */
+      /* Column groups: enough units for every thread to have a few
+       * (CPU_UNITS_PER_THREAD), so that a short last row panel - 128 rows
+       * are nine of 14 and a part - leaves no thread idle for most of a
+       * unit while another finishes; one thread alone takes two. */
+      int64_t want = T > 1 ? CPU_UNITS_PER_THREAD * (int64_t)T : 2;
       int64_t groups0 = 1;
-      if (rowpanels < 2 * (int64_t)T)
-        groups0 = (2 * (int64_t)T + rowpanels - 1) / rowpanels;
+      if (rowpanels < want) groups0 = (want + rowpanels - 1) / rowpanels;
       /* With one unit per row panel, the first column block packs each A
        * micro-panel into the shared A block and the others read it. */
       bool shared_a = j->ablock && groups0 == 1;

@@ -252,6 +252,59 @@ static topos_tensor *eval_int_add(topos_tensor *const *in,
  * and neighbours that both operands step through as one are merged; the
  * innermost axis is a row for K(binary_strided).
  */
+/* Elements from which a binary op on views is split over the threads,
+ * and about how many elements make one unit (whole rows, a multiple of
+ * sixteen of them: the transposed tiles' height). */
+#define VIEWS_PARALLEL_MIN ((int64_t)1 << 15)
+#define VIEWS_UNIT_ELEMENTS ((int64_t)1 << 14)
+
+/* eval_binary_views' walk as units of whole rows of the output: rows are
+ * the blocks' n1 rows of n0 elements, block after block (the odometer's
+ * outer positions), numbered from 0 in the output's order. */
+typedef struct views_job {
+  op_code op;
+  bool f64;
+  const char *A, *B;
+  char *Y;
+  int r;
+  const int64_t *shape, *sa, *sb; /* the coalesced axes */
+  int64_t n1, n0, a1, a0, b1, b0;
+  int64_t rows, rows_per_unit;
+} views_job;
+
+static void views_rows(const views_job *j, int64_t q0, int64_t q1) {
+  while (q0 < q1) {
+    int64_t pos = q0 / j->n1, i1 = q0 % j->n1;
+    int64_t take = j->n1 - i1 < q1 - q0 ? j->n1 - i1 : q1 - q0;
+    int64_t pa = i1 * j->a1, pb = i1 * j->b1, rem = pos;
+    for (int d = j->r - 3; d >= 0; d--) {
+      int64_t ix = rem % j->shape[d];
+      rem /= j->shape[d];
+      pa += ix * j->sa[d];
+      pb += ix * j->sb[d];
+    }
+    int64_t py = q0 * j->n0;
+    if (j->f64)
+      binary_block_f64(j->op, (const double *)j->A + pa, j->a1, j->a0,
+                       (const double *)j->B + pb, j->b1, j->b0,
+                       (double *)j->Y + py, take, j->n0);
+    else
+      binary_block_f32(j->op, (const float *)j->A + pa, j->a1, j->a0,
+                       (const float *)j->B + pb, j->b1, j->b0,
+                       (float *)j->Y + py, take, j->n0);
+    q0 += take;
+  }
+}
+
+static void views_unit(void *arg, int64_t unit, int slot) {
+  (void)slot;
+  const views_job *j = arg;
+  int64_t q0 = unit * j->rows_per_unit;
+  int64_t q1 =
+      q0 + j->rows_per_unit < j->rows ? q0 + j->rows_per_unit : j->rows;
+  views_rows(j, q0, q1);
+}
+
 static topos_tensor *eval_binary_views(const exec_env *env, op_code op,
                                        topos_tensor *const *in,
                                        const tensor_meta *out,
@@ -270,6 +323,35 @@ static topos_tensor *eval_binary_views(const exec_env *env, op_code op,
   int64_t idx[TOPOS_MAX_RANK] = {0}, pa = 0, pb = 0, py = 0;
   bool f64 = out->dtype == TOPOS_F64;
   const char *A = tensor_data(in[0]), *B = tensor_data(in[1]);
+  /* Large enough for the threads: units of whole rows, each element's
+   * operation its own (the same bits on any split). */
+  int64_t total = shape_count(out->rank, out->shape);
+  if (exec_unit_slots(env) > 1 && total >= VIEWS_PARALLEL_MIN && n0 > 0) {
+    int64_t per = (VIEWS_UNIT_ELEMENTS / n0 + 15) / 16 * 16;
+    views_job j = {.op = op,
+                   .f64 = f64,
+                   .A = A,
+                   .B = B,
+                   .Y = ob.data,
+                   .r = r,
+                   .shape = shape,
+                   .sa = sa,
+                   .sb = sb,
+                   .n1 = n1,
+                   .n0 = n0,
+                   .a1 = a1,
+                   .a0 = a0,
+                   .b1 = b1,
+                   .b0 = b0,
+                   .rows = total / n0,
+                   .rows_per_unit = per > 0 ? per : 16};
+    if (exec_units(env, views_unit, &j,
+                   (j.rows + j.rows_per_unit - 1) / j.rows_per_unit, err)) {
+      out_abort(&ob);
+      return NULL;
+    }
+    return out_end(&ob);
+  }
   int64_t since = 0; /* elements since the last look at env */
   if (shape_count(out->rank, out->shape) > 0)
     for (;;) {

@@ -870,6 +870,68 @@ START_TEST(binary_broadcast_sides) {
 }
 END_TEST
 
+/* Binary ops on views large enough to be split over threads (units of
+ * whole rows, eval_binary_views): rank 3 (an odometer over blocks), a
+ * transposed operand against a per-row value and against a full view,
+ * at 1, 2 and 3 threads - each element the op on the elements its views
+ * name. */
+static topos_tensor *eval_threads(topos_tape *tp, topos_value y, int threads) {
+  topos_error err = {0};
+  topos_network *net = topos_tape_seal(tp, &err);
+  ck_assert_msg(net != NULL, "seal: %s", err.message);
+  topos_exec ctx = {.threads = threads};
+  topos_run *run = topos_forward(net, NULL, NULL, 0, &ctx, &err);
+  ck_assert_msg(run != NULL, "forward: %s", err.message);
+  topos_tensor *r = topos_tensor_retain(topos_run_of(run, y, &err));
+  topos_run_free(run);
+  topos_network_release(net);
+  return r;
+}
+
+START_TEST(binary_views_threads) {
+  enum { P = 3, R = 130, C = 97 }; /* 37,830 elements */
+  double *x = wide_array(P * R * C, 501), *w = wide_array(P * R * C, 502);
+  x[11] = NAN;
+  w[5] = -0.0;
+  for (int o = 0; o < 6; o++)
+    for (int kind = 0; kind < 2; kind++)
+      for (int threads = 1; threads <= 3; threads++) {
+        topos_tape *tp = topos_tape_new(TOPOS_F32);
+        /* a: x [P,C,R] seen as [P,R,C] */
+        int perm[3] = {0, 2, 1};
+        topos_value a = topos_permute(
+            tp, cst(tp, tt_tensor(TOPOS_F32, 3, S(P, C, R), x)), perm);
+        /* b: one value per row (kind 0) or w [P,R,C] itself (1) */
+        topos_value b =
+            kind == 0
+                ? topos_broadcast_along(
+                      tp, cst(tp, tt_tensor(TOPOS_F32, 2, S(P, R), w)), 2, C)
+                : cst(tp, tt_tensor(TOPOS_F32, 3, S(P, R, C), w));
+        topos_tensor *y = eval_threads(tp, ops[o].fn(tp, a, b), threads);
+        double *got = tt_values(y);
+        for (int64_t p = 0; p < P; p++)
+          for (int64_t i = 0; i < R; i++)
+            for (int64_t j = 0; j < C; j++) {
+              double av = (float)x[(p * C + j) * R + i];
+              double bv =
+                  (float)(kind == 0 ? w[p * R + i] : w[(p * R + i) * C + j]);
+              double want = (float)ops[o].r64(av, bv);
+              double g = got[(p * R + i) * C + j];
+              ck_assert_msg(
+                  (isnan(want) && isnan(g)) || memcmp(&want, &g, sizeof g) == 0,
+                  "%s kind %d threads %d at (%lld,%lld,%lld): got "
+                  "%a want %a",
+                  ops[o].name, kind, threads, (long long)p, (long long)i,
+                  (long long)j, g, want);
+            }
+        free(got);
+        topos_tensor_release(y);
+      }
+  free(x);
+  free(w);
+}
+END_TEST
+
 /* Rank 4: the two innermost axes go to one kernel call and an odometer
  * walks the other two.  a is x [2,3,4,5] permuted to [3,2,5,4]; b is w
  * [3,5] broadcast along axes 1 and 3 (to [3,2,5,4]). */
@@ -2151,6 +2213,7 @@ Suite *kernels_suite(void) {
   tcase_add_test(tc, binary_on_views);
   tcase_add_test(tc, binary_on_views_rank4);
   tcase_add_test(tc, binary_broadcast_sides);
+  tcase_add_test(tc, binary_views_threads);
   tcase_add_test(tc, binary_nan_order);
   tcase_add_test(tc, fold_matches_naive);
   tcase_add_test(tc, fold_striped_bits);

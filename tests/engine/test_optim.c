@@ -1150,6 +1150,66 @@ START_TEST(test_settings_refused) {
 }
 END_TEST
 
+/* The same judgement over a slot of 70 elements, so the sixteen-lane
+ * check (AVX-512) sees the fault inside a whole vector: refused at any
+ * element, the first fault named; -0 and +inf second moments and
+ * FLT_MAX first moments accepted anywhere. */
+START_TEST(test_state_values_refused_wide) {
+  enum { N = 70 };
+  double pv[N], ones[N], zeros[N];
+  for (int i = 0; i < N; i++) {
+    pv[i] = 0.01 * i;
+    ones[i] = 1;
+    zeros[i] = 0;
+  }
+  topos_tensor *pt = tt_tensor(TOPOS_F32, 1, (int64_t[]){N}, pv);
+  topos_params *p = set_of(1, &pt);
+  topos_optimizer adam = topos_adam(0.1, 0.9, 0.999, 1e-8);
+  const struct {
+    int at;
+    double m, v;
+    const char *expect;
+  } bad[] = {{37, 0, -1, "second moment (v) slot 0 element 37 is -1"},
+             {16, NAN, 1, "first moment (m) slot 0 element 16 is nan"},
+             {5, INFINITY, 1, "first moment (m) slot 0 element 5 is inf"},
+             {63, 0, NAN, "second moment (v) slot 0 element 63 is nan"},
+             {69, -INFINITY, 1, "first moment (m) slot 0 element 69 is -inf"}};
+  for (size_t b = 0; b <= sizeof bad / sizeof *bad; b++) {
+    double mv[N], vv[N];
+    memcpy(mv, zeros, sizeof mv);
+    memcpy(vv, ones, sizeof vv);
+    bool ok = b == sizeof bad / sizeof *bad;
+    if (ok) { /* the accepted extremes, spread over the vectors */
+      mv[3] = FLT_MAX;
+      mv[40] = -FLT_MAX;
+      vv[20] = -0.0;
+      vv[50] = INFINITY;
+    } else {
+      mv[bad[b].at] = bad[b].m;
+      vv[bad[b].at] = bad[b].v;
+    }
+    topos_tensor *m = tt_tensor(TOPOS_F32, 1, (int64_t[]){N}, mv);
+    topos_tensor *v = tt_tensor(TOPOS_F32, 1, (int64_t[]){N}, vv);
+    topos_params *mp = set_of(1, &m), *vp = set_of(1, &v);
+    topos_error err = {0};
+    topos_opt_state *st = topos_opt_state_from(2, mp, vp, &err);
+    ck_assert_msg(st != NULL, "%s", err.message);
+    int rc = topos_optimizer_check(&adam, p, st, &err);
+    if (ok) {
+      ck_assert_msg(rc == TOPOS_OK, "accepted extremes: %s", err.message);
+    } else {
+      ck_assert_int_eq(rc, TOPOS_ERR_ARGUMENT);
+      ck_assert_msg(strstr(err.message, bad[b].expect) != NULL, "%s",
+                    err.message);
+    }
+    topos_params_free(mp);
+    topos_params_free(vp);
+    topos_opt_state_free(st);
+  }
+  topos_params_free(p);
+}
+END_TEST
+
 /* A state no valid step could have made (a negative or NaN second moment,
  * a non-finite first moment) is refused, naming the slot and element,
  * by topos_optimizer_check before any work and by the step itself, with
@@ -1347,6 +1407,7 @@ Suite *optim_suite(void) {
   tcase_add_test(tc, test_state_bad_arguments);
   tcase_add_test(tc, test_settings_refused);
   tcase_add_test(tc, test_state_values_refused);
+  tcase_add_test(tc, test_state_values_refused_wide);
   tcase_add_test(tc, test_nan_state_refused_next_step);
   suite_add_tcase(s, tc);
   return s;

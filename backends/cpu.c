@@ -1042,6 +1042,7 @@ static atomic_uint pool_gen;    /* bumped for each job */
 static gemm_job *pool_job;      /* the job of the current generation */
 static int pool_want;           /* workers [0, want) take part */
 static atomic_int pool_pending; /* workers still running the job */
+static int pool_sleepers;       /* workers waiting on pool_cv (pool_mu) */
 static unsigned pool_start_gen[POOL_MAX]; /* the generation a worker
                                              started after */
 
@@ -1064,8 +1065,11 @@ static void *pool_main(void *arg) {
         cpu_relax();
     }
     pthread_mutex_lock(&pool_mu);
-    while ((gen = atomic_load(&pool_gen)) == seen)
+    while ((gen = atomic_load(&pool_gen)) == seen) {
+      pool_sleepers++;
       pthread_cond_wait(&pool_cv, &pool_mu);
+      pool_sleepers--;
+    }
     gemm_job *job = pool_job;
     bool mine = id < pool_want;
     pthread_mutex_unlock(&pool_mu);
@@ -1084,6 +1088,7 @@ static void pool_after_fork(void) {
   pthread_cond_init(&pool_cv, NULL);
   pool_workers = 0;
   pool_want = 0;
+  pool_sleepers = 0;
   atomic_store(&pool_pending, 0);
 }
 
@@ -1108,6 +1113,26 @@ static int pool_grow(int n) {
     pool_workers++;
   }
   return pool_workers;
+}
+
+/* Hands job to workers [0, helpers), runs the caller's share (thread 0),
+ * waits for theirs and releases the pool (held by the caller).  The
+ * condition variable is signalled only when a worker sleeps on it: a
+ * worker still spinning sees the new generation on its own, and a
+ * training step's back-to-back products then pay no wake-up call. */
+static void pool_run(gemm_job *job, int helpers) {
+  pthread_mutex_lock(&pool_mu);
+  pool_job = job;
+  pool_want = helpers;
+  atomic_store(&pool_pending, helpers);
+  atomic_fetch_add_explicit(&pool_gen, 1, memory_order_release);
+  if (pool_sleepers > 0) pthread_cond_broadcast(&pool_cv);
+  pthread_mutex_unlock(&pool_mu);
+  job_work(job, 0);
+  for (int spins = 0;
+       atomic_load_explicit(&pool_pending, memory_order_acquire) > 0; spins++)
+    backoff(spins);
+  pthread_mutex_unlock(&pool_busy);
 }
 
 /* Runs the job on the caller plus up to threads-1 workers; the caller's
@@ -1145,18 +1170,7 @@ static int run_job(gemm_job *job, int threads) {
     if (pooled) pthread_mutex_unlock(&pool_busy);
     return TOPOS_OK;
   }
-  pthread_mutex_lock(&pool_mu);
-  pool_job = job;
-  pool_want = helpers;
-  atomic_store(&pool_pending, helpers);
-  atomic_fetch_add_explicit(&pool_gen, 1, memory_order_release);
-  pthread_cond_broadcast(&pool_cv);
-  pthread_mutex_unlock(&pool_mu);
-  job_work(job, 0);
-  for (int spins = 0;
-       atomic_load_explicit(&pool_pending, memory_order_acquire) > 0; spins++)
-    backoff(spins);
-  pthread_mutex_unlock(&pool_busy);
+  pool_run(job, helpers);
   return TOPOS_OK;
 }
 
@@ -1176,18 +1190,7 @@ void cpu_parallel(int threads, void (*fn)(void *arg, int tid, int T),
     if (pooled) pthread_mutex_unlock(&pool_busy);
     return;
   }
-  pthread_mutex_lock(&pool_mu);
-  pool_job = &job;
-  pool_want = helpers;
-  atomic_store(&pool_pending, helpers);
-  atomic_fetch_add_explicit(&pool_gen, 1, memory_order_release);
-  pthread_cond_broadcast(&pool_cv);
-  pthread_mutex_unlock(&pool_mu);
-  fn(arg, 0, job.T);
-  for (int spins = 0;
-       atomic_load_explicit(&pool_pending, memory_order_acquire) > 0; spins++)
-    backoff(spins);
-  pthread_mutex_unlock(&pool_busy);
+  pool_run(&job, helpers);
 }
 
 int cpu_gemm_kernels(topos_dtype dtype, cpu_kernels *out) {

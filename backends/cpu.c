@@ -1305,7 +1305,17 @@ static int cpu_run(const topos_backend *self, const topos_task *task,
   job.nblocks = (g->n + nc - 1) / nc;
   /* Packing A pays for itself across a row's column panels; with a few of
    * them the kernel reads A in place (the same fmas in the same order). */
-  job.direct_a = job.nblocks == 1 && nc / im->nr <= CPU_DIRECT_A_PANELS &&
+  /* A unit's panels: its row panel's, or one column group's where the
+   * row panels are few (job_work's grouping on one row block: a 128-row
+   * product on two threads runs units of half its panels, each of which
+   * would otherwise pack the same A micro-panel again). */
+  int64_t npan_all = (nc + im->nr - 1) / im->nr;
+  int64_t rowpanels = (g->m + im->mr - 1) / im->mr;
+  int64_t want = threads > 1 ? CPU_UNITS_PER_THREAD * (int64_t)threads : 2;
+  int64_t groups = rowpanels < want ? (want + rowpanels - 1) / rowpanels : 1;
+  if (groups > npan_all) groups = npan_all;
+  int64_t unit_panels = (npan_all + groups - 1) / groups;
+  job.direct_a = job.nblocks == 1 && unit_panels <= CPU_DIRECT_A_PANELS &&
                  g->dtype != TOPOS_BF16;
   /* Row blocks: the shared packed A of one (at most CPU_ABLOCK_BYTES),
    * evened out, whole micro-panels. */

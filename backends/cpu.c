@@ -59,6 +59,11 @@
  * column panels are grouped to give, where its row panels are fewer. */
 #define CPU_UNITS_PER_THREAD 6
 
+/* Products of at most this many row panels read a row-major B in place,
+ * its rows at most CPU_DIRECT_B_ROW_BYTES apart. */
+#define CPU_DIRECT_B_ROWPANELS 16
+#define CPU_DIRECT_B_ROW_BYTES 2048
+
 /* Products with at most this many NR-wide column panels read A in place. */
 #define CPU_DIRECT_A_PANELS 4
 
@@ -82,11 +87,18 @@ typedef void (*kern_fn)(int64_t kc, const void *a, const void *b, void *c,
 typedef void (*kern_s_fn)(int64_t kc, const void *a, int64_t ars, int64_t acs,
                           const void *b, void *c, int64_t ldc, int first);
 
+/* The micro-tile with A packed and a row-major B read in place, its k
+ * rows ldb elements apart: for products of few row panels, where each B
+ * panel would be packed for the few units that read it. */
+typedef void (*kern_b_fn)(int64_t kc, const void *a, const void *b, int64_t ldb,
+                          void *c, int64_t ldc, int first);
+
 typedef struct gemm_impl {
   int mr, nr, kc;
   int64_t nc; /* columns per work item (a multiple of nr) */
   kern_fn kern[MR_MAX + 1];
   kern_s_fn kern_s[MR_MAX + 1]; /* NULL: always pack A */
+  kern_b_fn kern_b[MR_MAX + 1]; /* NULL: always pack B */
 } gemm_impl;
 
 /* ------------------------------------------------------- C microkernels */
@@ -151,7 +163,8 @@ static const gemm_impl impl_c_f64 = {
                            FMADD)                                              \
   static inline __attribute__((always_inline, target(TARGET))) void NAME(      \
       const int MRV, int64_t kc, const T *a, const int64_t ars,                \
-      const int64_t acs, const T *b, T *c, int64_t ldc, int first) {           \
+      const int64_t acs, const T *b, const int64_t ldb, T *c, int64_t ldc,     \
+      int first) {                                                             \
     V acc0[MR_MAX], acc1[MR_MAX];                                              \
     if (first) {                                                               \
       _Pragma("GCC unroll 14") for (int i = 0; i < MR_MAX; i++) if (i < MRV) { \
@@ -172,7 +185,7 @@ static const gemm_impl impl_c_f64 = {
         acc1[i] = FMADD(ai, b1, acc1[i]);                                      \
       }                                                                        \
       a += acs;                                                                \
-      b += 2 * W;                                                              \
+      b += ldb;                                                                \
     }                                                                          \
     _Pragma("GCC unroll 14") for (int i = 0; i < MR_MAX; i++) if (i < MRV) {   \
       ST(c + i * ldc, acc0[i]);                                                \
@@ -187,7 +200,8 @@ static const gemm_impl impl_c_f64 = {
 #define DEFINE_SIMD_KERNEL1(NAME, TARGET, T, V, W, ZERO, LD, ST, SET1, FMADD)  \
   static inline __attribute__((always_inline, target(TARGET))) void NAME(      \
       const int MRV, int64_t kc, const T *a, const int64_t ars,                \
-      const int64_t acs, const T *b, T *c, int64_t ldc, int first) {           \
+      const int64_t acs, const T *b, const int64_t ldb, T *c, int64_t ldc,     \
+      int first) {                                                             \
     V acc0[MR_MAX];                                                            \
     if (first) {                                                               \
       _Pragma("GCC unroll 14") for (int i = 0; i < MR_MAX; i++) if (i < MRV)   \
@@ -203,7 +217,7 @@ static const gemm_impl impl_c_f64 = {
         acc0[i] = FMADD(ai, b0, acc0[i]);                                      \
       }                                                                        \
       a += acs;                                                                \
-      b += W;                                                                  \
+      b += ldb;                                                                \
     }                                                                          \
     _Pragma("GCC unroll 14") for (int i = 0; i < MR_MAX; i++) if (i < MRV)     \
         ST(c + i * ldc, acc0[i]);                                              \
@@ -229,18 +243,24 @@ DEFINE_SIMD_KERNEL(k256_f64, "avx2,fma", double, __m256d, 4, 6,
                    _mm256_setzero_pd, _mm256_loadu_pd, _mm256_storeu_pd,
                    _mm256_set1_pd, _mm256_fmadd_pd)
 
-/* Packed A (ars 1, acs MR: constants, so the loop is the packed one), and
- * A in place (runtime strides). */
+/* Packed A and B (ars 1, acs MR, ldb NR: constants, so the loop is the
+ * packed one), A in place (runtime strides), and B in place (a row-major
+ * B's rows ldb apart, A packed). */
 #define SIMD_WRAP(NAME, TARGET, T, MRV)                                   \
   static __attribute__((target(TARGET))) void NAME##_##MRV(               \
       int64_t kc, const void *a, const void *b, void *c, int64_t ldc,     \
       int first) {                                                        \
-    NAME(MRV, kc, a, 1, NAME##_MR, b, c, ldc, first);                     \
+    NAME(MRV, kc, a, 1, NAME##_MR, b, NAME##_NR, c, ldc, first);          \
   }                                                                       \
   static __attribute__((target(TARGET))) void NAME##_s##MRV(              \
       int64_t kc, const void *a, int64_t ars, int64_t acs, const void *b, \
       void *c, int64_t ldc, int first) {                                  \
-    NAME(MRV, kc, a, ars, acs, b, c, ldc, first);                         \
+    NAME(MRV, kc, a, ars, acs, b, NAME##_NR, c, ldc, first);              \
+  }                                                                       \
+  static __attribute__((target(TARGET))) void NAME##_b##MRV(              \
+      int64_t kc, const void *a, const void *b, int64_t ldb, void *c,     \
+      int64_t ldc, int first) {                                           \
+    NAME(MRV, kc, a, 1, NAME##_MR, b, ldb, c, ldc, first);                \
   }
 #define SIMD_WRAP14(NAME, TARGET, T) \
   SIMD_WRAP(NAME, TARGET, T, 1)      \
@@ -271,7 +291,13 @@ enum {
   k256_f32_MR = 6,
   k256_f64_MR = 6,
   k512n_f32_MR = 14,
-  k512n_f64_MR = 14
+  k512n_f64_MR = 14,
+  k512_f32_NR = 32,
+  k512_f64_NR = 16,
+  k256_f32_NR = 16,
+  k256_f64_NR = 8,
+  k512n_f32_NR = 16,
+  k512n_f64_NR = 8
 };
 SIMD_WRAP14(k512_f32, "avx512f", float)
 SIMD_WRAP14(k512_f64, "avx512f", double)
@@ -298,18 +324,32 @@ SIMD_WRAP6(k256_f64, "avx2,fma", double)
 #define LIST6S(NAME) \
   { NULL, NAME##_s1, NAME##_s2, NAME##_s3, NAME##_s4, NAME##_s5, NAME##_s6 }
 
+#define LIST14B(NAME)                                                        \
+  {                                                                          \
+    NULL, NAME##_b1, NAME##_b2, NAME##_b3, NAME##_b4, NAME##_b5, NAME##_b6,  \
+        NAME##_b7, NAME##_b8, NAME##_b9, NAME##_b10, NAME##_b11, NAME##_b12, \
+        NAME##_b13, NAME##_b14                                               \
+  }
+#define LIST6B(NAME) \
+  { NULL, NAME##_b1, NAME##_b2, NAME##_b3, NAME##_b4, NAME##_b5, NAME##_b6 }
+
 static const gemm_impl impl_512_f32 = {
-    14, 32, 512, 512, LIST14(k512_f32), LIST14S(k512_f32)};
+    14, 32, 512, 512, LIST14(k512_f32), LIST14S(k512_f32), LIST14B(k512_f32)};
 static const gemm_impl impl_512_f64 = {
-    14, 16, 256, 512, LIST14(k512_f64), LIST14S(k512_f64)};
-static const gemm_impl impl_512n_f32 = {
-    14, 16, 512, 512, LIST14(k512n_f32), LIST14S(k512n_f32)};
+    14, 16, 256, 512, LIST14(k512_f64), LIST14S(k512_f64), LIST14B(k512_f64)};
+static const gemm_impl impl_512n_f32 = {14,
+                                        16,
+                                        512,
+                                        512,
+                                        LIST14(k512n_f32),
+                                        LIST14S(k512n_f32),
+                                        LIST14B(k512n_f32)};
 static const gemm_impl impl_512n_f64 = {
-    14, 8, 256, 512, LIST14(k512n_f64), LIST14S(k512n_f64)};
+    14, 8, 256, 512, LIST14(k512n_f64), LIST14S(k512n_f64), LIST14B(k512n_f64)};
 static const gemm_impl impl_256_f32 = {
-    6, 16, 256, 512, LIST6(k256_f32), LIST6S(k256_f32)};
+    6, 16, 256, 512, LIST6(k256_f32), LIST6S(k256_f32), LIST6B(k256_f32)};
 static const gemm_impl impl_256_f64 = {
-    6, 8, 256, 256, LIST6(k256_f64), LIST6S(k256_f64)};
+    6, 8, 256, 256, LIST6(k256_f64), LIST6S(k256_f64), LIST6B(k256_f64)};
 
 #endif /* CPU_X86 */
 
@@ -712,6 +752,7 @@ typedef struct gemm_job {
   int64_t kc;      /* k per block */
   size_t abytes;   /* bytes per thread in abufs */
   bool direct_a;   /* the kernels read A in place (kern_s), no packing */
+  bool direct_b;   /* the kernels read B in place (kern_b), no packing */
   /* Other task kinds (cpu_window.c): when set, each thread runs
    * fn(arg, tid, T) instead of the GEMM. */
   void (*fn)(void *arg, int tid, int T);
@@ -937,9 +978,15 @@ static void job_work(gemm_job *j, int tid) {
           int64_t groups = groups0 > npan ? npan : groups0;
           int64_t units = rowpanels * groups;
           char *bpack = j->bpack + (size_t)(ph % 2) * j->bbytes;
-          pack_panels(j, bi, p0, jb, pbase, bpack);
-          pbase += npan;
-          wait_done(&j->pack_done, pbase);
+          /* B in place: its panel q's row p0 (f32/f64, as C's) */
+          const char *bsrc =
+              (const char *)g->b +
+              (size_t)(bi * g->b_batch + p0 * g->b_row + j0) * es;
+          if (!j->direct_b) {
+            pack_panels(j, bi, p0, jb, pbase, bpack);
+            pbase += npan;
+            wait_done(&j->pack_done, pbase);
+          }
           while (claim(&j->unit_next, ubase + units, &t)) {
             int64_t u = t - ubase;
             int64_t rp = u / groups, cg = u % groups;
@@ -949,6 +996,7 @@ static void job_work(gemm_job *j, int tid) {
                 A + (size_t)(ir * g->a_row + p0 * g->a_col) * ies;
             kern_fn kern = im->kern[mr];
             kern_s_fn kern_s = j->direct_a ? im->kern_s[mr] : NULL;
+            kern_b_fn kern_b = j->direct_b ? im->kern_b[mr] : NULL;
             const char *ap = apack;
             if (shared_a) {
               char *dst = j->ablock + (size_t)(rp * MR * kc) * es;
@@ -961,7 +1009,8 @@ static void job_work(gemm_job *j, int tid) {
             for (int64_t q = qa; q < qb; q++) {
               int64_t jj = j0 + q * NR;
               int64_t nr = j1 - jj < NR ? j1 - jj : NR;
-              const char *bp = bpack + (size_t)(q * kc * NR) * es;
+              const char *bp = kern_b ? bsrc + (size_t)(q * NR) * es
+                                      : bpack + (size_t)(q * kc * NR) * es;
               char *cp = C + (size_t)(ir * g->c_row + jj * g->c_col) * es;
               /* The next tile of C (this row panel's next, or the next
                * row panel's first) on its way while this one runs (a
@@ -979,6 +1028,8 @@ static void job_work(gemm_job *j, int tid) {
               if (nr == NR && g->c_col == 1) {
                 if (kern_s)
                   kern_s(kc, asrc, g->a_row, g->a_col, bp, cp, g->c_row, first);
+                else if (kern_b)
+                  kern_b(kc, ap, bp, g->b_row, cp, g->c_row, first);
                 else
                   kern(kc, ap, bp, cp, g->c_row, first);
                 continue;
@@ -988,6 +1039,8 @@ static void job_work(gemm_job *j, int tid) {
                 tile_copy(tile, NR, 1, cp, g->c_row, g->c_col, mr, nr, es);
               if (kern_s)
                 kern_s(kc, asrc, g->a_row, g->a_col, bp, tile, NR, first);
+              else if (kern_b)
+                kern_b(kc, ap, bp, g->b_row, tile, NR, first);
               else
                 kern(kc, ap, bp, tile, NR, first);
               tile_copy(cp, g->c_row, g->c_col, tile, NR, 1, mr, nr, es);
@@ -1010,7 +1063,7 @@ static void job_work(gemm_job *j, int tid) {
               }
             }
           }
-          if (nbi < g->batch)
+          if (nbi < g->batch && !j->direct_b)
             pack_panels(j, nbi, np0, njb, pbase,
                         j->bpack + (size_t)((ph + 1) % 2) * j->bbytes);
           ph++;
@@ -1149,7 +1202,7 @@ static int run_job(gemm_job *job, int threads) {
   job->abytes = (size_t)(im->mr * job->kc + im->mr * im->nr) * job->es;
   job->abytes = (job->abytes + 63) / 64 * 64;
   size_t bbytes = (size_t)((job->nc + im->nr) * job->kc) * job->es;
-  bbytes = (bbytes + 63) / 64 * 64;
+  bbytes = job->direct_b ? 0 : (bbytes + 63) / 64 * 64;
   /* The shared A block pays off when A would otherwise be packed again
    * for every column block. */
   size_t ablock_bytes = 0;
@@ -1317,6 +1370,15 @@ static int cpu_run(const topos_backend *self, const topos_task *task,
   int64_t unit_panels = (npan_all + groups - 1) / groups;
   job.direct_a = job.nblocks == 1 && unit_panels <= CPU_DIRECT_A_PANELS &&
                  g->dtype != TOPOS_BF16;
+  /* A row-major B that few row panels read (a training batch's forward
+   * through a weight): packing each panel would cost about what the few
+   * units reading it save.  Whole panels only, rows at most
+   * CPU_DIRECT_B_ROW_BYTES apart (so that a panel's rows do not pile
+   * into a few cache sets). */
+  job.direct_b = !job.direct_a && im->kern_b[1] && g->b_col == 1 &&
+                 g->dtype != TOPOS_BF16 && g->n % im->nr == 0 &&
+                 rowpanels <= CPU_DIRECT_B_ROWPANELS &&
+                 g->b_row * (int64_t)job.es <= CPU_DIRECT_B_ROW_BYTES;
   /* Row blocks: the shared packed A of one (at most CPU_ABLOCK_BYTES),
    * evened out, whole micro-panels. */
   size_t ab = atomic_load_explicit(&ablock_cap, memory_order_relaxed);

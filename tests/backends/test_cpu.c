@@ -453,6 +453,34 @@ START_TEST(row_blocks) {
 }
 END_TEST
 
+/* A row-major B read in place (few row panels, whole column panels,
+ * rows at most 2 KB apart): one and several k blocks, partial row
+ * panels, padded and strided C (the tile path), batches, both dtypes, 1-3
+ * threads, on every ISA this CPU has - and B layouts that must still be
+ * packed (a transposed B, a row too wide, a partial last panel). */
+START_TEST(direct_b) {
+  const int64_t shapes[][3] = {{29, 192, 70},  {128, 256, 600}, {13, 320, 33},
+                               {1, 224, 513},  {100, 160, 1},   {57, 512, 40},
+                               {128, 1024, 9}, {20, 250, 30}};
+  const char *isas[] = {"avx512", "avx2"};
+  int c = 0;
+  for (int i = 0; i < 2; i++) {
+    if (topos_cpu_force_isa(isas[i]) != 0) continue;
+    for (int d = 0; d < 2; d++)
+      for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++, c++) {
+        if (skip_slow() && c % 3 != 0) continue;
+        char what[64];
+        snprintf(what, sizeof what, "direct b %s shape %zu", isas[i], sh);
+        check_shape(d ? TOPOS_F64 : TOPOS_F32, 1 + (c % 4 == 3), shapes[sh][0],
+                    shapes[sh][1], shapes[sh][2], L_ROW,
+                    c % 7 == 6 ? L_TRANS : L_ROW, c % 3, false, 1 + c % 3,
+                    (uint64_t)(900 + c), what);
+      }
+  }
+  restore();
+}
+END_TEST
+
 /* Transposed, narrowed, broadcast and strided operands; padded and
  * strided outputs. */
 START_TEST(layouts) {
@@ -1081,6 +1109,7 @@ Suite *cpu_suite(void) {
   tcase_add_loop_test(g, sweep_f64, 0, 10);
   tcase_add_test(g, square_threads);
   tcase_add_test(g, layouts);
+  tcase_add_test(g, direct_b);
   tcase_add_test(g, batched);
   tcase_add_test(g, special_values);
   tcase_add_test(g, every_isa);

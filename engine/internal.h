@@ -643,6 +643,12 @@ int exec_unit_slots(const exec_env *env);
  * other optimizer) into new buffers.  On success *params is consumed (set
  * to NULL; its tensors freed or moved into *params_out); on failure it is
  * unchanged. */
+/* topos_optimizer_step with a context whose threads the update may use
+ * (NULL: the caller's alone); the same bits either way. */
+int optimizer_step_in(const exec_env *env, const topos_optimizer *opt,
+                      const topos_params *params, const topos_params *grads,
+                      const topos_opt_state *state, topos_params **params_out,
+                      topos_opt_state **state_out, topos_error *err);
 int optimizer_step_donated(const exec_env *env, const topos_optimizer *opt,
                            topos_params **params, const topos_params *grads,
                            const topos_opt_state *state,

@@ -373,7 +373,8 @@ static double view_at(const compute_view *v, topos_dtype dtype, int64_t i) {
 typedef struct step_ctx {
   const topos_optimizer *opt;
   double bc1, bc2;
-  const char *fn; /* the public call, for messages */
+  const char *fn;      /* the public call, for messages */
+  const exec_env *env; /* threads for the Adam pass, or NULL */
 } step_ctx;
 
 /* A moment element no step from a valid state can make: a first moment
@@ -497,6 +498,58 @@ __attribute__((target("avx512f"))) static int64_t adam_f32_512(
 }
 #endif
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* adam_f32_512 over units of ADAM_UNIT elements (a multiple of 8, its
+ * group) on a context's threads, from ADAM_MIN_PARALLEL elements.  Each
+ * element's arithmetic is its own.  A unit that meets a moment the
+ * state may not hold stops at that group and lowers `stop`; step_slot's
+ * loop then resumes at the lowest such group and names the first fault,
+ * as after the serial pass (the other units' outputs die with the step). */
+#define ADAM_UNIT ((int64_t)1 << 14)
+#define ADAM_MIN_PARALLEL ((int64_t)1 << 16)
+
+typedef struct adam_job {
+  const adam_consts *k;
+  const float *p, *g, *m, *v;
+  float *po, *mo, *vo;
+  int64_t n;
+  _Atomic int64_t stop; /* the lowest group a unit stopped at, or n */
+} adam_job;
+
+static void adam_unit(void *arg, int64_t unit, int slot) {
+  (void)slot;
+  adam_job *j = arg;
+  int64_t i0 = unit * ADAM_UNIT;
+  int64_t len = j->n - i0 < ADAM_UNIT ? j->n - i0 : ADAM_UNIT;
+  int64_t done = adam_f32_512(j->k, j->p + i0, j->g + i0, j->m + i0, j->v + i0,
+                              j->po + i0, j->mo + i0, j->vo + i0, len);
+  if (done < (len & ~(int64_t)7)) {
+    int64_t at = i0 + done, cur = atomic_load(&j->stop);
+    while (at < cur && !atomic_compare_exchange_weak(&j->stop, &cur, at)) {
+    }
+  }
+}
+
+/* The Adam pass over [0, n) on env's threads where it pays; returns where
+ * step_slot's own loop resumes (as adam_f32_512's return). */
+static int64_t adam_f32_pass(const exec_env *env, const adam_consts *k,
+                             const float *p, const float *g, const float *m,
+                             const float *v, float *po, float *mo, float *vo,
+                             int64_t n) {
+  if (!env || exec_unit_slots(env) < 2 || n < ADAM_MIN_PARALLEL)
+    return adam_f32_512(k, p, g, m, v, po, mo, vo, n);
+  adam_job j = {k, p, g, m, v, po, mo, vo, n, n};
+  /* never stopped midway: the caller asked its context before the pass */
+  exec_env whole = *env;
+  whole.cancel = NULL;
+  whole.deadline_ns = 0;
+  whole.report = NULL;
+  exec_units(&whole, adam_unit, &j, (n + ADAM_UNIT - 1) / ADAM_UNIT, NULL);
+  int64_t stop = atomic_load(&j.stop);
+  return stop < n ? stop : n & ~(int64_t)7;
+}
+#endif
+
 /* Plain SGD over n contiguous values of pd (f32 or f64): d = p − lr·g
  * (with L2: g + wd·p), d may be p itself (each element is read before it
  * is written). */
@@ -555,7 +608,8 @@ static int step_slot(const step_ctx *c, int slot, const topos_tensor *p,
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   if (opt->kind != TOPOS_SGD && pd == TOPOS_F32 && avx512_available()) {
     adam_consts k = {lr, wd, lr_wd, b1, b2, c->bc1, c->bc2, eps, l2, decoupled};
-    i = adam_f32_512(&k, vp.data, vg.data, vm.data, vv.data, dp, dm, dv, n);
+    i = adam_f32_pass(c->env, &k, vp.data, vg.data, vm.data, vv.data, dp, dm,
+                      dv, n);
   }
 #endif
   for (; i < n; i++) {
@@ -730,6 +784,14 @@ int topos_optimizer_step(const topos_optimizer *opt, const topos_params *params,
                          const topos_opt_state *state,
                          topos_params **params_out, topos_opt_state **state_out,
                          topos_error *err) {
+  return optimizer_step_in(NULL, opt, params, grads, state, params_out,
+                           state_out, err);
+}
+
+int optimizer_step_in(const exec_env *env, const topos_optimizer *opt,
+                      const topos_params *params, const topos_params *grads,
+                      const topos_opt_state *state, topos_params **params_out,
+                      topos_opt_state **state_out, topos_error *err) {
   const char *fn = "optimizer_step";
   int rc = check_optimizer(opt, fn, err);
   if (rc != TOPOS_OK) return rc;
@@ -745,7 +807,7 @@ int topos_optimizer_step(const topos_optimizer *opt, const topos_params *params,
     return rc;
   bool need_m = needs_first_moment(opt), need_v = needs_second_moment(opt);
 
-  step_ctx c = {.opt = opt, .bc1 = 1, .bc2 = 1, .fn = fn};
+  step_ctx c = {.opt = opt, .bc1 = 1, .bc2 = 1, .fn = fn, .env = env};
   if (opt->kind != TOPOS_SGD) {
     int64_t t = state->step + 1;
     c.bc1 = 1 - exact_pow(opt->beta1, t);
@@ -842,7 +904,8 @@ int optimizer_step_donated(const exec_env *env, const topos_optimizer *opt,
   int rc = check_optimizer(opt, fn, err);
   if (rc != TOPOS_OK) return rc;
   if (needs_first_moment(opt)) { /* moments: the update can fault midway */
-    rc = topos_optimizer_step(opt, p, grads, state, params_out, state_out, err);
+    rc = optimizer_step_in(env, opt, p, grads, state, params_out, state_out,
+                           err);
     if (rc == TOPOS_OK) {
       topos_params_free(p);
       *params = NULL;

@@ -114,8 +114,8 @@ static int plan_step(const topos_plan *plan, const topos_params *params,
   bool donating = donate_params != NULL;
   if (!donating) {
     if (rc == TOPOS_OK)
-      rc = topos_optimizer_step(opt, params, grads, state, &out->params,
-                                &out->state, &e);
+      rc = optimizer_step_in(have_env ? &env : NULL, opt, params, grads, state,
+                             &out->params, &out->state, &e);
     if (rc == TOPOS_OK) rc = take_observes(plan, run, out, &e);
   } else {
     /* The run lets go of the parameters before the update, so that the

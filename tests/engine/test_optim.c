@@ -10,6 +10,7 @@
  */
 #include <float.h>
 
+#include "internal.h"
 #include "testutil.h"
 
 /* ----------------------------------------------------------------- helpers */
@@ -1210,6 +1211,85 @@ START_TEST(test_state_values_refused_wide) {
 }
 END_TEST
 
+/* Adam over a slot large enough to run in units on a context's threads
+ * (optimizer_step_in, as plan steps call it): at 1, 2 and 3 threads the
+ * bits of the serial step; and with faulty moments in two units, the
+ * first fault named, whichever unit meets its own first. */
+START_TEST(test_adam_units) {
+  enum { N = 100003 };
+  float *pv = malloc(N * sizeof *pv), *gv = malloc(N * sizeof *gv);
+  float *mv = malloc(N * sizeof *mv), *vv = malloc(N * sizeof *vv);
+  for (int i = 0; i < N; i++) {
+    pv[i] = 0.001f * (float)(i % 997) - 0.4f;
+    gv[i] = 0.01f * (float)((i * 7) % 101) - 0.5f;
+    mv[i] = 0.001f * (float)(i % 13);
+    vv[i] = 0.0001f * (float)(i % 17);
+  }
+  const int64_t shape[1] = {N};
+  topos_optimizer opts[2] = {topos_adam(1e-3, 0.9, 0.99, 1e-8),
+                             topos_adamw(1e-3, 0.9, 0.99, 1e-8, 0.01)};
+  for (int o = 0; o < 2; o++)
+    for (int fault = 0; fault < 2; fault++) {
+      /* faults in the fourth unit and the third (named) */
+      mv[70001] = fault ? NAN : 0.001f * (float)(70001 % 13);
+      vv[40000] = fault ? -1.0f : 0.0001f * (float)(40000 % 17);
+      topos_tensor *tp = f32_tensor(1, shape, pv),
+                   *tg = f32_tensor(1, shape, gv);
+      topos_tensor *tm = f32_tensor(1, shape, mv),
+                   *tv = f32_tensor(1, shape, vv);
+      topos_params *pp = set_of(1, &tp), *gp = set_of(1, &tg);
+      topos_params *mp = set_of(1, &tm), *vp = set_of(1, &tv);
+      topos_opt_state *st = topos_opt_state_from(3, mp, vp, NULL);
+      ck_assert_ptr_nonnull(st);
+      topos_params *ref = NULL;
+      topos_opt_state *ref_s = NULL;
+      topos_error err = {0};
+      int want = topos_optimizer_step(&opts[o], pp, gp, st, &ref, &ref_s, &err);
+      ck_assert_msg(want == (fault ? TOPOS_ERR_ARGUMENT : TOPOS_OK), "%s",
+                    err.message);
+      if (fault)
+        ck_assert_msg(
+            strstr(err.message, "second moment (v) slot 0 element 40000 is -1"),
+            "%s", err.message);
+      for (int threads = 1; threads <= 3; threads++) {
+        topos_exec ctx = {.threads = threads};
+        exec_env env;
+        ck_assert_int_eq(exec_resolve(&ctx, &env, &err), TOPOS_OK);
+        topos_params *got = NULL;
+        topos_opt_state *got_s = NULL;
+        topos_error e2 = {0};
+        int rc =
+            optimizer_step_in(&env, &opts[o], pp, gp, st, &got, &got_s, &e2);
+        ck_assert_int_eq(rc, want);
+        if (fault) {
+          ck_assert_str_eq(e2.message, err.message);
+          ck_assert_ptr_null(got);
+          continue;
+        }
+        ck_assert_msg(topos_params_bitwise_equal(got, ref),
+                      "optimizer %d threads %d: params differ", o, threads);
+        for (int mi = 0; mi < 2; mi++)
+          ck_assert(
+              topos_params_bitwise_equal(topos_opt_state_moment(got_s, mi),
+                                         topos_opt_state_moment(ref_s, mi)));
+        topos_params_free(got);
+        topos_opt_state_free(got_s);
+      }
+      topos_params_free(ref);
+      topos_opt_state_free(ref_s);
+      topos_opt_state_free(st);
+      topos_params_free(pp);
+      topos_params_free(gp);
+      topos_params_free(mp);
+      topos_params_free(vp);
+    }
+  free(pv);
+  free(gv);
+  free(mv);
+  free(vv);
+}
+END_TEST
+
 /* A state no valid step could have made (a negative or NaN second moment,
  * a non-finite first moment) is refused, naming the slot and element,
  * by topos_optimizer_check before any work and by the step itself, with
@@ -1408,6 +1488,7 @@ Suite *optim_suite(void) {
   tcase_add_test(tc, test_settings_refused);
   tcase_add_test(tc, test_state_values_refused);
   tcase_add_test(tc, test_state_values_refused_wide);
+  tcase_add_test(tc, test_adam_units);
   tcase_add_test(tc, test_nan_state_refused_next_step);
   suite_add_tcase(s, tc);
   return s;

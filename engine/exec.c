@@ -233,11 +233,18 @@ static int offer_map(const exec_env *env, op_code op, const node_attrs *at,
                      int nin, topos_tensor *const *in, const tensor_meta *out,
                      topos_tensor **res, topos_error *err) {
   compute_view v[2];
+  topos_tensor *held[2] = {NULL, NULL}; /* strided inputs made contiguous */
   int got = 0;
   out_buf ob;
   int rc = -1;
-  for (; got < nin; got++)
-    if (compute_view_of(in[got], &v[got], err)) goto done;
+  for (; got < nin; got++) {
+    const topos_tensor *src = in[got];
+    if (src->dtype != TOPOS_BF16 && !topos_tensor_is_contiguous(src)) {
+      if (!(held[got] = contiguous_in(env, src, err))) goto done;
+      src = held[got];
+    }
+    if (compute_view_of(src, &v[got], err)) goto done;
+  }
   if (out_begin(&ob, out, err)) goto done;
   topos_task task = {.kind = TOPOS_TASK_MAP};
   task.u.map = (topos_map_task){
@@ -277,6 +284,7 @@ static int offer_map(const exec_env *env, op_code op, const node_attrs *at,
   rc = 1;
 done:
   for (int i = 0; i < got; i++) compute_view_done(&v[i]);
+  for (int i = 0; i < nin; i++) topos_tensor_release(held[i]);
   return rc;
 }
 

@@ -637,6 +637,11 @@ int exec_units(const exec_env *env,
                void (*fn)(void *arg, int64_t unit, int slot), void *arg,
                int64_t units, topos_error *err);
 int exec_unit_slots(const exec_env *env);
+/* topos_tensor_contiguous on env's threads for a large strided view
+ * (slices of its outermost axis copied side by side; a copy, so the same
+ * bits); the caller's alone otherwise. */
+topos_tensor *contiguous_in(const exec_env *env, const topos_tensor *t,
+                            topos_error *err);
 
 /* topos_optimizer_step on a donated *params (optim.c): plain SGD writes
  * each slot nothing else holds in place, and every other slot (and every

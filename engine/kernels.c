@@ -717,9 +717,64 @@ static topos_tensor *eval_concat(const node_attrs *at, int nin,
   return t;
 }
 
-static topos_tensor *eval_reshape(const topos_tensor *a, const tensor_meta *out,
-                                  topos_error *err) {
-  topos_tensor *c = topos_tensor_contiguous(a, err);
+/* contiguous_in's units: whole indices of the outermost axis, each slice
+ * copied into its place in the row-major output. */
+#define COPY_PARALLEL_MIN ((int64_t)1 << 15)
+#define COPY_UNIT_ELEMENTS ((int64_t)1 << 14)
+
+typedef struct copy_job {
+  const topos_tensor *src;
+  char *dst;
+  int64_t stride[TOPOS_MAX_RANK]; /* the output's row-major strides */
+  int64_t per;                    /* outer indices per unit */
+  atomic_bool failed;             /* a slice view could not be made */
+} copy_job;
+
+static void copy_unit(void *arg, int64_t unit, int slot) {
+  (void)slot;
+  copy_job *j = arg;
+  int64_t i0 = unit * j->per, outer = j->src->shape[0];
+  int64_t len = outer - i0 < j->per ? outer - i0 : j->per;
+  topos_tensor *slice = topos_tensor_narrow(j->src, 0, i0, len, NULL);
+  if (!slice) {
+    atomic_store(&j->failed, true);
+    return;
+  }
+  size_t es = topos_dtype_size(j->src->dtype);
+  tensor_copy_strided(slice, j->dst + (size_t)(i0 * j->stride[0]) * es,
+                      j->stride);
+  topos_tensor_release(slice);
+}
+
+topos_tensor *contiguous_in(const exec_env *env, const topos_tensor *t,
+                            topos_error *err) {
+  if (!t || topos_tensor_is_contiguous(t) || exec_unit_slots(env) < 2 ||
+      t->rank < 2 || t->shape[0] < 2 ||
+      shape_count(t->rank, t->shape) < COPY_PARALLEL_MIN)
+    return topos_tensor_contiguous(t, err);
+  topos_tensor *out = tensor_new(t->dtype, t->rank, t->shape, err);
+  if (!out) return NULL;
+  copy_job j = {.src = t, .dst = tensor_data(out)};
+  row_major_strides(t->rank, t->shape, j.stride);
+  int64_t inner = j.stride[0] > 0 ? j.stride[0] : 1;
+  j.per = (COPY_UNIT_ELEMENTS + inner - 1) / inner;
+  atomic_init(&j.failed, false);
+  int64_t units = (t->shape[0] + j.per - 1) / j.per;
+  if (exec_units(env, copy_unit, &j, units, err)) {
+    topos_tensor_release(out);
+    return NULL;
+  }
+  if (atomic_load(&j.failed)) {
+    topos_tensor_release(out);
+    error_set(err, TOPOS_ERR_MEMORY, "out of memory");
+    return NULL;
+  }
+  return out;
+}
+
+static topos_tensor *eval_reshape(const exec_env *env, const topos_tensor *a,
+                                  const tensor_meta *out, topos_error *err) {
+  topos_tensor *c = contiguous_in(env, a, err);
   if (!c) return NULL;
   int64_t stride[TOPOS_MAX_RANK];
   row_major_strides(out->rank, out->shape, stride);
@@ -779,7 +834,7 @@ topos_tensor *op_eval_in(const exec_env *env, op_code op, const node_attrs *at,
     case OP_PERMUTE:
       return topos_tensor_permute(in[0], at->perm, err);
     case OP_RESHAPE:
-      return eval_reshape(in[0], out, err);
+      return eval_reshape(env, in[0], out, err);
     case OP_NARROW:
       return topos_tensor_narrow(in[0], at->axis, at->start, at->length, err);
     case OP_PAD:

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backends.h"
 #include "testutil.h"
 #include "topos.h"
 
@@ -929,6 +930,51 @@ START_TEST(binary_views_threads) {
       }
   free(x);
   free(w);
+}
+END_TEST
+
+/* Large strided views made contiguous on the threads (contiguous_in:
+ * slices of the outermost axis side by side): a reshape of a permuted
+ * view, and relu and mul on one (the map offer's inputs, with the
+ * default backends registered), at 1, 2 and 3 threads - each element
+ * the one its view names. */
+START_TEST(contiguous_views_threads) {
+  topos_backends_register_defaults();
+  enum { P = 41, A = 30, B = 37 }; /* 45,510 elements */
+  double *x = wide_array(P * A * B, 601);
+  x[17] = NAN;
+  x[18] = -0.0;
+  for (int what = 0; what < 3; what++)
+    for (int threads = 1; threads <= 3; threads++) {
+      topos_tape *tp = topos_tape_new(TOPOS_F32);
+      int perm[3] = {0, 2, 1};
+      /* v: x [P,A,B] seen as [P,B,A] */
+      topos_value v = topos_permute(
+          tp, cst(tp, tt_tensor(TOPOS_F32, 3, S(P, A, B), x)), perm);
+      topos_value y = what == 0   ? topos_reshape(tp, v, 2, S(P, B * A))
+                      : what == 1 ? topos_relu(tp, v)
+                                  : topos_mul(tp, v, v);
+      topos_tensor *t = eval_threads(tp, y, threads);
+      double *got = tt_values(t);
+      for (int64_t p = 0; p < P; p++)
+        for (int64_t b = 0; b < B; b++)
+          for (int64_t a = 0; a < A; a++) {
+            double e = (float)x[(p * A + a) * B + b];
+            double want = what == 0   ? e
+                          : what == 1 ? (isnan(e) ? e
+                                         : e > 0  ? e
+                                                  : 0.0)
+                                      : (double)((float)e * (float)e);
+            double g = got[(p * B + b) * A + a];
+            ck_assert_msg(
+                (isnan(want) && isnan(g)) || memcmp(&want, &g, sizeof g) == 0,
+                "op %d threads %d at (%lld,%lld,%lld): got %a want %a", what,
+                threads, (long long)p, (long long)b, (long long)a, g, want);
+          }
+      free(got);
+      topos_tensor_release(t);
+    }
+  free(x);
 }
 END_TEST
 
@@ -2214,6 +2260,7 @@ Suite *kernels_suite(void) {
   tcase_add_test(tc, binary_on_views_rank4);
   tcase_add_test(tc, binary_broadcast_sides);
   tcase_add_test(tc, binary_views_threads);
+  tcase_add_test(tc, contiguous_views_threads);
   tcase_add_test(tc, binary_nan_order);
   tcase_add_test(tc, fold_matches_naive);
   tcase_add_test(tc, fold_striped_bits);

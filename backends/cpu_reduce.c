@@ -326,6 +326,42 @@ static void reduce_rows_range(void *ctx, int64_t r0, int64_t r1) {
 }
 
 /* Units u = o·nblk + b: column block b of outer slice o. */
+#if FMA_PINNED_X86
+/* The scalar rule for up to sixteen adjacent columns [c0, c1) of one
+ * slice x [L, inner] at once (the columns a whole-vector block leaves,
+ * all of them where inner < 16: a conv bias's gradient over [positions,
+ * channels]): acc[l] holds lane l of every column's striped sum, rows
+ * one masked load each, the tree lane by lane - each column's adds those
+ * of reduce1_f32, in its order (add_ps512 pins the first source). */
+__attribute__((target("avx512f"))) static void cols_narrow_f32_512(
+    const float *x, float *y, int64_t L, int64_t inner, int64_t c0,
+    int64_t c1) {
+  const __mmask16 m = (__mmask16)((1u << (c1 - c0)) - 1u);
+  const float *p = x + c0;
+  if (L <= 16) {
+    __m512 r = _mm512_maskz_loadu_ps(m, p);
+    for (int64_t l = 1; l < L; l++)
+      r = add_ps512(r, _mm512_maskz_loadu_ps(m, p + l * inner));
+    _mm512_mask_storeu_ps(y + c0, m, r);
+    return;
+  }
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int l = 0; l < 16; l++) acc[l] = _mm512_maskz_loadu_ps(m, p + l * inner);
+  int64_t i = 16;
+  for (; i + 16 <= L; i += 16)
+#pragma GCC unroll 16
+    for (int l = 0; l < 16; l++)
+      acc[l] = add_ps512(acc[l], _mm512_maskz_loadu_ps(m, p + (i + l) * inner));
+  for (int l = 0; i + l < L; l++)
+    acc[l] = add_ps512(acc[l], _mm512_maskz_loadu_ps(m, p + (i + l) * inner));
+  for (int width = 16; width > 1; width /= 2)
+    for (int l = 0; l < width / 2; l++)
+      acc[l] = add_ps512(acc[2 * l], acc[2 * l + 1]);
+  _mm512_mask_storeu_ps(y + c0, m, acc[0]);
+}
+#endif
+
 static void reduce_cols_range(void *ctx, int64_t u0, int64_t u1) {
   reduce_job *j = ctx;
   const topos_reduce_task *r = j->r;
@@ -357,6 +393,12 @@ static void reduce_cols_range(void *ctx, int64_t u0, int64_t u1) {
     /* Columns outside whole vector blocks: the scalar rule per column. */
     int64_t c0 = (fb > b ? fb : b) * wc, c1 = bend * wc;
     if (c1 > inner) c1 = inner;
+#if FMA_PINNED_X86
+    if (j->isa == 2 && !f64)
+      for (; c0 < c1; c0 += 16)
+        cols_narrow_f32_512((const float *)x, (float *)y, L, inner, c0,
+                            c1 - c0 < 16 ? c1 : c0 + 16);
+#endif
     for (int64_t c = c0; c < c1; c++) {
       if (f64)
         ((double *)y)[c] = reduce1_f64((const double *)x + c, L, inner);

@@ -873,14 +873,51 @@ topos_tensor *group_eval(const plan_group *g, const tensor_meta *out,
   return group_eval_in(NULL, g, out, ins, exports, err);
 }
 
+/* A max-pool's images as units on the threads (kernel_window): each
+ * image's windows are its own, so the split changes no bits. */
+#define POOL_UNIT_ELEMENTS ((int64_t)1 << 15)
+
+typedef struct pool_job {
+  const plan_group *g;
+  topos_dtype dtype;
+  const char *x;
+  char *y;
+  int64_t image, oimage, per; /* elements in and out per image; images
+                                 per unit */
+} pool_job;
+
+static void pool_unit(void *arg, int64_t unit, int slot) {
+  (void)slot;
+  const pool_job *j = arg;
+  size_t es = compute_size(j->dtype);
+  int64_t n = unit * j->per;
+  plan_group sub = *j->g;
+  sub.N = j->g->N - n < j->per ? j->g->N - n : j->per;
+  DISPATCH(j->dtype, pool_window, &sub, j->x + n * j->image * (int64_t)es,
+           j->y + n * j->oimage * (int64_t)es);
+}
+
 /* The window walks over blocks: a convolution by output rows (n, oi) -
  * a block's geometry is the group's with oh cut and pad_top shifted, so
- * every output keeps its chain - and a max-pool by whole images. */
+ * every output keeps its chain - and a max-pool by whole images (units
+ * of them on the threads, for a batch large enough). */
 int kernel_window(const exec_env *env, const plan_group *g, topos_dtype dtype,
                   const void *x, const void *w, int64_t ws0, int64_t ws1,
                   void *y, topos_error *err) {
   size_t es = compute_size(dtype);
   int64_t image = g->C * g->H * g->W;
+  if (g->kind == GROUP_POOL && exec_unit_slots(env) > 1 && g->N > 1 &&
+      mul_sat(g->N, image) >= 2 * POOL_UNIT_ELEMENTS) {
+    pool_job j = {
+        .g = g,
+        .dtype = dtype,
+        .x = x,
+        .y = y,
+        .image = image,
+        .oimage = g->C * g->oh * g->ow,
+        .per = image > 0 ? (POOL_UNIT_ELEMENTS + image - 1) / image : g->N};
+    return exec_units(env, pool_unit, &j, (g->N + j.per - 1) / j.per, err);
+  }
   if (g->kind == GROUP_POOL) {
     int64_t per = mul_sat(mul_sat(g->C * g->oh, g->ow), g->kh * g->kw);
     int64_t step = block_of(per, STOP_ELEMENTS);

@@ -256,6 +256,64 @@ START_TEST(every_isa) {
 }
 END_TEST
 
+/* A max-pool over a batch large enough for units of images on the
+ * threads (kernel_window): at 2 and 3 threads the bits of one thread,
+ * special values included, for the common 2x2 window and a general one
+ * (3x3, stride 2, padded), both dtypes. */
+START_TEST(pool_threads) {
+  topos_backends_register_defaults();
+  for (int d = 0; d < 2; d++)
+    for (int shape = 0; shape < 2; shape++) {
+      topos_dtype dt = d ? TOPOS_F64 : TOPOS_F32;
+      plan_group g = {.kind = GROUP_POOL,
+                      .head = -1,
+                      .x = -1,
+                      .weight = -1,
+                      .N = 17,
+                      .C = 6,
+                      .H = 28,
+                      .W = 28,
+                      .kh = 2,
+                      .kw = 2,
+                      .stride_h = 2,
+                      .stride_w = 2,
+                      .dil_h = 1,
+                      .dil_w = 1};
+      if (shape == 1) {
+        g.kh = g.kw = 3;
+        g.pad_top = g.pad_left = g.pad_bottom = g.pad_right = 1;
+      }
+      g.oh = (g.H + g.pad_top + g.pad_bottom - g.kh) / g.stride_h + 1;
+      g.ow = (g.W + g.pad_left + g.pad_right - g.kw) / g.stride_w + 1;
+      topos_tensor *x =
+          make_values(dt, 4, S(g.N, g.C, g.H, g.W), V_SPECIAL, false, 77 + d);
+      size_t es = d ? sizeof(double) : sizeof(float);
+      size_t out_bytes = (size_t)(g.N * g.C * g.oh * g.ow) * es;
+      char *want = malloc(out_bytes), *got = malloc(out_bytes);
+      for (int threads = 1; threads <= 3; threads++) {
+        topos_exec ctx = {.threads = threads};
+        exec_env env;
+        topos_error err = {0};
+        ck_assert_int_eq(exec_resolve(&ctx, &env, &err), TOPOS_OK);
+        memset(got, 0x5a, out_bytes);
+        ck_assert_int_eq(
+            kernel_window(&env, &g, dt, tensor_data(x), NULL, 0, 0, got, &err),
+            0);
+        if (threads == 1)
+          memcpy(want, got, out_bytes);
+        else
+          ck_assert_msg(memcmp(want, got, out_bytes) == 0,
+                        "%s shape %d threads %d: bits differ",
+                        topos_dtype_name(dt), shape, threads);
+      }
+      free(want);
+      free(got);
+      topos_tensor_release(x);
+    }
+  restore();
+}
+END_TEST
+
 START_TEST(supports) {
   const topos_backend *be = topos_cpu_backend();
   float xs[16] = {0}, ws[4] = {0}, os[16];
@@ -372,6 +430,7 @@ Suite *window_suite(void) {
   TCase *tc = tcase_create("window");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, supports);
+  tcase_add_test(tc, pool_threads);
   tcase_add_loop_test(tc, geometries, 0, NGEOMS);
   tcase_add_test(tc, special_values);
   tcase_add_test(tc, negative_zero_accumulators);

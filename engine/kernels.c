@@ -1214,11 +1214,7 @@ __attribute__((target("avx512f"))) static void transposed_scalar_512_run(
       int64_t w0 = n0 - i0 < 16 ? n0 - i0 : 16;
       __mmask16 m0 = first_lanes(w0);
       __m512 r[16];
-#pragma GCC unroll 16
-      for (int t = 0; t < 16; t++)
-        r[t] = t < w0 ? _mm512_maskz_loadu_ps(m1, a + (i0 + t) * sa0 + i1)
-                      : _mm512_setzero_ps();
-      transpose16_ps(r);
+      transpose16_load_ps(a + i0 * sa0 + i1, sa0, w0, m1, r);
       for (int t = 0; t < w1; t++) {
         __m512 vv = _mm512_set1_ps(c[(i1 + t) * c1]);
         __m512 out = v_right ? op_ps(op, r[t], vv) : op_ps(op, vv, r[t]);

@@ -463,11 +463,7 @@ __attribute__((target("avx512f"))) static void copy_transpose32(
       int64_t w0 = n0 - i0 < 16 ? n0 - i0 : 16;
       __mmask16 m0 = (__mmask16)((1u << w0) - 1u);
       __m512 r[16];
-#pragma GCC unroll 16
-      for (int t = 0; t < 16; t++)
-        r[t] = t < w0 ? _mm512_maskz_loadu_ps(m1, sf + (i0 + t) * s0 + i1)
-                      : _mm512_setzero_ps();
-      transpose16_ps(r);
+      transpose16_load_ps(sf + i0 * s0 + i1, s0, w0, m1, r);
       for (int t = 0; t < w1; t++)
         _mm512_mask_storeu_ps(df + (i1 + t) * d1 + i0, m0, r[t]);
     }

@@ -8,6 +8,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
+#include <stdint.h>
 
 /* r[0..16) rows -> r[t] = column t (four stages of sixteen shuffles,
  * every loop unrolled so that the tile never leaves the registers). */
@@ -42,6 +43,18 @@ transpose16_ps(__m512 *r) {
     r[c + 4] = _mm512_shuffle_f32x4(vb, vd, 0x88);
     r[c + 12] = _mm512_shuffle_f32x4(vb, vd, 0xdd);
   }
+}
+
+/* A tile: rows t < w (of 16) at src + t·s, the lanes of m each (zeros
+ * elsewhere), transposed, so r[u] holds lane u of every row - the walk
+ * of the transposing copies and ops over a view whose rows run across. */
+__attribute__((target("avx512f"), always_inline)) static inline void
+transpose16_load_ps(const float *src, int64_t s, int64_t w, __mmask16 m,
+                    __m512 *r) {
+#pragma GCC unroll 16
+  for (int t = 0; t < 16; t++)
+    r[t] = t < w ? _mm512_maskz_loadu_ps(m, src + t * s) : _mm512_setzero_ps();
+  transpose16_ps(r);
 }
 #endif
 

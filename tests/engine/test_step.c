@@ -116,6 +116,19 @@ static void expect_bits(double a, double b, const char *what) {
                 b);
 }
 
+/* Moves a step result's parameters and state into *p and *s (freeing
+ * what they held) and clears the rest of it. */
+static void take_result(topos_step_result *r, topos_params **p,
+                        topos_opt_state **s) {
+  topos_params_free(*p);
+  topos_opt_state_free(*s);
+  *p = r->params;
+  *s = r->state;
+  r->params = NULL;
+  r->state = NULL;
+  topos_step_result_clear(r);
+}
+
 /* The failure contract: a code, a message, every output zero. */
 static void expect_failed(int rc, const topos_error *err,
                           const topos_step_result *r, int code,
@@ -382,18 +395,8 @@ START_TEST(step_donated) {
         ck_assert(memcmp(before, after, sizeof before) == 0);
         topos_tensor_release(held);
       }
-      topos_params_free(rp);
-      topos_opt_state_free(rs);
-      rp = r.params;
-      rs = r.state;
-      r.params = NULL;
-      r.state = NULL;
-      topos_step_result_clear(&r);
-      dp = d.params;
-      ds = d.state;
-      d.params = NULL;
-      d.state = NULL;
-      topos_step_result_clear(&d);
+      take_result(&r, &rp, &rs);
+      take_result(&d, &dp, &ds);
       batch_free(&b);
     }
     /* A failure (a feed of the wrong shape) consumes nothing. */
@@ -486,18 +489,8 @@ START_TEST(step_donated_units) {
                     "%s", err.message);
       ck_assert_msg(topos_params_bitwise_equal(d.params, r.params),
                     "threads %d step %d: params differ", threads, k);
-      topos_params_free(rp);
-      topos_opt_state_free(rs);
-      rp = r.params;
-      rs = r.state;
-      r.params = NULL;
-      r.state = NULL;
-      topos_step_result_clear(&r);
-      dp = d.params;
-      ds = d.state;
-      d.params = NULL;
-      d.state = NULL;
-      topos_step_result_clear(&d);
+      take_result(&r, &rp, &rs);
+      take_result(&d, &dp, &ds);
       topos_tensor_release(xv);
       topos_tensor_release(yt);
     }

@@ -35,6 +35,10 @@ const char config_usage[] =
     "  --store PATH             SQLite store (default ./var/topos.db; the\n"
     "                           directory is created)\n"
     "  --workers N              worker threads (default: online cores)\n"
+    "  --spin-us N              a worker out of work, and the queue thread\n"
+    "                           after an event, poll this long (yielding)\n"
+    "                           before they sleep; 0 = sleep at once\n"
+    "                           (default 200)\n"
     "  --max-message-bytes N    largest request or reply (default 512M)\n"
     "  --queue N                job queue capacity; a full queue answers\n"
     "                           UNAVAILABLE (default 1024)\n"
@@ -123,6 +127,7 @@ void config_defaults(toposd_config *cfg) {
   snprintf(cfg->store, sizeof cfg->store, "./var/topos.db");
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   cfg->workers = cores > 0 ? (int)(cores < 256 ? cores : 256) : 2;
+  cfg->spin_us = 200;
   cfg->max_message_bytes = (int64_t)512 << 20;
   cfg->queue = 1024;
   cfg->deadline_ms = 60000;
@@ -326,6 +331,11 @@ static int apply(toposd_config *cfg, const char *key, const char *value,
       return config_error(msg, msglen, "workers: '%s' is not in 1..1024",
                           value);
     cfg->workers = (int)v;
+  } else if (strcmp(name, "spin-us") == 0) {
+    if (!parse_int64(value, false, &v) || v > 100000)
+      return config_error(msg, msglen, "spin-us: '%s' is not in 0..100000",
+                          value);
+    cfg->spin_us = v;
   } else if (strcmp(name, "max-message-bytes") == 0) {
     if (!parse_int64(value, true, &v) || v < 1024 || v > INT32_MAX)
       return config_error(msg, msglen,

@@ -28,9 +28,10 @@ typedef enum log_requests {
 } log_requests;
 
 typedef struct toposd_config {
-  char listen[256];          /* HOST:PORT; port 0 picks an ephemeral one */
-  char store[4096];          /* SQLite file; its directory is created */
-  int workers;               /* worker threads; default: online cores */
+  char listen[256]; /* HOST:PORT; port 0 picks an ephemeral one */
+  char store[4096]; /* SQLite file; its directory is created */
+  int workers;      /* worker threads; default: online cores */
+  int64_t spin_us;  /* idle workers and the queue thread poll this long */
   int64_t max_message_bytes; /* both directions; at most INT32_MAX */
   int queue;                 /* job queue capacity */
   int64_t deadline_ms;       /* applied when a client sets none; 0 = none */

@@ -176,6 +176,14 @@ struct sched_class {
   sched_class *next;        /* every class */
 };
 
+/* A worker asleep in queue_pop, on the queue's stack of sleepers. */
+typedef struct sleeper sleeper;
+struct sleeper {
+  pthread_cond_t wake;
+  bool woken;
+  sleeper *next;
+};
+
 /* The job queue: per-tenant FIFOs served by deficit round robin counted
  * in jobs (docs/daemon.md, "The job queue").  The active classes form a
  * FIFO; the head class is the one whose turn it is.  A turn starts with
@@ -187,10 +195,14 @@ struct sched_class {
  */
 typedef struct job_queue {
   pthread_mutex_t lock;
-  pthread_cond_t nonempty;
+  /* The sleeping workers, the last to sleep on top: a push wakes that
+   * one, whose cache still holds the last job's memory. */
+  sleeper *sleepers;
+  _Atomic int queued; /* depth, read without the lock by spinning workers */
   sched_class *classes;
   sched_class *active_head, *active_tail;
   int depth, capacity, share;
+  int64_t spin_ns; /* how long queue_pop polls before it sleeps */
   bool closed;
 } job_queue;
 
@@ -236,9 +248,11 @@ int64_t daemon_now_ns(void) {
 
 /* ------------------------------------------------------------- job queue */
 
-static void queue_init(job_queue *q, int capacity) {
+static void queue_init(job_queue *q, int capacity, int64_t spin_ns) {
   pthread_mutex_init(&q->lock, NULL);
-  pthread_cond_init(&q->nonempty, NULL);
+  q->sleepers = NULL;
+  atomic_init(&q->queued, 0);
+  q->spin_ns = spin_ns;
   q->classes = NULL;
   q->active_head = q->active_tail = NULL;
   q->depth = 0;
@@ -294,7 +308,13 @@ static bool queue_push(job_queue *q, job *j, const char *tenant, int weight,
   }
   q->depth++;
   atomic_store(depth, q->depth);
-  pthread_cond_signal(&q->nonempty);
+  atomic_store_explicit(&q->queued, q->depth, memory_order_release);
+  sleeper *w = q->sleepers;
+  if (w != NULL) {
+    q->sleepers = w->next;
+    w->woken = true;
+    pthread_cond_signal(&w->wake);
+  }
   pthread_mutex_unlock(&q->lock);
   return true;
 }
@@ -304,9 +324,35 @@ static bool queue_push(job_queue *q, job *j, const char *tenant, int weight,
  * next pop, not at once: a tenant that arrives while the last job of
  * another's turn runs is served next, after that one job. */
 static job *queue_pop(job_queue *q, _Atomic int *depth) {
+  /* A worker that finds the queue empty watches it for a moment before it
+   * sleeps: a stream's next message, or a client's next call, usually
+   * comes within that, and a sleeping thread takes tens of microseconds
+   * to wake on an idle core (far more than the wait). */
+  if (q->spin_ns > 0 &&
+      atomic_load_explicit(&q->queued, memory_order_acquire) == 0) {
+    int64_t until = daemon_now_ns() + q->spin_ns;
+    for (int i = 0; atomic_load_explicit(&q->queued, memory_order_acquire) == 0;
+         i++) {
+      if ((i & 15) == 15 && daemon_now_ns() >= until) break;
+      sched_yield();
+    }
+  }
   pthread_mutex_lock(&q->lock);
-  while (q->active_head == NULL && !q->closed)
-    pthread_cond_wait(&q->nonempty, &q->lock);
+  while (q->active_head == NULL && !q->closed) {
+    sleeper me = {.woken = false, .next = q->sleepers};
+    pthread_cond_init(&me.wake, NULL);
+    q->sleepers = &me;
+    while (!me.woken && !q->closed) pthread_cond_wait(&me.wake, &q->lock);
+    if (!me.woken) {
+      /* Closed: off the stack (another push may have taken it already). */
+      for (sleeper **at = &q->sleepers; *at; at = &(*at)->next)
+        if (*at == &me) {
+          *at = me.next;
+          break;
+        }
+    }
+    pthread_cond_destroy(&me.wake);
+  }
   sched_class *c = q->active_head;
   job *j = NULL;
   if (c) {
@@ -334,6 +380,7 @@ static job *queue_pop(job_queue *q, _Atomic int *depth) {
     }
     q->depth--;
     atomic_store(depth, q->depth);
+    atomic_store_explicit(&q->queued, q->depth, memory_order_release);
   }
   pthread_mutex_unlock(&q->lock);
   return j;
@@ -342,7 +389,7 @@ static job *queue_pop(job_queue *q, _Atomic int *depth) {
 static void queue_close(job_queue *q) {
   pthread_mutex_lock(&q->lock);
   q->closed = true;
-  pthread_cond_broadcast(&q->nonempty);
+  for (sleeper *w = q->sleepers; w; w = w->next) pthread_cond_signal(&w->wake);
   pthread_mutex_unlock(&q->lock);
 }
 
@@ -353,7 +400,6 @@ static void queue_destroy(job_queue *q) {
     free(c);
   }
   pthread_mutex_destroy(&q->lock);
-  pthread_cond_destroy(&q->nonempty);
 }
 
 /* ------------------------------------------------------------------ jobs */
@@ -1330,7 +1376,7 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
     return NULL;
   }
   s->shutdown_tag = (tag){TAG_SHUTDOWN, s};
-  queue_init(&s->queue, cfg->queue);
+  queue_init(&s->queue, cfg->queue, cfg->spin_us * 1000);
   d->queue_capacity = cfg->queue;
   d->workers = cfg->workers;
 
@@ -1458,6 +1504,9 @@ int rpc_server_run(rpc_server *s, volatile sig_atomic_t *stop) {
   int64_t watchdog_ns = notify_watchdog_period_ns(), next_watchdog = 0;
   bool cancelled = false;
   int rc = 0;
+  /* docs/daemon.md, "Awake for a moment after work". */
+  const int64_t spin_ns = d->cfg->spin_us * 1000;
+  int64_t last_event_ns = INT64_MIN / 2;
   for (;;) {
     int64_t now = daemon_now_ns();
     if (*stop && !s->drain_started) {
@@ -1512,12 +1561,21 @@ int rpc_server_run(rpc_server *s, volatile sig_atomic_t *stop) {
       if (atomic_load(&s->live_jobs) == 0) malloc_trim(0);
       next_trim = now + (int64_t)TRIM_MS * 1000000;
     }
-    grpc_event ev = grpc_completion_queue_next(
-        s->cq,
-        gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                     gpr_time_from_millis(POLL_MS, GPR_TIMESPAN)),
-        NULL);
-    if (ev.type == GRPC_OP_COMPLETE) dispatch(s, ev);
+    /* For a moment after an event the queue is polled without sleeping:
+     * the next message of a conversation comes soon, and waking a thread
+     * asleep in epoll costs more than the poll. */
+    bool awake = now - last_event_ns < spin_ns;
+    gpr_timespec until =
+        awake ? gpr_inf_past(GPR_CLOCK_MONOTONIC)
+              : gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                             gpr_time_from_millis(POLL_MS, GPR_TIMESPAN));
+    grpc_event ev = grpc_completion_queue_next(s->cq, until, NULL);
+    if (ev.type == GRPC_OP_COMPLETE) {
+      dispatch(s, ev);
+      last_event_ns = daemon_now_ns();
+    } else if (awake) {
+      sched_yield(); /* any other thread that wants this core goes first */
+    }
   }
   if (rc != 0) return rc;
   queue_close(&s->queue);

@@ -1459,9 +1459,13 @@ static void *step_client(void *p) {
   return NULL;
 }
 
+/* 16 clients at once, against a daemon whose idle workers and queue
+ * thread poll before they sleep (the default) and one whose sleep at once
+ * (--spin-us 0: every job wakes a sleeper, the last to sleep first). */
 START_TEST(test_concurrent_steps) {
   if (skip_slow()) return;
-  start_default();
+  const char *sleepy[] = {"--spin-us", "0", "--workers", "3", NULL};
+  fixture_start(&D, &C, _i == 0 ? NULL : sleepy);
   gd_net g = gd_network(0);
   char id[65];
   record(&C, g.net, id);
@@ -1485,8 +1489,9 @@ START_TEST(test_concurrent_steps) {
     calls += args[i].calls;
   }
   ck_assert_int_eq(calls, N * 200);
-  fprintf(stderr, "  16 clients x 200 Steps: %.0f calls/s (with local steps)\n",
-          calls / (now_s() - t0));
+  fprintf(stderr,
+          "  16 clients x 200 Steps: %.0f calls/s (with local steps%s)\n",
+          calls / (now_s() - t0), _i == 0 ? "" : "; --spin-us 0");
   Topos__V1__StatsRequest sr = TOPOS__V1__STATS_REQUEST__INIT;
   Topos__V1__StatsReply *st = NULL;
   CALL_OK(&C, "Stats", &sr, &topos__v1__stats_reply__descriptor, &st);
@@ -1926,6 +1931,10 @@ START_TEST(test_config_parse) {
   ck_assert_int_eq(cfg.log_format, LOG_JSON);
   ck_assert_int_eq(cfg.blob_cap_bytes, (int64_t)2 << 30);
   ck_assert_int_eq(cfg.deadline_ms, 0);
+  ck_assert_int_eq(cfg.spin_us, 200);
+  char *no_spin[] = {"toposd", "--spin-us", "0", NULL};
+  ck_assert_int_eq(config_parse(&cfg, 3, no_spin, msg, sizeof msg), 0);
+  ck_assert_int_eq(cfg.spin_us, 0);
   const char *bad[][3] = {{"--workers", "0", ""},
                           {"--workers", "x", ""},
                           {"--max-message-bytes", "4G", ""},
@@ -1933,6 +1942,8 @@ START_TEST(test_config_parse) {
                           {"--listen", "nocolon", ""},
                           {"--log-format", "xml", ""},
                           {"--grace-ms", "1h", ""},
+                          {"--spin-us", "-1", ""},
+                          {"--spin-us", "100001", ""},
                           {"--nope", "1", ""}};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     config_defaults(&cfg);
@@ -2007,7 +2018,7 @@ Suite *server_suite(void) {
   suite_add_tcase(s, hostile);
   TCase *load = tcase_create("load");
   tcase_set_timeout(load, 300);
-  tcase_add_test(load, test_concurrent_steps);
+  tcase_add_loop_test(load, test_concurrent_steps, 0, 2);
   tcase_add_test(load, test_kill9_under_load);
   tcase_add_test(load, test_sigterm_idle);
   tcase_add_test(load, test_sigterm_in_flight);

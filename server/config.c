@@ -39,6 +39,10 @@ const char config_usage[] =
     "                           after an event, poll this long (yielding)\n"
     "                           before they sleep; 0 = sleep at once\n"
     "                           (default 200)\n"
+    "  --stream-read-ahead WHEN auto|always|never: read a Train stream's\n"
+    "                           next message while a step runs - when the\n"
+    "                           client sends ahead (default auto), always,\n"
+    "                           or never (with the reply)\n"
     "  --max-message-bytes N    largest request or reply (default 512M)\n"
     "  --queue N                job queue capacity; a full queue answers\n"
     "                           UNAVAILABLE (default 1024)\n"
@@ -336,6 +340,17 @@ static int apply(toposd_config *cfg, const char *key, const char *value,
       return config_error(msg, msglen, "spin-us: '%s' is not in 0..100000",
                           value);
     cfg->spin_us = v;
+  } else if (strcmp(name, "stream-read-ahead") == 0) {
+    if (strcmp(value, "auto") == 0)
+      cfg->read_ahead = READ_AHEAD_AUTO;
+    else if (strcmp(value, "always") == 0)
+      cfg->read_ahead = READ_AHEAD_ALWAYS;
+    else if (strcmp(value, "never") == 0)
+      cfg->read_ahead = READ_AHEAD_NEVER;
+    else
+      return config_error(
+          msg, msglen, "stream-read-ahead: '%s' is not auto, always or never",
+          value);
   } else if (strcmp(name, "max-message-bytes") == 0) {
     if (!parse_int64(value, true, &v) || v < 1024 || v > INT32_MAX)
       return config_error(msg, msglen,

@@ -32,6 +32,8 @@ typedef struct toposd_config {
   char store[4096]; /* SQLite file; its directory is created */
   int workers;      /* worker threads; default: online cores */
   int64_t spin_us;  /* idle workers and the queue thread poll this long */
+  /* Train streams: when a stream's next message is read (rpc.c). */
+  enum { READ_AHEAD_AUTO, READ_AHEAD_ALWAYS, READ_AHEAD_NEVER } read_ahead;
   int64_t max_message_bytes; /* both directions; at most INT32_MAX */
   int queue;                 /* job queue capacity */
   int64_t deadline_ms;       /* applied when a client sets none; 0 = none */

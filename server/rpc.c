@@ -73,6 +73,9 @@
 #define ABANDON_MS 10000
 /* While idle, freed memory is handed back to the system this often. */
 #define TRIM_MS 1000
+/* A Train stream whose read (sent with a reply) completes within this
+ * was sending ahead: its next messages are read while a step runs. */
+#define STREAM_AHEAD_NS 50000
 /* Per-worker memory kept across requests (arena and input buffer). */
 #define WORKER_RETAIN_BYTES ((size_t)256 << 20)
 #define PROBER_RETAIN_BYTES ((size_t)64 << 10)
@@ -81,7 +84,8 @@ typedef enum tag_kind {
   TAG_REQUEST,     /* a posted request slot received a call */
   TAG_CLOSE,       /* a job's RECV_CLOSE_ON_SERVER completed */
   TAG_SEND,        /* a job's reply batch completed */
-  TAG_TRAIN_IO,    /* a Train stream's reply went and its next message came */
+  TAG_TRAIN_RECV,  /* a Train stream's next message came (or its end) */
+  TAG_TRAIN_SENT,  /* a Train stream's reply went */
   TAG_WATCH_SEND,  /* a health watcher's message (or status) went out */
   TAG_WATCH_CLOSE, /* a health watcher's call is over */
   TAG_SHUTDOWN     /* grpc_server_shutdown_and_notify is done */
@@ -133,12 +137,33 @@ struct job {
   size_t ntrailing;
   char trailing_text[2][32];
   service_call *ext; /* a call from another transport (rpc_submit) */
-  /* A Train stream (docs/daemon.md, "Train streams"): its session, the
-   * tag of its one batch in flight (the last reply out, the next message
-   * in), and the deadline the client gave the whole stream. */
+  /* A Train stream (docs/daemon.md, "Train streams"): its session, and
+   * the deadline the client gave the whole stream.  Its next message is
+   * read while a worker runs the last one, and replies go out on their
+   * own batch; io_lock guards the state below, which the queue thread
+   * (completions) and the stream's worker share. */
   train_session *train;
-  tag io_tag;
   int64_t stream_deadline_ns;
+  tag recv_tag, sent_tag;
+  pthread_mutex_t io_lock;
+  grpc_byte_buffer *ahead; /* the read's message (NULL: the client's end) */
+  bool recv_pending;       /* a read is in flight */
+  bool read_sends;         /* ... and it carries the last reply */
+  bool read_ahead;         /* the client sends ahead: read while running */
+  int64_t read_start_ns;   /* when the read in flight started */
+  bool have_ahead;         /* a read completed while the stream was busy */
+  bool ahead_ok;           /* ... and its batch succeeded */
+  bool busy;               /* a message of it is queued or running */
+  bool send_pending;       /* a reply is in flight */
+  bool broken;             /* a reply's batch failed while busy */
+  uint8_t *held;           /* a reply waiting for the one in flight */
+  size_t held_len;
+  bool ending; /* the stream's end is decided: no more messages run */
+  bool over;   /* its last batch started or it was dropped */
+  /* An end decided while a reply was in flight, started once it went. */
+  bool end_waits;
+  int end_status, end_code;
+  char end_message[512];
   job *next; /* queue link */
 };
 
@@ -416,6 +441,9 @@ static void job_free(job *j) {
   grpc_metadata_array_destroy(&j->metadata);
   if (j->call) grpc_call_unref(j->call);
   train_session_free(s->d, j->train);
+  if (j->ahead) grpc_byte_buffer_destroy(j->ahead);
+  free(j->held);
+  pthread_mutex_destroy(&j->io_lock);
   listener_call_end(s->listener, j->conn);
   gpr_free(j->unknown_name);
   free(j);
@@ -502,6 +530,19 @@ static void job_send(job *j, int status, const char *message, int topos_code,
 
 /* ---------------------------------------------------------- Train streams */
 
+/*
+ * A stream's life (docs/daemon.md, "Train streams").  The stream holds
+ * one reference of its job for its whole life (given back by its last
+ * batch, or by a drop); every read and reply batch in flight holds one
+ * more.  While a message is queued or runs (busy) the worker owns the
+ * stream; otherwise the queue thread's completions drive it.  A worker
+ * starting a message reads the next one ahead, so a client that sends
+ * ahead finds its next message already in when the step ends: it goes
+ * straight back to the queue, with no wake-up of the queue thread on the
+ * way.  One reply is in flight at a time (a later one is held until it
+ * goes), and the stream's last batch waits for the reply in flight.
+ */
+
 /* A stream is over for the daemon: its in-flight count goes back. */
 static void stream_release(job *j) {
   if (j->quota_counted) quota_release(j->server->quotas, j->tenant);
@@ -510,19 +551,22 @@ static void stream_release(job *j) {
 
 /* The call broke (cancelled, the connection gone, a batch refused):
  * nothing more is sent.  Cancelling makes sure the call ends (a no-op on
- * one that already has). */
+ * one that already has), which completes any batch still in flight. */
 static void stream_drop(job *j) {
+  pthread_mutex_lock(&j->io_lock);
+  bool over = j->over;
+  j->ending = j->over = true;
+  pthread_mutex_unlock(&j->io_lock);
+  if (over) return; /* dropped or finished already */
   stream_release(j);
   grpc_call_cancel_with_status(j->call, GRPC_STATUS_CANCELLED,
                                "the Train stream broke", NULL);
   job_unref(j);
 }
 
-/* Ends the stream: OK once the client closed its side, or the refusal
- * of a message, after a last reply with the session's state (when it has
- * one) so the client loses nothing. */
-static void stream_end(job *j, int status, const char *message,
-                       int topos_code) {
+/* The stream's last batch, its end decided and no reply in flight. */
+static void stream_finish(job *j, int status, const char *message,
+                          int topos_code) {
   stream_release(j);
   uint8_t *last = NULL;
   size_t last_len = 0;
@@ -532,29 +576,154 @@ static void stream_end(job *j, int status, const char *message,
              false);
 }
 
-/* The stream's one batch: the reply (out/out_len taken; none for the
- * first) and the next message. */
-static void stream_io(job *j, bool first, uint8_t *out, size_t out_len) {
+/* Ends the stream: OK once the client closed its side, or the refusal
+ * of a message, after a last reply with the session's state (when it has
+ * one) so the client loses nothing.  With a reply in flight the end waits
+ * for it (the sent completion starts it).  The stream must not be busy. */
+static void stream_end(job *j, int status, const char *message,
+                       int topos_code) {
+  pthread_mutex_lock(&j->io_lock);
+  if (j->over) {
+    pthread_mutex_unlock(&j->io_lock);
+    return;
+  }
+  j->ending = true;
+  if (j->send_pending) {
+    j->end_waits = true;
+    j->end_status = status;
+    j->end_code = topos_code;
+    snprintf(j->end_message, sizeof j->end_message, "%s",
+             message ? message : "");
+    pthread_mutex_unlock(&j->io_lock);
+    return;
+  }
+  j->over = true;
+  pthread_mutex_unlock(&j->io_lock);
+  stream_finish(j, status, message, topos_code);
+}
+
+/* Starts a batch of j's holding a reference (io_lock held).  false: it
+ * did not start, and no completion will come. */
+static bool stream_batch(job *j, const grpc_op *ops, size_t n, tag *t) {
+  atomic_fetch_add(&j->refs, 1);
+  grpc_call_error e = grpc_call_start_batch(j->call, ops, n, t, NULL);
+  if (e == GRPC_CALL_OK) return true;
+  log_event_at(LOG_ERROR, "error", "start_batch failed (%d) on a Train stream",
+               (int)e);
+  atomic_fetch_sub(&j->refs, 1); /* the stream's own keeps it alive */
+  return false;
+}
+
+/* The read of the next message (io_lock held), with the initial metadata
+ * when first, or with a reply (out/out_len taken, none in flight) when
+ * with_reply: one batch, one completion.  A read that does not start
+ * reads as a broken call. */
+static void stream_read(job *j, bool first, bool with_reply, uint8_t *out,
+                        size_t out_len) {
   grpc_op ops[2];
   memset(ops, 0, sizeof ops);
   size_t n = 0;
-  if (first) {
-    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-  } else {
+  if (first) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+  if (with_reply) {
     ops[n].op = GRPC_OP_SEND_MESSAGE;
     ops[n].data.send_message.send_message = job_reply(j, out, out_len);
     n++;
   }
-  j->payload = NULL;
+  j->ahead = NULL;
   ops[n].op = GRPC_OP_RECV_MESSAGE;
-  ops[n].data.recv_message.recv_message = &j->payload;
+  ops[n].data.recv_message.recv_message = &j->ahead;
   n++;
-  grpc_call_error e = grpc_call_start_batch(j->call, ops, n, &j->io_tag, NULL);
-  if (e != GRPC_CALL_OK) {
-    log_event_at(LOG_ERROR, "error",
-                 "start_batch failed (%d) on a Train stream", (int)e);
-    stream_drop(j);
+  j->read_start_ns = daemon_now_ns();
+  j->recv_pending = stream_batch(j, ops, n, &j->recv_tag);
+  j->read_sends = j->recv_pending && with_reply;
+  if (j->read_sends) j->send_pending = true;
+  if (!j->recv_pending) {
+    j->have_ahead = true;
+    j->ahead_ok = false;
   }
+}
+
+/* A reply's batch (io_lock held, none in flight): out/out_len taken. */
+static void stream_send(job *j, uint8_t *out, size_t out_len) {
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_SEND_MESSAGE;
+  op.data.send_message.send_message = job_reply(j, out, out_len);
+  j->send_pending = stream_batch(j, &op, 1, &j->sent_tag);
+  if (!j->send_pending) j->broken = true;
+}
+
+static void stream_next(rpc_server *s, job *j, bool ok,
+                        grpc_byte_buffer *payload);
+
+/* The message read ahead, taken (io_lock held; have_ahead): the stream
+ * turns busy when it is one, so nothing else drives it meanwhile. */
+static grpc_byte_buffer *stream_take(job *j, bool *ok) {
+  grpc_byte_buffer *payload = j->ahead;
+  *ok = j->ahead_ok;
+  j->ahead = NULL;
+  j->have_ahead = false;
+  if (*ok && payload != NULL) j->busy = true;
+  return payload;
+}
+
+/* A worker takes a message of the stream: when the client sends ahead,
+ * the next one is read now (unless a read is in flight, one is in, or the
+ * stream is ending); otherwise it is read with the reply. */
+static void stream_started(job *j) {
+  pthread_mutex_lock(&j->io_lock);
+  if (j->read_ahead && !j->recv_pending && !j->have_ahead && !j->ending)
+    stream_read(j, false, false, NULL, 0);
+  pthread_mutex_unlock(&j->io_lock);
+}
+
+/* A worker is done with a message: its reply (out/out_len taken) goes,
+ * or waits for the one in flight; a message read meanwhile goes to the
+ * queue; a refusal (status not OK) or a broken call ends the stream. */
+static void stream_done(job *j, int status, const char *message, int topos_code,
+                        uint8_t *out, size_t out_len) {
+  rpc_server *s = j->server;
+  pthread_mutex_lock(&j->io_lock);
+  j->busy = false;
+  bool broken = j->broken;
+  if (status != GRPC_STATUS_OK || broken) {
+    /* Ending now: a message the read ahead brings meanwhile is dropped. */
+    j->ending = true;
+    pthread_mutex_unlock(&j->io_lock);
+    free(out);
+    if (broken)
+      stream_drop(j);
+    else
+      stream_end(j, status, message, topos_code);
+    return;
+  }
+  if (j->send_pending) {
+    j->held = out;
+    j->held_len = out_len;
+    pthread_mutex_unlock(&j->io_lock);
+    return;
+  }
+  if (!j->recv_pending && !j->have_ahead) {
+    /* Not reading ahead: the reply and the next read, one batch. */
+    stream_read(j, false, true, out, out_len);
+    broken = !j->recv_pending;
+    pthread_mutex_unlock(&j->io_lock);
+    if (broken) stream_drop(j);
+    return;
+  }
+  /* The read ahead is still out: the client waits for this reply before
+   * it sends, so reading ahead buys nothing for now. */
+  if (j->recv_pending && s->d->cfg->read_ahead == READ_AHEAD_AUTO)
+    j->read_ahead = false;
+  stream_send(j, out, out_len);
+  broken = j->broken;
+  bool next = j->have_ahead && !broken, ok = false;
+  grpc_byte_buffer *payload = next ? stream_take(j, &ok) : NULL;
+  pthread_mutex_unlock(&j->io_lock);
+  if (broken)
+    stream_drop(j);
+  else if (next)
+    stream_next(s, j, ok, payload);
 }
 
 /* --------------------------------------------------------------- workers */
@@ -747,6 +916,7 @@ static void worker_run_job(worker *w, job *j) {
     cx.has_message = true;
   }
   cx.train = j->train;
+  if (j->train) stream_started(j);
   serve(w, j->method, &cx, TRANSPORT_GRPC, j->peer, j->arrival_ns, picked_ns,
         cpu_start_ns);
   grpc_slice_unref(hold);
@@ -755,12 +925,8 @@ static void worker_run_job(worker *w, job *j) {
     j->payload = NULL;
   }
   if (j->train) {
-    /* A stream's message: its reply goes with the read of the next one;
-     * a refusal ends the stream. */
-    if (cx.status == GRPC_STATUS_OK)
-      stream_io(j, false, cx.out, cx.out_len);
-    else
-      stream_end(j, cx.status, cx.message, cx.topos_code);
+    /* A stream's message: its reply goes (a refusal ends the stream). */
+    stream_done(j, cx.status, cx.message, cx.topos_code, cx.out, cx.out_len);
     return;
   }
   /* In flight from admission to reply: released before the reply goes,
@@ -1116,22 +1282,31 @@ static void stream_open(rpc_server *s, job *j) {
            "Train", false);
     return;
   }
-  stream_io(j, true, NULL, 0);
+  pthread_mutex_lock(&j->io_lock);
+  j->read_ahead = s->d->cfg->read_ahead == READ_AHEAD_ALWAYS;
+  stream_read(j, true, false, NULL, 0);
+  bool failed = !j->recv_pending;
+  pthread_mutex_unlock(&j->io_lock);
+  if (failed) stream_drop(j);
 }
 
-/* A stream's batch is in: the next message (a job for a worker, in the
- * tenant's turn like any call), the client's end of the stream, or a
- * broken call. */
-static void on_stream_io(rpc_server *s, job *j, bool ok) {
+/* The stream's next message, read (ok, payload taken; NULL: the client's
+ * end): a job for a worker, in the tenant's turn like any call, or the
+ * stream's end.  The caller marked the stream busy (stream_take) when it
+ * is a message; a refused one leaves it idle. */
+static void stream_next(rpc_server *s, job *j, bool ok,
+                        grpc_byte_buffer *payload) {
   if (!ok) {
+    if (payload) grpc_byte_buffer_destroy(payload);
     stream_drop(j);
     return;
   }
-  if (j->payload == NULL) {
+  if (payload == NULL) {
     stream_end(j, GRPC_STATUS_OK, "", 0);
     return;
   }
   int64_t now = daemon_now_ns();
+  j->payload = payload;
   j->arrival_ns = now;
   /* Each message is one run: the daemon's default deadline and the
    * tenant's run_ms apply to it, the client's to the whole stream. */
@@ -1140,17 +1315,108 @@ static void on_stream_io(rpc_server *s, job *j, bool ok) {
     j->deadline_ns = quota_deadline(&j->quota, now, j->deadline_ns);
   const char *why = refusal(s);
   char message[512];
-  if (why == NULL &&
-      !queue_push(&s->queue, j, j->tenant, j->weight, &s->d->queue_depth)) {
+  if (why == NULL) {
+    if (queue_push(&s->queue, j, j->tenant, j->weight, &s->d->queue_depth))
+      return;
     queue_full_message(s, j->tenant, message, sizeof message);
     why = message;
   }
-  if (why != NULL) {
-    log_refusal(s, "Train", j->method, TRANSPORT_GRPC, j->tenant, j->peer,
-                GRPC_STATUS_UNAVAILABLE, why,
-                (int64_t)grpc_byte_buffer_length(j->payload), now);
-    stream_end(j, GRPC_STATUS_UNAVAILABLE, why, 0);
+  pthread_mutex_lock(&j->io_lock);
+  j->busy = false;
+  j->ending = true; /* as in stream_done */
+  pthread_mutex_unlock(&j->io_lock);
+  log_refusal(s, "Train", j->method, TRANSPORT_GRPC, j->tenant, j->peer,
+              GRPC_STATUS_UNAVAILABLE, why,
+              (int64_t)grpc_byte_buffer_length(j->payload), now);
+  grpc_byte_buffer_destroy(j->payload);
+  j->payload = NULL;
+  stream_end(j, GRPC_STATUS_UNAVAILABLE, why, 0);
+}
+
+/* A stream's read is in (queue thread): the next message, the client's
+ * end, or a broken call.  A busy stream, or one holding a reply, keeps it
+ * for later. */
+static void on_stream_recv(rpc_server *s, job *j, bool ok) {
+  pthread_mutex_lock(&j->io_lock);
+  j->recv_pending = false;
+  if (j->read_sends) {
+    j->read_sends = false;
+    j->send_pending = false;
+    /* In at once: the message was waiting, so the client sends ahead. */
+    if (ok && s->d->cfg->read_ahead == READ_AHEAD_AUTO &&
+        daemon_now_ns() - j->read_start_ns < STREAM_AHEAD_NS)
+      j->read_ahead = true;
   }
+  grpc_byte_buffer *payload = j->ahead;
+  j->ahead = NULL;
+  if (j->ending) {
+    /* An end that waited for the reply this read carried starts now. */
+    bool finish = !j->over && j->end_waits && !j->send_pending;
+    if (finish) {
+      j->end_waits = false;
+      j->over = true;
+    }
+    pthread_mutex_unlock(&j->io_lock);
+    if (payload) grpc_byte_buffer_destroy(payload);
+    if (finish) stream_finish(j, j->end_status, j->end_message, j->end_code);
+    job_unref(j);
+    return;
+  }
+  j->ahead = payload;
+  j->have_ahead = true;
+  j->ahead_ok = ok;
+  if (j->busy || j->held != NULL) {
+    pthread_mutex_unlock(&j->io_lock);
+    job_unref(j);
+    return;
+  }
+  payload = stream_take(j, &ok);
+  pthread_mutex_unlock(&j->io_lock);
+  stream_next(s, j, ok, payload);
+  job_unref(j); /* the read's; the stream's own keeps j */
+}
+
+/* A stream's reply went (queue thread): a held reply follows it, then a
+ * message that waited for it, or the stream's end that did. */
+static void on_stream_sent(rpc_server *s, job *j, bool ok) {
+  pthread_mutex_lock(&j->io_lock);
+  j->send_pending = false;
+  if (j->over) {
+    pthread_mutex_unlock(&j->io_lock);
+    job_unref(j);
+    return;
+  }
+  if (!ok) j->broken = true;
+  if (j->busy) {
+    /* The worker sees broken when it is done. */
+    pthread_mutex_unlock(&j->io_lock);
+    job_unref(j);
+    return;
+  }
+  bool drop = j->broken, next = false, ahead_ok = false;
+  grpc_byte_buffer *payload = NULL;
+  if (!drop && j->end_waits) {
+    j->end_waits = false;
+    j->over = true;
+    pthread_mutex_unlock(&j->io_lock);
+    stream_finish(j, j->end_status, j->end_message, j->end_code);
+    job_unref(j);
+    return;
+  }
+  if (!drop && j->held != NULL) {
+    uint8_t *out = j->held;
+    j->held = NULL;
+    stream_send(j, out, j->held_len);
+    drop = j->broken;
+    next = !drop && j->have_ahead;
+    if (next) payload = stream_take(j, &ahead_ok);
+  }
+  pthread_mutex_unlock(&j->io_lock);
+  if (drop)
+    stream_drop(j);
+  else if (next)
+    stream_next(s, j, ahead_ok, payload);
+  job_unref(j);
 }
 
 static void on_request(rpc_server *s, request_slot *slot, bool ok) {
@@ -1192,7 +1458,9 @@ static void on_request(rpc_server *s, request_slot *slot, bool ok) {
   j->arrival_ns = now;
   j->deadline_ns = deadline_of(s, slot->deadline, now);
   j->stream_deadline_ns = client_deadline(slot->deadline, now);
-  j->io_tag = (tag){TAG_TRAIN_IO, j};
+  j->recv_tag = (tag){TAG_TRAIN_RECV, j};
+  j->sent_tag = (tag){TAG_TRAIN_SENT, j};
+  pthread_mutex_init(&j->io_lock, NULL);
   char *peer = grpc_call_get_peer(j->call);
   j->conn = listener_call_begin(s->listener, peer, j->peer, sizeof j->peer);
   if (j->peer[0] == '\0') snprintf(j->peer, sizeof j->peer, "%s", peer);
@@ -1330,8 +1598,11 @@ static void dispatch(rpc_server *s, grpc_event ev) {
     case TAG_SEND:
       job_unref(t->owner);
       break;
-    case TAG_TRAIN_IO:
-      on_stream_io(s, t->owner, ev.success != 0);
+    case TAG_TRAIN_RECV:
+      on_stream_recv(s, t->owner, ev.success != 0);
+      break;
+    case TAG_TRAIN_SENT:
+      on_stream_sent(s, t->owner, ev.success != 0);
       break;
     case TAG_WATCH_SEND: {
       watcher *w = t->owner;
@@ -1532,8 +1803,11 @@ int rpc_server_run(rpc_server *s, volatile sig_atomic_t *stop) {
       watchers_update(s, true); /* the streams end */
     }
     if (s->shutdown_started) {
-      /* A second signal cancels at once. */
-      if (!cancelled && (now >= grace_end || *stop > 1)) {
+      /* A second signal cancels at once.  So does the end of the work:
+       * with no job left, gRPC's shutdown would otherwise wait for every
+       * client to close its (idle) connection, until the grace ends. */
+      if (!cancelled &&
+          (now >= grace_end || *stop > 1 || atomic_load(&s->live_jobs) == 0)) {
         cancelled = true;
         atomic_store(&d->cancel_all, 1);
         grpc_server_cancel_all_calls(s->server);

@@ -57,6 +57,9 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* The daemon's --stream-read-ahead (NULL: its default). */
+static const char *read_ahead_flag;
+
 static void daemon_up(void) {
   const char *tmp = getenv("TMPDIR");
   snprintf(daemon_.dir, sizeof daemon_.dir, "%s/topos-client-XXXXXX",
@@ -83,7 +86,9 @@ static void daemon_up(void) {
     /* flip-test joins no chain unless named: the conformance tests ask
      * for it to see a row turn red. */
     execl(bin, bin, "--listen", "127.0.0.1:0", "--http", "off", "--store",
-          store, "--test-backend", "flip-test", (char *)NULL);
+          store, "--test-backend", "flip-test",
+          read_ahead_flag ? "--stream-read-ahead" : (char *)NULL,
+          read_ahead_flag, (char *)NULL);
     _exit(127);
   }
   close(fds[1]);
@@ -126,6 +131,19 @@ static void daemon_down(void) {
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", daemon_.dir);
   if (system(cmd) != 0)
     fprintf(stderr, "test_client: cannot remove %s\n", daemon_.dir);
+}
+
+/* A daemon that reads every Train stream's next message while a step runs
+ * (--stream-read-ahead always), so a reply can be held behind the one in
+ * flight and a stream's end can wait for it. */
+static void daemon_up_reading_ahead(void) {
+  read_ahead_flag = "always";
+  daemon_up();
+}
+
+static void daemon_down_reading_ahead(void) {
+  daemon_down();
+  read_ahead_flag = NULL;
 }
 
 static topos_client *connect_daemon(void) {
@@ -2154,6 +2172,188 @@ START_TEST(test_train_refusals) {
 }
 END_TEST
 
+/* Another hold of l's parameters and state (tensors shared: they are
+ * immutable). */
+static local_train local_train_copy(const local_train *l) {
+  topos_error err = {0};
+  int n = topos_params_count(l->p);
+  topos_tensor *t[16];
+  ck_assert_int_le(n, 16);
+  for (int i = 0; i < n; i++) t[i] = (topos_tensor *)topos_params_get(l->p, i);
+  local_train c = {topos_params_new(n, t, &err), NULL};
+  c.s = topos_opt_state_from(topos_opt_state_step(l->s),
+                             topos_opt_state_moment(l->s, 0),
+                             topos_opt_state_moment(l->s, 1), &err);
+  ck_assert(c.p != NULL && c.s != NULL);
+  return c;
+}
+
+/* sn_mlp's shape with 16384 hidden units: about 0.8 MB of parameters, so
+ * a reply with the state (1.6 MB with momentum) outgrows the stream's
+ * flow-control window while the client reads nothing. */
+static topos_network *wide_mlp(void) {
+  topos_tape *tape = topos_tape_new(TOPOS_F64);
+  topos_value x = topos_name(
+      tape, sn_leaf(tape, 2, TOPOS_F64, 2, SN_S(4, 3), 1, -1, 1), "x");
+  topos_value y = topos_name(
+      tape, sn_leaf(tape, 2, TOPOS_I32, 1, SN_S(4), 2, 0, 3), "targets");
+  enum { H = 16384 };
+  topos_value w[2], b[2];
+  w[0] = topos_name(
+      tape, sn_leaf(tape, 1, TOPOS_F64, 2, SN_S(3, H), 3, -0.5, 0.5), "w1");
+  b[0] = topos_name(tape, sn_leaf(tape, 1, TOPOS_F64, 1, SN_S(H), 4, 0, 0.1),
+                    "b1");
+  w[1] = topos_name(
+      tape, sn_leaf(tape, 1, TOPOS_F64, 2, SN_S(H, 3), 5, -0.01, 0.01), "w2");
+  b[1] = topos_name(tape, sn_leaf(tape, 1, TOPOS_F64, 1, SN_S(3), 6, 0, 0.1),
+                    "b2");
+  topos_value logits = topos_mlp(tape, x, 2, w, b, TOPOS_ACT_TANH);
+  topos_name(tape, topos_cross_entropy(tape, logits, y), "loss");
+  return topos_tape_seal(tape, NULL);
+}
+
+/* Replies backed up: steps asking for the state are sent ahead and
+ * nothing is read for a while, so a finished step's reply waits for the
+ * one before it; then a bad message among them, whose end waits for the
+ * replies before it.  Every reply arrives, in order, with the right
+ * state. */
+static void train_backed_up(topos_client *c) {
+  topos_error err = {0};
+  topos_network *net = wide_mlp();
+  char id[65];
+  record(c, net, id);
+  topos_value loss = topos_network_find(net, "loss");
+  topos_optimizer mom = topos_sgd(0.05, 0.9);
+  enum { N = 6 };
+  topos_feed f[N][1];
+  for (int k = 0; k < N; k++) float_feeds(net, 1300 + k, f[k], 1);
+  local_train l = local_train_new(net, &mom);
+  topos_client_train *t =
+      topos_client_train_open(c, id, loss, NULL, &mom, NULL, &err);
+  ck_assert_msg(t != NULL, "%s", err.message);
+  local_train want[N];
+  for (int k = 0; k < N; k++) {
+    ck_assert_int_eq(topos_client_train_send(t, f[k], 1, true, &err), TOPOS_OK);
+    local_train_step(net, loss, &mom, &l, f[k], 1);
+    want[k] = local_train_copy(&l);
+    ck_assert(want[k].p != NULL && want[k].s != NULL);
+  }
+  usleep(300000); /* the daemon runs ahead of the reader meanwhile */
+  for (int k = 0; k < N; k++) {
+    topos_client_train_reply r;
+    ck_assert_msg(topos_client_train_recv(t, &r, &err) == TOPOS_OK, "%s",
+                  err.message);
+    ck_assert_int_eq(r.steps, k + 1);
+    assert_train_state(&want[k], r.params, r.state, "backed up");
+    topos_client_train_reply_clear(&r);
+  }
+  /* Three good steps with the state, one bad, one more good. */
+  int64_t shape[1] = {5};
+  topos_tensor *wrong = tt_random(TOPOS_F64, 1, shape, 3, -1, 1);
+  topos_feed bad = {f[0][0].input, wrong};
+  for (int k = 0; k < 5; k++) {
+    if (k < 3) local_train_step(net, loss, &mom, &l, f[k], 1);
+    ck_assert_int_eq(
+        topos_client_train_send(t, k == 3 ? &bad : f[k], 1, k < 3, &err),
+        TOPOS_OK);
+  }
+  usleep(300000);
+  for (int k = 0; k < 3; k++)
+    ck_assert_int_eq(topos_client_train_recv(t, NULL, &err), TOPOS_OK);
+  expect_refused(t, &l, N + 3, 3, "a bad message behind backed-up replies");
+  topos_client_train_free(t);
+  topos_tensor_release(wrong);
+  for (int k = 0; k < N; k++) {
+    local_train_free(&want[k]);
+    free_feeds(f[k], 1);
+  }
+  local_train_free(&l);
+  topos_network_release(net);
+}
+
+/* A client that sends far ahead: the daemon reads each next message while
+ * a step runs, holds a reply while the one before is still going out,
+ * and a refused message among those sent ahead ends the stream where the
+ * good ones left it (the ones after it never run).  Then streams dropped
+ * with messages still queued in them give everything back. */
+START_TEST(test_train_ahead) {
+  topos_client *c = connect_daemon();
+  topos_error err = {0};
+  topos_network *net = sn_mlp();
+  char id[65];
+  record(c, net, id);
+  topos_value loss = topos_network_find(net, "loss");
+  topos_optimizer mom = topos_sgd(0.05, 0.9);
+  enum { N = 40 };
+  topos_feed f[N][1];
+  for (int k = 0; k < N; k++) float_feeds(net, 1100 + k, f[k], 1);
+  local_train l = local_train_new(net, &mom);
+  topos_client_train *t =
+      topos_client_train_open(c, id, loss, NULL, &mom, NULL, &err);
+  ck_assert_msg(t != NULL, "%s", err.message);
+  /* Rounds of 1, 2, 4, ... messages sent before any reply is read. */
+  int k = 0;
+  for (int round = 1; k + round <= N - 8; round *= 2) {
+    double want[N];
+    for (int i = 0; i < round; i++) {
+      want[i] = local_train_step(net, loss, &mom, &l, f[k + i], 1);
+      ck_assert_int_eq(topos_client_train_send(t, f[k + i], 1, false, &err),
+                       TOPOS_OK);
+    }
+    for (int i = 0; i < round; i++) {
+      topos_client_train_reply r;
+      ck_assert_msg(topos_client_train_recv(t, &r, &err) == TOPOS_OK, "%s",
+                    err.message);
+      assert_loss(want[i], r.loss, "sent ahead", k + i);
+      ck_assert_int_eq(r.steps, k + i + 1);
+      topos_client_train_reply_clear(&r);
+    }
+    k += round;
+  }
+  /* Two good, one bad, three more good, all sent ahead. */
+  int64_t shape[1] = {5};
+  topos_tensor *wrong = tt_random(TOPOS_F64, 1, shape, 3, -1, 1);
+  topos_feed bad = {f[0][0].input, wrong};
+  for (int i = 0; i < 6; i++) {
+    if (i < 2) local_train_step(net, loss, &mom, &l, f[k + i], 1);
+    ck_assert_int_eq(
+        topos_client_train_send(t, i == 2 ? &bad : f[k + i], 1, false, &err),
+        TOPOS_OK);
+  }
+  for (int i = 0; i < 2; i++) {
+    ck_assert_int_eq(topos_client_train_recv(t, NULL, &err), TOPOS_OK);
+  }
+  expect_refused(t, &l, k + 2, 3, "a bad message among those sent ahead");
+  topos_client_train_free(t);
+  /* Dropped with messages waiting in it, three times over. */
+  for (int d = 0; d < 3; d++) {
+    t = topos_client_train_open(c, id, loss, NULL, &mom, NULL, &err);
+    ck_assert_ptr_nonnull(t);
+    for (int i = 0; i < 8; i++)
+      ck_assert_int_eq(topos_client_train_send(t, f[i], 1, false, &err),
+                       TOPOS_OK);
+    if (d > 0)
+      ck_assert_int_eq(topos_client_train_recv(t, NULL, &err), TOPOS_OK);
+    topos_client_train_free(t);
+  }
+  double until = now_s() + 10;
+  while (reserved_bytes(c) != 0 && now_s() < until) usleep(10000);
+  ck_assert_int_eq(reserved_bytes(c), 0);
+  t = topos_client_train_open(c, id, loss, NULL, &mom, NULL, &err);
+  ck_assert_ptr_nonnull(t);
+  ck_assert_int_eq(topos_client_train_step(t, f[0], 1, false, NULL, &err),
+                   TOPOS_OK);
+  ck_assert_int_eq(topos_client_train_close(t, NULL, NULL, &err), TOPOS_OK);
+  topos_client_train_free(t);
+  topos_tensor_release(wrong);
+  train_backed_up(c);
+  for (int i = 0; i < N; i++) free_feeds(f[i], 1);
+  local_train_free(&l);
+  topos_network_release(net);
+  topos_client_close(c);
+}
+END_TEST
+
 /* Whether the daemon has exited (a zombie, or reaped). */
 static bool daemon_exited(void) {
   char path[64], stat[256] = "";
@@ -2229,8 +2429,18 @@ Suite *client_suite(void) {
   tcase_set_timeout(train, 120);
   tcase_add_test(train, test_train_bits);
   tcase_add_test(train, test_train_refusals);
+  tcase_add_test(train, test_train_ahead);
   tcase_add_test(train, test_train_drain); /* last: it stops the daemon */
   suite_add_tcase(s, train);
+  TCase *ahead = tcase_create("train_read_ahead");
+  tcase_add_unchecked_fixture(ahead, daemon_up_reading_ahead,
+                              daemon_down_reading_ahead);
+  tcase_set_timeout(ahead, 120);
+  tcase_add_test(ahead, test_train_bits);
+  tcase_add_test(ahead, test_train_refusals);
+  tcase_add_test(ahead, test_train_ahead);
+  tcase_add_test(ahead, test_train_drain);
+  suite_add_tcase(s, ahead);
 
   TCase *tools = tcase_create("tools");
   tcase_add_unchecked_fixture(tools, daemon_up, daemon_down);

@@ -1935,6 +1935,10 @@ START_TEST(test_config_parse) {
   char *no_spin[] = {"toposd", "--spin-us", "0", NULL};
   ck_assert_int_eq(config_parse(&cfg, 3, no_spin, msg, sizeof msg), 0);
   ck_assert_int_eq(cfg.spin_us, 0);
+  ck_assert_int_eq(cfg.read_ahead, READ_AHEAD_AUTO);
+  char *ahead[] = {"toposd", "--stream-read-ahead", "always", NULL};
+  ck_assert_int_eq(config_parse(&cfg, 3, ahead, msg, sizeof msg), 0);
+  ck_assert_int_eq(cfg.read_ahead, READ_AHEAD_ALWAYS);
   const char *bad[][3] = {{"--workers", "0", ""},
                           {"--workers", "x", ""},
                           {"--max-message-bytes", "4G", ""},
@@ -1944,6 +1948,7 @@ START_TEST(test_config_parse) {
                           {"--grace-ms", "1h", ""},
                           {"--spin-us", "-1", ""},
                           {"--spin-us", "100001", ""},
+                          {"--stream-read-ahead", "sometimes", ""},
                           {"--nope", "1", ""}};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     config_defaults(&cfg);

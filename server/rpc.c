@@ -653,6 +653,16 @@ static void stream_send(job *j, uint8_t *out, size_t out_len) {
   if (!j->send_pending) j->broken = true;
 }
 
+/* A reply (io_lock held, none in flight; out/out_len taken): with the
+ * read of the next message when none is out or in (a stream that is not
+ * reading ahead reads with each reply), else on its own. */
+static void stream_reply(job *j, uint8_t *out, size_t out_len) {
+  if (!j->recv_pending && !j->have_ahead && !j->ending)
+    stream_read(j, false, true, out, out_len);
+  else
+    stream_send(j, out, out_len);
+}
+
 static void stream_next(rpc_server *s, job *j, bool ok,
                         grpc_byte_buffer *payload);
 
@@ -703,19 +713,11 @@ static void stream_done(job *j, int status, const char *message, int topos_code,
     pthread_mutex_unlock(&j->io_lock);
     return;
   }
-  if (!j->recv_pending && !j->have_ahead) {
-    /* Not reading ahead: the reply and the next read, one batch. */
-    stream_read(j, false, true, out, out_len);
-    broken = !j->recv_pending;
-    pthread_mutex_unlock(&j->io_lock);
-    if (broken) stream_drop(j);
-    return;
-  }
-  /* The read ahead is still out: the client waits for this reply before
-   * it sends, so reading ahead buys nothing for now. */
+  /* A read ahead still out: the client waits for this reply before it
+   * sends, so reading ahead buys nothing for now. */
   if (j->recv_pending && s->d->cfg->read_ahead == READ_AHEAD_AUTO)
     j->read_ahead = false;
-  stream_send(j, out, out_len);
+  stream_reply(j, out, out_len);
   broken = j->broken;
   bool next = j->have_ahead && !broken, ok = false;
   grpc_byte_buffer *payload = next ? stream_take(j, &ok) : NULL;
@@ -1406,7 +1408,7 @@ static void on_stream_sent(rpc_server *s, job *j, bool ok) {
   if (!drop && j->held != NULL) {
     uint8_t *out = j->held;
     j->held = NULL;
-    stream_send(j, out, j->held_len);
+    stream_reply(j, out, j->held_len);
     drop = j->broken;
     next = !drop && j->have_ahead;
     if (next) payload = stream_take(j, &ahead_ok);

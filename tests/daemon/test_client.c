@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -2271,6 +2272,15 @@ static void train_backed_up(topos_client *c) {
   topos_network_release(net);
 }
 
+/* Keeps a core busy until *arg turns non-zero: the daemon's threads then
+ * run late and in odd orders. */
+static void *spin_until(void *arg) {
+  _Atomic int *stop = arg;
+  while (!atomic_load_explicit(stop, memory_order_relaxed)) {
+  }
+  return NULL;
+}
+
 /* A client that sends far ahead: the daemon reads each next message while
  * a step runs, holds a reply while the one before is still going out,
  * and a refused message among those sent ahead ends the stream where the
@@ -2310,6 +2320,32 @@ START_TEST(test_train_ahead) {
     }
     k += round;
   }
+  /* Thousands of steps with the next sent before the last is read, two
+   * threads keeping the cores busy: a finished step's reply may find the
+   * one before it still going out (the stream then holds it), in whatever
+   * order the threads come to run.  (Before a held reply took the next
+   * read with it, a stream that had just stopped reading ahead hung here:
+   * 2 runs in 3 under load.) */
+  _Atomic int stop = 0;
+  pthread_t hog[2];
+  for (int h = 0; h < 2; h++)
+    ck_assert_int_eq(pthread_create(&hog[h], NULL, spin_until, &stop), 0);
+  for (int i = 0; i < 3000; i++) {
+    /* Now and then a pause, so the daemon's read ahead is still out when
+     * a step ends (it stops reading ahead) and the next two come at once
+     * (it starts again). */
+    if (i % 7 == 3) usleep(300);
+    local_train_step(net, loss, &mom, &l, f[i % 8], 1);
+    ck_assert_int_eq(topos_client_train_send(t, f[i % 8], 1, false, &err),
+                     TOPOS_OK);
+    if (i > 0)
+      ck_assert_msg(topos_client_train_recv(t, NULL, &err) == TOPOS_OK, "%s",
+                    err.message);
+  }
+  ck_assert_int_eq(topos_client_train_recv(t, NULL, &err), TOPOS_OK);
+  atomic_store(&stop, 1);
+  for (int h = 0; h < 2; h++) pthread_join(hog[h], NULL);
+  int64_t steps = k + 3000;
   /* Two good, one bad, three more good, all sent ahead. */
   int64_t shape[1] = {5};
   topos_tensor *wrong = tt_random(TOPOS_F64, 1, shape, 3, -1, 1);
@@ -2323,7 +2359,7 @@ START_TEST(test_train_ahead) {
   for (int i = 0; i < 2; i++) {
     ck_assert_int_eq(topos_client_train_recv(t, NULL, &err), TOPOS_OK);
   }
-  expect_refused(t, &l, k + 2, 3, "a bad message among those sent ahead");
+  expect_refused(t, &l, steps + 2, 3, "a bad message among those sent ahead");
   topos_client_train_free(t);
   /* Dropped with messages waiting in it, three times over. */
   for (int d = 0; d < 3; d++) {

@@ -223,7 +223,8 @@ typedef struct job_queue {
   /* The sleeping workers, the last to sleep on top: a push wakes that
    * one, whose cache still holds the last job's memory. */
   sleeper *sleepers;
-  _Atomic int queued; /* depth, read without the lock by spinning workers */
+  _Atomic int queued;   /* depth, read without the lock by spinning workers */
+  _Atomic int spinning; /* workers watching the queue awake (queue_pop) */
   sched_class *classes;
   sched_class *active_head, *active_tail;
   int depth, capacity, share;
@@ -277,6 +278,7 @@ static void queue_init(job_queue *q, int capacity, int64_t spin_ns) {
   pthread_mutex_init(&q->lock, NULL);
   q->sleepers = NULL;
   atomic_init(&q->queued, 0);
+  atomic_init(&q->spinning, 0);
   q->spin_ns = spin_ns;
   q->classes = NULL;
   q->active_head = q->active_tail = NULL;
@@ -334,8 +336,11 @@ static bool queue_push(job_queue *q, job *j, const char *tenant, int weight,
   q->depth++;
   atomic_store(depth, q->depth);
   atomic_store_explicit(&q->queued, q->depth, memory_order_release);
+  /* A sleeper is woken only for a job no awake worker will take: one
+   * watching the queue takes it sooner, and a needless wake costs both
+   * cores a futex round. */
   sleeper *w = q->sleepers;
-  if (w != NULL) {
+  if (w != NULL && q->depth > atomic_load(&q->spinning)) {
     q->sleepers = w->next;
     w->woken = true;
     pthread_cond_signal(&w->wake);
@@ -356,11 +361,15 @@ static job *queue_pop(job_queue *q, _Atomic int *depth) {
   if (q->spin_ns > 0 &&
       atomic_load_explicit(&q->queued, memory_order_acquire) == 0) {
     int64_t until = daemon_now_ns() + q->spin_ns;
+    atomic_fetch_add(&q->spinning, 1);
     for (int i = 0; atomic_load_explicit(&q->queued, memory_order_acquire) == 0;
          i++) {
       if ((i & 15) == 15 && daemon_now_ns() >= until) break;
       sched_yield();
     }
+    /* Before the lock: a push from now on wakes a sleeper if need be,
+     * and one before it is seen under the lock below. */
+    atomic_fetch_sub(&q->spinning, 1);
   }
   pthread_mutex_lock(&q->lock);
   while (q->active_head == NULL && !q->closed) {

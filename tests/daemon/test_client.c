@@ -22,8 +22,8 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdio.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -2213,6 +2213,32 @@ static topos_network *wide_mlp(void) {
   return topos_tape_seal(tape, NULL);
 }
 
+/* A Train stream of momentum SGD on net (recorded as *id), its n feed
+ * sets from seed, and *l the in-process side from the same start. */
+static topos_client_train *momentum_stream(topos_client *c,
+                                           const topos_network *net,
+                                           char id[65], topos_optimizer *mom,
+                                           topos_feed (*f)[1], int n,
+                                           uint64_t seed, local_train *l) {
+  topos_error err = {0};
+  record(c, net, id);
+  *mom = topos_sgd(0.05, 0.9);
+  for (int k = 0; k < n; k++) float_feeds(net, seed + (uint64_t)k, f[k], 1);
+  *l = local_train_new(net, mom);
+  topos_client_train *t = topos_client_train_open(
+      c, id, topos_network_find(net, "loss"), NULL, mom, NULL, &err);
+  ck_assert_msg(t != NULL, "%s", err.message);
+  return t;
+}
+
+/* What momentum_stream made, but the stream. */
+static void momentum_free(topos_network *net, topos_feed (*f)[1], int n,
+                          local_train *l) {
+  for (int k = 0; k < n; k++) free_feeds(f[k], 1);
+  local_train_free(l);
+  topos_network_release(net);
+}
+
 /* Replies backed up: steps asking for the state are sent ahead and
  * nothing is read for a while, so a finished step's reply waits for the
  * one before it; then a bad message among them, whose end waits for the
@@ -2221,17 +2247,13 @@ static topos_network *wide_mlp(void) {
 static void train_backed_up(topos_client *c) {
   topos_error err = {0};
   topos_network *net = wide_mlp();
-  char id[65];
-  record(c, net, id);
   topos_value loss = topos_network_find(net, "loss");
-  topos_optimizer mom = topos_sgd(0.05, 0.9);
+  char id[65];
+  topos_optimizer mom;
   enum { N = 6 };
   topos_feed f[N][1];
-  for (int k = 0; k < N; k++) float_feeds(net, 1300 + k, f[k], 1);
-  local_train l = local_train_new(net, &mom);
-  topos_client_train *t =
-      topos_client_train_open(c, id, loss, NULL, &mom, NULL, &err);
-  ck_assert_msg(t != NULL, "%s", err.message);
+  local_train l;
+  topos_client_train *t = momentum_stream(c, net, id, &mom, f, N, 1300, &l);
   local_train want[N];
   for (int k = 0; k < N; k++) {
     ck_assert_int_eq(topos_client_train_send(t, f[k], 1, true, &err), TOPOS_OK);
@@ -2264,12 +2286,8 @@ static void train_backed_up(topos_client *c) {
   expect_refused(t, &l, N + 3, 3, "a bad message behind backed-up replies");
   topos_client_train_free(t);
   topos_tensor_release(wrong);
-  for (int k = 0; k < N; k++) {
-    local_train_free(&want[k]);
-    free_feeds(f[k], 1);
-  }
-  local_train_free(&l);
-  topos_network_release(net);
+  for (int k = 0; k < N; k++) local_train_free(&want[k]);
+  momentum_free(net, f, N, &l);
 }
 
 /* Keeps a core busy until *arg turns non-zero: the daemon's threads then
@@ -2290,17 +2308,13 @@ START_TEST(test_train_ahead) {
   topos_client *c = connect_daemon();
   topos_error err = {0};
   topos_network *net = sn_mlp();
-  char id[65];
-  record(c, net, id);
   topos_value loss = topos_network_find(net, "loss");
-  topos_optimizer mom = topos_sgd(0.05, 0.9);
+  char id[65];
+  topos_optimizer mom;
   enum { N = 40 };
   topos_feed f[N][1];
-  for (int k = 0; k < N; k++) float_feeds(net, 1100 + k, f[k], 1);
-  local_train l = local_train_new(net, &mom);
-  topos_client_train *t =
-      topos_client_train_open(c, id, loss, NULL, &mom, NULL, &err);
-  ck_assert_msg(t != NULL, "%s", err.message);
+  local_train l;
+  topos_client_train *t = momentum_stream(c, net, id, &mom, f, N, 1100, &l);
   /* Rounds of 1, 2, 4, ... messages sent before any reply is read. */
   int k = 0;
   for (int round = 1; k + round <= N - 8; round *= 2) {
@@ -2383,9 +2397,7 @@ START_TEST(test_train_ahead) {
   topos_client_train_free(t);
   topos_tensor_release(wrong);
   train_backed_up(c);
-  for (int i = 0; i < N; i++) free_feeds(f[i], 1);
-  local_train_free(&l);
-  topos_network_release(net);
+  momentum_free(net, f, N, &l);
   topos_client_close(c);
 }
 END_TEST

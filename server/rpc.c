@@ -150,7 +150,7 @@ struct job {
   bool recv_pending;       /* a read is in flight */
   bool read_sends;         /* ... and it carries the last reply */
   bool read_ahead;         /* the client sends ahead: read while running */
-  int64_t read_start_ns;   /* when the read in flight started */
+  int64_t read_start_ns;   /* when the read carrying a reply started */
   bool have_ahead;         /* a read completed while the stream was busy */
   bool ahead_ok;           /* ... and its batch succeeded */
   bool busy;               /* a message of it is queued or running */
@@ -223,7 +223,6 @@ typedef struct job_queue {
   /* The sleeping workers, the last to sleep on top: a push wakes that
    * one, whose cache still holds the last job's memory. */
   sleeper *sleepers;
-  _Atomic int queued;   /* depth, read without the lock by spinning workers */
   _Atomic int spinning; /* workers watching the queue awake (queue_pop) */
   sched_class *classes;
   sched_class *active_head, *active_tail;
@@ -277,7 +276,6 @@ int64_t daemon_now_ns(void) {
 static void queue_init(job_queue *q, int capacity, int64_t spin_ns) {
   pthread_mutex_init(&q->lock, NULL);
   q->sleepers = NULL;
-  atomic_init(&q->queued, 0);
   atomic_init(&q->spinning, 0);
   q->spin_ns = spin_ns;
   q->classes = NULL;
@@ -335,7 +333,6 @@ static bool queue_push(job_queue *q, job *j, const char *tenant, int weight,
   }
   q->depth++;
   atomic_store(depth, q->depth);
-  atomic_store_explicit(&q->queued, q->depth, memory_order_release);
   /* A sleeper is woken only for a job no awake worker will take: one
    * watching the queue takes it sooner, and a needless wake costs both
    * cores a futex round. */
@@ -357,13 +354,13 @@ static job *queue_pop(job_queue *q, _Atomic int *depth) {
   /* A worker that finds the queue empty watches it for a moment before it
    * sleeps: a stream's next message, or a client's next call, usually
    * comes within that, and a sleeping thread takes tens of microseconds
-   * to wake on an idle core (far more than the wait). */
-  if (q->spin_ns > 0 &&
-      atomic_load_explicit(&q->queued, memory_order_acquire) == 0) {
+   * to wake on an idle core (far more than the wait).
+   * *depth is the queue's depth, stored under the lock by every push and
+   * pop, read here without it. */
+  if (q->spin_ns > 0 && atomic_load(depth) == 0) {
     int64_t until = daemon_now_ns() + q->spin_ns;
     atomic_fetch_add(&q->spinning, 1);
-    for (int i = 0; atomic_load_explicit(&q->queued, memory_order_acquire) == 0;
-         i++) {
+    for (int i = 0; atomic_load(depth) == 0; i++) {
       if ((i & 15) == 15 && daemon_now_ns() >= until) break;
       sched_yield();
     }
@@ -414,7 +411,6 @@ static job *queue_pop(job_queue *q, _Atomic int *depth) {
     }
     q->depth--;
     atomic_store(depth, q->depth);
-    atomic_store_explicit(&q->queued, q->depth, memory_order_release);
   }
   pthread_mutex_unlock(&q->lock);
   return j;
@@ -642,7 +638,7 @@ static void stream_read(job *j, bool first, bool with_reply, uint8_t *out,
   ops[n].op = GRPC_OP_RECV_MESSAGE;
   ops[n].data.recv_message.recv_message = &j->ahead;
   n++;
-  j->read_start_ns = daemon_now_ns();
+  if (with_reply) j->read_start_ns = daemon_now_ns();
   j->recv_pending = stream_batch(j, ops, n, &j->recv_tag);
   j->read_sends = j->recv_pending && with_reply;
   if (j->read_sends) j->send_pending = true;
@@ -674,6 +670,16 @@ static void stream_reply(job *j, uint8_t *out, size_t out_len) {
 
 static void stream_next(rpc_server *s, job *j, bool ok,
                         grpc_byte_buffer *payload);
+
+/* Whether an end that waited for the reply in flight may start now
+ * (io_lock held): then the stream is over, and the caller starts it with
+ * stream_finish once the lock is let go. */
+static bool stream_end_due(job *j) {
+  if (j->over || !j->end_waits || j->send_pending) return false;
+  j->end_waits = false;
+  j->over = true;
+  return true;
+}
 
 /* The message read ahead, taken (io_lock held; have_ahead): the stream
  * turns busy when it is one, so nothing else drives it meanwhile. */
@@ -1362,11 +1368,7 @@ static void on_stream_recv(rpc_server *s, job *j, bool ok) {
   j->ahead = NULL;
   if (j->ending) {
     /* An end that waited for the reply this read carried starts now. */
-    bool finish = !j->over && j->end_waits && !j->send_pending;
-    if (finish) {
-      j->end_waits = false;
-      j->over = true;
-    }
+    bool finish = stream_end_due(j);
     pthread_mutex_unlock(&j->io_lock);
     if (payload) grpc_byte_buffer_destroy(payload);
     if (finish) stream_finish(j, j->end_status, j->end_message, j->end_code);
@@ -1406,9 +1408,7 @@ static void on_stream_sent(rpc_server *s, job *j, bool ok) {
   }
   bool drop = j->broken, next = false, ahead_ok = false;
   grpc_byte_buffer *payload = NULL;
-  if (!drop && j->end_waits) {
-    j->end_waits = false;
-    j->over = true;
+  if (!drop && stream_end_due(j)) {
     pthread_mutex_unlock(&j->io_lock);
     stream_finish(j, j->end_status, j->end_message, j->end_code);
     job_unref(j);

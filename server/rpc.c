@@ -303,9 +303,11 @@ static sched_class *queue_class(job_queue *q, const char *tenant) {
 }
 
 /* false when the queue is full (or closed), or tenant's share of it is:
- * the caller rejects the job. */
+ * the caller rejects the job.  `own`: the caller is a worker that pops
+ * next (a stream's next message, queued as its step ends), so it counts
+ * among the workers awake. */
 static bool queue_push(job_queue *q, job *j, const char *tenant, int weight,
-                       _Atomic int *depth) {
+                       _Atomic int *depth, bool own) {
   pthread_mutex_lock(&q->lock);
   sched_class *c = NULL;
   if (!q->closed && q->depth < q->capacity) c = queue_class(q, tenant);
@@ -337,7 +339,7 @@ static bool queue_push(job_queue *q, job *j, const char *tenant, int weight,
    * watching the queue takes it sooner, and a needless wake costs both
    * cores a futex round. */
   sleeper *w = q->sleepers;
-  if (w != NULL && q->depth > atomic_load(&q->spinning)) {
+  if (w != NULL && q->depth > atomic_load(&q->spinning) + (own ? 1 : 0)) {
     q->sleepers = w->next;
     w->woken = true;
     pthread_cond_signal(&w->wake);
@@ -669,7 +671,7 @@ static void stream_reply(job *j, uint8_t *out, size_t out_len) {
 }
 
 static void stream_next(rpc_server *s, job *j, bool ok,
-                        grpc_byte_buffer *payload);
+                        grpc_byte_buffer *payload, bool own);
 
 /* Whether an end that waited for the reply in flight may start now
  * (io_lock held): then the stream is over, and the caller starts it with
@@ -740,7 +742,7 @@ static void stream_done(job *j, int status, const char *message, int topos_code,
   if (broken)
     stream_drop(j);
   else if (next)
-    stream_next(s, j, ok, payload);
+    stream_next(s, j, ok, payload, true);
 }
 
 /* --------------------------------------------------------------- workers */
@@ -960,6 +962,11 @@ static void *worker_main(void *arg) {
   /* Workers are dealt to the devices in turn: worker i runs its GPU
    * tasks on device i mod count (none: nothing happens). */
   topos_devices_bind_thread((int)(w - s->workers));
+  /* Named for ps -L, top -H and perf (at most 15 characters). */
+  char name[16];
+  snprintf(name, sizeof name, "toposd-work%u",
+           (unsigned)(w - s->workers) % 10000u);
+  pthread_setname_np(pthread_self(), name);
   while ((j = queue_pop(&s->queue, &s->d->queue_depth)) != NULL) {
     atomic_fetch_add(&s->d->busy_workers, 1);
     worker_run_job(w, j);
@@ -1312,7 +1319,7 @@ static void stream_open(rpc_server *s, job *j) {
  * stream's end.  The caller marked the stream busy (stream_take) when it
  * is a message; a refused one leaves it idle. */
 static void stream_next(rpc_server *s, job *j, bool ok,
-                        grpc_byte_buffer *payload) {
+                        grpc_byte_buffer *payload, bool own) {
   if (!ok) {
     if (payload) grpc_byte_buffer_destroy(payload);
     stream_drop(j);
@@ -1333,7 +1340,7 @@ static void stream_next(rpc_server *s, job *j, bool ok,
   const char *why = refusal(s);
   char message[512];
   if (why == NULL) {
-    if (queue_push(&s->queue, j, j->tenant, j->weight, &s->d->queue_depth))
+    if (queue_push(&s->queue, j, j->tenant, j->weight, &s->d->queue_depth, own))
       return;
     queue_full_message(s, j->tenant, message, sizeof message);
     why = message;
@@ -1385,7 +1392,7 @@ static void on_stream_recv(rpc_server *s, job *j, bool ok) {
   }
   payload = stream_take(j, &ok);
   pthread_mutex_unlock(&j->io_lock);
-  stream_next(s, j, ok, payload);
+  stream_next(s, j, ok, payload, false);
   job_unref(j); /* the read's; the stream's own keeps j */
 }
 
@@ -1426,7 +1433,7 @@ static void on_stream_sent(rpc_server *s, job *j, bool ok) {
   if (drop)
     stream_drop(j);
   else if (next)
-    stream_next(s, j, ahead_ok, payload);
+    stream_next(s, j, ahead_ok, payload, false);
   job_unref(j);
 }
 
@@ -1518,7 +1525,7 @@ static void on_request(rpc_server *s, request_slot *slot, bool ok) {
     } else if (m->stream) {
       stream_open(s, j);
     } else if (!queue_push(&s->queue, j, j->tenant, j->weight,
-                           &s->d->queue_depth)) {
+                           &s->d->queue_depth, false)) {
       if (j->quota_counted) quota_release(s->quotas, j->tenant);
       j->quota_counted = false;
       queue_full_message(s, j->tenant, message, sizeof message);
@@ -1575,7 +1582,8 @@ bool rpc_submit(rpc_server *s, service_call *c) {
       j->ext = c;
       j->method = c->method;
       j->status_details = grpc_empty_slice();
-      if (queue_push(&s->queue, j, c->tenant, weight, &s->d->queue_depth))
+      if (queue_push(&s->queue, j, c->tenant, weight, &s->d->queue_depth,
+                     false))
         return true;
       job_unref(j);
       if (c->quota_counted) quota_release(s->quotas, c->tenant);

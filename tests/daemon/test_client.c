@@ -16,6 +16,7 @@
  * client's numbers.  Tests run from the repository root (make test).
  */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -2304,6 +2305,93 @@ static void *spin_until(void *arg) {
  * and a refused message among those sent ahead ends the stream where the
  * good ones left it (the ones after it never run).  Then streams dropped
  * with messages still queued in them give everything back. */
+/* The daemon's worker threads (named toposd-work*, server/rpc.c): their
+ * ids and voluntary context switches (the times each went to sleep), at
+ * most max of them; how many were found. */
+static int worker_sleeps(int *tid, long *sleeps, int max) {
+  char dir[64];
+  snprintf(dir, sizeof dir, "/proc/%d/task", (int)daemon_.pid);
+  DIR *d = opendir(dir);
+  ck_assert_msg(d != NULL, "%s: %s", dir, strerror(errno));
+  int n = 0;
+  struct dirent *e;
+  while (n < max && (e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    char path[600], text[256] = {0};
+    snprintf(path, sizeof path, "%s/%s/comm", dir, e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) continue;
+    bool worker = fgets(text, sizeof text, f) != NULL &&
+                  strncmp(text, "toposd-work", 11) == 0;
+    fclose(f);
+    if (!worker) continue;
+    snprintf(path, sizeof path, "%s/%s/status", dir, e->d_name);
+    f = fopen(path, "r");
+    if (f == NULL) continue;
+    long v = -1;
+    while (v < 0 && fgets(text, sizeof text, f) != NULL)
+      if (sscanf(text, "voluntary_ctxt_switches: %ld", &v) != 1) v = -1;
+    fclose(f);
+    if (v < 0) continue;
+    tid[n] = atoi(e->d_name);
+    sleeps[n++] = v;
+  }
+  closedir(d);
+  return n;
+}
+
+/* A stream whose next message is read while its step runs keeps to one
+ * worker: the worker queues that message as the step ends and takes it
+ * itself, so no other worker is woken for it.  (Before, every such
+ * message woke a sleeping worker, which found nothing, polled for
+ * spin_us and slept again: a futex round and a fifth of a core.) */
+START_TEST(test_train_one_worker) {
+  enum { MAXW = 64, N = 200 };
+  int tid0[MAXW], tid1[MAXW];
+  long before[MAXW], after[MAXW];
+  int nw = worker_sleeps(tid0, before, MAXW);
+  ck_assert_msg(nw >= 1, "no toposd-work thread found");
+  topos_client *c = connect_daemon();
+  topos_error err = {0};
+  topos_network *net = wide_mlp(); /* steps long enough to read ahead */
+  topos_value loss = topos_network_find(net, "loss");
+  char id[65];
+  topos_optimizer mom;
+  topos_feed f[8][1];
+  local_train l;
+  topos_client_train *t = momentum_stream(c, net, id, &mom, f, 8, 1400, &l);
+  double want[2] = {0};
+  for (int i = 0; i < N; i++) {
+    want[i % 2] = local_train_step(net, loss, &mom, &l, f[i % 8], 1);
+    ck_assert_int_eq(topos_client_train_send(t, f[i % 8], 1, false, &err),
+                     TOPOS_OK);
+    if (i == 0) continue;
+    topos_client_train_reply r;
+    ck_assert_msg(topos_client_train_recv(t, &r, &err) == TOPOS_OK, "%s",
+                  err.message);
+    assert_loss(want[(i - 1) % 2], r.loss, "two in flight", i - 1);
+    topos_client_train_reply_clear(&r);
+  }
+  ck_assert_int_eq(topos_client_train_recv(t, NULL, &err), TOPOS_OK);
+  ck_assert_int_eq(topos_client_train_close(t, NULL, NULL, &err), TOPOS_OK);
+  topos_client_train_free(t);
+  momentum_free(net, f, 8, &l);
+  topos_client_close(c);
+  ck_assert_int_eq(worker_sleeps(tid1, after, MAXW), nw);
+  if (nw < 2) return; /* one core: nothing to wake */
+  /* The quietest worker slept no more than a few times meanwhile. */
+  long quietest = -1;
+  for (int i = 0; i < nw; i++)
+    for (int k = 0; k < nw; k++)
+      if (tid1[i] == tid0[k] &&
+          (quietest < 0 || after[i] - before[k] < quietest))
+        quietest = after[i] - before[k];
+  ck_assert_msg(quietest >= 0 && quietest <= N / 10,
+                "the quietest of %d workers slept %ld times over %d messages",
+                nw, quietest, N);
+}
+END_TEST
+
 START_TEST(test_train_ahead) {
   topos_client *c = connect_daemon();
   topos_error err = {0};
@@ -2487,6 +2575,7 @@ Suite *client_suite(void) {
   tcase_add_test(ahead, test_train_bits);
   tcase_add_test(ahead, test_train_refusals);
   tcase_add_test(ahead, test_train_ahead);
+  tcase_add_test(ahead, test_train_one_worker);
   tcase_add_test(ahead, test_train_drain);
   suite_add_tcase(s, ahead);
 

@@ -235,6 +235,8 @@ typedef struct worker {
   rpc_server *server;
   pthread_t thread;
   bool started;
+  bool pops;    /* one of the pool, popping the queue (not a prober) */
+  bool counted; /* counted among the workers awake (worker_awake) */
   arena arena;
   reuse_buf input;
 } worker;
@@ -303,11 +305,9 @@ static sched_class *queue_class(job_queue *q, const char *tenant) {
 }
 
 /* false when the queue is full (or closed), or tenant's share of it is:
- * the caller rejects the job.  `own`: the caller is a worker that pops
- * next (a stream's next message, queued as its step ends), so it counts
- * among the workers awake. */
+ * the caller rejects the job. */
 static bool queue_push(job_queue *q, job *j, const char *tenant, int weight,
-                       _Atomic int *depth, bool own) {
+                       _Atomic int *depth) {
   pthread_mutex_lock(&q->lock);
   sched_class *c = NULL;
   if (!q->closed && q->depth < q->capacity) c = queue_class(q, tenant);
@@ -339,7 +339,7 @@ static bool queue_push(job_queue *q, job *j, const char *tenant, int weight,
    * watching the queue takes it sooner, and a needless wake costs both
    * cores a futex round. */
   sleeper *w = q->sleepers;
-  if (w != NULL && q->depth > atomic_load(&q->spinning) + (own ? 1 : 0)) {
+  if (w != NULL && q->depth > atomic_load(&q->spinning)) {
     q->sleepers = w->next;
     w->woken = true;
     pthread_cond_signal(&w->wake);
@@ -352,24 +352,26 @@ static bool queue_push(job_queue *q, job *j, const char *tenant, int weight,
  * and empty.  O(1).  A class whose turn is spent goes to the back at the
  * next pop, not at once: a tenant that arrives while the last job of
  * another's turn runs is served next, after that one job. */
-static job *queue_pop(job_queue *q, _Atomic int *depth) {
+static job *queue_pop(job_queue *q, _Atomic int *depth, bool counted) {
   /* A worker that finds the queue empty watches it for a moment before it
    * sleeps: a stream's next message, or a client's next call, usually
    * comes within that, and a sleeping thread takes tens of microseconds
    * to wake on an idle core (far more than the wait).
    * *depth is the queue's depth, stored under the lock by every push and
-   * pop, read here without it. */
+   * pop, read here without it.  `counted`: the caller already counts
+   * among the workers watching (worker_awake). */
   if (q->spin_ns > 0 && atomic_load(depth) == 0) {
     int64_t until = daemon_now_ns() + q->spin_ns;
-    atomic_fetch_add(&q->spinning, 1);
+    if (!counted) atomic_fetch_add(&q->spinning, 1);
+    counted = true;
     for (int i = 0; atomic_load(depth) == 0; i++) {
       if ((i & 15) == 15 && daemon_now_ns() >= until) break;
       sched_yield();
     }
-    /* Before the lock: a push from now on wakes a sleeper if need be,
-     * and one before it is seen under the lock below. */
-    atomic_fetch_sub(&q->spinning, 1);
   }
+  /* Before the lock: a push from now on wakes a sleeper if need be, and
+   * one before it is seen under the lock below. */
+  if (counted) atomic_fetch_sub(&q->spinning, 1);
   pthread_mutex_lock(&q->lock);
   while (q->active_head == NULL && !q->closed) {
     sleeper me = {.woken = false, .next = q->sleepers};
@@ -673,7 +675,7 @@ static void stream_reply(job *j, uint8_t *out, size_t out_len) {
 }
 
 static void stream_next(rpc_server *s, job *j, bool ok,
-                        grpc_byte_buffer *payload, bool own);
+                        grpc_byte_buffer *payload);
 
 /* Whether an end that waited for the reply in flight may start now
  * (io_lock held): then the stream is over, and the caller starts it with
@@ -744,7 +746,7 @@ static void stream_done(job *j, int status, const char *message, int topos_code,
   if (broken)
     stream_drop(j);
   else if (next)
-    stream_next(s, j, ok, payload, true);
+    stream_next(s, j, ok, payload);
 }
 
 /* --------------------------------------------------------------- workers */
@@ -897,6 +899,18 @@ static void run_service_call(worker *w, service_call *c, int64_t picked_ns) {
   c->out_len = cx.out_len;
 }
 
+/* The worker is about to send its job's reply, then look for the next
+ * job: from now on it counts among the workers watching the queue, so a
+ * job the reply prompts (the client's next call, or its stream's next
+ * message, often queued while the reply is still going out) wakes no
+ * sleeping worker for nothing: a futex round, and the woken one polling
+ * for spin_us before it sleeps again.  queue_pop takes the count back. */
+static void worker_awake(worker *w) {
+  if (!w->pops) return; /* a prober: it runs on another thread's turn */
+  atomic_fetch_add(&w->server->queue.spinning, 1);
+  w->counted = true;
+}
+
 static void worker_run_job(worker *w, job *j) {
   int64_t picked_ns = daemon_now_ns();
   if (j->ext) {
@@ -905,6 +919,7 @@ static void worker_run_job(worker *w, job *j) {
     if (c->quota_counted) quota_release(w->server->quotas, c->tenant);
     c->quota_counted = false;
     job_unref(j);
+    worker_awake(w);
     c->done(c); /* the last touch: c may be gone after this */
     return;
   }
@@ -947,6 +962,7 @@ static void worker_run_job(worker *w, job *j) {
   }
   if (j->train) {
     /* A stream's message: its reply goes (a refusal ends the stream). */
+    worker_awake(w);
     stream_done(j, cx.status, cx.message, cx.topos_code, cx.out, cx.out_len);
     return;
   }
@@ -954,6 +970,7 @@ static void worker_run_job(worker *w, job *j) {
    * so a client that saw it may send its next call at once. */
   if (j->quota_counted) quota_release(w->server->quotas, j->tenant);
   j->quota_counted = false;
+  worker_awake(w);
   job_send(j, cx.status, cx.message, cx.topos_code, cx.out, cx.out_len, false);
 }
 
@@ -969,7 +986,8 @@ static void *worker_main(void *arg) {
   snprintf(name, sizeof name, "toposd-work%u",
            (unsigned)(w - s->workers) % 10000u);
   pthread_setname_np(pthread_self(), name);
-  while ((j = queue_pop(&s->queue, &s->d->queue_depth)) != NULL) {
+  while ((j = queue_pop(&s->queue, &s->d->queue_depth, w->counted)) != NULL) {
+    w->counted = false;
     atomic_fetch_add(&s->d->busy_workers, 1);
     worker_run_job(w, j);
     atomic_fetch_sub(&s->d->busy_workers, 1);
@@ -1321,7 +1339,7 @@ static void stream_open(rpc_server *s, job *j) {
  * stream's end.  The caller marked the stream busy (stream_take) when it
  * is a message; a refused one leaves it idle. */
 static void stream_next(rpc_server *s, job *j, bool ok,
-                        grpc_byte_buffer *payload, bool own) {
+                        grpc_byte_buffer *payload) {
   if (!ok) {
     if (payload) grpc_byte_buffer_destroy(payload);
     stream_drop(j);
@@ -1342,7 +1360,7 @@ static void stream_next(rpc_server *s, job *j, bool ok,
   const char *why = refusal(s);
   char message[512];
   if (why == NULL) {
-    if (queue_push(&s->queue, j, j->tenant, j->weight, &s->d->queue_depth, own))
+    if (queue_push(&s->queue, j, j->tenant, j->weight, &s->d->queue_depth))
       return;
     queue_full_message(s, j->tenant, message, sizeof message);
     why = message;
@@ -1394,7 +1412,7 @@ static void on_stream_recv(rpc_server *s, job *j, bool ok) {
   }
   payload = stream_take(j, &ok);
   pthread_mutex_unlock(&j->io_lock);
-  stream_next(s, j, ok, payload, false);
+  stream_next(s, j, ok, payload);
   job_unref(j); /* the read's; the stream's own keeps j */
 }
 
@@ -1435,7 +1453,7 @@ static void on_stream_sent(rpc_server *s, job *j, bool ok) {
   if (drop)
     stream_drop(j);
   else if (next)
-    stream_next(s, j, ahead_ok, payload, false);
+    stream_next(s, j, ahead_ok, payload);
   job_unref(j);
 }
 
@@ -1527,7 +1545,7 @@ static void on_request(rpc_server *s, request_slot *slot, bool ok) {
     } else if (m->stream) {
       stream_open(s, j);
     } else if (!queue_push(&s->queue, j, j->tenant, j->weight,
-                           &s->d->queue_depth, false)) {
+                           &s->d->queue_depth)) {
       if (j->quota_counted) quota_release(s->quotas, j->tenant);
       j->quota_counted = false;
       queue_full_message(s, j->tenant, message, sizeof message);
@@ -1584,8 +1602,7 @@ bool rpc_submit(rpc_server *s, service_call *c) {
       j->ext = c;
       j->method = c->method;
       j->status_details = grpc_empty_slice();
-      if (queue_push(&s->queue, j, c->tenant, weight, &s->d->queue_depth,
-                     false))
+      if (queue_push(&s->queue, j, c->tenant, weight, &s->d->queue_depth))
         return true;
       job_unref(j);
       if (c->quota_counted) quota_release(s->quotas, c->tenant);
@@ -1779,6 +1796,7 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
   for (int i = 0; i < s->nworkers; i++) {
     worker *w = &s->workers[i];
     w->server = s;
+    w->pops = true;
     arena_init(&w->arena, WORKER_RETAIN_BYTES);
     w->input.retain = WORKER_RETAIN_BYTES;
     w->started = pthread_create(&w->thread, NULL, worker_main, w) == 0;

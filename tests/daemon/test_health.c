@@ -338,12 +338,37 @@ START_TEST(test_pbjson_refuses) {
 }
 END_TEST
 
+/* Probes run on the queue thread, not in a worker's turn: however many
+ * come, a work call after them still wakes a sleeping worker at once.
+ * (A probe once counted itself among the workers awake, a count only a
+ * worker's next pop gives back, so each probe hid one more sleeper and
+ * the next work calls waited for their deadlines.) */
+START_TEST(test_probes_then_work) {
+  const char *extra[] = {"--workers", "2", NULL};
+  fixture_start(&D, &C, extra);
+  for (int i = 0; i < 20; i++) assert_serving(&C);
+  for (int i = 0; i < 10; i++) {
+    usleep(20000); /* the workers stop polling and sleep */
+    Topos__V1__StatsRequest q = TOPOS__V1__STATS_REQUEST__INIT;
+    Topos__V1__StatsReply *r = NULL;
+    double t0 = now_s();
+    CALL_OK(&C, "Stats", &q, &topos__v1__stats_reply__descriptor, &r);
+    double took = now_s() - t0;
+    ck_assert_msg(took < 5, "Stats after probes took %.1f s", took);
+    wire_message_free(&r->base);
+    assert_serving(&C);
+  }
+  fixture_stop(&D, &C, 30);
+}
+END_TEST
+
 Suite *health_suite(void) {
   Suite *s = suite_create("health");
   TCase *tc = tcase_create("watch");
   tcase_set_timeout(tc, 180);
   tcase_add_test(tc, test_health_watch);
   tcase_add_test(tc, test_health_watch_client_goes);
+  tcase_add_test(tc, test_probes_then_work);
   suite_add_tcase(s, tc);
   TCase *pj = tcase_create("pbjson");
   tcase_add_test(pj, test_pbjson_round_trip);

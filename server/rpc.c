@@ -223,7 +223,8 @@ typedef struct job_queue {
   /* The sleeping workers, the last to sleep on top: a push wakes that
    * one, whose cache still holds the last job's memory. */
   sleeper *sleepers;
-  _Atomic int spinning; /* workers watching the queue awake (queue_pop) */
+  _Atomic int spinning; /* workers watching the queue awake (queue_pop,
+                         * and from their reply on: worker_awake) */
   sched_class *classes;
   sched_class *active_head, *active_tail;
   int depth, capacity, share;

@@ -812,27 +812,31 @@ static void pack_a(const gemm_job *j, const char *src, int64_t mr, int64_t kc,
                    char *dst) {
   const topos_gemm_task *g = j->g;
 #if CPU_X86
-  /* k contiguous in A, rows apart: through register transposes. */
-  if (g->a_col == 1 && g->a_row != 1 && j->im->mr <= 16 &&
-      current_isa() == ISA_AVX512 && g->dtype != TOPOS_BF16) {
-    if (g->dtype == TOPOS_F64)
-      pack_a_rows_512_f64((const double *)src, g->a_row, mr, kc, j->im->mr,
-                          (double *)dst);
-    else
-      pack_a_rows_512_f32((const float *)src, g->a_row, mr, kc, j->im->mr,
-                          (float *)dst);
-    return;
-  }
-  /* rows contiguous, k apart (a transposed A) */
-  if (g->a_row == 1 && g->a_col != 1 && j->im->mr <= 16 &&
-      current_isa() == ISA_AVX512 && g->dtype != TOPOS_BF16) {
-    if (g->dtype == TOPOS_F64)
-      pack_a_cols_512_f64((const double *)src, g->a_col, mr, kc, j->im->mr,
-                          (double *)dst);
-    else
-      pack_a_cols_512_f32((const float *)src, g->a_col, mr, kc, j->im->mr,
-                          (float *)dst);
-    return;
+  /* f32 or f64 panels of at most 16 rows on AVX-512: an A with one
+   * contiguous axis packs by vectors. */
+  if (j->im->mr <= 16 && current_isa() == ISA_AVX512 &&
+      g->dtype != TOPOS_BF16) {
+    bool f64 = g->dtype == TOPOS_F64;
+    /* k contiguous in A, rows apart: through register transposes. */
+    if (g->a_col == 1 && g->a_row != 1) {
+      if (f64)
+        pack_a_rows_512_f64((const double *)src, g->a_row, mr, kc, j->im->mr,
+                            (double *)dst);
+      else
+        pack_a_rows_512_f32((const float *)src, g->a_row, mr, kc, j->im->mr,
+                            (float *)dst);
+      return;
+    }
+    /* rows contiguous, k apart (a transposed A) */
+    if (g->a_row == 1 && g->a_col != 1) {
+      if (f64)
+        pack_a_cols_512_f64((const double *)src, g->a_col, mr, kc, j->im->mr,
+                            (double *)dst);
+      else
+        pack_a_cols_512_f32((const float *)src, g->a_col, mr, kc, j->im->mr,
+                            (float *)dst);
+      return;
+    }
   }
 #endif
   if (g->dtype == TOPOS_F64)

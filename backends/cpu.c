@@ -816,25 +816,18 @@ static void pack_a(const gemm_job *j, const char *src, int64_t mr, int64_t kc,
    * contiguous axis packs by vectors. */
   if (j->im->mr <= 16 && current_isa() == ISA_AVX512 &&
       g->dtype != TOPOS_BF16) {
-    bool f64 = g->dtype == TOPOS_F64;
-    /* k contiguous in A, rows apart: through register transposes. */
-    if (g->a_col == 1 && g->a_row != 1) {
-      if (f64)
-        pack_a_rows_512_f64((const double *)src, g->a_row, mr, kc, j->im->mr,
-                            (double *)dst);
+    /* k contiguous in A, rows apart: through register transposes; rows
+     * contiguous, k apart (a transposed A): masked loads. */
+    bool rows = g->a_col == 1 && g->a_row != 1;
+    bool cols = g->a_row == 1 && g->a_col != 1;
+    if (rows || cols) {
+      int64_t ld = rows ? g->a_row : g->a_col;
+      if (g->dtype == TOPOS_F64)
+        (rows ? pack_a_rows_512_f64 : pack_a_cols_512_f64)(
+            (const double *)src, ld, mr, kc, j->im->mr, (double *)dst);
       else
-        pack_a_rows_512_f32((const float *)src, g->a_row, mr, kc, j->im->mr,
-                            (float *)dst);
-      return;
-    }
-    /* rows contiguous, k apart (a transposed A) */
-    if (g->a_row == 1 && g->a_col != 1) {
-      if (f64)
-        pack_a_cols_512_f64((const double *)src, g->a_col, mr, kc, j->im->mr,
-                            (double *)dst);
-      else
-        pack_a_cols_512_f32((const float *)src, g->a_col, mr, kc, j->im->mr,
-                            (float *)dst);
+        (rows ? pack_a_rows_512_f32 : pack_a_cols_512_f32)(
+            (const float *)src, ld, mr, kc, j->im->mr, (float *)dst);
       return;
     }
   }

@@ -236,7 +236,6 @@ typedef struct worker {
   rpc_server *server;
   pthread_t thread;
   bool started;
-  bool pops;    /* one of the pool, popping the queue (not a prober) */
   bool counted; /* counted among the workers awake (worker_awake) */
   arena arena;
   reuse_buf input;
@@ -907,7 +906,8 @@ static void run_service_call(worker *w, service_call *c, int64_t picked_ns) {
  * sleeping worker for nothing: a futex round, and the woken one polling
  * for spin_us before it sleeps again.  queue_pop takes the count back. */
 static void worker_awake(worker *w) {
-  if (!w->pops) return; /* a prober: it runs on another thread's turn */
+  /* Not the prober: it runs on the queue thread, which never pops. */
+  if (w == &w->server->prober) return;
   atomic_fetch_add(&w->server->queue.spinning, 1);
   w->counted = true;
 }
@@ -1797,7 +1797,6 @@ rpc_server *rpc_server_start(daemon_state *d, char *bound, size_t boundlen,
   for (int i = 0; i < s->nworkers; i++) {
     worker *w = &s->workers[i];
     w->server = s;
-    w->pops = true;
     arena_init(&w->arena, WORKER_RETAIN_BYTES);
     w->input.retain = WORKER_RETAIN_BYTES;
     w->started = pthread_create(&w->thread, NULL, worker_main, w) == 0;
